@@ -1,0 +1,276 @@
+//! The worker's connection to the coordinator, and whether it is healthy.
+//!
+//! Every RPC goes through [`CoordinatorLink`], which bounds it with a short
+//! timeout and keeps one piece of state: [`LinkState::Connected`] or
+//! [`LinkState::Degraded`]. A failed or slow RPC flips the link to degraded
+//! (one log line, a counter); the next RPC that succeeds flips it back (one
+//! log line). The lease cache reads the state to decide whether tokens come
+//! from the fleet budget or from the conservative local fallback, so a dead
+//! coordinator costs a worker one RPC timeout, never a hang.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tollgate_proto::v1::budget_client::BudgetClient;
+use tollgate_proto::v1::{
+    LeaseRequest, LeaseResponse, ReconsiderRequest, ReconsiderResponse, ReleaseRequest,
+    ReleaseResponse, ReportRequest, ReportResponse, ScopeEvent, WatchRequest,
+};
+use tonic::Request;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+/// Default bound on one coordinator RPC. Short on purpose: the coordinator
+/// answers from memory, so a slow answer means it is overloaded or gone, and
+/// a worker waiting on it would spend its own deadline.
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Whether the coordinator is currently usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// RPCs succeed; tokens and slots come from the fleet.
+    Connected,
+    /// The last RPC failed or timed out; the local fallback budget applies.
+    Degraded,
+}
+
+/// Why a coordinator RPC did not produce an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The RPC did not finish within the link's timeout.
+    #[error("coordinator did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The coordinator (or the transport) returned an error status.
+    #[error("coordinator returned {}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
+}
+
+impl LinkError {
+    /// Whether the failure says the coordinator is unusable (as opposed to a
+    /// refusal of this particular request, such as a permission error).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            LinkError::Timeout(_) => true,
+            LinkError::Status(status) => matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::ResourceExhausted
+                    | tonic::Code::Cancelled
+            ),
+        }
+    }
+}
+
+/// How to reach the coordinator.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// The coordinator's address, e.g. `http://127.0.0.1:50051`.
+    pub endpoint: String,
+    /// This worker's stable id; fair shares are computed per worker.
+    pub worker_id: String,
+    /// The bearer token mapping this worker to its caller scopes, if the
+    /// coordinator requires one. Never logged.
+    pub bearer_token: Option<String>,
+    /// The bound on each RPC.
+    pub rpc_timeout: Duration,
+}
+
+impl LinkConfig {
+    /// A configuration with the default timeout and no token.
+    pub fn new(endpoint: impl Into<String>, worker_id: impl Into<String>) -> Self {
+        LinkConfig {
+            endpoint: endpoint.into(),
+            worker_id: worker_id.into(),
+            bearer_token: None,
+            rpc_timeout: DEFAULT_RPC_TIMEOUT,
+        }
+    }
+}
+
+/// A cheaply clonable handle on the coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorLink {
+    client: BudgetClient<Channel>,
+    worker_id: Arc<str>,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    rpc_timeout: Duration,
+    health: Arc<Health>,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    degraded: AtomicBool,
+    /// How many times the link went from connected to degraded; exported as
+    /// a metric so a flapping coordinator is visible.
+    degradations: AtomicU64,
+}
+
+/// The link configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkConfigError {
+    /// The endpoint is not a valid URI.
+    #[error("invalid coordinator endpoint: {0}")]
+    Endpoint(#[from] tonic::transport::Error),
+    /// The bearer token cannot be sent as gRPC metadata.
+    #[error("the bearer token contains characters that cannot be sent as metadata")]
+    Token,
+}
+
+impl CoordinatorLink {
+    /// Creates a link that connects lazily: building it never waits for the
+    /// coordinator, so a worker starts even when the coordinator is down.
+    pub fn new(config: &LinkConfig) -> Result<Self, LinkConfigError> {
+        let channel = Endpoint::from_shared(config.endpoint.clone())?
+            .connect_timeout(config.rpc_timeout)
+            .connect_lazy();
+        let authorization = match &config.bearer_token {
+            Some(token) => Some(
+                format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| LinkConfigError::Token)?,
+            ),
+            None => None,
+        };
+        Ok(CoordinatorLink {
+            client: BudgetClient::new(channel),
+            worker_id: config.worker_id.as_str().into(),
+            authorization,
+            rpc_timeout: config.rpc_timeout,
+            health: Arc::default(),
+        })
+    }
+
+    /// This worker's id, as sent in every request.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Whether the last RPC succeeded.
+    pub fn state(&self) -> LinkState {
+        if self.health.degraded.load(Ordering::Relaxed) {
+            LinkState::Degraded
+        } else {
+            LinkState::Connected
+        }
+    }
+
+    /// How many times the link has degraded since it was created.
+    pub fn degradations(&self) -> u64 {
+        self.health.degradations.load(Ordering::Relaxed)
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(self.rpc_timeout);
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        request
+    }
+
+    /// Records the result of an RPC in the link state.
+    fn observe<T>(&self, result: Result<T, LinkError>) -> Result<T, LinkError> {
+        match &result {
+            Ok(_) => {
+                if self.health.degraded.swap(false, Ordering::Relaxed) {
+                    tracing::info!("coordinator reachable again; using the fleet budget");
+                }
+            }
+            Err(err) if err.is_unreachable() => {
+                if !self.health.degraded.swap(true, Ordering::Relaxed) {
+                    self.health.degradations.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        cause = %err,
+                        "coordinator unreachable; using the local fallback budget"
+                    );
+                }
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn call<T, F, Fut>(&self, message: T, rpc: F) -> Result<Fut::Output, LinkError>
+    where
+        F: FnOnce(BudgetClient<Channel>, Request<T>) -> Fut,
+        Fut: std::future::Future,
+    {
+        // The request timeout travels as grpc-timeout; this one also covers
+        // connecting, which the server-side deadline cannot.
+        let call = rpc(self.client.clone(), self.request(message));
+        tokio::time::timeout(self.rpc_timeout, call)
+            .await
+            .map_err(|_| LinkError::Timeout(self.rpc_timeout))
+    }
+
+    /// `Budget.Lease`.
+    pub async fn lease(&self, mut message: LeaseRequest) -> Result<LeaseResponse, LinkError> {
+        message.worker_id = self.worker_id.to_string();
+        let result = self
+            .call(message, |mut c, r| async move { c.lease(r).await })
+            .await;
+        self.observe(flatten(result))
+    }
+
+    /// `Budget.Release`.
+    pub async fn release(&self, mut message: ReleaseRequest) -> Result<ReleaseResponse, LinkError> {
+        message.worker_id = self.worker_id.to_string();
+        let result = self
+            .call(message, |mut c, r| async move { c.release(r).await })
+            .await;
+        self.observe(flatten(result))
+    }
+
+    /// `Budget.Report`.
+    pub async fn report(&self, mut message: ReportRequest) -> Result<ReportResponse, LinkError> {
+        message.worker_id = self.worker_id.to_string();
+        let result = self
+            .call(message, |mut c, r| async move { c.report(r).await })
+            .await;
+        self.observe(flatten(result))
+    }
+
+    /// `Budget.Reconsider`.
+    pub async fn reconsider(
+        &self,
+        mut message: ReconsiderRequest,
+    ) -> Result<ReconsiderResponse, LinkError> {
+        message.worker_id = self.worker_id.to_string();
+        let result = self
+            .call(message, |mut c, r| async move { c.reconsider(r).await })
+            .await;
+        self.observe(flatten(result))
+    }
+
+    /// `Budget.Watch`: opens the stream (the open is bounded by the timeout,
+    /// the stream itself is not).
+    pub async fn watch(
+        &self,
+        mut message: WatchRequest,
+    ) -> Result<tonic::Streaming<ScopeEvent>, LinkError> {
+        message.worker_id = self.worker_id.to_string();
+        let mut request = Request::new(message);
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        let mut client = self.client.clone();
+        let result = tokio::time::timeout(self.rpc_timeout, client.watch(request))
+            .await
+            .map_err(|_| LinkError::Timeout(self.rpc_timeout));
+        self.observe(flatten(result))
+    }
+}
+
+fn flatten<T>(
+    result: Result<Result<tonic::Response<T>, tonic::Status>, LinkError>,
+) -> Result<T, LinkError> {
+    Ok(result??.into_inner())
+}
