@@ -293,19 +293,19 @@ mod tests {
 
     #[test]
     fn grpc_table() {
-        use GrpcCode::*;
+        use GrpcCode as G;
         let rows: &[(GrpcCode, Sent, ResponseClass, Effect)] = &[
-            (Ok, Sent::After, Success, Applied),
-            (ResourceExhausted, Sent::After, Throttled, Absent),
-            (Unavailable, Sent::After, Transient, Unknown),
-            (DeadlineExceeded, Sent::Before, Transient, Absent),
-            (DeadlineExceeded, Sent::After, Transient, Unknown),
-            (Internal, Sent::After, RetryOnce, Unknown),
-            (Unknown, Sent::After, RetryOnce, Unknown),
-            (InvalidArgument, Sent::After, NonRetryable, Absent),
-            (PermissionDenied, Sent::After, NonRetryable, Absent),
-            (Aborted, Sent::After, NonRetryable, Absent),
-            (Unauthenticated, Sent::After, NonRetryable, Absent),
+            (G::Ok, Sent::After, Success, Applied),
+            (G::ResourceExhausted, Sent::After, Throttled, Absent),
+            (G::Unavailable, Sent::After, Transient, Unknown),
+            (G::DeadlineExceeded, Sent::Before, Transient, Absent),
+            (G::DeadlineExceeded, Sent::After, Transient, Unknown),
+            (G::Internal, Sent::After, RetryOnce, Unknown),
+            (G::Unknown, Sent::After, RetryOnce, Unknown),
+            (G::InvalidArgument, Sent::After, NonRetryable, Absent),
+            (G::PermissionDenied, Sent::After, NonRetryable, Absent),
+            (G::Aborted, Sent::After, NonRetryable, Absent),
+            (G::Unauthenticated, Sent::After, NonRetryable, Absent),
         ];
         for &(code, sent, class, effect) in rows {
             assert_eq!(

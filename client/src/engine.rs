@@ -475,7 +475,7 @@ impl Intent {
     /// Starts an attempt: the first from [`Phase::Fresh`], a later one from
     /// [`Phase::Admitted`] at the instant of admission.
     pub fn start_attempt(&mut self, now: Duration) -> Result<AttemptStart, EngineError> {
-        self.advance("start_attempt", now)?;
+        self.check_call("start_attempt", now)?;
         match self.phase {
             Phase::Fresh => {}
             Phase::Admitted { at } if at == now => {}
@@ -495,6 +495,7 @@ impl Intent {
         if !self.fits(now) {
             return Err(EngineError::WouldMissDeadline { now });
         }
+        self.latest = now;
         let number = self.attempts_started() + 1;
         self.records
             .push(AttemptRecord::started(&self.spec.intent_id, number, now));
@@ -515,7 +516,7 @@ impl Intent {
         observation: Observation,
         rng: &mut R,
     ) -> Result<Decision, EngineError> {
-        self.advance("on_response", now)?;
+        self.check_call("on_response", now)?;
         let Phase::InFlight { start } = self.phase else {
             return Err(EngineError::WrongPhase {
                 call: "on_response",
@@ -530,6 +531,7 @@ impl Intent {
                 cap,
             });
         }
+        self.latest = now;
         self.request_time += now - start;
 
         let (decision, findings) = self.decide(now, &observation, rng);
@@ -632,7 +634,7 @@ impl Intent {
         now: Duration,
         check: WakeCheck,
     ) -> Result<WakeDecision, EngineError> {
-        self.advance("on_wake", now)?;
+        self.check_call("on_wake", now)?;
         let Phase::Waiting { since, next_start } = self.phase else {
             return Err(EngineError::WrongPhase {
                 call: "on_wake",
@@ -642,6 +644,7 @@ impl Intent {
         if now < next_start {
             return Err(EngineError::EarlyWake { now, next_start });
         }
+        self.latest = now;
         self.waited_time += now - since;
         if let Some(last) = self.records.last_mut() {
             last.woke = Some(now);
@@ -664,7 +667,7 @@ impl Intent {
     /// `next_start`) and re-runs the deadline gate for it. Never earlier: that
     /// would wait less than the hint or the floor.
     pub fn defer(&mut self, now: Duration, until: Duration) -> Result<Decision, EngineError> {
-        self.advance("defer", now)?;
+        self.check_call("defer", now)?;
         let Phase::Waiting { since, next_start } = self.phase else {
             return Err(EngineError::WrongPhase {
                 call: "defer",
@@ -674,8 +677,9 @@ impl Intent {
         if until < next_start {
             return Err(EngineError::DeferEarlier { until, next_start });
         }
+        self.latest = now;
         if !self.fits(until) {
-            self.end_waiting(now, since, Outcome::DeadlineInfeasible);
+            self.end(now, Outcome::DeadlineInfeasible);
             return Ok(Decision::Stop(Outcome::DeadlineInfeasible));
         }
         if let Some(last) = self.records.last_mut() {
@@ -695,18 +699,16 @@ impl Intent {
     /// Ends the intent for a reason only the gate can see (no token, no
     /// capacity, another owner), before an attempt starts.
     pub fn refuse(&mut self, now: Duration, refusal: GateRefusal) -> Result<Outcome, EngineError> {
-        self.advance("refuse", now)?;
-        let outcome = Outcome::from(refusal);
-        match self.phase {
-            Phase::Waiting { since, .. } => self.end_waiting(now, since, outcome),
-            Phase::Fresh | Phase::Admitted { .. } => self.phase = Phase::Ended { outcome, at: now },
-            phase => {
-                return Err(EngineError::WrongPhase {
-                    call: "refuse",
-                    phase,
-                });
-            }
+        self.check_call("refuse", now)?;
+        if let Phase::InFlight { .. } = self.phase {
+            return Err(EngineError::WrongPhase {
+                call: "refuse",
+                phase: self.phase,
+            });
         }
+        self.latest = now;
+        let outcome = Outcome::from(refusal);
+        self.end(now, outcome);
         Ok(outcome)
     }
 
@@ -718,33 +720,31 @@ impl Intent {
         if let Phase::Ended { outcome, .. } = self.phase {
             return Ok(outcome);
         }
-        self.advance("cancel", now)?;
-        match self.phase {
-            Phase::Ended { .. } | Phase::Fresh | Phase::Admitted { .. } => {}
-            Phase::Waiting { since, .. } => self.waited_time += now - since,
-            Phase::InFlight { start } => {
-                self.request_time += now - start;
-                if let Some(last) = self.records.last_mut() {
-                    last.decision = Some(RecordDecision::Stop(Outcome::Cancelled));
-                    last.response_discarded = true;
-                }
-            }
+        self.check_call("cancel", now)?;
+        self.latest = now;
+        if let (Phase::InFlight { .. }, Some(last)) = (self.phase, self.records.last_mut()) {
+            last.decision = Some(RecordDecision::Stop(Outcome::Cancelled));
+            last.response_discarded = true;
         }
-        self.phase = Phase::Ended {
-            outcome: Outcome::Cancelled,
-            at: now,
-        };
+        self.end(now, Outcome::Cancelled);
         Ok(Outcome::Cancelled)
     }
 
-    fn end_waiting(&mut self, now: Duration, since: Duration, outcome: Outcome) {
-        self.waited_time += now - since;
+    /// Ends the intent at `now`, counting the time since the current phase
+    /// began as request or waiting time, so each is counted once.
+    fn end(&mut self, now: Duration, outcome: Outcome) {
+        match self.phase {
+            Phase::InFlight { start } => self.request_time += now - start,
+            Phase::Waiting { since, .. } => self.waited_time += now - since,
+            Phase::Fresh | Phase::Admitted { .. } | Phase::Ended { .. } => {}
+        }
         self.phase = Phase::Ended { outcome, at: now };
     }
 
-    /// Refuses any call on an ended intent, then records `now` as the latest
-    /// time, refusing to go back.
-    fn advance(&mut self, call: &'static str, now: Duration) -> Result<(), EngineError> {
+    /// Refuses any call on an ended intent and any `now` before the latest
+    /// time seen. Each call records `now` as the latest only once all its
+    /// checks pass, so a refused call changes nothing.
+    fn check_call(&self, call: &'static str, now: Duration) -> Result<(), EngineError> {
         if let Phase::Ended { .. } = self.phase {
             return Err(EngineError::WrongPhase {
                 call,
@@ -757,7 +757,6 @@ impl Intent {
                 previous: self.latest,
             });
         }
-        self.latest = now;
         Ok(())
     }
 
