@@ -712,6 +712,24 @@ impl Intent {
         Ok(outcome)
     }
 
+    /// Authoritative completion evidence for this exact intent arrived from
+    /// outside its own attempts (a reconciliation lookup, a webhook, another
+    /// worker) before the next attempt started: the pending retry is dropped
+    /// and the intent ends `succeeded`. In flight it is refused: the
+    /// attempt's own response decides, then this may follow.
+    pub fn complete(&mut self, now: Duration) -> Result<Outcome, EngineError> {
+        self.check_call("complete", now)?;
+        if let Phase::InFlight { .. } = self.phase {
+            return Err(EngineError::WrongPhase {
+                call: "complete",
+                phase: self.phase,
+            });
+        }
+        self.latest = now;
+        self.end(now, Outcome::Succeeded);
+        Ok(Outcome::Succeeded)
+    }
+
     /// The owner withdraws the intent at `now`. While waiting, the delayed
     /// attempt is dropped; in flight, the attempt's response is discarded.
     /// Returns the terminal outcome, which is the earlier one if the intent

@@ -670,3 +670,24 @@ fn outcome_names_are_snake_case_everywhere() {
         "deadline_infeasible"
     );
 }
+
+#[test]
+fn completion_evidence_while_waiting_ends_succeeded_without_another_start() {
+    let mut intent = fresh();
+    first(&mut intent, s(2), http(429, Some("3")));
+    assert_eq!(intent.complete(s(3)), Ok(Outcome::Succeeded));
+    assert_eq!(intent.outcome(), Some((Outcome::Succeeded, s(3))));
+    assert_eq!(intent.waited_time(), s(1));
+    assert!(matches!(
+        intent.on_wake(s(5), WakeCheck::default()),
+        Err(EngineError::WrongPhase { .. })
+    ));
+    assert_eq!(intent.attempts_started(), 1);
+
+    let mut in_flight = fresh();
+    in_flight.start_attempt(Duration::ZERO).expect("start");
+    assert!(matches!(
+        in_flight.complete(s(1)),
+        Err(EngineError::WrongPhase { .. })
+    ));
+}
