@@ -272,10 +272,16 @@ pub fn read_pushback_ms(raw: Option<&str>, rules: HintRules) -> HintReading {
 
 /// Cuts raw hint text to [`MAX_RAW_HINT_BYTES`] on a character boundary.
 fn bounded_raw(raw: &str) -> String {
-    if raw.len() <= MAX_RAW_HINT_BYTES {
+    bounded_to(raw, MAX_RAW_HINT_BYTES)
+}
+
+/// Cuts `raw` to at most `max` bytes on a character boundary; the gate uses
+/// it for the proto's tighter limits (64 bytes of pushback text).
+pub(crate) fn bounded_to(raw: &str, max: usize) -> String {
+    if raw.len() <= max {
         return raw.to_owned();
     }
-    let mut end = MAX_RAW_HINT_BYTES;
+    let mut end = max;
     while !raw.is_char_boundary(end) {
         end -= 1;
     }
