@@ -127,6 +127,13 @@ impl CoordinatorLink {
         let channel = Endpoint::from_shared(config.endpoint.clone())?
             .connect_timeout(config.rpc_timeout)
             .connect_lazy();
+        Self::with_channel(channel, config)
+    }
+
+    /// Creates a link over a channel the caller built (a custom connector,
+    /// TLS, or an in-memory transport in tests); `config.endpoint` is not
+    /// used.
+    pub fn with_channel(channel: Channel, config: &LinkConfig) -> Result<Self, LinkConfigError> {
         let authorization = match &config.bearer_token {
             Some(token) => Some(
                 format!("Bearer {token}")
