@@ -45,6 +45,7 @@ pub mod evidence;
 pub mod fallback;
 pub mod gate;
 pub mod hint;
+pub mod layer;
 pub mod lease;
 pub mod link;
 pub mod owner;

@@ -28,7 +28,7 @@ use tollgate_proto::v1::{
     ReconsiderResponse, ReleaseRequest, ReleaseResponse, ReportRequest, ReportResponse, ScopeEvent,
     ScopeEventKind, WatchRequest,
 };
-use tonic::transport::{Endpoint, Server};
+use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 
 /// Noon, 1 January 2024: every test's wall clock starts here.
@@ -269,26 +269,7 @@ pub async fn harness_with(config: GateConfig) -> Harness {
         events,
         clock: clock.clone(),
     };
-    // Each connection is a fresh in-memory pipe whose server half is handed
-    // to the server's incoming stream.
-    let (conns, incoming) = mpsc::channel::<tokio::io::DuplexStream>(8);
-    let server = Server::builder()
-        .add_service(BudgetServer::new(fleet.clone()))
-        .serve_with_incoming(ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>));
-    tokio::spawn(server);
-    let channel = Endpoint::from_static("http://fleet.invalid").connect_with_connector_lazy(
-        tower::service_fn(move |_| {
-            let conns = conns.clone();
-            async move {
-                let (client, server) = tokio::io::duplex(64 * 1024);
-                conns
-                    .send(server)
-                    .await
-                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionRefused))?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(client))
-            }
-        }),
-    );
+    let channel = serve_in_memory(fleet.clone());
     let mut link_config = LinkConfig::new("http://fleet.invalid", "worker-1");
     link_config.rpc_timeout = RPC_TIMEOUT;
     let link = CoordinatorLink::with_channel(channel, &link_config).expect("link");
@@ -302,6 +283,30 @@ pub async fn harness_with(config: GateConfig) -> Harness {
     );
     let gate = Gate::new(cache, clock.clone(), config);
     Harness { fleet, gate, clock }
+}
+
+/// Serves a `Budget` implementation over in-memory pipes and returns a
+/// channel to it. Each connection is a fresh pipe whose server half is
+/// handed to the server's incoming stream.
+pub fn serve_in_memory<B: Budget>(service: B) -> Channel {
+    let (conns, incoming) = mpsc::channel::<tokio::io::DuplexStream>(8);
+    let server = Server::builder()
+        .add_service(BudgetServer::new(service))
+        .serve_with_incoming(ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>));
+    tokio::spawn(server);
+    Endpoint::from_static("http://fleet.invalid").connect_with_connector_lazy(tower::service_fn(
+        move |_| {
+            let conns = conns.clone();
+            async move {
+                let (client, server) = tokio::io::duplex(64 * 1024);
+                conns
+                    .send(server)
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionRefused))?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(client))
+            }
+        },
+    ))
 }
 
 pub fn scope() -> Scope {

@@ -1,0 +1,533 @@
+//! A tower [`Layer`] that puts HTTP and tonic clients behind a [`Gate`].
+//!
+//! `TollgateLayer` + `Tollgate<S>` wrap any `Service<http::Request<B>>`: a
+//! hyper client, or a tonic `Channel` (gRPC is HTTP/2 underneath). Every
+//! request becomes one intent run by the gate; the response handed back is
+//! the last one received, with the gate's [`GateReport`] in its extensions.
+//!
+//! # What may be retried
+//! Only a request whose body can be sent again: a body that clones
+//! ([`ReplayBody::try_clone`], e.g. `Full<Bytes>`, `String`) or, when the
+//! request is repeatable, one the layer may read into memory first
+//! ([`ReplayBody::from_buffer`], e.g. tonic's unary bodies, up to
+//! [`LayerConfig::buffer_limit`]). Any other request gets exactly one
+//! attempt and is non-repeatable.
+//!
+//! Whether a request is *safe* to repeat is a separate question, answered
+//! per request by [`LayerConfig::repetition`]: by default the idempotent
+//! HTTP methods are safe, a request carrying an `Idempotency-Key` header is
+//! deduplicated by it, and every other request (including every gRPC call,
+//! whose idempotency the layer cannot know) is non-repeatable.
+//!
+//! # Classification
+//! HTTP: the status and `Retry-After`. gRPC: `grpc-status` and
+//! `grpc-retry-pushback-ms` from a trailers-only response's headers (a
+//! status sent in trailers after a streamed body is the caller's to read);
+//! a non-200 HTTP status maps as gRPC's HTTP-to-status table says. Errors
+//! from the inner service are a refused connection (nothing sent) when the
+//! error chain says so, and otherwise a reset after send (effect unknown).
+//!
+//! # One owner
+//! A request already marked with [`RETRY_OWNER_HEADER`](crate::owner::RETRY_OWNER_HEADER)
+//! is owned above: one attempt, `owner_elsewhere`, evidence passed up. Every
+//! request this layer sends carries the mark.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use tower::{Layer, Service, ServiceExt};
+
+use crate::classify::{GrpcCode, Sent, TransportFailure};
+use crate::engine::{Observation, Policy};
+use crate::evidence::Outcome;
+use crate::gate::{AttemptEvidence, BoxFuture, Gate, GateIntent, Repetition};
+use crate::owner::OwnerMark;
+use crate::scope::Scope;
+
+/// The error type of a wrapped service: the inner service's error, or the
+/// gate's [`GateError`] when it ended without one to hand back.
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// The request header whose value deduplicates attempts upstream.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// The most request body buffered for replay by default: tonic's default
+/// message size limit.
+pub const DEFAULT_BUFFER_LIMIT: usize = 4 * 1024 * 1024;
+
+/// A request body the layer may send more than once.
+pub trait ReplayBody: http_body::Body<Data = Bytes> + Sized + Send + 'static {
+    /// Whether [`from_buffer`](Self::from_buffer) works, so the layer may read
+    /// the body into memory to replay it.
+    const BUFFERABLE: bool = false;
+
+    /// A copy for another attempt, or `None` if this body cannot be copied.
+    fn try_clone(&self) -> Option<Self> {
+        None
+    }
+
+    /// A body with these bytes, if the type can be built from them.
+    fn from_buffer(bytes: Bytes) -> Option<Self> {
+        let _ = bytes;
+        None
+    }
+}
+
+impl ReplayBody for Full<Bytes> {
+    fn try_clone(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+impl ReplayBody for Empty<Bytes> {
+    fn try_clone(&self) -> Option<Self> {
+        Some(Empty::new())
+    }
+}
+
+impl ReplayBody for String {
+    fn try_clone(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+impl ReplayBody for tonic::body::Body {
+    // A tonic body is a stream; it is replayable only once read into memory,
+    // which the layer does only for repeatable (unary) requests.
+    const BUFFERABLE: bool = true;
+
+    fn from_buffer(bytes: Bytes) -> Option<Self> {
+        Some(tonic::body::Body::new(Full::new(bytes)))
+    }
+}
+
+/// Which protocol the wrapped client speaks; it decides classification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP status and `Retry-After`.
+    Http,
+    /// gRPC status and `grpc-retry-pushback-ms`.
+    Grpc,
+}
+
+type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
+
+/// How the layer turns a request into an intent.
+#[derive(Clone)]
+pub struct LayerConfig {
+    protocol: Protocol,
+    policy: Policy,
+    scope: PartsFn<Scope>,
+    repetition: PartsFn<Repetition>,
+    buffer_limit: usize,
+}
+
+impl fmt::Debug for LayerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LayerConfig")
+            .field("protocol", &self.protocol)
+            .field("policy", &self.policy)
+            .field("buffer_limit", &self.buffer_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LayerConfig {
+    /// For an HTTP client. `scope` names a request's scope: a route template
+    /// or operation class, never the raw URL with ids in it.
+    pub fn http(policy: Policy, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
+        LayerConfig {
+            protocol: Protocol::Http,
+            policy,
+            scope: Arc::new(scope),
+            repetition: Arc::new(http_repetition),
+            buffer_limit: DEFAULT_BUFFER_LIMIT,
+        }
+    }
+
+    /// For a tonic channel. `scope` usually maps the method path
+    /// (`/pkg.Service/Method`) to a scope.
+    pub fn grpc(policy: Policy, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
+        LayerConfig {
+            protocol: Protocol::Grpc,
+            policy,
+            scope: Arc::new(scope),
+            repetition: Arc::new(keyed_or_non_repeatable),
+            buffer_limit: DEFAULT_BUFFER_LIMIT,
+        }
+    }
+
+    /// Decides per request whether it may be repeated (mark only unary gRPC
+    /// methods repeatable: their bodies are buffered to replay them).
+    pub fn repetition(
+        mut self,
+        decide: impl Fn(&Parts) -> Repetition + Send + Sync + 'static,
+    ) -> Self {
+        self.repetition = Arc::new(decide);
+        self
+    }
+
+    /// The largest body read into memory for replay; a larger one fails
+    /// the request rather than growing memory.
+    pub fn buffer_limit(mut self, limit: usize) -> Self {
+        self.buffer_limit = limit;
+        self
+    }
+}
+
+/// RFC 9110 §9.2.2: the idempotent methods are safe to repeat.
+fn http_repetition(parts: &Parts) -> Repetition {
+    let idempotent = [
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PUT,
+        Method::DELETE,
+    ];
+    if idempotent.contains(&parts.method) {
+        Repetition::Safe
+    } else {
+        keyed_or_non_repeatable(parts)
+    }
+}
+
+fn keyed_or_non_repeatable(parts: &Parts) -> Repetition {
+    match parts
+        .headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(key) if !key.is_empty() => Repetition::IdempotencyKey(key.into()),
+        _ => Repetition::NonRepeatable,
+    }
+}
+
+/// What the gate did with a request, in the response's extensions (or in
+/// the [`GateError`]).
+#[derive(Debug, Clone)]
+pub struct GateReport {
+    /// The terminal outcome.
+    pub outcome: Outcome,
+    /// One record per attempt this layer made.
+    pub attempts: Vec<AttemptEvidence>,
+    /// The report of a gate below that found this layer's mark, from the
+    /// last response.
+    pub inner: Option<Box<GateReport>>,
+}
+
+/// The gate ended a request with no response to hand back, or with the inner
+/// service's error as the last reply.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .report.outcome.describe())]
+pub struct GateError {
+    /// What happened.
+    pub report: GateReport,
+    /// The inner service's last error, if the last reply was one.
+    #[source]
+    pub source: Option<BoxError>,
+}
+
+/// Wraps services in [`Tollgate`].
+#[derive(Debug, Clone)]
+pub struct TollgateLayer {
+    gate: Gate,
+    config: LayerConfig,
+    next_id: Arc<AtomicU64>,
+}
+
+impl TollgateLayer {
+    /// A layer running every request through `gate`.
+    pub fn new(gate: Gate, config: LayerConfig) -> Self {
+        TollgateLayer {
+            gate,
+            config,
+            next_id: Arc::default(),
+        }
+    }
+}
+
+impl<S> Layer<S> for TollgateLayer {
+    type Service = Tollgate<S>;
+
+    fn layer(&self, inner: S) -> Tollgate<S> {
+        Tollgate {
+            inner,
+            gate: self.gate.clone(),
+            config: self.config.clone(),
+            next_id: self.next_id.clone(),
+        }
+    }
+}
+
+/// A service whose requests are run as intents by a [`Gate`].
+#[derive(Debug, Clone)]
+pub struct Tollgate<S> {
+    inner: S,
+    gate: Gate,
+    config: LayerConfig,
+    next_id: Arc<AtomicU64>,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for Tollgate<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: ReplayBody,
+    B::Error: Into<BoxError>,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<ResBody>, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Each attempt drives readiness on its own clone of the inner
+        // service, inside its reserved cap: readiness reserved now would be
+        // stale by the time a retry is admitted.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let gate = self.gate.clone();
+        let config = self.config.clone();
+        let number = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Box::pin(async move {
+            let intent_id = format!("{}-{number}", gate.cache().link().worker_id());
+            run(gate, config, inner, intent_id, request).await
+        })
+    }
+}
+
+/// Where each attempt's body comes from.
+enum Bodies<B> {
+    Clones(B),
+    Buffered(Bytes),
+    Once(Option<B>),
+}
+
+impl<B: ReplayBody> Bodies<B> {
+    async fn prepare(body: B, repeatable: bool, limit: usize) -> Result<Self, BoxError>
+    where
+        B::Error: Into<BoxError>,
+    {
+        if body.try_clone().is_some() {
+            return Ok(Bodies::Clones(body));
+        }
+        if repeatable && B::BUFFERABLE {
+            let collected = Limited::new(body, limit).collect().await?;
+            return Ok(Bodies::Buffered(collected.to_bytes()));
+        }
+        Ok(Bodies::Once(Some(body)))
+    }
+
+    fn replayable(&self) -> bool {
+        !matches!(self, Bodies::Once(_))
+    }
+
+    fn next(&mut self) -> Option<B> {
+        match self {
+            Bodies::Clones(body) => body.try_clone(),
+            Bodies::Buffered(bytes) => B::from_buffer(bytes.clone()),
+            Bodies::Once(body) => body.take(),
+        }
+    }
+}
+
+async fn run<S, B, ResBody>(
+    gate: Gate,
+    config: LayerConfig,
+    inner: S,
+    intent_id: String,
+    request: Request<B>,
+) -> Result<Response<ResBody>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: ReplayBody,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let owned_by = OwnerMark::from_headers(&parts.headers);
+    let mut repetition = (config.repetition)(&parts);
+    let repeatable = !matches!(repetition, Repetition::NonRepeatable);
+    let mut bodies = Bodies::prepare(body, repeatable, config.buffer_limit).await?;
+    let mut policy = config.policy;
+    if !bodies.replayable() {
+        // The body can be sent once, physically: one attempt, whatever the
+        // response says.
+        repetition = Repetition::NonRepeatable;
+        policy = single_attempt(policy);
+    }
+    let intent = GateIntent::new(intent_id, (config.scope)(&parts), policy)
+        .repetition(repetition)
+        .owned_by(owned_by);
+    let protocol = config.protocol;
+    let result = gate
+        .run(intent, move |attempt| {
+            let mut parts = parts.clone();
+            attempt.owner_mark.apply(&mut parts.headers);
+            if let Some(key) = &attempt.idempotency_key
+                && let Ok(value) = http::HeaderValue::from_str(key)
+            {
+                parts.headers.insert(IDEMPOTENCY_KEY_HEADER, value);
+            }
+            let body = bodies.next();
+            let mut service = inner.clone();
+            async move {
+                let Some(body) = body else {
+                    // Unreachable with one attempt per unreplayable body;
+                    // if it happens, nothing was sent.
+                    return crate::gate::Reply::failed(Observation::transport(
+                        TransportFailure::ConnectRefused,
+                    ));
+                };
+                let request = Request::from_parts(parts, body);
+                let answer: Result<Response<ResBody>, BoxError> = async {
+                    let ready = service.ready().await.map_err(Into::into)?;
+                    ready.call(request).await.map_err(Into::into)
+                }
+                .await;
+                match answer {
+                    Ok(response) => {
+                        let observation = classify_response(protocol, &response);
+                        crate::gate::Reply::new(observation, Ok(response))
+                    }
+                    Err(err) => {
+                        let observation = classify_error(protocol, &*err);
+                        crate::gate::Reply::new(observation, Err(err))
+                    }
+                }
+            }
+        })
+        .await;
+    let report = |inner| GateReport {
+        outcome: result.outcome,
+        attempts: result.attempts.clone(),
+        inner,
+    };
+    match result.value {
+        Some(Ok(mut response)) => {
+            let inner = response
+                .extensions_mut()
+                .remove::<GateReport>()
+                .map(Box::new);
+            response.extensions_mut().insert(report(inner));
+            Ok(response)
+        }
+        Some(Err(err)) => {
+            let inner = err
+                .downcast_ref::<GateError>()
+                .map(|e| Box::new(e.report.clone()));
+            Err(Box::new(GateError {
+                report: report(inner),
+                source: Some(err),
+            }))
+        }
+        None => Err(Box::new(GateError {
+            report: report(None),
+            source: None,
+        })),
+    }
+}
+
+/// The same policy with one attempt.
+fn single_attempt(policy: Policy) -> Policy {
+    Policy::try_new(
+        policy.total_budget(),
+        1,
+        policy.attempt_cap(),
+        policy.min_wait(),
+        policy.backoff(),
+        policy.max_hint(),
+    )
+    // Only max_attempts changed, and 1 is valid.
+    .unwrap_or(policy)
+}
+
+/// Classifies a response of the given protocol.
+pub fn classify_response<B>(protocol: Protocol, response: &Response<B>) -> Observation {
+    match protocol {
+        Protocol::Http => classify_http_response(response),
+        Protocol::Grpc => classify_grpc_response(response),
+    }
+}
+
+/// An HTTP response: its status and raw `Retry-After`.
+pub fn classify_http_response<B>(response: &Response<B>) -> Observation {
+    let hint = header_text(response.headers(), http::header::RETRY_AFTER.as_str());
+    Observation::http(response.status().as_u16(), hint.as_deref())
+}
+
+/// A gRPC response, from its headers (a trailers-only response carries its
+/// status there).
+pub fn classify_grpc_response<B>(response: &Response<B>) -> Observation {
+    let headers = response.headers();
+    let pushback = header_text(headers, "grpc-retry-pushback-ms");
+    let code = match header_text(headers, "grpc-status") {
+        Some(code) => GrpcCode::from_i32(code.trim().parse().unwrap_or(GrpcCode::Unknown as i32)),
+        None => grpc_code_for_http(response.status().as_u16()),
+    };
+    Observation::grpc(code, Sent::After, pushback.as_deref())
+}
+
+/// gRPC's HTTP-to-status mapping, for a response that has no `grpc-status`
+/// (a proxy answered, not the server).
+fn grpc_code_for_http(status: u16) -> GrpcCode {
+    match status {
+        200 => GrpcCode::Ok,
+        400 => GrpcCode::Internal,
+        401 => GrpcCode::Unauthenticated,
+        403 => GrpcCode::PermissionDenied,
+        404 => GrpcCode::Unimplemented,
+        429 | 502 | 503 | 504 => GrpcCode::Unavailable,
+        _ => GrpcCode::Unknown,
+    }
+}
+
+/// Classifies an error from the inner service: a refused connection was
+/// never sent; a gRPC status is classified by its code (and pushback); any
+/// other failure may have happened after the request left.
+pub fn classify_error(protocol: Protocol, error: &(dyn StdError + 'static)) -> Observation {
+    let mut cause: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(err) = cause {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return Observation::transport(TransportFailure::ConnectRefused);
+        }
+        if protocol == Protocol::Grpc
+            && let Some(status) = err.downcast_ref::<tonic::Status>()
+        {
+            let pushback = status
+                .metadata()
+                .get("grpc-retry-pushback-ms")
+                .and_then(|v| v.to_str().ok());
+            return Observation::grpc(
+                GrpcCode::from_i32(status.code() as i32),
+                Sent::After,
+                pushback,
+            );
+        }
+        cause = err.source();
+    }
+    Observation::transport(TransportFailure::Reset)
+}
+
+/// A header as text; bytes that are not UTF-8 are kept lossily, so a
+/// malformed hint is still evidence (and is read as invalid, never as zero).
+fn header_text(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
