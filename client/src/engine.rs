@@ -1,0 +1,808 @@
+//! The retry decision engine: a sans-IO state machine for one intent.
+//!
+//! It never sleeps, sends or reads a clock. The driver — `tollgate simulate`
+//! on a virtual clock, or the async gate on `tokio::time` — tells it what
+//! happened and when, and carries out what it decides:
+//!
+//! ```text
+//!            start_attempt(now)                 on_response(now, obs, rng)
+//!  Fresh ─────────────────────▶ InFlight ──────────────────────────────▶ Stop(outcome)
+//!                                  ▲                    │
+//!            start_attempt(now)    │                    ▼ Wait { next_start }
+//!   Admitted ◀──── on_wake(now) ◀──┼───────────── Waiting ── defer(now, later slot)
+//!                  (Start)         │                    │
+//!                                  │                    └─ refuse(now, no token / no capacity / owner)
+//!  cancel(now) from any phase ─▶ Ended(cancelled)
+//! ```
+//!
+//! Time is a [`Duration`] elapsed since the intent's first start (zero), on a
+//! monotonic clock; every call's `now` must not go backwards. Wall time is
+//! only needed to convert an HTTP-date hint, and is derived as
+//! `wall_at_start + now`.
+//!
+//! # Decision order at a response (the seed's order, steps 1–10)
+//! 1. Intent active: a cancelled intent is already ended and takes no response.
+//! 2. Classify ([`crate::classify`]): success → `succeeded`; not retryable →
+//!    `non_retryable`; a second retry-once failure (500) → `non_retryable`.
+//! 3. Effect: an unknown effect on an operation that is not repeat-safe →
+//!    `reconciliation_required` (a lookup exists) or `indeterminate`.
+//! 4. Owner: if another layer owns retries → `owner_elsewhere`.
+//! 5. Attempt cap: every allowed attempt started → `attempt_cap`.
+//! 6. Hint ([`crate::hint`]): a date under an untrusted clock →
+//!    `clock_untrusted`; above `max_hint` → `hint_exceeds_cap`; gRPC pushback
+//!    "do not retry" → `non_retryable`.
+//! 7. Wait: `max(min_wait, hint)` for a valid hint, else
+//!    `max(min_wait, backoff)` (jittered if policy says so). A valid server
+//!    delay is never shortened, so jitter applies only to the local backoff;
+//!    spreading a fleet that got the same hint is the coordinator's slots' job.
+//! 8. Deadline: `next_start + attempt_cap > total_budget` →
+//!    `deadline_infeasible` now, at receipt, not after a pointless wait.
+//!
+//! Scope (the seed's step 6) is not the engine's: the gate names the scope
+//! when it asks the coordinator.
+//!
+//! # At reconsideration (steps 11–13)
+//! The gate may insert coordinator steps between `Wait` and the next start:
+//! [`Intent::defer`] to a later slot (re-running the deadline gate),
+//! [`Intent::refuse`] when no token, no capacity or another owner stops it.
+//! Then [`Intent::on_wake`] re-checks cancellation and the deadline against
+//! the *current* time — the earlier gate is never reused — and
+//! [`Intent::start_attempt`] must follow at that same instant.
+
+use std::time::{Duration, SystemTime};
+
+use rand::Rng;
+use thiserror::Error;
+
+use crate::backoff::Backoff;
+use crate::classify::{
+    Classification, Effect, GrpcCode, ResponseClass, Sent, TransportFailure, classify_grpc,
+    classify_http, classify_transport,
+};
+use crate::evidence::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
+use crate::hint::{HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after};
+
+/// Whether, and how, an operation may be sent more than once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Repetition {
+    /// Repeating is harmless by nature (a read, a PUT of the same value).
+    Safe,
+    /// The upstream deduplicates by an idempotency key sent with every attempt.
+    IdempotencyKey,
+    /// Not safe to repeat blindly, but an authoritative lookup can tell
+    /// whether an attempt took effect.
+    Reconcilable,
+    /// Neither safe to repeat nor checkable.
+    NonRepeatable,
+}
+
+impl Repetition {
+    /// Whether an attempt whose effect is unknown may simply be sent again.
+    pub fn is_repeat_safe(self) -> bool {
+        matches!(self, Repetition::Safe | Repetition::IdempotencyKey)
+    }
+}
+
+/// Which layer repeats this intent. Exactly one may, or retries multiply
+/// through the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryOwner {
+    /// This engine's driver repeats attempts.
+    Here,
+    /// A layer above owns retries: this one propagates the evidence instead.
+    Elsewhere,
+}
+
+/// The fixed facts of one intent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntentSpec {
+    /// The stable identity every attempt is bound to.
+    pub intent_id: String,
+    /// Decides what an unknown effect allows.
+    pub repetition: Repetition,
+    /// Decides whether this layer may retry at all.
+    pub retry_owner: RetryOwner,
+    /// Wall time at elapsed zero; receipt wall time is this plus elapsed time,
+    /// so an HTTP-date hint is converted against the receipt, once.
+    pub wall_at_start: SystemTime,
+    /// Whether the wall clock may convert an HTTP-date. An untrusted clock
+    /// makes a date hint `clock_untrusted` instead of a guess.
+    pub clock_trusted: bool,
+}
+
+/// Why a [`Policy`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PolicyError {
+    /// At least the first attempt must be allowed.
+    #[error("max_attempts must be at least 1")]
+    NoAttempts,
+    /// A zero cap would reserve nothing and bound nothing.
+    #[error("attempt_cap must be greater than zero")]
+    ZeroAttemptCap,
+    /// Not even the first attempt could be reserved inside the budget.
+    #[error("attempt_cap ({cap:?}) exceeds total_budget ({budget:?})")]
+    CapExceedsBudget {
+        /// The per-attempt cap.
+        cap: Duration,
+        /// The end-to-end budget.
+        budget: Duration,
+    },
+}
+
+/// The rules an intent is decided under. Built by [`Policy::try_new`], so an
+/// engine never runs under a policy that cannot admit even one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    total_budget: Duration,
+    max_attempts: u32,
+    attempt_cap: Duration,
+    min_wait: Duration,
+    backoff: Backoff,
+    max_hint: Option<Duration>,
+}
+
+impl Policy {
+    /// Validates and builds a policy.
+    ///
+    /// - `total_budget`: end-to-end, from the first start.
+    /// - `max_attempts`: attempts in all, the first included.
+    /// - `attempt_cap`: per attempt, reserved in full before every start.
+    /// - `min_wait`: a floor on every wait, hinted or not.
+    /// - `backoff`: the wait when the hint is absent or invalid.
+    /// - `max_hint`: a longer valid hint stops the intent.
+    pub fn try_new(
+        total_budget: Duration,
+        max_attempts: u32,
+        attempt_cap: Duration,
+        min_wait: Duration,
+        backoff: Backoff,
+        max_hint: Option<Duration>,
+    ) -> Result<Policy, PolicyError> {
+        if max_attempts == 0 {
+            return Err(PolicyError::NoAttempts);
+        }
+        if attempt_cap.is_zero() {
+            return Err(PolicyError::ZeroAttemptCap);
+        }
+        if attempt_cap > total_budget {
+            return Err(PolicyError::CapExceedsBudget {
+                cap: attempt_cap,
+                budget: total_budget,
+            });
+        }
+        Ok(Policy {
+            total_budget,
+            max_attempts,
+            attempt_cap,
+            min_wait,
+            backoff,
+            max_hint,
+        })
+    }
+
+    /// The end-to-end budget.
+    pub fn total_budget(&self) -> Duration {
+        self.total_budget
+    }
+    /// Attempts in all, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+    /// The per-attempt cap.
+    pub fn attempt_cap(&self) -> Duration {
+        self.attempt_cap
+    }
+    /// The floor on every wait.
+    pub fn min_wait(&self) -> Duration {
+        self.min_wait
+    }
+    /// The local backoff.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+    /// The longest valid hint honoured.
+    pub fn max_hint(&self) -> Option<Duration> {
+        self.max_hint
+    }
+}
+
+/// One response or transport outcome, as the driver saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    /// The status, which also says how to read `hint`.
+    pub status: ResponseStatus,
+    /// What the status means for retrying.
+    pub classification: Classification,
+    /// The raw hint header: `Retry-After` for HTTP, `grpc-retry-pushback-ms`
+    /// for gRPC. Read by [`crate::hint`] at receipt, never here.
+    pub hint: Option<String>,
+}
+
+impl Observation {
+    /// An HTTP response, classified by [`classify_http`].
+    pub fn http(status: u16, retry_after: Option<&str>) -> Self {
+        Observation {
+            status: ResponseStatus::Http(status),
+            classification: classify_http(status),
+            hint: retry_after.map(str::to_owned),
+        }
+    }
+
+    /// A gRPC status, classified by [`classify_grpc`].
+    pub fn grpc(code: GrpcCode, sent: Sent, pushback_ms: Option<&str>) -> Self {
+        Observation {
+            status: ResponseStatus::Grpc(code),
+            classification: classify_grpc(code, sent),
+            hint: pushback_ms.map(str::to_owned),
+        }
+    }
+
+    /// A transport failure, classified by [`classify_transport`].
+    pub fn transport(failure: TransportFailure) -> Self {
+        Observation {
+            status: ResponseStatus::Transport(failure),
+            classification: classify_transport(failure),
+            hint: None,
+        }
+    }
+
+    /// The same observation under another classification (an operator's
+    /// explicit retry list, for example).
+    pub fn classified_as(self, classification: Classification) -> Self {
+        Observation {
+            classification,
+            ..self
+        }
+    }
+
+    fn read_hint(&self, receipt_wall: SystemTime, rules: HintRules) -> HintReading {
+        let raw = self.hint.as_deref();
+        match self.status {
+            ResponseStatus::Http(_) => read_retry_after(raw, receipt_wall, rules),
+            ResponseStatus::Grpc(_) => read_pushback_ms(raw, rules),
+            ResponseStatus::Transport(_) => HintReading::absent(),
+        }
+    }
+}
+
+/// What to do after a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Wait until at least `next_start`, then reconsider. Nothing is reserved.
+    Wait {
+        /// The earliest reconsideration time.
+        next_start: Duration,
+        /// `next_start - receipt`.
+        wait: Duration,
+    },
+    /// The intent ended.
+    Stop(Outcome),
+}
+
+/// What the driver knows at wake-up that the engine cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WakeCheck {
+    /// The owner withdrew the intent.
+    pub cancelled: bool,
+}
+
+/// What to do at reconsideration time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeDecision {
+    /// Every engine gate passes now: call [`Intent::start_attempt`] with the
+    /// same `now`.
+    Start,
+    /// The intent ended.
+    Stop(Outcome),
+}
+
+/// The gate's reasons to end an intent that the engine cannot see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateRefusal {
+    /// The coordinator granted no retry token.
+    BudgetExhausted,
+    /// Local queue or concurrency is full at reconsideration time.
+    CapacityUnavailable,
+    /// Another layer turned out to own retries.
+    OwnerElsewhere,
+}
+
+impl From<GateRefusal> for Outcome {
+    fn from(refusal: GateRefusal) -> Outcome {
+        match refusal {
+            GateRefusal::BudgetExhausted => Outcome::BudgetExhausted,
+            GateRefusal::CapacityUnavailable => Outcome::CapacityUnavailable,
+            GateRefusal::OwnerElsewhere => Outcome::OwnerElsewhere,
+        }
+    }
+}
+
+/// A started attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptStart {
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// When it started.
+    pub at: Duration,
+    /// `at + attempt_cap`: the driver must give up on the attempt by then
+    /// (the reserve the deadline gate counted on).
+    pub must_end_by: Duration,
+}
+
+/// Where an intent is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Created; the first attempt has not started.
+    Fresh,
+    /// An attempt is in flight.
+    InFlight {
+        /// When it started.
+        start: Duration,
+    },
+    /// Waiting to reconsider; nothing is reserved.
+    Waiting {
+        /// When the wait began (the receipt).
+        since: Duration,
+        /// The earliest reconsideration time.
+        next_start: Duration,
+    },
+    /// Every engine gate passed at `at`; the attempt must start then.
+    Admitted {
+        /// The instant of admission.
+        at: Duration,
+    },
+    /// Over.
+    Ended {
+        /// Why.
+        outcome: Outcome,
+        /// When.
+        at: Duration,
+    },
+}
+
+/// A driver called the engine out of order. These are programming errors in
+/// the driver, reported rather than panicked on.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EngineError {
+    /// The call does not apply in the current phase.
+    #[error("{call} is not valid in phase {phase:?}")]
+    WrongPhase {
+        /// The call made.
+        call: &'static str,
+        /// The phase the intent was in.
+        phase: Phase,
+    },
+    /// The elapsed clock went backwards.
+    #[error("time went backwards: {now:?} after {previous:?}")]
+    TimeWentBack {
+        /// The time passed.
+        now: Duration,
+        /// The latest time seen before.
+        previous: Duration,
+    },
+    /// A wake before the earliest reconsideration time would wait less than
+    /// the hint or the floor.
+    #[error("woke at {now:?}, before next_start {next_start:?}")]
+    EarlyWake {
+        /// The wake time.
+        now: Duration,
+        /// The earliest reconsideration time.
+        next_start: Duration,
+    },
+    /// Time passed between admission and start, so the admission is stale.
+    #[error("admitted at {admitted_at:?} but started at {now:?}; call on_wake again")]
+    StaleAdmission {
+        /// When the gates passed.
+        admitted_at: Duration,
+        /// When the start was attempted.
+        now: Duration,
+    },
+    /// An attempt started at `now` could not finish inside the budget.
+    #[error("an attempt starting at {now:?} cannot finish inside the budget")]
+    WouldMissDeadline {
+        /// The attempted start.
+        now: Duration,
+    },
+    /// A response arrived after the attempt's cap: the driver must bound
+    /// every attempt by its reserve.
+    #[error("response at {receipt:?} overran the attempt started at {start:?} (cap {cap:?})")]
+    AttemptOverran {
+        /// The attempt's start.
+        start: Duration,
+        /// The response's receipt.
+        receipt: Duration,
+        /// The per-attempt cap.
+        cap: Duration,
+    },
+    /// A deferral may only move the next start later.
+    #[error("cannot defer to {until:?}, before next_start {next_start:?}")]
+    DeferEarlier {
+        /// The requested time.
+        until: Duration,
+        /// The current earliest reconsideration time.
+        next_start: Duration,
+    },
+}
+
+/// What [`Intent::decide`] learned on the way to its decision, for the record.
+#[derive(Debug, Default)]
+struct Findings {
+    hint: Option<HintReading>,
+    remaining: Option<Duration>,
+    wait: Option<Duration>,
+    next_start: Option<Duration>,
+}
+
+/// One intent under one policy: the state machine.
+#[derive(Debug, Clone)]
+pub struct Intent {
+    spec: IntentSpec,
+    policy: Policy,
+    phase: Phase,
+    records: Vec<AttemptRecord>,
+    /// The clock may not go backwards: every call's `now` is checked against it.
+    latest: Duration,
+    request_time: Duration,
+    waited_time: Duration,
+    /// 500-class failures are retried at most once per intent.
+    retry_once_spent: bool,
+}
+
+impl Intent {
+    /// A fresh intent; its first attempt starts at elapsed zero.
+    pub fn new(spec: IntentSpec, policy: Policy) -> Self {
+        Intent {
+            spec,
+            policy,
+            phase: Phase::Fresh,
+            records: Vec::new(),
+            latest: Duration::ZERO,
+            request_time: Duration::ZERO,
+            waited_time: Duration::ZERO,
+            retry_once_spent: false,
+        }
+    }
+
+    /// Whether an attempt starting at `start` can finish, with its full
+    /// reserve, inside the budget. The gate asks this of a coordinator slot.
+    pub fn fits(&self, start: Duration) -> bool {
+        start
+            .checked_add(self.policy.attempt_cap)
+            .is_some_and(|end| end <= self.policy.total_budget)
+    }
+
+    /// Starts an attempt: the first from [`Phase::Fresh`], a later one from
+    /// [`Phase::Admitted`] at the instant of admission.
+    pub fn start_attempt(&mut self, now: Duration) -> Result<AttemptStart, EngineError> {
+        self.check_call("start_attempt", now)?;
+        match self.phase {
+            Phase::Fresh => {}
+            Phase::Admitted { at } if at == now => {}
+            Phase::Admitted { at } => {
+                return Err(EngineError::StaleAdmission {
+                    admitted_at: at,
+                    now,
+                });
+            }
+            phase => {
+                return Err(EngineError::WrongPhase {
+                    call: "start_attempt",
+                    phase,
+                });
+            }
+        }
+        if !self.fits(now) {
+            return Err(EngineError::WouldMissDeadline { now });
+        }
+        self.latest = now;
+        let number = self.attempts_started() + 1;
+        self.records
+            .push(AttemptRecord::started(&self.spec.intent_id, number, now));
+        self.phase = Phase::InFlight { start: now };
+        Ok(AttemptStart {
+            number,
+            at: now,
+            must_end_by: now + self.policy.attempt_cap,
+        })
+    }
+
+    /// Takes the response of the attempt in flight, received at `now`, and
+    /// decides: wait then reconsider, or stop. The decision and its evidence
+    /// are recorded on the attempt.
+    pub fn on_response<R: Rng + ?Sized>(
+        &mut self,
+        now: Duration,
+        observation: Observation,
+        rng: &mut R,
+    ) -> Result<Decision, EngineError> {
+        self.check_call("on_response", now)?;
+        let Phase::InFlight { start } = self.phase else {
+            return Err(EngineError::WrongPhase {
+                call: "on_response",
+                phase: self.phase,
+            });
+        };
+        let cap = self.policy.attempt_cap;
+        if now - start > cap {
+            return Err(EngineError::AttemptOverran {
+                start,
+                receipt: now,
+                cap,
+            });
+        }
+        self.latest = now;
+        self.request_time += now - start;
+
+        let (decision, findings) = self.decide(now, &observation, rng);
+        if matches!(decision, Decision::Wait { .. })
+            && observation.classification.class == ResponseClass::RetryOnce
+        {
+            self.retry_once_spent = true;
+        }
+        if let Some(record) = self.records.last_mut() {
+            record.receipt = Some(now);
+            record.status = Some(observation.status);
+            record.classification = Some(observation.classification);
+            record.hint = findings.hint;
+            record.remaining = findings.remaining;
+            record.wait = findings.wait;
+            record.next_start = findings.next_start;
+            record.decision = Some(match decision {
+                Decision::Wait { .. } => RecordDecision::Wait,
+                Decision::Stop(outcome) => RecordDecision::Stop(outcome),
+            });
+        }
+        self.phase = match decision {
+            Decision::Wait { next_start, .. } => Phase::Waiting {
+                since: now,
+                next_start,
+            },
+            Decision::Stop(outcome) => Phase::Ended { outcome, at: now },
+        };
+        Ok(decision)
+    }
+
+    /// The decision order (module docs, steps 2–8) for one response, with
+    /// the evidence gathered on the way.
+    fn decide<R: Rng + ?Sized>(
+        &self,
+        now: Duration,
+        observation: &Observation,
+        rng: &mut R,
+    ) -> (Decision, Findings) {
+        let mut findings = Findings::default();
+        let stop = |outcome, findings| (Decision::Stop(outcome), findings);
+        let Classification { class, effect } = observation.classification;
+        match class {
+            ResponseClass::Success => return stop(Outcome::Succeeded, findings),
+            ResponseClass::NonRetryable => return stop(Outcome::NonRetryable, findings),
+            ResponseClass::RetryOnce if self.retry_once_spent => {
+                return stop(Outcome::NonRetryable, findings);
+            }
+            ResponseClass::Throttled | ResponseClass::Transient | ResponseClass::RetryOnce => {}
+        }
+        if effect == Effect::Unknown && !self.spec.repetition.is_repeat_safe() {
+            let outcome = match self.spec.repetition {
+                Repetition::Reconcilable => Outcome::ReconciliationRequired,
+                _ => Outcome::Indeterminate,
+            };
+            return stop(outcome, findings);
+        }
+        if self.spec.retry_owner == RetryOwner::Elsewhere {
+            return stop(Outcome::OwnerElsewhere, findings);
+        }
+
+        // From here the response is one to retry: its hint and the budget
+        // left are evidence even when the intent stops below.
+        let rules = HintRules {
+            clock_trusted: self.spec.clock_trusted,
+            max_hint: self.policy.max_hint,
+        };
+        let reading = observation.read_hint(self.spec.wall_at_start + now, rules);
+        let verdict = reading.verdict;
+        findings.hint = Some(reading);
+        findings.remaining = Some(self.policy.total_budget.saturating_sub(now));
+
+        if self.attempts_started() >= self.policy.max_attempts {
+            return stop(Outcome::AttemptCap, findings);
+        }
+        let basis = match verdict {
+            HintVerdict::ClockUntrusted => return stop(Outcome::ClockUntrusted, findings),
+            HintVerdict::ExceedsCap { .. } => return stop(Outcome::HintExceedsCap, findings),
+            HintVerdict::DoNotRetry => return stop(Outcome::NonRetryable, findings),
+            HintVerdict::Valid { delay, .. } => delay,
+            HintVerdict::Absent | HintVerdict::Invalid(_) => {
+                self.policy.backoff.delay(self.attempts_started(), rng)
+            }
+        };
+        let wait = basis.max(self.policy.min_wait);
+        let next_start = now.saturating_add(wait);
+        findings.wait = Some(wait);
+        findings.next_start = Some(next_start);
+        if !self.fits(next_start) {
+            return stop(Outcome::DeadlineInfeasible, findings);
+        }
+        (Decision::Wait { next_start, wait }, findings)
+    }
+
+    /// Reconsiders at `now`, when the wait is over: re-checks cancellation
+    /// and the deadline against `now` itself (a late wake may no longer fit,
+    /// whatever was true at receipt).
+    pub fn on_wake(
+        &mut self,
+        now: Duration,
+        check: WakeCheck,
+    ) -> Result<WakeDecision, EngineError> {
+        let (since, next_start) = self.waiting("on_wake", now)?;
+        if now < next_start {
+            return Err(EngineError::EarlyWake { now, next_start });
+        }
+        self.latest = now;
+        if let Some(last) = self.records.last_mut() {
+            last.woke = Some(now);
+        }
+        let stop = if check.cancelled {
+            Some(Outcome::Cancelled)
+        } else if !self.fits(now) {
+            Some(Outcome::DeadlineInfeasible)
+        } else {
+            None
+        };
+        if let Some(outcome) = stop {
+            self.end(now, outcome);
+            return Ok(WakeDecision::Stop(outcome));
+        }
+        self.waited_time += now - since;
+        self.phase = Phase::Admitted { at: now };
+        Ok(WakeDecision::Start)
+    }
+
+    /// Moves the next start later (a coordinator slot after the engine's own
+    /// `next_start`) and re-runs the deadline gate for it. Never earlier: that
+    /// would wait less than the hint or the floor.
+    pub fn defer(&mut self, now: Duration, until: Duration) -> Result<Decision, EngineError> {
+        let (since, next_start) = self.waiting("defer", now)?;
+        if until < next_start {
+            return Err(EngineError::DeferEarlier { until, next_start });
+        }
+        self.latest = now;
+        if !self.fits(until) {
+            self.end(now, Outcome::DeadlineInfeasible);
+            return Ok(Decision::Stop(Outcome::DeadlineInfeasible));
+        }
+        if let Some(last) = self.records.last_mut() {
+            last.next_start = Some(until);
+            last.wait = Some(until - since);
+        }
+        self.phase = Phase::Waiting {
+            since,
+            next_start: until,
+        };
+        Ok(Decision::Wait {
+            next_start: until,
+            wait: until - since,
+        })
+    }
+
+    /// Ends the intent for a reason only the gate can see (no token, no
+    /// capacity, another owner), before an attempt starts.
+    pub fn refuse(&mut self, now: Duration, refusal: GateRefusal) -> Result<Outcome, EngineError> {
+        self.check_call("refuse", now)?;
+        if let Phase::InFlight { .. } = self.phase {
+            return Err(EngineError::WrongPhase {
+                call: "refuse",
+                phase: self.phase,
+            });
+        }
+        self.latest = now;
+        let outcome = Outcome::from(refusal);
+        self.end(now, outcome);
+        Ok(outcome)
+    }
+
+    /// The owner withdraws the intent at `now`. While waiting, the delayed
+    /// attempt is dropped; in flight, the attempt's response is discarded.
+    /// Returns the terminal outcome, which is the earlier one if the intent
+    /// had already ended.
+    pub fn cancel(&mut self, now: Duration) -> Result<Outcome, EngineError> {
+        if let Phase::Ended { outcome, .. } = self.phase {
+            return Ok(outcome);
+        }
+        self.check_call("cancel", now)?;
+        self.latest = now;
+        if let (Phase::InFlight { .. }, Some(last)) = (self.phase, self.records.last_mut()) {
+            last.decision = Some(RecordDecision::Stop(Outcome::Cancelled));
+            last.response_discarded = true;
+        }
+        self.end(now, Outcome::Cancelled);
+        Ok(Outcome::Cancelled)
+    }
+
+    /// Ends the intent at `now`, counting the time since the current phase
+    /// began as request or waiting time, so each is counted once.
+    fn end(&mut self, now: Duration, outcome: Outcome) {
+        match self.phase {
+            Phase::InFlight { start } => self.request_time += now - start,
+            Phase::Waiting { since, .. } => self.waited_time += now - since,
+            Phase::Fresh | Phase::Admitted { .. } | Phase::Ended { .. } => {}
+        }
+        self.phase = Phase::Ended { outcome, at: now };
+    }
+
+    /// `check_call`, and the wait's start and earliest end for a call that is
+    /// only valid while waiting.
+    fn waiting(
+        &self,
+        call: &'static str,
+        now: Duration,
+    ) -> Result<(Duration, Duration), EngineError> {
+        self.check_call(call, now)?;
+        match self.phase {
+            Phase::Waiting { since, next_start } => Ok((since, next_start)),
+            phase => Err(EngineError::WrongPhase { call, phase }),
+        }
+    }
+
+    /// Refuses any call on an ended intent and any `now` before the latest
+    /// time seen. Each call records `now` as the latest only once all its
+    /// checks pass, so a refused call changes nothing.
+    fn check_call(&self, call: &'static str, now: Duration) -> Result<(), EngineError> {
+        if let Phase::Ended { .. } = self.phase {
+            return Err(EngineError::WrongPhase {
+                call,
+                phase: self.phase,
+            });
+        }
+        if now < self.latest {
+            return Err(EngineError::TimeWentBack {
+                now,
+                previous: self.latest,
+            });
+        }
+        Ok(())
+    }
+
+    /// The intent's fixed facts.
+    pub fn spec(&self) -> &IntentSpec {
+        &self.spec
+    }
+    /// The policy it runs under.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+    /// Where it is now.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+    /// The terminal outcome and when it happened, once ended.
+    pub fn outcome(&self) -> Option<(Outcome, Duration)> {
+        match self.phase {
+            Phase::Ended { outcome, at } => Some((outcome, at)),
+            _ => None,
+        }
+    }
+    /// One record per attempt started, in order.
+    pub fn records(&self) -> &[AttemptRecord] {
+        &self.records
+    }
+    /// Attempts started so far.
+    pub fn attempts_started(&self) -> u32 {
+        u32::try_from(self.records.len()).unwrap_or(u32::MAX)
+    }
+    /// Elapsed time spent in attempts.
+    pub fn request_time(&self) -> Duration {
+        self.request_time
+    }
+    /// Elapsed time actually spent waiting (including a late wake).
+    pub fn waited_time(&self) -> Duration {
+        self.waited_time
+    }
+    /// The last response received, whatever the outcome.
+    pub fn last_status(&self) -> Option<ResponseStatus> {
+        self.records.iter().rev().find_map(|r| r.status)
+    }
+}
+
+#[cfg(test)]
+mod tests;
