@@ -11,9 +11,28 @@
 //! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes, and its in-memory backend.
+//! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
+//! - [`auth`]: bearer tokens → the caller scopes they may use.
+//! - [`service`]: the `tollgate.v1.Budget` gRPC service — validation,
+//!   identity, the wire ↔ core translation, Watch streams — and the one
+//!   error → `Status` mapping.
+//! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
+//!   reflection behind tower layers, with a graceful drain.
+//! - [`signal`], [`cli`]: SIGINT/SIGTERM and the `serve` subcommand.
+//!
+//! A request flows `server` → `service` (validate, authorize, resolve the
+//! policy, read the clock) → `store` (one atomic operation applying the pure
+//! `budget` / `evidence` / `slots` math) → back to `service` (reply, publish
+//! Watch events). Only `service` and `server` know gRPC types.
+pub mod auth;
 pub mod budget;
+pub mod cli;
+pub mod config;
 pub mod evidence;
 pub mod policy;
 pub mod scope;
+pub mod server;
+pub mod service;
+pub mod signal;
 pub mod slots;
 pub mod store;
