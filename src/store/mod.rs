@@ -33,8 +33,10 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The bounded number of scopes is reached and none is idle enough to evict.
-    #[error("scope limit reached ({max} scopes)")]
+    /// The bounded number of scopes is reached. Nothing is evicted inline
+    /// (that would let a flood of invented names push out live scopes); the
+    /// server's sweeper frees idle ones periodically.
+    #[error("scope limit reached ({max} scopes); idle scopes are evicted periodically")]
     ScopeLimit {
         /// The configured bound.
         max: usize,
