@@ -1,4 +1,5 @@
-//! The `tollgate` command line: parses arguments and hands off to the library.
+//! The `tollgate` binary: parses the command line and hands off to the
+//! library. Keep it thin — each subcommand lives in a library module.
 
 use std::process::ExitCode;
 
@@ -15,6 +16,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the coordinator (Budget API, health, reflection).
+    Serve(tollgate::cli::ServeArgs),
     /// Run the retry decision engine on scenario files with a virtual clock.
     Simulate {
         /// Print one JSON result per line instead of a table.
@@ -31,6 +34,10 @@ const EXIT_INVALID: u8 = 2;
 
 fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
+        Command::Serve(args) => {
+            tollgate::cli::serve(args)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Simulate { json, files } => {
             let all_valid = tollgate::simulate::run(
                 &files,
