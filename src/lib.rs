@@ -1,1 +1,48 @@
-//! tollgate
+//! Tollgate: fleet-wide retry budgets, shared rate-limit evidence and
+//! jittered reconsideration slots — the coordinator, its stores and the CLI.
+//!
+//! The per-intent decision engine lives in `tollgate-client`; this crate
+//! drives it (in `simulate`), never reimplements it.
+//!
+//! # Layout
+//! - [`scope`]: what shares state — `(caller_scope, route)` plus a priority.
+//! - [`policy`]: validated policies and rules matched by specificity.
+//! - [`budget`]: the sliding-window budget, priority shares, leases and
+//!   max-min fair shares (pure).
+//! - [`evidence`]: hints read with the client crate's one parser into
+//!   cooldowns and the backoff step (pure).
+//! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
+//! - [`store`]: the `Store` trait whose operations are the atomic state
+//!   changes, and its in-memory backend.
+//! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
+//! - [`auth`]: bearer tokens → the caller scopes they may use.
+//! - [`service`]: the `tollgate.v1.Budget` gRPC service — validation,
+//!   identity, the wire ↔ core translation, Watch streams — and the one
+//!   error → `Status` mapping.
+//! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
+//!   reflection behind tower layers, with a graceful drain.
+//! - [`signal`], [`cli`]: SIGINT/SIGTERM and the `serve` subcommand.
+//! - [`simulate`]: `tollgate simulate`, which runs the client's decision
+//!   engine on scenario files with a virtual clock and a seeded RNG.
+//!
+//! A request flows `server` → `service` (validate, authorize, resolve the
+//! policy, read the clock) → `store` (one atomic operation applying the pure
+//! `budget` / `evidence` / `slots` math) → back to `service` (reply, publish
+//! Watch events). Only `service` and `server` know gRPC types.
+//!
+//! `src/main.rs` is a thin clap front end: one enum of subcommands, each
+//! handing off to a module here.
+
+pub mod auth;
+pub mod budget;
+pub mod cli;
+pub mod config;
+pub mod evidence;
+pub mod policy;
+pub mod scope;
+pub mod server;
+pub mod service;
+pub mod signal;
+pub mod simulate;
+pub mod slots;
+pub mod store;

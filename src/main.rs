@@ -1,1 +1,57 @@
-fn main() {}
+//! The `tollgate` binary: parses the command line and hands off to the
+//! library. Keep it thin — each subcommand lives in a library module.
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+/// Fleet-wide retry budgets.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the coordinator (Budget API, health, reflection).
+    Serve(tollgate::cli::ServeArgs),
+    /// Run the retry decision engine on scenario files with a virtual clock.
+    Simulate {
+        /// Print one JSON result per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Scenario files (one object or an array each); `-` reads stdin.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<String>,
+    },
+}
+
+/// Exit status for invalid input, as the scenario README specifies.
+const EXIT_INVALID: u8 = 2;
+
+fn main() -> anyhow::Result<ExitCode> {
+    match Cli::parse().command {
+        Command::Serve(args) => {
+            tollgate::cli::serve(args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Simulate { json, files } => {
+            let all_valid = tollgate::simulate::run(
+                &files,
+                json,
+                &mut std::io::stdin().lock(),
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr().lock(),
+            )
+            .context("writing simulation results")?;
+            Ok(if all_valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_INVALID)
+            })
+        }
+    }
+}

@@ -634,18 +634,11 @@ impl Intent {
         now: Duration,
         check: WakeCheck,
     ) -> Result<WakeDecision, EngineError> {
-        self.check_call("on_wake", now)?;
-        let Phase::Waiting { since, next_start } = self.phase else {
-            return Err(EngineError::WrongPhase {
-                call: "on_wake",
-                phase: self.phase,
-            });
-        };
+        let (since, next_start) = self.waiting("on_wake", now)?;
         if now < next_start {
             return Err(EngineError::EarlyWake { now, next_start });
         }
         self.latest = now;
-        self.waited_time += now - since;
         if let Some(last) = self.records.last_mut() {
             last.woke = Some(now);
         }
@@ -656,24 +649,20 @@ impl Intent {
         } else {
             None
         };
-        self.phase = match stop {
-            Some(outcome) => Phase::Ended { outcome, at: now },
-            None => Phase::Admitted { at: now },
-        };
-        Ok(stop.map_or(WakeDecision::Start, WakeDecision::Stop))
+        if let Some(outcome) = stop {
+            self.end(now, outcome);
+            return Ok(WakeDecision::Stop(outcome));
+        }
+        self.waited_time += now - since;
+        self.phase = Phase::Admitted { at: now };
+        Ok(WakeDecision::Start)
     }
 
     /// Moves the next start later (a coordinator slot after the engine's own
     /// `next_start`) and re-runs the deadline gate for it. Never earlier: that
     /// would wait less than the hint or the floor.
     pub fn defer(&mut self, now: Duration, until: Duration) -> Result<Decision, EngineError> {
-        self.check_call("defer", now)?;
-        let Phase::Waiting { since, next_start } = self.phase else {
-            return Err(EngineError::WrongPhase {
-                call: "defer",
-                phase: self.phase,
-            });
-        };
+        let (since, next_start) = self.waiting("defer", now)?;
         if until < next_start {
             return Err(EngineError::DeferEarlier { until, next_start });
         }
@@ -757,6 +746,20 @@ impl Intent {
             Phase::Fresh | Phase::Admitted { .. } | Phase::Ended { .. } => {}
         }
         self.phase = Phase::Ended { outcome, at: now };
+    }
+
+    /// `check_call`, and the wait's start and earliest end for a call that is
+    /// only valid while waiting.
+    fn waiting(
+        &self,
+        call: &'static str,
+        now: Duration,
+    ) -> Result<(Duration, Duration), EngineError> {
+        self.check_call(call, now)?;
+        match self.phase {
+            Phase::Waiting { since, next_start } => Ok((since, next_start)),
+            phase => Err(EngineError::WrongPhase { call, phase }),
+        }
     }
 
     /// Refuses any call on an ended intent and any `now` before the latest

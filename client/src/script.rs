@@ -92,3 +92,80 @@ pub fn run<R: Rng + ?Sized>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+    use crate::backoff::{Backoff, Jitter};
+    use crate::engine::{IntentSpec, Policy, Repetition, RetryOwner};
+    use crate::evidence::Outcome;
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    fn run_script(script: &Script) -> (Result<(), ScriptError>, Intent) {
+        let backoff = Backoff {
+            base: s(1),
+            cap: s(60),
+            jitter: Jitter::None,
+        };
+        let policy = Policy::try_new(s(20), 3, s(4), s(1), backoff, None).expect("policy");
+        let spec = IntentSpec {
+            intent_id: "script".to_owned(),
+            repetition: Repetition::Safe,
+            retry_owner: RetryOwner::Here,
+            wall_at_start: SystemTime::UNIX_EPOCH,
+            clock_trusted: true,
+        };
+        let mut intent = Intent::new(spec, policy);
+        let result = run(&mut intent, script, &mut StdRng::seed_from_u64(0));
+        (result, intent)
+    }
+
+    fn respond(secs: u64, status: u16, hint: Option<&str>) -> ScriptedResponse {
+        ScriptedResponse {
+            duration: s(secs),
+            observation: Observation::http(status, hint),
+        }
+    }
+
+    #[test]
+    fn a_response_at_the_instant_of_cancellation_is_still_evidence() {
+        let script = Script {
+            responses: vec![respond(2, 200, None)],
+            cancel_at: Some(s(2)),
+            wake_late: Duration::ZERO,
+        };
+        let (result, intent) = run_script(&script);
+        assert_eq!(result, Ok(()));
+        assert_eq!(intent.outcome(), Some((Outcome::Succeeded, s(2))));
+    }
+
+    #[test]
+    fn cancellation_at_the_wake_instant_prevents_the_start() {
+        let script = Script {
+            responses: vec![respond(2, 429, Some("3")), respond(1, 200, None)],
+            cancel_at: Some(s(5)),
+            wake_late: Duration::ZERO,
+        };
+        let (_, intent) = run_script(&script);
+        assert_eq!(intent.outcome(), Some((Outcome::Cancelled, s(5))));
+        assert_eq!(intent.attempts_started(), 1);
+    }
+
+    #[test]
+    fn a_missing_response_is_reported_with_its_attempt() {
+        let script = Script {
+            responses: vec![respond(2, 429, Some("3"))],
+            ..Script::default()
+        };
+        let (result, _) = run_script(&script);
+        assert_eq!(result, Err(ScriptError::MissingResponse { attempt: 2 }));
+    }
+}

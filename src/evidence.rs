@@ -1,0 +1,431 @@
+//! Rate-limit evidence: reading one response's hints into a cooldown, and the
+//! per-scope hint state (cooldown, backoff step, recent hints). Pure.
+//!
+//! Hints are read with the client crate's parser
+//! ([`tollgate_client::hint`]), the one parser of the project, so a worker
+//! and the coordinator never disagree on what a header meant.
+//!
+//! # Placing a hint on the coordinator's clock
+//! A hint is a delay from the moment the worker received the response. When
+//! the worker's receipt time agrees with the coordinator's clock (within the
+//! policy's skew tolerance) the cooldown is `receipt + delay`. When it does
+//! not, the disagreement is recorded as `clock_skew` and the delay is placed
+//! from the coordinator's own `now` instead — later than the true receipt, so
+//! never shorter than the server asked. An HTTP-date is always converted to a
+//! delay against the worker's own receipt time: the worker saw the response,
+//! and its clock is the one the date was meant to be read against.
+//!
+//! # What never happens
+//! An invalid, absent, past or do-not-retry hint never shortens a cooldown or
+//! becomes permission: it is kept as evidence and widens the scope's backoff
+//! step, which decays only on reported successes.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tollgate_client::clock::from_unix_ms;
+use tollgate_client::hint::{
+    HintForm, HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after,
+};
+
+use crate::policy::Policy;
+
+/// Recent hints kept per scope as evidence (a ring: the oldest falls out).
+pub const RECENT_HINTS: usize = 16;
+/// The backoff step stops widening here (`base × 2^19` exceeds any max).
+const MAX_BACKOFF_STEP: u8 = 20;
+
+/// One response as a worker reported it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EvidenceInput<'a> {
+    /// HTTP status, or 0 for a gRPC response.
+    pub http_status: u32,
+    /// gRPC status code when `http_status` is 0.
+    pub grpc_code: u32,
+    /// The raw `Retry-After` text, when the header was present.
+    pub retry_after: Option<&'a str>,
+    /// The raw `grpc-retry-pushback-ms` text, when present.
+    pub pushback_ms: Option<&'a str>,
+    /// The worker's wall clock at receipt; 0 when unknown.
+    pub receipt_ms: i64,
+}
+
+impl EvidenceInput<'_> {
+    /// 408, 429, 5xx, or gRPC DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED /
+    /// UNAVAILABLE: responses that say "not now". Other statuses are kept as
+    /// evidence but move no cooldown or backoff.
+    pub fn is_rejection(&self) -> bool {
+        match self.http_status {
+            0 => matches!(self.grpc_code, 4 | 8 | 14),
+            408 | 429 | 500..=599 => true,
+            _ => false,
+        }
+    }
+}
+
+/// How the coordinator read one piece of evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    /// The raw hint text that was read (bounded by the parser).
+    pub raw: Option<String>,
+    /// Which form the hint took.
+    pub form: HintForm,
+    /// Whether it could be used for a cooldown.
+    pub valid: bool,
+    /// The server's delay in milliseconds (saturating), when valid.
+    pub delay_ms: u64,
+    /// The delay exceeded the policy's max hint and was capped there.
+    pub capped: bool,
+    /// The worker's receipt time disagreed with the coordinator's clock.
+    pub clock_skew: bool,
+    /// Why the hint was not used; empty when it was.
+    pub reason: &'static str,
+    /// The cooldown the hint asks for, on the coordinator's clock.
+    pub cooldown_until_ms: Option<i64>,
+    /// A rejection without a usable wait: widen the scope's backoff.
+    pub widen_backoff: bool,
+    /// Where the backoff is measured from (receipt or coordinator now).
+    pub anchor_ms: i64,
+}
+
+/// Reads one response's hints under `policy` at coordinator time `now_ms`.
+pub fn assess(input: &EvidenceInput<'_>, policy: &Policy, now_ms: i64) -> Assessment {
+    let known = input.receipt_ms != 0;
+    let clock_skew = known && input.receipt_ms.abs_diff(now_ms) > policy.skew_tolerance_ms;
+    let anchor_ms = if known && !clock_skew {
+        input.receipt_ms
+    } else {
+        now_ms
+    };
+    let receipt = from_unix_ms(if known { input.receipt_ms } else { now_ms });
+    let rules = HintRules {
+        clock_trusted: true,
+        max_hint: Some(Duration::from_millis(policy.max_hint_ms)),
+    };
+    let reading = pick(
+        read_retry_after(input.retry_after, receipt, rules),
+        read_pushback_ms(input.pushback_ms, rules),
+    );
+    let rejection = input.is_rejection();
+    let mut out = Assessment {
+        raw: reading.raw,
+        form: reading.form,
+        valid: false,
+        delay_ms: 0,
+        capped: false,
+        clock_skew,
+        reason: "",
+        cooldown_until_ms: None,
+        widen_backoff: rejection,
+        anchor_ms,
+    };
+    let wait = match reading.verdict {
+        HintVerdict::Valid { delay, past } => {
+            out.valid = true;
+            out.delay_ms = millis(delay);
+            if past {
+                out.reason = "date already past at receipt";
+            }
+            Some(out.delay_ms)
+        }
+        HintVerdict::ExceedsCap { delay, cap } => {
+            out.valid = true;
+            out.capped = true;
+            out.delay_ms = millis(delay);
+            out.reason = "hint exceeds max_hint; cooldown capped";
+            Some(millis(cap))
+        }
+        HintVerdict::Absent => {
+            out.reason = "no hint";
+            None
+        }
+        HintVerdict::Invalid(why) => {
+            out.reason = why.describe();
+            None
+        }
+        HintVerdict::DoNotRetry => {
+            out.reason = "pushback asks not to retry";
+            None
+        }
+        // Unreachable with a trusted clock; kept as invalid, never as zero.
+        HintVerdict::ClockUntrusted => {
+            out.reason = "clock untrusted";
+            None
+        }
+    };
+    match wait {
+        Some(wait) if wait > 0 && rejection => {
+            out.widen_backoff = false;
+            out.cooldown_until_ms =
+                Some(anchor_ms.saturating_add(i64::try_from(wait).unwrap_or(i64::MAX)));
+        }
+        Some(_) if !rejection => out.reason = "status is not a rejection; kept as evidence",
+        _ => {}
+    }
+    out
+}
+
+/// Of two readings, the usable one with the longer wait; else the first
+/// present one (so an invalid hint is still recorded); else absent.
+fn pick(retry_after: HintReading, pushback: HintReading) -> HintReading {
+    let wait = |r: &HintReading| match r.verdict {
+        HintVerdict::Valid { delay, .. } | HintVerdict::ExceedsCap { delay, .. } => Some(delay),
+        _ => None,
+    };
+    match (wait(&retry_after), wait(&pushback)) {
+        (Some(a), Some(b)) if b > a => pushback,
+        (Some(_), _) => retry_after,
+        (None, Some(_)) => pushback,
+        (None, None) if retry_after.form != HintForm::Absent => retry_after,
+        (None, None) => pushback,
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One hint kept as evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HintRecord {
+    /// Coordinator time the evidence was merged.
+    pub at_ms: i64,
+    /// The raw text, if a hint was sent.
+    pub raw: Option<String>,
+    /// Its form.
+    pub form: HintForm,
+    /// Whether it was usable.
+    pub valid: bool,
+    /// Whether it was capped.
+    pub capped: bool,
+    /// Whether the worker's clock disagreed.
+    pub clock_skew: bool,
+}
+
+/// What merging one assessment changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Merge {
+    /// The cooldown moved later (a cooldown started or was extended).
+    pub raised: bool,
+    /// The cooldown after the merge; 0 when none was ever set.
+    pub cooldown_until_ms: i64,
+    /// The current backoff for hintless rejections.
+    pub backoff_ms: u64,
+}
+
+/// Hint-derived state of one route or of a whole caller scope.
+#[derive(Debug, Clone, Default)]
+pub struct HintState {
+    /// The earliest reconsideration instant from valid hints; only moves later.
+    pub cooldown_until_ms: i64,
+    /// Widened by hintless rejections, narrowed by successes.
+    pub backoff_step: u8,
+    /// The earliest reconsideration instant from the backoff; only moves later.
+    pub backoff_until_ms: i64,
+    /// Recent hints, newest last, for operators (bounded by [`RECENT_HINTS`]).
+    pub recent: VecDeque<HintRecord>,
+}
+
+impl HintState {
+    /// The backoff a hintless rejection now imposes.
+    pub fn backoff_ms(&self, policy: &Policy) -> u64 {
+        match self.backoff_step {
+            0 => 0,
+            step => policy
+                .backoff_base_ms
+                .saturating_mul(1u64 << (step - 1).min(40))
+                .min(policy.backoff_max_ms),
+        }
+    }
+
+    /// The earliest instant anything may be reconsidered here.
+    pub fn floor_ms(&self) -> i64 {
+        self.cooldown_until_ms.max(self.backoff_until_ms)
+    }
+
+    /// Merges one assessment: cooldown `max(current, hint)`, backoff widened
+    /// for a hintless rejection; the evidence is kept either way.
+    pub fn merge(&mut self, a: &Assessment, policy: &Policy, now_ms: i64) -> Merge {
+        let before = self.cooldown_until_ms;
+        if let Some(until) = a.cooldown_until_ms {
+            self.cooldown_until_ms = self.cooldown_until_ms.max(until);
+        }
+        if a.widen_backoff {
+            self.backoff_step = (self.backoff_step + 1).min(MAX_BACKOFF_STEP);
+            let wait = i64::try_from(self.backoff_ms(policy)).unwrap_or(i64::MAX);
+            self.backoff_until_ms = self.backoff_until_ms.max(a.anchor_ms.saturating_add(wait));
+        }
+        if self.recent.len() >= RECENT_HINTS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(HintRecord {
+            at_ms: now_ms,
+            raw: a.raw.clone(),
+            form: a.form,
+            valid: a.valid,
+            capped: a.capped,
+            clock_skew: a.clock_skew,
+        });
+        Merge {
+            raised: self.cooldown_until_ms > before && self.cooldown_until_ms > now_ms,
+            cooldown_until_ms: self.cooldown_until_ms,
+            backoff_ms: self.backoff_ms(policy),
+        }
+    }
+
+    /// A reported success narrows the backoff step by one; what was already
+    /// imposed stays (never shortening a wait in flight).
+    pub fn decay(&mut self) {
+        self.backoff_step = self.backoff_step.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PolicySpec;
+
+    const NOW: i64 = 1_704_110_400_000; // Mon, 01 Jan 2024 12:00:00 GMT
+
+    fn input(status: u32, retry_after: Option<&str>, receipt_ms: i64) -> EvidenceInput<'_> {
+        EvidenceInput {
+            http_status: status,
+            retry_after,
+            receipt_ms,
+            ..EvidenceInput::default()
+        }
+    }
+
+    #[test]
+    fn a_delay_hint_becomes_a_cooldown_from_receipt() {
+        let a = assess(&input(429, Some("30"), NOW - 200), &Policy::default(), NOW);
+        assert!(a.valid && !a.capped && !a.clock_skew);
+        assert_eq!(a.cooldown_until_ms, Some(NOW - 200 + 30_000));
+        assert!(!a.widen_backoff);
+    }
+
+    #[test]
+    fn a_date_hint_is_converted_against_the_workers_receipt() {
+        let a = assess(
+            &input(429, Some("Mon, 01 Jan 2024 12:00:30 GMT"), NOW),
+            &Policy::default(),
+            NOW,
+        );
+        assert_eq!(a.form, HintForm::Date);
+        assert_eq!(a.cooldown_until_ms, Some(NOW + 30_000));
+    }
+
+    #[test]
+    fn a_skewed_worker_clock_is_recorded_and_the_delay_placed_from_now() {
+        // The worker's clock is an hour ahead; the date is 30 s after its receipt.
+        let worker_receipt = NOW + 3_600_000;
+        let a = assess(
+            &input(429, Some("Mon, 01 Jan 2024 13:00:30 GMT"), worker_receipt),
+            &Policy::default(),
+            NOW,
+        );
+        assert!(a.clock_skew);
+        assert_eq!(a.delay_ms, 30_000);
+        assert_eq!(a.cooldown_until_ms, Some(NOW + 30_000));
+    }
+
+    #[test]
+    fn an_enormous_hint_is_capped_visibly() {
+        let a = assess(&input(503, Some("99999999"), NOW), &Policy::default(), NOW);
+        assert!(a.valid && a.capped);
+        assert_eq!(a.cooldown_until_ms, Some(NOW + 300_000));
+    }
+
+    #[test]
+    fn invalid_absent_and_past_hints_widen_the_backoff_not_the_cooldown() {
+        let p = Policy::default();
+        for raw in [
+            Some("-1"),
+            Some("1.5"),
+            Some("soon"),
+            None,
+            Some("Mon, 01 Jan 2024 11:00:00 GMT"),
+        ] {
+            let a = assess(&input(429, raw, NOW), &p, NOW);
+            assert_eq!(a.cooldown_until_ms, None, "{raw:?}");
+            assert!(a.widen_backoff, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn pushback_is_read_and_the_longer_wait_wins() {
+        let p = Policy::default();
+        let grpc = EvidenceInput {
+            grpc_code: 8,
+            pushback_ms: Some("2500"),
+            retry_after: Some("1"),
+            receipt_ms: NOW,
+            ..EvidenceInput::default()
+        };
+        let a = assess(&grpc, &p, NOW);
+        assert_eq!(a.form, HintForm::Pushback);
+        assert_eq!(a.cooldown_until_ms, Some(NOW + 2500));
+        let refuse = EvidenceInput {
+            pushback_ms: Some("-1"),
+            ..grpc
+        };
+        let refuse = EvidenceInput {
+            retry_after: None,
+            ..refuse
+        };
+        let a = assess(&refuse, &p, NOW);
+        assert!(!a.valid && a.widen_backoff);
+    }
+
+    #[test]
+    fn a_non_rejection_moves_nothing() {
+        let a = assess(&input(301, Some("30"), NOW), &Policy::default(), NOW);
+        assert_eq!(a.cooldown_until_ms, None);
+        assert!(!a.widen_backoff);
+    }
+
+    #[test]
+    fn merging_never_shortens_and_the_backoff_decays_on_success() {
+        let p = Policy::try_new(&PolicySpec {
+            backoff_base: Some("1s".into()),
+            backoff_max: Some("4s".into()),
+            ..PolicySpec::default()
+        })
+        .expect("valid");
+        let mut state = HintState::default();
+        let long = assess(&input(429, Some("60"), NOW), &p, NOW);
+        assert!(state.merge(&long, &p, NOW).raised);
+        let short = assess(&input(429, Some("5"), NOW), &p, NOW);
+        let m = state.merge(&short, &p, NOW);
+        assert!(!m.raised);
+        assert_eq!(m.cooldown_until_ms, NOW + 60_000);
+
+        let bad = assess(&input(429, Some("junk"), NOW), &p, NOW);
+        let steps: Vec<u64> = (0..4)
+            .map(|_| state.merge(&bad, &p, NOW).backoff_ms)
+            .collect();
+        assert_eq!(steps, [1000, 2000, 4000, 4000]);
+        assert_eq!(
+            state.cooldown_until_ms,
+            NOW + 60_000,
+            "bad hints never shorten"
+        );
+        state.decay();
+        assert_eq!(state.backoff_ms(&p), 4000);
+        state.decay();
+        state.decay();
+        assert_eq!(state.backoff_ms(&p), 1000);
+        assert_eq!(state.recent.len(), 6);
+    }
+
+    #[test]
+    fn the_evidence_ring_is_bounded() {
+        let p = Policy::default();
+        let mut state = HintState::default();
+        let a = assess(&input(429, Some("x"), NOW), &p, NOW);
+        for _ in 0..100 {
+            state.merge(&a, &p, NOW);
+        }
+        assert_eq!(state.recent.len(), RECENT_HINTS);
+    }
+}

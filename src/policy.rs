@@ -1,0 +1,629 @@
+//! Policies: the rules for a scope, validated once and matched by specificity.
+//!
+//! A [`Policy`] holds only integers (milli-tokens, permille, milliseconds), so
+//! the budget math in [`crate::budget`] is exact: `0.2 × first attempts` is
+//! `200` milli-tokens per first attempt, never a float rounding.
+//!
+//! Policies come from rules ([`PolicyRule`]) that match a scope's route and
+//! caller scope by pattern: exact beats prefix (`GET /users*`) beats wildcard
+//! (`*`). The route decides first (policies are about upstream routes), then
+//! the caller scope; between two prefixes the longer one wins. Two rules with
+//! the same patterns are refused when the set is built, so a match is never a
+//! coin toss. A scope no rule matches gets the default policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::scope::{Priority, RetryClass, RouteKey};
+
+/// Milli-tokens per token: budgets are counted ×1000 so ratios are exact.
+pub const MILLI: u64 = 1000;
+
+/// Why a policy or a rule set was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    /// A field is outside its valid range.
+    #[error("{field}: {reason}")]
+    OutOfRange {
+        /// The field, as named in the policy file.
+        field: &'static str,
+        /// What the valid range is.
+        reason: String,
+    },
+    /// A duration field could not be read.
+    #[error("{field}: {reason}")]
+    BadDuration {
+        /// The field, as named in the policy file.
+        field: &'static str,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// Two rules have the same patterns, so neither is more specific.
+    #[error(
+        "rules {first} and {second} match the same scopes (caller_scope {caller_scope:?}, route {route:?})"
+    )]
+    DuplicateRule {
+        /// Index of the first rule in the file.
+        first: usize,
+        /// Index of the second rule in the file.
+        second: usize,
+        /// The shared caller-scope pattern.
+        caller_scope: String,
+        /// The shared route pattern.
+        route: String,
+    },
+}
+
+/// The validated rules for one scope.
+///
+/// Built only through [`Policy::try_new`] (from a [`PolicySpec`]), so every
+/// field is inside its documented range and the budget math cannot overflow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Stamped on every reply so a worker can tell which rules it was given.
+    pub policy_version: u64,
+    /// Length of the sliding window, whole seconds in 1..=60: the budget keeps
+    /// per-second buckets and the longest window bounds their number.
+    pub window_secs: u32,
+    /// `min_retries_per_sec × 1000`: the floor that lets a quiet scope retry.
+    pub floor_milli_per_sec: u64,
+    /// `retry_ratio × 1000`: milli-tokens earned by each reported first attempt.
+    pub ratio_milli: u64,
+    /// Optional hard ceiling on retries per window, whatever the traffic.
+    pub ceiling_per_window: Option<u64>,
+    /// Milli-tokens one retry costs, by class (`[transient, throttled]`).
+    pub cost_milli: [u64; 2],
+    /// Each priority class's share of the budget in permille; sums to 1000.
+    pub shares_permille: [u64; 3],
+    /// How long a lease's tokens may be held before they count as spent.
+    pub lease_ttl_ms: u64,
+    /// The longest hint honoured; a longer one is capped here and the reply
+    /// says so.
+    pub max_hint_ms: u64,
+    /// Worker and coordinator clocks further apart than this are recorded as
+    /// `clock_skew`, and the worker's timestamps are not trusted for placing
+    /// a cooldown.
+    pub skew_tolerance_ms: u64,
+    /// The first step of the scope-wide backoff that hintless rejections widen.
+    pub backoff_base_ms: u64,
+    /// The widest the backoff gets.
+    pub backoff_max_ms: u64,
+    /// Waiting intents released per second after a cooldown: the peak wake-up
+    /// rate is this number, not the size of the fleet.
+    pub wake_rate_per_sec: u32,
+}
+
+impl Policy {
+    /// The milli-token cost of one retry of `class`.
+    pub fn cost(&self, class: RetryClass) -> u64 {
+        match class {
+            RetryClass::Transient => self.cost_milli[0],
+            RetryClass::Throttled => self.cost_milli[1],
+        }
+    }
+
+    /// The share of `priority` in permille.
+    pub fn share(&self, priority: Priority) -> u64 {
+        self.shares_permille[priority.index()]
+    }
+
+    /// The window in milliseconds.
+    pub fn window_ms(&self) -> i64 {
+        i64::from(self.window_secs) * 1000
+    }
+
+    /// Validates `spec` (fields left out take the documented defaults).
+    pub fn try_new(spec: &PolicySpec) -> Result<Policy, PolicyError> {
+        let d = PolicySpec::builtin();
+        let pick = |a: &Option<String>, b: &Option<String>| a.clone().or_else(|| b.clone());
+
+        let window = duration("window", pick(&spec.window, &d.window))?;
+        let window_secs = whole_secs("window", window, 1, 60)?;
+        let floor = spec
+            .min_retries_per_sec
+            .or(d.min_retries_per_sec)
+            .unwrap_or_default();
+        let ratio = spec.retry_ratio.or(d.retry_ratio).unwrap_or_default();
+        let transient = spec.cost_transient.or(d.cost_transient).unwrap_or(1.0);
+        let throttled = spec.cost_throttled.or(d.cost_throttled).unwrap_or(1.0);
+        let shares = spec.shares.clone().or(d.shares).unwrap_or_default();
+        let shares_permille = [
+            milli("shares.critical", shares.critical, 0.0, 1.0)?,
+            milli("shares.normal", shares.normal, 0.0, 1.0)?,
+            milli("shares.bulk", shares.bulk, 0.0, 1.0)?,
+        ];
+        if shares_permille.iter().sum::<u64>() != 1000 {
+            return Err(PolicyError::OutOfRange {
+                field: "shares",
+                reason: "critical + normal + bulk must add up to 1.0".into(),
+            });
+        }
+        let backoff_base_ms = ms_in(
+            "backoff_base",
+            pick(&spec.backoff_base, &d.backoff_base),
+            1,
+            60_000,
+        )?;
+        let backoff_max_ms = ms_in(
+            "backoff_max",
+            pick(&spec.backoff_max, &d.backoff_max),
+            1,
+            3_600_000,
+        )?;
+        if backoff_max_ms < backoff_base_ms {
+            return Err(PolicyError::OutOfRange {
+                field: "backoff_max",
+                reason: "must be at least backoff_base".into(),
+            });
+        }
+        let wake_rate = spec.wake_rate.or(d.wake_rate).unwrap_or(1);
+        if !(1..=100_000).contains(&wake_rate) {
+            return Err(PolicyError::OutOfRange {
+                field: "wake_rate",
+                reason: "must be 1..=100000 per second".into(),
+            });
+        }
+        let policy_version = spec.policy_version.unwrap_or(1);
+        if policy_version == 0 {
+            return Err(PolicyError::OutOfRange {
+                field: "policy_version",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let ceiling = spec.max_retries_per_window.or(d.max_retries_per_window);
+        if ceiling.is_some_and(|c| c > 100_000_000) {
+            return Err(PolicyError::OutOfRange {
+                field: "max_retries_per_window",
+                reason: "must be at most 100000000".into(),
+            });
+        }
+        Ok(Policy {
+            policy_version,
+            window_secs,
+            floor_milli_per_sec: milli("min_retries_per_sec", floor, 0.0, 1_000_000.0)?,
+            ratio_milli: milli("retry_ratio", ratio, 0.0, 100.0)?,
+            ceiling_per_window: ceiling,
+            cost_milli: [
+                milli("cost_transient", transient, 0.001, 100.0)?,
+                milli("cost_throttled", throttled, 0.001, 100.0)?,
+            ],
+            shares_permille,
+            lease_ttl_ms: ms_in(
+                "lease_ttl",
+                pick(&spec.lease_ttl, &d.lease_ttl),
+                1_000,
+                300_000,
+            )?,
+            max_hint_ms: ms_in(
+                "max_hint",
+                pick(&spec.max_hint, &d.max_hint),
+                1_000,
+                86_400_000,
+            )?,
+            skew_tolerance_ms: ms_in(
+                "clock_skew_tolerance",
+                pick(&spec.clock_skew_tolerance, &d.clock_skew_tolerance),
+                100,
+                300_000,
+            )?,
+            backoff_base_ms,
+            backoff_max_ms,
+            wake_rate_per_sec: wake_rate,
+        })
+    }
+}
+
+impl Default for Policy {
+    /// The documented defaults (see [`PolicySpec::builtin`]).
+    fn default() -> Self {
+        Policy::try_new(&PolicySpec::default()).expect("the built-in defaults are valid")
+    }
+}
+
+/// A policy as written in the policy file: every field optional, so a rule
+/// names only what it changes. Durations are humantime strings (`"10s"`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Stamped on replies; raise it whenever the rule changes. Default 1.
+    pub policy_version: Option<u64>,
+    /// Sliding window, whole seconds in 1..=60. Default `"10s"`.
+    pub window: Option<String>,
+    /// Retries per second every scope may make regardless of traffic. Default 10.
+    pub min_retries_per_sec: Option<f64>,
+    /// Retries earned per first attempt. Default 0.2.
+    pub retry_ratio: Option<f64>,
+    /// Optional hard ceiling on retries per window. Default none.
+    pub max_retries_per_window: Option<u64>,
+    /// Tokens one transient retry costs. Default 1.0.
+    pub cost_transient: Option<f64>,
+    /// Tokens one throttled retry costs. Default 2.0: the upstream said it is
+    /// at capacity, so each retry there weighs double.
+    pub cost_throttled: Option<f64>,
+    /// Shares of the budget by priority class. Default 0.5 / 0.3 / 0.2.
+    pub shares: Option<Shares>,
+    /// Lease lifetime, 1 s..=300 s. Default `"10s"`.
+    pub lease_ttl: Option<String>,
+    /// Longest honoured hint, 1 s..=24 h. Default `"300s"`.
+    pub max_hint: Option<String>,
+    /// Clock disagreement recorded as skew, 100 ms..=300 s. Default `"5s"`.
+    pub clock_skew_tolerance: Option<String>,
+    /// First backoff step for hintless rejections. Default `"500ms"`.
+    pub backoff_base: Option<String>,
+    /// Widest backoff. Default `"30s"`.
+    pub backoff_max: Option<String>,
+    /// Intents woken per second after a cooldown, 1..=100000. Default 50.
+    pub wake_rate: Option<u32>,
+}
+
+/// Budget shares of the priority classes; they must add up to 1.0.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shares {
+    /// Share of critical work.
+    pub critical: f64,
+    /// Share of normal work.
+    pub normal: f64,
+    /// Share of bulk work.
+    pub bulk: f64,
+}
+
+impl Default for Shares {
+    fn default() -> Self {
+        Shares {
+            critical: 0.5,
+            normal: 0.3,
+            bulk: 0.2,
+        }
+    }
+}
+
+impl PolicySpec {
+    /// The built-in defaults, the bottom layer under `[defaults]` and rules.
+    pub fn builtin() -> PolicySpec {
+        PolicySpec {
+            policy_version: Some(1),
+            window: Some("10s".into()),
+            min_retries_per_sec: Some(10.0),
+            retry_ratio: Some(0.2),
+            max_retries_per_window: None,
+            cost_transient: Some(1.0),
+            cost_throttled: Some(2.0),
+            shares: Some(Shares::default()),
+            lease_ttl: Some("10s".into()),
+            max_hint: Some("300s".into()),
+            clock_skew_tolerance: Some("5s".into()),
+            backoff_base: Some("500ms".into()),
+            backoff_max: Some("30s".into()),
+            wake_rate: Some(50),
+        }
+    }
+
+    /// `self` with the fields it leaves out taken from `under`.
+    pub fn over(&self, under: &PolicySpec) -> PolicySpec {
+        PolicySpec {
+            policy_version: self.policy_version.or(under.policy_version),
+            window: self.window.clone().or_else(|| under.window.clone()),
+            min_retries_per_sec: self.min_retries_per_sec.or(under.min_retries_per_sec),
+            retry_ratio: self.retry_ratio.or(under.retry_ratio),
+            max_retries_per_window: self.max_retries_per_window.or(under.max_retries_per_window),
+            cost_transient: self.cost_transient.or(under.cost_transient),
+            cost_throttled: self.cost_throttled.or(under.cost_throttled),
+            shares: self.shares.clone().or_else(|| under.shares.clone()),
+            lease_ttl: self.lease_ttl.clone().or_else(|| under.lease_ttl.clone()),
+            max_hint: self.max_hint.clone().or_else(|| under.max_hint.clone()),
+            clock_skew_tolerance: self
+                .clock_skew_tolerance
+                .clone()
+                .or_else(|| under.clock_skew_tolerance.clone()),
+            backoff_base: self
+                .backoff_base
+                .clone()
+                .or_else(|| under.backoff_base.clone()),
+            backoff_max: self
+                .backoff_max
+                .clone()
+                .or_else(|| under.backoff_max.clone()),
+            wake_rate: self.wake_rate.or(under.wake_rate),
+        }
+    }
+}
+
+fn duration(field: &'static str, raw: Option<String>) -> Result<Duration, PolicyError> {
+    let raw = raw.unwrap_or_default();
+    humantime::parse_duration(&raw).map_err(|e| PolicyError::BadDuration {
+        field,
+        reason: format!("{raw:?}: {e}"),
+    })
+}
+
+fn ms_in(field: &'static str, raw: Option<String>, min: u64, max: u64) -> Result<u64, PolicyError> {
+    let ms = u64::try_from(duration(field, raw)?.as_millis()).unwrap_or(u64::MAX);
+    if (min..=max).contains(&ms) {
+        Ok(ms)
+    } else {
+        Err(PolicyError::OutOfRange {
+            field,
+            reason: format!("must be {min} ms..={max} ms"),
+        })
+    }
+}
+
+fn whole_secs(field: &'static str, d: Duration, min: u32, max: u32) -> Result<u32, PolicyError> {
+    let secs = u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+    if d.subsec_nanos() != 0 || !(min..=max).contains(&secs) {
+        return Err(PolicyError::OutOfRange {
+            field,
+            reason: format!("must be whole seconds in {min}..={max}"),
+        });
+    }
+    Ok(secs)
+}
+
+/// A decimal number of tokens as milli-tokens; more than three decimals are
+/// refused rather than rounded, so the file means exactly what it says.
+fn milli(field: &'static str, value: f64, min: f64, max: f64) -> Result<u64, PolicyError> {
+    let out_of_range = || PolicyError::OutOfRange {
+        field,
+        reason: format!("must be a number in {min}..={max} with at most 3 decimals"),
+    };
+    if !value.is_finite() || value < min || value > max {
+        return Err(out_of_range());
+    }
+    let scaled = value * 1000.0;
+    if (scaled - scaled.round()).abs() > 1e-6 {
+        return Err(out_of_range());
+    }
+    // In range and integral: the cast is exact.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(scaled.round() as u64)
+}
+
+/// A caller-scope or route pattern: `exact`, `prefix*` or `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pattern {
+    /// Matches one value.
+    Exact(String),
+    /// Matches values starting with the prefix.
+    Prefix(String),
+    /// Matches everything.
+    Any,
+}
+
+impl Pattern {
+    /// Reads `*`, `prefix*` or an exact value.
+    pub fn parse(raw: &str) -> Pattern {
+        if raw == "*" {
+            Pattern::Any
+        } else if let Some(prefix) = raw.strip_suffix('*') {
+            Pattern::Prefix(prefix.to_owned())
+        } else {
+            Pattern::Exact(raw.to_owned())
+        }
+    }
+
+    /// Whether `value` matches.
+    pub fn matches(&self, value: &str) -> bool {
+        match self {
+            Pattern::Exact(exact) => exact == value,
+            Pattern::Prefix(prefix) => value.starts_with(prefix.as_str()),
+            Pattern::Any => true,
+        }
+    }
+
+    /// Higher is more specific: exact > longer prefix > shorter prefix > any.
+    fn specificity(&self) -> (u8, usize) {
+        match self {
+            Pattern::Exact(_) => (2, 0),
+            Pattern::Prefix(prefix) => (1, prefix.len()),
+            Pattern::Any => (0, 0),
+        }
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Pattern::Exact(exact) => exact.clone(),
+            Pattern::Prefix(prefix) => format!("{prefix}*"),
+            Pattern::Any => "*".into(),
+        }
+    }
+}
+
+/// One rule: patterns and the policy for the scopes they match.
+#[derive(Debug, Clone)]
+pub struct PolicyRule {
+    /// Which caller scopes the rule covers.
+    pub caller_scope: Pattern,
+    /// Which routes the rule covers.
+    pub route: Pattern,
+    /// The policy those scopes get.
+    pub policy: Arc<Policy>,
+}
+
+/// Every rule plus the default, ordered so the first match is the most specific.
+#[derive(Debug, Clone)]
+pub struct PolicySet {
+    rules: Vec<PolicyRule>,
+    default: Arc<Policy>,
+}
+
+impl Default for PolicySet {
+    fn default() -> Self {
+        PolicySet {
+            rules: Vec::new(),
+            default: Arc::new(Policy::default()),
+        }
+    }
+}
+
+impl PolicySet {
+    /// Orders `rules` by specificity; refuses two rules with the same patterns.
+    pub fn try_new(default: Policy, rules: Vec<PolicyRule>) -> Result<PolicySet, PolicyError> {
+        for (i, a) in rules.iter().enumerate() {
+            for (j, b) in rules.iter().enumerate().skip(i + 1) {
+                if a.caller_scope == b.caller_scope && a.route == b.route {
+                    return Err(PolicyError::DuplicateRule {
+                        first: i,
+                        second: j,
+                        caller_scope: a.caller_scope.text(),
+                        route: a.route.text(),
+                    });
+                }
+            }
+        }
+        let mut rules = rules;
+        // Route first, then caller scope; a stable sort keeps file order for
+        // the (impossible after the check above) equal keys.
+        rules.sort_by_key(|r| {
+            std::cmp::Reverse((r.route.specificity(), r.caller_scope.specificity()))
+        });
+        Ok(PolicySet {
+            rules,
+            default: Arc::new(default),
+        })
+    }
+
+    /// The policy of the most specific rule matching `key`, or the default.
+    pub fn resolve(&self, key: &RouteKey) -> Arc<Policy> {
+        self.rules
+            .iter()
+            .find(|r| r.route.matches(&key.route) && r.caller_scope.matches(&key.caller_scope))
+            .map_or_else(|| Arc::clone(&self.default), |r| Arc::clone(&r.policy))
+    }
+
+    /// The default policy, for scopes no rule matches (and for evidence kept
+    /// at the caller level, which has no route to match).
+    pub fn default_policy(&self) -> Arc<Policy> {
+        Arc::clone(&self.default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(caller: &str, route: &str, version: u64) -> PolicyRule {
+        PolicyRule {
+            caller_scope: Pattern::parse(caller),
+            route: Pattern::parse(route),
+            policy: Arc::new(
+                Policy::try_new(&PolicySpec {
+                    policy_version: Some(version),
+                    ..PolicySpec::default()
+                })
+                .expect("valid"),
+            ),
+        }
+    }
+
+    fn key(caller: &str, route: &str) -> RouteKey {
+        RouteKey {
+            caller_scope: caller.into(),
+            route: route.into(),
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_documented_numbers() {
+        let p = Policy::default();
+        assert_eq!(p.window_secs, 10);
+        assert_eq!(p.floor_milli_per_sec, 10_000);
+        assert_eq!(p.ratio_milli, 200);
+        assert_eq!(p.cost_milli, [1000, 2000]);
+        assert_eq!(p.shares_permille, [500, 300, 200]);
+        assert_eq!(p.max_hint_ms, 300_000);
+        assert_eq!(p.wake_rate_per_sec, 50);
+        assert_eq!(p.policy_version, 1);
+    }
+
+    #[test]
+    fn out_of_range_fields_are_named() {
+        let cases: [(PolicySpec, &str); 5] = [
+            (
+                PolicySpec {
+                    window: Some("61s".into()),
+                    ..PolicySpec::default()
+                },
+                "window",
+            ),
+            (
+                PolicySpec {
+                    window: Some("1500ms".into()),
+                    ..PolicySpec::default()
+                },
+                "window",
+            ),
+            (
+                PolicySpec {
+                    retry_ratio: Some(0.0001),
+                    ..PolicySpec::default()
+                },
+                "retry_ratio",
+            ),
+            (
+                PolicySpec {
+                    shares: Some(Shares {
+                        critical: 0.5,
+                        normal: 0.5,
+                        bulk: 0.5,
+                    }),
+                    ..PolicySpec::default()
+                },
+                "shares",
+            ),
+            (
+                PolicySpec {
+                    max_hint: Some("soon".into()),
+                    ..PolicySpec::default()
+                },
+                "max_hint",
+            ),
+        ];
+        for (spec, field) in cases {
+            let err = Policy::try_new(&spec).expect_err(field);
+            assert!(err.to_string().starts_with(field), "{err}");
+        }
+    }
+
+    #[test]
+    fn exact_beats_prefix_beats_wildcard() {
+        let set = PolicySet::try_new(
+            Policy::default(),
+            vec![
+                rule("*", "*", 2),
+                rule("*", "GET /users*", 3),
+                rule("*", "GET /users/{id}", 4),
+                rule("*", "GET /u*", 5),
+                rule("tenant-a", "GET /users*", 6),
+            ],
+        )
+        .expect("valid set");
+        assert_eq!(set.resolve(&key("t", "GET /users/{id}")).policy_version, 4);
+        assert_eq!(set.resolve(&key("t", "GET /users")).policy_version, 3);
+        assert_eq!(
+            set.resolve(&key("tenant-a", "GET /users")).policy_version,
+            6
+        );
+        assert_eq!(set.resolve(&key("t", "GET /up")).policy_version, 5);
+        assert_eq!(set.resolve(&key("t", "POST /x")).policy_version, 2);
+        let bare = PolicySet::try_new(Policy::default(), vec![]).expect("empty");
+        assert_eq!(bare.resolve(&key("t", "POST /x")).policy_version, 1);
+    }
+
+    #[test]
+    fn duplicate_patterns_are_refused() {
+        let err = PolicySet::try_new(
+            Policy::default(),
+            vec![rule("*", "a*", 1), rule("*", "a*", 2)],
+        )
+        .expect_err("duplicate");
+        assert!(matches!(
+            err,
+            PolicyError::DuplicateRule {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ));
+    }
+}

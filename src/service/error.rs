@@ -1,0 +1,66 @@
+//! The Budget service's errors and the one place they become gRPC statuses.
+
+use tonic::Status;
+
+use crate::auth::AuthError;
+use crate::budget::BudgetError;
+use crate::store::StoreError;
+
+/// Why a Budget call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// A field of the request is missing, malformed or out of bounds.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The field's path in the request (`scope.route`, `evidence[2].retry_after`).
+        field: String,
+        /// What the bound is.
+        reason: String,
+    },
+    /// The bearer token is missing, unknown, or may not use the scope.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ServiceError {
+    /// An [`ServiceError::InvalidArgument`] for `field`.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ServiceError::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<ServiceError> for Status {
+    fn from(err: ServiceError) -> Status {
+        let message = err.to_string();
+        match err {
+            // The message names the field, so the caller can fix its request.
+            ServiceError::InvalidArgument { .. } => Status::invalid_argument(message),
+            ServiceError::Auth(AuthError::Unauthenticated) => Status::unauthenticated(message),
+            // The token is fine but not for this scope: retrying will not help.
+            ServiceError::Auth(AuthError::Forbidden { .. }) => Status::permission_denied(message),
+            // The lease expired (its tokens count as spent) or never existed.
+            ServiceError::Store(StoreError::Budget(BudgetError::LeaseNotFound)) => {
+                Status::not_found(message)
+            }
+            ServiceError::Store(StoreError::Budget(BudgetError::SpentExceedsGrant { .. })) => {
+                Status::invalid_argument(format!("spent: {message}"))
+            }
+            // A bound that protects the coordinator's memory: the worker
+            // should back off and use its local fallback budget.
+            ServiceError::Store(
+                StoreError::ScopeLimit { .. }
+                | StoreError::Budget(BudgetError::TooManyLeases)
+                | StoreError::Slots(_),
+            ) => Status::resource_exhausted(message),
+            // A store outage is transient: UNAVAILABLE is what gRPC clients
+            // treat as "try again, or fall back".
+            ServiceError::Store(StoreError::Unavailable(_)) => Status::unavailable(message),
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Bounds on every field a peer sends. Each check names the field on failure;
+//! nothing here panics on any input.
+
+use tollgate_proto::v1;
+
+use crate::scope::{Priority, RetryClass, ScopeKey};
+
+use super::error::ServiceError;
+
+/// Longest caller scope, in bytes.
+pub const MAX_CALLER_SCOPE: usize = 128;
+/// Longest route, in bytes.
+pub const MAX_ROUTE: usize = 256;
+/// Longest worker, intent or lease id, in bytes.
+pub const MAX_ID: usize = 128;
+/// Most tokens one lease may want.
+pub const MAX_WANT: u32 = 10_000;
+/// Most evidence items in one report.
+pub const MAX_EVIDENCE: usize = 64;
+/// Most first attempts or successes one report may carry.
+pub const MAX_REPORTED_COUNT: u32 = 1_000_000;
+/// Longest raw `Retry-After` text.
+pub const MAX_RETRY_AFTER: usize = 256;
+/// Longest raw `grpc-retry-pushback-ms` text.
+pub const MAX_PUSHBACK: usize = 64;
+/// Longest attempt reserve, in milliseconds (one hour).
+pub const MAX_ATTEMPT_RESERVE_MS: u64 = 3_600_000;
+/// Most scopes one Watch may name.
+pub const MAX_WATCH_SCOPES: usize = 64;
+/// Latest instant accepted in a `*_unix_ms` field (year 2200): anything later
+/// is a unit mistake (seconds vs. microseconds), not a plan.
+const MAX_UNIX_MS: i64 = 7_258_118_400_000;
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+/// A bounded, printable-ASCII name (spaces allowed inside, as in `GET /x`).
+pub fn name(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.is_empty() {
+        return Err(ServiceError::invalid(field, "is required"));
+    }
+    if value.len() > max {
+        return Err(ServiceError::invalid(
+            field,
+            format!("is longer than {max} bytes"),
+        ));
+    }
+    if !value.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ServiceError::invalid(field, "must be printable ASCII"));
+    }
+    Ok(())
+}
+
+/// An optional bounded name (empty allowed).
+pub fn optional_name(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.is_empty() {
+        Ok(())
+    } else {
+        name(field, value, max)
+    }
+}
+
+/// A scope message.
+pub fn scope(field: &str, scope: Option<&v1::Scope>) -> Result<ScopeKey> {
+    let scope = scope.ok_or_else(|| ServiceError::invalid(field, "is required"))?;
+    name(
+        &format!("{field}.caller_scope"),
+        &scope.caller_scope,
+        MAX_CALLER_SCOPE,
+    )?;
+    name(&format!("{field}.route"), &scope.route, MAX_ROUTE)?;
+    let priority = match v1::Priority::try_from(scope.priority) {
+        Ok(v1::Priority::Unspecified | v1::Priority::Normal) => Priority::Normal,
+        Ok(v1::Priority::Critical) => Priority::Critical,
+        Ok(v1::Priority::Bulk) => Priority::Bulk,
+        Err(_) => {
+            return Err(ServiceError::invalid(
+                format!("{field}.priority"),
+                "unknown priority",
+            ));
+        }
+    };
+    Ok(ScopeKey::new(&scope.caller_scope, &scope.route, priority))
+}
+
+/// A worker id.
+pub fn worker_id(value: &str) -> Result<()> {
+    name("worker_id", value, MAX_ID)
+}
+
+/// A lease's `want`.
+pub fn want(value: u32) -> Result<u32> {
+    if (1..=MAX_WANT).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ServiceError::invalid(
+            "want",
+            format!("must be 1..={MAX_WANT}"),
+        ))
+    }
+}
+
+/// A retry class.
+pub fn retry_class(value: i32) -> Result<RetryClass> {
+    match v1::RetryClass::try_from(value) {
+        Ok(v1::RetryClass::Unspecified | v1::RetryClass::Transient) => Ok(RetryClass::Transient),
+        Ok(v1::RetryClass::Throttled) => Ok(RetryClass::Throttled),
+        Err(_) => Err(ServiceError::invalid("retry_class", "unknown retry class")),
+    }
+}
+
+/// A reported count.
+pub fn count(field: &str, value: u32) -> Result<u32> {
+    if value <= MAX_REPORTED_COUNT {
+        Ok(value)
+    } else {
+        Err(ServiceError::invalid(
+            field,
+            format!("must be at most {MAX_REPORTED_COUNT}"),
+        ))
+    }
+}
+
+/// A wall-clock instant; `required` refuses 0.
+pub fn unix_ms(field: &str, value: i64, required: bool) -> Result<i64> {
+    if value == 0 && !required {
+        return Ok(0);
+    }
+    if value <= 0 || value > MAX_UNIX_MS {
+        let reason = if value == 0 {
+            "is required".to_owned()
+        } else {
+            format!("must be Unix milliseconds in 1..={MAX_UNIX_MS}")
+        };
+        return Err(ServiceError::invalid(field, reason));
+    }
+    Ok(value)
+}
+
+/// An attempt reserve.
+pub fn attempt_reserve(value: u64) -> Result<i64> {
+    if value <= MAX_ATTEMPT_RESERVE_MS {
+        Ok(i64::try_from(value).unwrap_or(i64::MAX))
+    } else {
+        Err(ServiceError::invalid(
+            "attempt_reserve_ms",
+            format!("must be at most {MAX_ATTEMPT_RESERVE_MS}"),
+        ))
+    }
+}
+
+/// One evidence item; `field` is its path (`evidence[3]`).
+pub fn evidence(field: &str, e: &v1::Evidence) -> Result<()> {
+    if e.http_status != 0 && !(100..=599).contains(&e.http_status) {
+        return Err(ServiceError::invalid(
+            format!("{field}.http_status"),
+            "must be 0 or 100..=599",
+        ));
+    }
+    if e.grpc_code > 16 {
+        return Err(ServiceError::invalid(
+            format!("{field}.grpc_code"),
+            "must be 0..=16",
+        ));
+    }
+    // Raw hint text is evidence and may be garbage, but not unbounded.
+    if e.retry_after.len() > MAX_RETRY_AFTER {
+        return Err(ServiceError::invalid(
+            format!("{field}.retry_after"),
+            format!("is longer than {MAX_RETRY_AFTER} bytes"),
+        ));
+    }
+    if e.pushback_ms.len() > MAX_PUSHBACK {
+        return Err(ServiceError::invalid(
+            format!("{field}.pushback_ms"),
+            format!("is longer than {MAX_PUSHBACK} bytes"),
+        ));
+    }
+    unix_ms(
+        &format!("{field}.receipt_unix_ms"),
+        e.receipt_unix_ms,
+        false,
+    )?;
+    unix_ms(&format!("{field}.sent_unix_ms"), e.sent_unix_ms, false)?;
+    if v1::ScopeCertainty::try_from(e.certainty).is_err() {
+        return Err(ServiceError::invalid(
+            format!("{field}.certainty"),
+            "unknown certainty",
+        ));
+    }
+    optional_name(&format!("{field}.intent_id"), &e.intent_id, MAX_ID)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(err: ServiceError) -> String {
+        match err {
+            ServiceError::InvalidArgument { field, .. } => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn violations_name_the_field() {
+        let long = "x".repeat(MAX_ROUTE + 1);
+        let s = v1::Scope {
+            caller_scope: "c".into(),
+            route: long,
+            priority: 0,
+        };
+        assert_eq!(
+            field_of(scope("scope", Some(&s)).expect_err("long")),
+            "scope.route"
+        );
+        let s = v1::Scope {
+            caller_scope: "c\n".into(),
+            route: "r".into(),
+            priority: 0,
+        };
+        assert_eq!(
+            field_of(scope("scope", Some(&s)).expect_err("ctl")),
+            "scope.caller_scope"
+        );
+        let s = v1::Scope {
+            caller_scope: "c".into(),
+            route: "r".into(),
+            priority: 42,
+        };
+        assert_eq!(
+            field_of(scope("scope", Some(&s)).expect_err("prio")),
+            "scope.priority"
+        );
+        assert_eq!(
+            field_of(scope("scope", None).expect_err("missing")),
+            "scope"
+        );
+        assert_eq!(field_of(want(0).expect_err("zero")), "want");
+        assert_eq!(
+            field_of(unix_ms("deadline_unix_ms", -5, true).expect_err("neg")),
+            "deadline_unix_ms"
+        );
+        let e = v1::Evidence {
+            http_status: 42,
+            ..v1::Evidence::default()
+        };
+        assert_eq!(
+            field_of(evidence("evidence[0]", &e).expect_err("status")),
+            "evidence[0].http_status"
+        );
+    }
+}

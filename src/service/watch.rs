@@ -1,0 +1,319 @@
+//! Watch: scope changes pushed to workers so they do not poll.
+//!
+//! State changes are published once on an [`EventHub`] (a broadcast
+//! channel); each Watch stream has its own task that filters them for the
+//! scopes it names, turns cooldown ends (which are instants, not changes)
+//! into events with a timer, and writes into a bounded per-stream channel.
+//!
+//! A consumer that stops reading fills its channel; rather than buffer
+//! without bound, the task puts a final RESOURCE_EXHAUSTED status in the last
+//! free place and ends — the worker reconnects and gets a fresh snapshot,
+//! which is all it needs (scope state is a level, not a log). The task also
+//! ends when the client goes away, when the broadcast dropped events for it,
+//! and on server shutdown (with UNAVAILABLE), so no task outlives its stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tollgate_client::clock::{Clock, to_unix_ms};
+use tollgate_proto::v1::{self, ScopeEvent, ScopeEventKind};
+use tonic::Status;
+
+use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
+
+/// Changes kept for slow stream tasks before they see `Lagged`.
+const HUB_CAPACITY: usize = 4096;
+/// A cooldown's end is re-checked at least this often, because the wall
+/// clock may jump (or, under test, be moved by hand).
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// A change of scope state, as published by the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateChange {
+    /// A cooldown started or was extended at this level.
+    Cooldown {
+        /// A route, or a whole caller scope.
+        level: EvidenceLevel,
+        /// The new cooldown.
+        cooldown_until_ms: i64,
+    },
+    /// An operator froze (`Some(reason)`) or unfroze a route.
+    Freeze {
+        /// The route.
+        route: RouteKey,
+        /// The reason, when frozen.
+        reason: Option<String>,
+    },
+    /// The policy of a route changed.
+    Policy {
+        /// The route.
+        route: RouteKey,
+        /// Its new version.
+        policy_version: u64,
+    },
+}
+
+/// Where state changes are published; every Watch stream subscribes.
+#[derive(Debug, Clone)]
+pub struct EventHub {
+    tx: broadcast::Sender<StateChange>,
+}
+
+impl Default for EventHub {
+    fn default() -> Self {
+        EventHub {
+            tx: broadcast::channel(HUB_CAPACITY).0,
+        }
+    }
+}
+
+impl EventHub {
+    /// Publishes a change to every current watcher (none is fine).
+    pub fn publish(&self, change: StateChange) {
+        let _ = self.tx.send(change);
+    }
+
+    /// A receiver of changes published from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<StateChange> {
+        self.tx.subscribe()
+    }
+}
+
+/// One watched scope and what its watcher has been told.
+#[derive(Debug, Clone)]
+pub struct Watched {
+    /// Echoed in every event, as the worker named it.
+    pub scope: v1::Scope,
+    /// The scope's key.
+    pub key: ScopeKey,
+    /// The effective cooldown last announced; 0 when none.
+    pub cooldown_until_ms: i64,
+    /// The cooldown's end has been announced.
+    pub ended_sent: bool,
+    /// The policy version last announced.
+    pub policy_version: u64,
+    /// The freeze last announced.
+    pub frozen: Option<String>,
+}
+
+impl Watched {
+    fn event(&self, kind: ScopeEventKind) -> ScopeEvent {
+        ScopeEvent {
+            scope: Some(self.scope.clone()),
+            kind: kind.into(),
+            cooldown_until_unix_ms: self.cooldown_until_ms,
+            policy_version: self.policy_version,
+            frozen: self.frozen.is_some(),
+            reason: self.frozen.clone().unwrap_or_default(),
+        }
+    }
+}
+
+type Tx = mpsc::Sender<Result<ScopeEvent, Status>>;
+
+/// Whether the stream goes on.
+enum Flow {
+    Go,
+    Stop,
+}
+
+fn send(tx: &Tx, event: ScopeEvent) -> Flow {
+    // This task is the only sender, so capacity cannot shrink under us; the
+    // last free place is kept for the status that ends a lagging stream.
+    if tx.capacity() <= 1 {
+        let _ = tx.try_send(Err(Status::resource_exhausted(
+            "watch consumer fell behind and its buffer is full; reconnect for a fresh snapshot",
+        )));
+        return Flow::Stop;
+    }
+    match tx.try_send(Ok(event)) {
+        Ok(()) => Flow::Go,
+        Err(_) => Flow::Stop,
+    }
+}
+
+/// Runs one Watch stream until its client, the server or the buffer ends it.
+pub async fn run(
+    mut watched: Vec<Watched>,
+    mut changes: broadcast::Receiver<StateChange>,
+    tx: Tx,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+) {
+    for w in &watched {
+        if let Flow::Stop = send(&tx, w.event(ScopeEventKind::Snapshot)) {
+            return;
+        }
+    }
+    loop {
+        let now = to_unix_ms(clock.now());
+        for w in watched.iter_mut() {
+            if w.cooldown_until_ms > 0 && !w.ended_sent && w.cooldown_until_ms <= now {
+                w.ended_sent = true;
+                if let Flow::Stop = send(&tx, w.event(ScopeEventKind::CooldownEnded)) {
+                    return;
+                }
+            }
+        }
+        let next_end = watched
+            .iter()
+            .filter(|w| w.cooldown_until_ms > now && !w.ended_sent)
+            .map(|w| w.cooldown_until_ms)
+            .min();
+        let wait = next_end
+            .map(|end| Duration::from_millis(u64::try_from(end - now).unwrap_or(1)).min(RECHECK));
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {
+                let _ = tx.try_send(Err(Status::unavailable(
+                    "coordinator shutting down; reconnect to watch again",
+                )));
+                return;
+            }
+            () = tx.closed() => return,
+            change = changes.recv() => match change {
+                Ok(change) => {
+                    if let Flow::Stop = apply(&mut watched, &change, &tx) {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let _ = tx.try_send(Err(Status::resource_exhausted(
+                        "watch stream missed scope changes; reconnect for a fresh snapshot",
+                    )));
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            () = tokio::time::sleep(wait.unwrap_or(RECHECK)), if wait.is_some() => {}
+        }
+    }
+}
+
+fn apply(watched: &mut [Watched], change: &StateChange, tx: &Tx) -> Flow {
+    for w in watched.iter_mut() {
+        let event = match change {
+            StateChange::Cooldown {
+                level,
+                cooldown_until_ms,
+            } => {
+                let covers = match level {
+                    EvidenceLevel::Route(route) => *route == w.key.route,
+                    EvidenceLevel::Caller(caller) => *caller == w.key.route.caller_scope,
+                };
+                if !covers || *cooldown_until_ms <= w.cooldown_until_ms {
+                    continue;
+                }
+                w.cooldown_until_ms = *cooldown_until_ms;
+                w.ended_sent = false;
+                ScopeEventKind::CooldownStarted
+            }
+            StateChange::Freeze { route, reason } => {
+                if *route != w.key.route || *reason == w.frozen {
+                    continue;
+                }
+                w.frozen = reason.clone();
+                if reason.is_some() {
+                    ScopeEventKind::Frozen
+                } else {
+                    ScopeEventKind::Unfrozen
+                }
+            }
+            StateChange::Policy {
+                route,
+                policy_version,
+            } => {
+                if *route != w.key.route || *policy_version == w.policy_version {
+                    continue;
+                }
+                w.policy_version = *policy_version;
+                ScopeEventKind::PolicyChanged
+            }
+        };
+        if let Flow::Stop = send(tx, w.event(event)) {
+            return Flow::Stop;
+        }
+    }
+    Flow::Go
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scope::Priority;
+    use tollgate_client::clock::{ManualClock, from_unix_ms};
+
+    const T0: i64 = 1_700_000_000_000;
+
+    fn watched() -> Vec<Watched> {
+        vec![Watched {
+            scope: v1::Scope {
+                caller_scope: "c".into(),
+                route: "r".into(),
+                priority: 0,
+            },
+            key: ScopeKey::new("c", "r", Priority::Normal),
+            cooldown_until_ms: 0,
+            ended_sent: false,
+            policy_version: 1,
+            frozen: None,
+        }]
+    }
+
+    fn cooldown(caller: &str, until: i64) -> StateChange {
+        StateChange::Cooldown {
+            level: EvidenceLevel::Route(RouteKey {
+                caller_scope: caller.into(),
+                route: "r".into(),
+            }),
+            cooldown_until_ms: until,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lagging_consumer_is_ended_with_a_clear_status() {
+        let hub = EventHub::default();
+        let changes = hub.subscribe();
+        for i in 1..=10 {
+            hub.publish(cooldown("c", T0 + i * 1000));
+        }
+        let (tx, mut rx) = mpsc::channel(4);
+        let clock = Arc::new(ManualClock::new(from_unix_ms(T0)));
+        run(watched(), changes, tx, clock, CancellationToken::new()).await;
+        let mut got = Vec::new();
+        while let Some(item) = rx.recv().await {
+            got.push(item);
+        }
+        assert_eq!(got.len(), 4);
+        assert!(got[..3].iter().all(Result::is_ok));
+        let status = got[3].as_ref().expect_err("ends with a status");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cooldowns_start_and_end_and_other_scopes_are_filtered() {
+        let hub = EventHub::default();
+        let changes = hub.subscribe();
+        let (tx, mut rx) = mpsc::channel(16);
+        let clock = Arc::new(ManualClock::new(from_unix_ms(T0)));
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(watched(), changes, tx, clock.clone(), shutdown.clone()));
+        let kind = |item: Option<Result<ScopeEvent, Status>>| {
+            item.expect("an event").expect("not a status").kind()
+        };
+        assert_eq!(kind(rx.recv().await), ScopeEventKind::Snapshot);
+        hub.publish(cooldown("other", T0 + 5000));
+        hub.publish(cooldown("c", T0 + 5000));
+        let started = rx.recv().await.expect("event").expect("ok");
+        assert_eq!(started.kind(), ScopeEventKind::CooldownStarted);
+        assert_eq!(started.cooldown_until_unix_ms, T0 + 5000);
+        clock.advance(Duration::from_secs(6));
+        assert_eq!(kind(rx.recv().await), ScopeEventKind::CooldownEnded);
+        shutdown.cancel();
+        let last = rx.recv().await.expect("a final status");
+        assert_eq!(last.expect_err("status").code(), tonic::Code::Unavailable);
+        task.await.expect("the task ends with the stream");
+    }
+}

@@ -1,0 +1,209 @@
+//! Reconsideration slots: spreading a waiting fleet over time. Pure.
+//!
+//! After a cooldown ends, every waiting intent wants to go at once. A slot
+//! cursor per route hands out one slot per `1 / wake_rate` interval, each at
+//! a uniformly jittered point inside its interval, so any one-second span
+//! holds at most `wake_rate + 1` slots however large the fleet is. The
+//! cursor is kept in microseconds so the bound holds for rates that do not
+//! divide a second evenly.
+//!
+//! A slot reserves nothing (no token, no capacity): it is a time to re-check.
+//! A slot that would not leave the intent's attempt reserve before its
+//! deadline is refused and does not advance the cursor, so infeasible intents
+//! never push feasible ones later.
+
+use std::collections::HashMap;
+
+/// Intents waiting per route; beyond it (after dropping those whose slot has
+/// passed) a new intent is refused rather than growing memory.
+pub const MAX_PENDING_PER_ROUTE: usize = 10_000;
+/// Jitter is given as parts per million of one slot interval.
+pub const JITTER_SCALE: u32 = 1_000_000;
+
+/// Why a slot could not be considered at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    /// Too many intents are waiting on this route.
+    #[error("too many intents waiting on this route (max {MAX_PENDING_PER_ROUTE})")]
+    TooManyWaiting,
+}
+
+/// One intent asking when to reconsider.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotAsk<'a> {
+    /// Repeated asks while a slot is pending get the same slot.
+    pub intent_id: &'a str,
+    /// `max(now, cooldown, backoff, the worker's not_before)`.
+    pub floor_ms: i64,
+    /// The intent's end-to-end deadline.
+    pub deadline_ms: i64,
+    /// Time the attempt needs after the slot.
+    pub reserve_ms: i64,
+    /// The coordinator's clock.
+    pub now_ms: i64,
+    /// Where inside its interval the slot falls, `0..JITTER_SCALE`; drawn by
+    /// the caller from an injected RNG so runs can be replayed.
+    pub jitter_ppm: u32,
+}
+
+/// The answer to a [`SlotAsk`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotOutcome {
+    /// Reconsider at this instant.
+    Slot(i64),
+    /// The earliest slot would end after the deadline; nothing was recorded.
+    DeadlineInfeasible(i64),
+}
+
+/// The slot cursor of one route and the intents waiting on it.
+#[derive(Debug, Clone, Default)]
+pub struct SlotCursor {
+    /// Start of the next free interval, in Unix microseconds.
+    next_us: i64,
+    /// Pending slots by intent, for idempotent asks.
+    pending: HashMap<String, i64>,
+}
+
+impl SlotCursor {
+    /// Gives `ask` a slot at `wake_rate` slots per second.
+    pub fn assign(&mut self, ask: SlotAsk<'_>, wake_rate: u32) -> Result<SlotOutcome, SlotError> {
+        let floor_ms = ask.floor_ms.max(ask.now_ms);
+        if let Some(&slot) = self.pending.get(ask.intent_id) {
+            // Still pending and still after the floor: the same answer. A
+            // floor that moved past it (a newer cooldown) voids it.
+            if slot > ask.now_ms && slot >= floor_ms {
+                return Ok(SlotOutcome::Slot(slot));
+            }
+            self.pending.remove(ask.intent_id);
+        }
+        let interval_us = i64::from(1_000_000u32.div_ceil(wake_rate.max(1)));
+        let start_us = self.next_us.max(floor_ms.saturating_mul(1000));
+        let offset_us =
+            interval_us * i64::from(ask.jitter_ppm.min(JITTER_SCALE - 1)) / i64::from(JITTER_SCALE);
+        let slot = (start_us + offset_us).div_euclid(1000);
+        if slot.saturating_add(ask.reserve_ms) > ask.deadline_ms {
+            return Ok(SlotOutcome::DeadlineInfeasible(slot));
+        }
+        if self.pending.len() >= MAX_PENDING_PER_ROUTE {
+            self.pending.retain(|_, &mut s| s > ask.now_ms);
+            if self.pending.len() >= MAX_PENDING_PER_ROUTE {
+                return Err(SlotError::TooManyWaiting);
+            }
+        }
+        self.next_us = start_us + interval_us;
+        self.pending.insert(ask.intent_id.to_owned(), slot);
+        Ok(SlotOutcome::Slot(slot))
+    }
+
+    /// Intents whose slot is still ahead, for idle eviction.
+    pub fn waiting(&self, now_ms: i64) -> usize {
+        self.pending.values().filter(|&&s| s > now_ms).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn ask(intent: &str, floor_ms: i64, deadline_ms: i64, jitter_ppm: u32) -> SlotAsk<'_> {
+        SlotAsk {
+            intent_id: intent,
+            floor_ms,
+            deadline_ms,
+            reserve_ms: 1000,
+            now_ms: NOW,
+            jitter_ppm,
+        }
+    }
+
+    #[test]
+    fn a_thousand_intents_are_spread_at_the_wake_rate() {
+        for rate in [7, 50, 333, 1000] {
+            let mut cursor = SlotCursor::default();
+            let mut rng = StdRng::seed_from_u64(7);
+            let cooldown = NOW + 30_000;
+            let mut slots: Vec<i64> = (0..1000)
+                .map(|i| {
+                    let jitter = rng.random_range(0..JITTER_SCALE);
+                    match cursor.assign(ask(&format!("i{i}"), cooldown, i64::MAX, jitter), rate) {
+                        Ok(SlotOutcome::Slot(slot)) => slot,
+                        other => panic!("no deadline pressure here: {other:?}"),
+                    }
+                })
+                .collect();
+            assert!(slots.iter().all(|&s| s >= cooldown));
+            slots.sort_unstable();
+            // The busiest one-second span starting at any slot, not only
+            // spans aligned to whole seconds.
+            let busiest = slots
+                .iter()
+                .map(|&s| {
+                    slots.partition_point(|&t| t < s + 1000) - slots.partition_point(|&t| t < s)
+                })
+                .max()
+                .unwrap_or(0);
+            assert!(
+                busiest <= rate as usize + 1,
+                "rate {rate}: busiest {busiest}"
+            );
+        }
+    }
+
+    #[test]
+    fn asking_again_while_pending_returns_the_same_slot() {
+        let mut cursor = SlotCursor::default();
+        let first = cursor
+            .assign(ask("a", NOW + 5000, i64::MAX, 10), 10)
+            .expect("ok");
+        let again = cursor
+            .assign(ask("a", NOW + 5000, i64::MAX, 999_999), 10)
+            .expect("ok");
+        assert_eq!(first, again);
+        let other = cursor
+            .assign(ask("b", NOW + 5000, i64::MAX, 10), 10)
+            .expect("ok");
+        assert_ne!(first, other);
+    }
+
+    #[test]
+    fn a_refused_slot_does_not_advance_the_cursor() {
+        let mut cursor = SlotCursor::default();
+        let deadline = NOW + 5_500;
+        let refused = cursor
+            .assign(ask("late", NOW + 5000, deadline, 0), 1)
+            .expect("ok");
+        assert_eq!(refused, SlotOutcome::DeadlineInfeasible(NOW + 5000));
+        // Still the first interval: the refusal took nothing.
+        let given = cursor
+            .assign(ask("ok", NOW + 5000, i64::MAX, 0), 1)
+            .expect("ok");
+        assert_eq!(given, SlotOutcome::Slot(NOW + 5000));
+        let next = cursor
+            .assign(ask("next", NOW + 5000, i64::MAX, 0), 1)
+            .expect("ok");
+        assert_eq!(next, SlotOutcome::Slot(NOW + 6000));
+    }
+
+    #[test]
+    fn a_later_floor_voids_a_pending_slot() {
+        let mut cursor = SlotCursor::default();
+        let first = cursor
+            .assign(ask("a", NOW + 1000, i64::MAX, 0), 10)
+            .expect("ok");
+        assert_eq!(first, SlotOutcome::Slot(NOW + 1000));
+        let moved = cursor
+            .assign(ask("a", NOW + 9000, i64::MAX, 0), 10)
+            .expect("ok");
+        assert_eq!(moved, SlotOutcome::Slot(NOW + 9000));
+    }
+
+    #[test]
+    fn slots_are_never_before_now() {
+        let mut cursor = SlotCursor::default();
+        let out = cursor.assign(ask("a", 0, i64::MAX, 0), 10).expect("ok");
+        assert_eq!(out, SlotOutcome::Slot(NOW));
+    }
+}

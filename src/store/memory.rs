@@ -1,0 +1,308 @@
+//! The embedded store: scope state in a [`DashMap`], nothing to run.
+//!
+//! Each operation takes one map entry's lock for its whole read-modify-write,
+//! which is what makes it atomic per route. Caller-scope state (where
+//! uncertain evidence lands) lives in a second map; a route operation reads
+//! it first and never holds both locks, so there is no lock order to get
+//! wrong. The price: a caller-wide cooldown merged concurrently with a
+//! `Reconsider` may miss that one slot — the worker still sees the cooldown
+//! on its next call or on `Watch`.
+
+use std::future::ready;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+
+use crate::budget::{BudgetLedger, GrantAsk, GrantLimit};
+use crate::evidence::{Assessment, HintState, Merge};
+use crate::policy::Policy;
+use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
+use crate::slots::{SlotAsk, SlotCursor, SlotOutcome};
+
+use super::{LeaseOutcome, Reconsidered, ScopeView, Store, StoreError, StoreFuture};
+
+/// State of one `(caller_scope, route)`.
+#[derive(Debug)]
+struct RouteState {
+    budget: BudgetLedger,
+    hints: HintState,
+    slots: SlotCursor,
+    frozen: Option<String>,
+    /// For idle eviction.
+    last_touched_ms: i64,
+}
+
+/// State of a whole caller scope: only evidence from uncertain scopes.
+#[derive(Debug, Default)]
+struct CallerState {
+    hints: HintState,
+    last_touched_ms: i64,
+}
+
+/// The in-memory [`Store`].
+#[derive(Debug)]
+pub struct MemoryStore {
+    routes: DashMap<RouteKey, RouteState>,
+    callers: DashMap<String, CallerState>,
+    /// Routes plus caller scopes kept at most; a bound on memory that a
+    /// stream of invented scope names cannot lift.
+    max_scopes: usize,
+    next_lease: AtomicU64,
+    /// Makes lease ids from before a restart unrecognisable after it.
+    lease_nonce: u32,
+}
+
+impl MemoryStore {
+    /// An empty store holding at most `max_scopes` routes and caller scopes.
+    pub fn new(max_scopes: usize) -> Self {
+        MemoryStore {
+            routes: DashMap::new(),
+            callers: DashMap::new(),
+            max_scopes,
+            next_lease: AtomicU64::new(1),
+            lease_nonce: rand::random(),
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.routes.len() + self.callers.len() >= self.max_scopes
+    }
+
+    /// Runs `f` on the route's state under its entry lock, creating the
+    /// state if there is room.
+    fn with_route<T>(
+        &self,
+        key: &RouteKey,
+        now_ms: i64,
+        f: impl FnOnce(&mut RouteState) -> T,
+    ) -> Result<T, StoreError> {
+        if let Some(mut state) = self.routes.get_mut(key) {
+            state.last_touched_ms = state.last_touched_ms.max(now_ms);
+            return Ok(f(&mut state));
+        }
+        if self.full() {
+            return Err(StoreError::ScopeLimit {
+                max: self.max_scopes,
+            });
+        }
+        let mut state = self
+            .routes
+            .entry(key.clone())
+            .or_insert_with(|| RouteState {
+                budget: BudgetLedger::new(now_ms),
+                hints: HintState::default(),
+                slots: SlotCursor::default(),
+                frozen: None,
+                last_touched_ms: now_ms,
+            });
+        Ok(f(&mut state))
+    }
+
+    /// The caller scope's (cooldown, floor), read without creating anything.
+    fn caller_floor(&self, caller_scope: &str) -> (i64, i64) {
+        self.callers
+            .get(caller_scope)
+            .map_or((0, 0), |c| (c.hints.cooldown_until_ms, c.hints.floor_ms()))
+    }
+
+    fn view_of(state: &RouteState, caller: (i64, i64)) -> ScopeView {
+        ScopeView {
+            cooldown_until_ms: state.hints.cooldown_until_ms.max(caller.0),
+            floor_ms: state.hints.floor_ms().max(caller.1),
+            frozen: state.frozen.clone(),
+        }
+    }
+
+    fn lease_now(
+        &self,
+        scope: &ScopeKey,
+        ask: GrantAsk<'_>,
+        policy: &Policy,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let caller = self.caller_floor(&scope.route.caller_scope);
+        let id = format!(
+            "{:08x}-{:x}",
+            self.lease_nonce,
+            self.next_lease.fetch_add(1, Ordering::Relaxed)
+        );
+        self.with_route(&scope.route, ask.now_ms, |state| {
+            let view = Self::view_of(state, caller);
+            if view.frozen.is_some() {
+                let remaining = state
+                    .budget
+                    .available_milli(policy, ask.priority, ask.now_ms)
+                    / policy.cost(ask.retry_class).max(1);
+                return Ok(LeaseOutcome {
+                    lease_id: None,
+                    grant: crate::budget::Grant {
+                        granted: 0,
+                        limit: GrantLimit::Frozen,
+                        remaining,
+                        expires_at_ms: ask.now_ms,
+                    },
+                    view,
+                });
+            }
+            let grant = state.budget.grant(policy, ask, &id)?;
+            Ok(LeaseOutcome {
+                lease_id: (grant.granted > 0).then_some(id),
+                grant,
+                view,
+            })
+        })?
+    }
+}
+
+impl Store for MemoryStore {
+    fn lease<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        ask: GrantAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, LeaseOutcome> {
+        Box::pin(ready(self.lease_now(scope, ask, policy)))
+    }
+
+    fn release<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        worker_id: &'a str,
+        lease_id: &'a str,
+        spent: u32,
+        now_ms: i64,
+    ) -> StoreFuture<'a, u32> {
+        let result = match self.routes.get_mut(&scope.route) {
+            Some(mut state) => state
+                .budget
+                .release(worker_id, lease_id, spent, now_ms)
+                .map_err(StoreError::from),
+            None => Err(crate::budget::BudgetError::LeaseNotFound.into()),
+        };
+        Box::pin(ready(result))
+    }
+
+    fn deposit<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        worker_id: &'a str,
+        first_attempts: u32,
+        successes: u32,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        if successes > 0
+            && let Some(mut caller) = self.callers.get_mut(&scope.route.caller_scope)
+        {
+            caller.hints.decay();
+        }
+        let result = self.with_route(&scope.route, now_ms, |state| {
+            state
+                .budget
+                .deposit(policy, worker_id, scope.priority, first_attempts, now_ms);
+            if successes > 0 {
+                state.hints.decay();
+            }
+        });
+        Box::pin(ready(result))
+    }
+
+    fn merge_evidence<'a>(
+        &'a self,
+        level: &'a EvidenceLevel,
+        assessment: &'a Assessment,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, Merge> {
+        let result = match level {
+            EvidenceLevel::Route(route) => self.with_route(route, now_ms, |state| {
+                state.hints.merge(assessment, policy, now_ms)
+            }),
+            EvidenceLevel::Caller(caller) => {
+                if !self.callers.contains_key(caller) && self.full() {
+                    Err(StoreError::ScopeLimit {
+                        max: self.max_scopes,
+                    })
+                } else {
+                    let mut state = self.callers.entry(caller.clone()).or_default();
+                    state.last_touched_ms = state.last_touched_ms.max(now_ms);
+                    Ok(state.hints.merge(assessment, policy, now_ms))
+                }
+            }
+        };
+        Box::pin(ready(result))
+    }
+
+    fn reconsider<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        ask: SlotAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, (Reconsidered, ScopeView)> {
+        let caller = self.caller_floor(&route.caller_scope);
+        let result = self
+            .with_route(route, ask.now_ms, |state| {
+                let view = Self::view_of(state, caller);
+                if view.frozen.is_some() {
+                    return Ok((Reconsidered::Frozen, view));
+                }
+                let ask = SlotAsk {
+                    floor_ms: ask.floor_ms.max(view.floor_ms),
+                    ..ask
+                };
+                let decided = match state.slots.assign(ask, policy.wake_rate_per_sec)? {
+                    SlotOutcome::Slot(at) => Reconsidered::Slot(at),
+                    SlotOutcome::DeadlineInfeasible(at) => Reconsidered::DeadlineInfeasible(at),
+                };
+                Ok((decided, view))
+            })
+            .and_then(|r| r);
+        Box::pin(ready(result))
+    }
+
+    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, ScopeView> {
+        let caller = self.caller_floor(&route.caller_scope);
+        let view = match self.routes.get(route) {
+            Some(state) => Self::view_of(&state, caller),
+            None => ScopeView {
+                cooldown_until_ms: caller.0,
+                floor_ms: caller.1,
+                frozen: None,
+            },
+        };
+        Box::pin(ready(Ok(view)))
+    }
+
+    fn set_freeze<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        reason: Option<String>,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(ready(
+            self.with_route(route, now_ms, |state| state.frozen = reason),
+        ))
+    }
+
+    fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {
+        let before = self.routes.len() + self.callers.len();
+        let idle_since = now_ms.saturating_sub(idle_ms);
+        self.routes.retain(|_, s| {
+            s.last_touched_ms > idle_since
+                || s.frozen.is_some()
+                || s.hints.floor_ms() > now_ms
+                || s.budget.live_leases(now_ms) > 0
+                || s.slots.waiting(now_ms) > 0
+        });
+        self.callers
+            .retain(|_, c| c.last_touched_ms > idle_since || c.hints.floor_ms() > now_ms);
+        let after = self.routes.len() + self.callers.len();
+        Box::pin(ready(Ok(before.saturating_sub(after))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    crate::store::contract_tests!(MemoryStore::new(8));
+}

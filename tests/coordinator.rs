@@ -1,0 +1,704 @@
+//! End-to-end tests of the coordinator: a real server on loopback, real tonic
+//! clients, a manual clock (no sleeps for time to pass).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::{Coordinator, T0, config, lease, rate_limited, reconsider, scope, with_token};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tollgate::budget::GrantAsk;
+use tollgate::evidence::{Assessment, Merge};
+use tollgate::policy::Policy;
+use tollgate::scope::{EvidenceLevel, RouteKey, ScopeKey};
+use tollgate::slots::SlotAsk;
+use tollgate::store::{LeaseOutcome, MemoryStore, Reconsidered, ScopeView, Store, StoreFuture};
+use tollgate_proto::v1::{
+    self, LeaseLimit, Priority, ReconsiderDecision, ScopeCertainty, ScopeEventKind,
+};
+use tonic::Code;
+
+const ROUTE: &str = "GET /users/{id}";
+
+#[tokio::test]
+async fn a_delay_hint_seen_by_one_worker_holds_back_another() {
+    let coordinator = Coordinator::open().await;
+    let mut worker_a = coordinator.client().await;
+    let mut worker_b = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+
+    let report = worker_a
+        .report(rate_limited(
+            s.clone(),
+            "worker-a",
+            "30",
+            ScopeCertainty::Known,
+        ))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(report.cooldown_until_unix_ms, T0 + 30_000);
+    assert!(report.verdicts[0].valid);
+    assert_eq!(report.verdicts[0].form, "delay");
+
+    let answer = worker_b
+        .reconsider(reconsider(s, "intent-1"))
+        .await
+        .expect("reconsider")
+        .into_inner();
+    assert_eq!(answer.decision(), ReconsiderDecision::Slot);
+    assert!(
+        answer.slot_unix_ms >= T0 + 30_000,
+        "slot {}",
+        answer.slot_unix_ms
+    );
+    assert_eq!(answer.cooldown_until_unix_ms, T0 + 30_000);
+    assert!(!answer.reserves_token, "a slot never reserves a token");
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn an_http_date_hint_works_the_same() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    let report = client
+        .report(rate_limited(
+            s.clone(),
+            "worker-a",
+            "Mon, 01 Jan 2024 12:00:30 GMT",
+            ScopeCertainty::Known,
+        ))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(report.verdicts[0].form, "date");
+    let answer = client
+        .reconsider(reconsider(s, "intent-1"))
+        .await
+        .expect("reconsider")
+        .into_inner();
+    assert!(answer.slot_unix_ms >= T0 + 30_000);
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn an_enormous_hint_is_capped_and_says_so() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    let report = client
+        .report(rate_limited(s, "worker-a", "86400", ScopeCertainty::Known))
+        .await
+        .expect("report")
+        .into_inner();
+    assert!(report.verdicts[0].valid && report.verdicts[0].capped);
+    assert_eq!(report.cooldown_until_unix_ms, T0 + 300_000);
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn uncertain_evidence_holds_back_the_whole_caller_scope() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    client
+        .report(rate_limited(
+            scope("tenant-a", "POST /orders", Priority::Normal),
+            "worker-a",
+            "20",
+            ScopeCertainty::Uncertain,
+        ))
+        .await
+        .expect("report");
+    let other_route = client
+        .reconsider(reconsider(scope("tenant-a", ROUTE, Priority::Bulk), "i"))
+        .await
+        .expect("reconsider")
+        .into_inner();
+    assert!(other_route.slot_unix_ms >= T0 + 20_000);
+    let other_caller = client
+        .reconsider(reconsider(scope("tenant-b", ROUTE, Priority::Bulk), "i"))
+        .await
+        .expect("reconsider")
+        .into_inner();
+    assert!(
+        other_caller.slot_unix_ms < T0 + 20_000,
+        "other callers are not held back"
+    );
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn a_thousand_waiting_intents_wake_at_the_wake_rate() {
+    let coordinator = Coordinator::open().await; // wake_rate 50/s
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    client
+        .report(rate_limited(
+            s.clone(),
+            "worker-a",
+            "30",
+            ScopeCertainty::Known,
+        ))
+        .await
+        .expect("report");
+
+    let mut tasks = JoinSet::new();
+    for i in 0..1000 {
+        let mut client = client.clone();
+        let s = s.clone();
+        tasks.spawn(async move {
+            client
+                .reconsider(reconsider(s, &format!("intent-{i}")))
+                .await
+                .expect("reconsider")
+                .into_inner()
+        });
+    }
+    let mut slots = Vec::with_capacity(1000);
+    while let Some(answer) = tasks.join_next().await {
+        let answer = answer.expect("task");
+        assert_eq!(answer.decision(), ReconsiderDecision::Slot);
+        slots.push(answer.slot_unix_ms);
+    }
+    slots.sort_unstable();
+    assert!(slots[0] >= T0 + 30_000, "none before the cooldown ends");
+    let busiest = slots
+        .iter()
+        .map(|&s| slots.partition_point(|&t| t < s + 1000) - slots.partition_point(|&t| t < s))
+        .max()
+        .expect("slots");
+    assert!(busiest <= 51, "busiest second holds {busiest}");
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn reconsider_is_idempotent_and_refuses_infeasible_deadlines() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    client
+        .report(rate_limited(
+            s.clone(),
+            "worker-a",
+            "10",
+            ScopeCertainty::Known,
+        ))
+        .await
+        .expect("report");
+    // 12 s left, a 3 s attempt reserve, a 10 s hint: infeasible.
+    let mut tight = reconsider(s.clone(), "tight");
+    tight.deadline_unix_ms = T0 + 12_000;
+    tight.attempt_reserve_ms = 3_000;
+    let refused = client.reconsider(tight).await.expect("call").into_inner();
+    assert_eq!(refused.decision(), ReconsiderDecision::DeadlineInfeasible);
+
+    let first = client
+        .reconsider(reconsider(s.clone(), "same"))
+        .await
+        .expect("call")
+        .into_inner();
+    let again = client
+        .reconsider(reconsider(s, "same"))
+        .await
+        .expect("call")
+        .into_inner();
+    assert_eq!(first.slot_unix_ms, again.slot_unix_ms);
+    coordinator.stop().await;
+}
+
+/// Every token in the critical class: the formula is the whole budget.
+const ALL_CRITICAL: &str = "[defaults]\nshares = { critical = 1.0, normal = 0.0, bulk = 0.0 }\n";
+
+#[tokio::test]
+async fn fifty_concurrent_workers_never_get_more_than_the_formula() {
+    let coordinator = Coordinator::start(config(ALL_CRITICAL)).await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Critical);
+    client
+        .report(v1::ReportRequest {
+            scope: s.clone(),
+            worker_id: "reporter".into(),
+            first_attempts: 500,
+            ..v1::ReportRequest::default()
+        })
+        .await
+        .expect("report");
+    // 10/s × 10 s + 0.2 × 500 = 200 retries.
+    let formula = 200;
+
+    let total = Arc::new(AtomicU32::new(0));
+    let mut tasks = JoinSet::new();
+    for w in 0..50 {
+        let mut client = client.clone();
+        let s = s.clone();
+        let total = Arc::clone(&total);
+        tasks.spawn(async move {
+            for _ in 0..20 {
+                let got = client
+                    .lease(lease(s.clone(), &format!("w{w}"), 3))
+                    .await
+                    .expect("lease")
+                    .into_inner();
+                total.fetch_add(got.granted, Ordering::Relaxed);
+                if got.limit() == LeaseLimit::BudgetExhausted && got.granted == 0 {
+                    break;
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let total = total.load(Ordering::Relaxed);
+    assert!(total <= formula, "granted {total} > {formula}");
+    assert!(total >= formula / 2, "granted only {total}");
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn release_returns_tokens_and_expiry_counts_them_spent() {
+    let coordinator = Coordinator::start(config(&format!(
+        "{ALL_CRITICAL}window = \"60s\"\nlease_ttl = \"10s\"\nmin_retries_per_sec = 1\n"
+    )))
+    .await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Critical);
+
+    let all = client
+        .lease(lease(s.clone(), "w", 100))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(all.granted, 60); // 1/s × 60 s
+    assert_eq!(all.expires_at_unix_ms, T0 + 10_000);
+    let none = client
+        .lease(lease(s.clone(), "w", 1))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(
+        (none.granted, none.limit()),
+        (0, LeaseLimit::BudgetExhausted)
+    );
+
+    let released = client
+        .release(v1::ReleaseRequest {
+            scope: s.clone(),
+            worker_id: "w".into(),
+            lease_id: all.lease_id.clone(),
+            spent: 20,
+        })
+        .await
+        .expect("release")
+        .into_inner();
+    assert_eq!(released.returned, 40);
+    let back = client
+        .lease(lease(s.clone(), "w", 100))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(back.granted, 40);
+
+    // `back` is never reported: after its expiry it cannot be released and
+    // its tokens stay spent until they slide out of the window.
+    coordinator.advance(Duration::from_secs(11));
+    let late = client
+        .release(v1::ReleaseRequest {
+            scope: s.clone(),
+            worker_id: "w".into(),
+            lease_id: back.lease_id.clone(),
+            spent: 0,
+        })
+        .await
+        .expect_err("expired");
+    assert_eq!(late.code(), Code::NotFound);
+    let still = client
+        .lease(lease(s.clone(), "w", 1))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(still.granted, 0);
+    coordinator.advance(Duration::from_secs(60));
+    let slid = client
+        .lease(lease(s, "w", 100))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(slid.granted, 60);
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn a_greedy_worker_cannot_starve_nine_modest_ones() {
+    let coordinator = Coordinator::start(config(ALL_CRITICAL)).await; // 100 tokens
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Critical);
+    for i in 0..9 {
+        client
+            .report(v1::ReportRequest {
+                scope: s.clone(),
+                worker_id: format!("modest-{i}"),
+                ..v1::ReportRequest::default()
+            })
+            .await
+            .expect("report");
+    }
+    let greedy = client
+        .lease(lease(s.clone(), "greedy", 10_000))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(greedy.granted, 10);
+    assert_eq!(greedy.limit(), LeaseLimit::FairShare);
+    let greedy = client
+        .lease(lease(s.clone(), "greedy", 10_000))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(
+        greedy.granted, 0,
+        "no more than its share while others are active"
+    );
+    for i in 0..9 {
+        let modest = client
+            .lease(lease(s.clone(), &format!("modest-{i}"), 8))
+            .await
+            .expect("lease")
+            .into_inner();
+        assert_eq!(modest.granted, 8, "modest-{i}");
+    }
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn exhausting_bulk_leaves_critical_untouched() {
+    let coordinator = Coordinator::open().await; // 100 tokens: 50 / 30 / 20
+    let mut client = coordinator.client().await;
+    let bulk = scope("tenant-a", ROUTE, Priority::Bulk);
+    let mut taken = 0;
+    loop {
+        let got = client
+            .lease(lease(bulk.clone(), "batch", 7))
+            .await
+            .expect("lease")
+            .into_inner();
+        taken += got.granted;
+        if got.granted == 0 {
+            assert_eq!(got.limit(), LeaseLimit::BudgetExhausted);
+            break;
+        }
+    }
+    assert_eq!(taken, 20);
+    let critical = client
+        .lease(lease(
+            scope("tenant-a", ROUTE, Priority::Critical),
+            "api",
+            50,
+        ))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(critical.granted, 50);
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_invalid_argument_naming_the_field() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let good = scope("tenant-a", ROUTE, Priority::Normal);
+    let expect_field = |result: Result<_, tonic::Status>, field: &str| {
+        let status = result.expect_err(field);
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(
+            status.message().starts_with(field),
+            "{field}: {}",
+            status.message()
+        );
+    };
+
+    expect_field(client.lease(lease(None, "w", 1)).await.map(|_| ()), "scope");
+    let long_route = scope("tenant-a", &"x".repeat(300), Priority::Normal);
+    expect_field(
+        client.lease(lease(long_route, "w", 1)).await.map(|_| ()),
+        "scope.route",
+    );
+    let mut bad_priority = good.clone();
+    if let Some(s) = bad_priority.as_mut() {
+        s.priority = 9;
+    }
+    expect_field(
+        client.lease(lease(bad_priority, "w", 1)).await.map(|_| ()),
+        "scope.priority",
+    );
+    expect_field(
+        client.lease(lease(good.clone(), "w", 0)).await.map(|_| ()),
+        "want",
+    );
+    expect_field(
+        client.lease(lease(good.clone(), "", 1)).await.map(|_| ()),
+        "worker_id",
+    );
+
+    let mut huge_hint = rate_limited(good.clone(), "w", "30", ScopeCertainty::Known);
+    huge_hint.evidence[0].retry_after = "9".repeat(300);
+    expect_field(
+        client.report(huge_hint).await.map(|_| ()),
+        "evidence[0].retry_after",
+    );
+    let mut many = rate_limited(good.clone(), "w", "30", ScopeCertainty::Known);
+    many.evidence = vec![many.evidence[0].clone(); 65];
+    expect_field(client.report(many).await.map(|_| ()), "evidence");
+    let mut status = rate_limited(good.clone(), "w", "30", ScopeCertainty::Known);
+    status.evidence[0].http_status = 42;
+    expect_field(
+        client.report(status).await.map(|_| ()),
+        "evidence[0].http_status",
+    );
+
+    let mut no_deadline = reconsider(good.clone(), "i");
+    no_deadline.deadline_unix_ms = 0;
+    expect_field(
+        client.reconsider(no_deadline).await.map(|_| ()),
+        "deadline_unix_ms",
+    );
+    let mut no_intent = reconsider(good.clone(), "");
+    no_intent.deadline_unix_ms = T0 + 1000;
+    expect_field(client.reconsider(no_intent).await.map(|_| ()), "intent_id");
+
+    let watch = v1::WatchRequest {
+        scopes: vec![],
+        worker_id: "w".into(),
+    };
+    expect_field(client.watch(watch).await.map(|_| ()), "scopes");
+    let spend_more = v1::ReleaseRequest {
+        scope: good.clone(),
+        worker_id: "w".into(),
+        lease_id: client
+            .lease(lease(good, "w", 2))
+            .await
+            .expect("lease")
+            .into_inner()
+            .lease_id,
+        spent: 3,
+    };
+    expect_field(client.release(spend_more).await.map(|_| ()), "spent");
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn another_callers_scope_is_permission_denied() {
+    let coordinator = Coordinator::start(config(
+        "[[token]]\ntoken = \"token-of-tenant-a\"\ncaller_scopes = [\"tenant-a\"]\n",
+    ))
+    .await;
+    let mut client = coordinator.client().await;
+    let own = scope("tenant-a", ROUTE, Priority::Normal);
+    let other = scope("tenant-b", ROUTE, Priority::Normal);
+
+    let ok = client
+        .lease(with_token(lease(own.clone(), "w", 1), "token-of-tenant-a"))
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+    let denied = client
+        .lease(with_token(
+            lease(other.clone(), "w", 1),
+            "token-of-tenant-a",
+        ))
+        .await
+        .expect_err("another caller's scope");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    let watch = v1::WatchRequest {
+        scopes: vec![own.clone().expect("scope"), other.expect("scope")],
+        worker_id: "w".into(),
+    };
+    let denied = client
+        .watch(with_token(watch, "token-of-tenant-a"))
+        .await
+        .expect_err("watching another caller's scope");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    let anonymous = client
+        .lease(lease(own.clone(), "w", 1))
+        .await
+        .expect_err("no token");
+    assert_eq!(anonymous.code(), Code::Unauthenticated);
+    let wrong = client
+        .lease(with_token(lease(own, "w", 1), "not-a-known-token"))
+        .await
+        .expect_err("unknown token");
+    assert_eq!(wrong.code(), Code::Unauthenticated);
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn watch_delivers_a_cooldown_event() {
+    let coordinator = Coordinator::open().await;
+    let mut watcher = coordinator.client().await;
+    let mut reporter = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    let mut stream = watcher
+        .watch(v1::WatchRequest {
+            scopes: vec![s.clone().expect("scope")],
+            worker_id: "watcher".into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let snapshot = stream.message().await.expect("stream").expect("snapshot");
+    assert_eq!(snapshot.kind(), ScopeEventKind::Snapshot);
+    assert_eq!(snapshot.cooldown_until_unix_ms, 0);
+
+    reporter
+        .report(rate_limited(s, "worker-a", "30", ScopeCertainty::Known))
+        .await
+        .expect("report");
+    let event = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("an event in time")
+        .expect("stream")
+        .expect("event");
+    assert_eq!(event.kind(), ScopeEventKind::CooldownStarted);
+    assert_eq!(event.cooldown_until_unix_ms, T0 + 30_000);
+
+    // Shutdown ends the stream with a status instead of hanging the drain.
+    let mut coordinator = coordinator;
+    coordinator.begin_shutdown();
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("the stream ends");
+    assert!(
+        matches!(end, Err(ref s) if s.code() == Code::Unavailable) || matches!(end, Ok(None)),
+        "{end:?}"
+    );
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn health_reports_the_budget_service_serving() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let coordinator = Coordinator::open().await;
+    let mut health = HealthClient::new(coordinator.channel().await);
+    let answer = health
+        .check(HealthCheckRequest {
+            service: "tollgate.v1.Budget".into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner();
+    assert_eq!(answer.status(), ServingStatus::Serving);
+    coordinator.stop().await;
+}
+
+/// A store whose `lease` waits at a gate, so a call can be held in flight.
+struct GatedStore {
+    inner: MemoryStore,
+    entered: Notify,
+    open: Notify,
+}
+
+impl Store for GatedStore {
+    fn lease<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        ask: GrantAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, LeaseOutcome> {
+        Box::pin(async move {
+            self.entered.notify_one();
+            self.open.notified().await;
+            self.inner.lease(scope, ask, policy).await
+        })
+    }
+    fn release<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        worker_id: &'a str,
+        lease_id: &'a str,
+        spent: u32,
+        now_ms: i64,
+    ) -> StoreFuture<'a, u32> {
+        self.inner
+            .release(scope, worker_id, lease_id, spent, now_ms)
+    }
+    fn deposit<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        worker_id: &'a str,
+        first_attempts: u32,
+        successes: u32,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        self.inner
+            .deposit(scope, worker_id, first_attempts, successes, policy, now_ms)
+    }
+    fn merge_evidence<'a>(
+        &'a self,
+        level: &'a EvidenceLevel,
+        assessment: &'a Assessment,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, Merge> {
+        self.inner.merge_evidence(level, assessment, policy, now_ms)
+    }
+    fn reconsider<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        ask: SlotAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, (Reconsidered, ScopeView)> {
+        self.inner.reconsider(route, ask, policy)
+    }
+    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, ScopeView> {
+        self.inner.view(route, now_ms)
+    }
+    fn set_freeze<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        reason: Option<String>,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        self.inner.set_freeze(route, reason, now_ms)
+    }
+    fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {
+        self.inner.evict_idle(now_ms, idle_ms)
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_an_in_flight_call_finish_then_stops() {
+    let store = Arc::new(GatedStore {
+        inner: MemoryStore::new(100),
+        entered: Notify::new(),
+        open: Notify::new(),
+    });
+    let mut coordinator =
+        Coordinator::start_with_store(tollgate::config::Config::default(), store.clone()).await;
+    let mut client = coordinator.client().await;
+    let in_flight = tokio::spawn(async move {
+        client
+            .lease(lease(scope("tenant-a", ROUTE, Priority::Normal), "w", 5))
+            .await
+    });
+    store.entered.notified().await;
+
+    coordinator.begin_shutdown();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !coordinator.task.is_finished(),
+        "the server waits for the in-flight call"
+    );
+
+    store.open.notify_one();
+    let answer = in_flight
+        .await
+        .expect("task")
+        .expect("the call completes")
+        .into_inner();
+    assert_eq!(answer.granted, 5);
+    coordinator.stop().await;
+}
