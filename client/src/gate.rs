@@ -621,13 +621,16 @@ impl<'g> Run<'g> {
             if start.number == 1 {
                 self.gate.inner.cache.record_first_attempt(&self.scope);
             }
-            self.attempts.push(AttemptEvidence {
-                record: AttemptRecord::clone(self.engine.records().last().expect("just started")),
-                token,
-                policy_version: self.gate.inner.cache.view(&self.scope).policy_version,
-                reconciled: None,
-                wait: None,
-            });
+            // start_attempt has just pushed the engine's record for it.
+            if let Some(record) = self.engine.records().last().cloned() {
+                self.attempts.push(AttemptEvidence {
+                    record,
+                    token,
+                    policy_version: self.gate.inner.cache.view(&self.scope).policy_version,
+                    reconciled: None,
+                    wait: None,
+                });
+            }
             let sent_wall = self.gate.inner.clock.now();
             let executed = self
                 .execute(start, &mut attempt)

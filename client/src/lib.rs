@@ -1,4 +1,51 @@
-//! The worker side of Tollgate.
+//! The worker side of Tollgate: the async gate that runs each intent's
+//! attempts under its deadline, cancellation, attempt cap, repetition policy
+//! and one retry owner, with retry tokens and slots from the coordinator.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use tollgate_client::backoff::{Backoff, Jitter};
+//! use tollgate_client::clock::SystemClock;
+//! use tollgate_client::engine::{Observation, Policy};
+//! use tollgate_client::gate::{Gate, GateConfig, GateIntent, Reply};
+//! use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
+//! use tollgate_client::link::{CoordinatorLink, LinkConfig};
+//! use tollgate_client::scope::Scope;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! // Connecting is lazy: a worker starts even when the coordinator is down
+//! // (it then runs on a conservative local budget, visibly).
+//! let link = CoordinatorLink::new(&LinkConfig::new("http://127.0.0.1:50051", "worker-1"))?;
+//! let clock = Arc::new(SystemClock);
+//! let cache = LeaseCache::start(link, LeaseCacheConfig::default(), clock.clone());
+//! let gate = Gate::new(cache, clock, GateConfig::default());
+//!
+//! let policy = Policy::try_new(
+//!     Duration::from_secs(30),   // end-to-end deadline
+//!     4,                         // attempts in all
+//!     Duration::from_secs(5),    // reserved per attempt
+//!     Duration::from_millis(100),
+//!     Backoff { base: Duration::from_millis(250), cap: Duration::from_secs(4), jitter: Jitter::Full },
+//!     Some(Duration::from_secs(60)),
+//! )?;
+//! let intent = GateIntent::new("order-42", Scope::new("tenant-a", "POST /orders"), policy);
+//! let result = gate
+//!     .run(intent, |attempt| async move {
+//!         // Send the request with attempt.owner_mark (and the idempotency
+//!         // key, if any) attached; classify what came back.
+//!         let status = 200; // send(&attempt).await
+//!         Reply::new(Observation::http(status, None), attempt.number)
+//!     })
+//!     .await;
+//! println!("{} after {} attempt(s)", result.outcome, result.attempts.len());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! HTTP and tonic clients get the same by wrapping their service in
+//! [`layer::TollgateLayer`].
 //!
 //! # Layout
 //! Pure decision logic, no I/O:
@@ -12,6 +59,13 @@
 //!   virtual clock (`tollgate simulate`, property tests).
 //! - [`clock`]: injected wall clocks.
 //! - [`fallback`]: the conservative per-process budget and adaptive throttle.
+//!
+//! Running intents (async):
+//! - [`gate`]: `Gate::run` drives the engine on tokio time, in the issue's
+//!   decision order, against the lease cache and a local capacity semaphore.
+//! - [`owner`]: the `x-tollgate-retry-owner` mark that keeps one retry owner.
+//! - [`layer`]: `TollgateLayer` for `Service<http::Request<B>>` clients and
+//!   tonic channels.
 //!
 //! Talking to the coordinator:
 //! - [`scope`]: the unit that shares a budget, as the worker names it.
