@@ -15,8 +15,10 @@
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes, and its in-memory backend.
 //! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
-//! - [`auth`]: bearer tokens → the caller scopes they may use.
-//! - [`service`]: the `tollgate.v1.Budget` gRPC service — validation,
+//! - [`auth`]: bearer tokens → the caller scopes they may use; admin tokens.
+//! - [`admin`]: runtime control — policy changes with optimistic versions,
+//!   freezes, resets, the audit log, the state file and live reload (no gRPC).
+//! - [`service`]: the `tollgate.v1.Budget` and `tollgate.v1.Admin` gRPC services — validation,
 //!   identity, the wire ↔ core translation, Watch streams — and the one
 //!   error → `Status` mapping.
 //! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
@@ -33,6 +35,7 @@
 //! `src/main.rs` is a thin clap front end: one enum of subcommands, each
 //! handing off to a module here.
 
+pub mod admin;
 pub mod auth;
 pub mod budget;
 pub mod cli;
