@@ -23,7 +23,9 @@
 //!   error → `Status` mapping.
 //! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
 //!   reflection behind tower layers, with a graceful drain.
-//! - [`signal`], [`cli`]: SIGINT/SIGTERM and the `serve` subcommand.
+//! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
+//! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
+//!   Admin API clients with tables, JSON and documented exit codes.
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
@@ -41,6 +43,7 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod evidence;
+pub mod ops;
 pub mod policy;
 pub mod scope;
 pub mod server;

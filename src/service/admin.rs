@@ -105,7 +105,8 @@ fn duration_text(field: &str, value: Option<String>) -> Result<Option<String>> {
     Ok(value)
 }
 
-fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
+/// The wire's policy fields as a spec (bounded strings checked).
+pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
     let f = fields.unwrap_or_default();
     Ok(PolicySpec {
         policy_version: None,
@@ -129,7 +130,8 @@ fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
     })
 }
 
-fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
+/// A spec as the wire's policy fields.
+pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
     v1::PolicyFields {
         window: s.window.clone(),
         min_retries_per_sec: s.min_retries_per_sec,
