@@ -247,7 +247,7 @@ fn parse_page_token(token: &str) -> Result<Option<RouteKey>> {
         return Ok(None);
     }
     let bad = || ServiceError::invalid("page_token", "is not a token this server issued");
-    if token.len() > 2 * (MAX_CALLER_SCOPE + MAX_ROUTE + 1) || token.len() % 2 != 0 {
+    if token.len() > 2 * (MAX_CALLER_SCOPE + MAX_ROUTE + 1) || !token.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes = (0..token.len())
