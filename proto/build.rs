@@ -3,7 +3,10 @@
 use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let fds = protox::compile(["tollgate/v1/budget.proto"], ["."])?;
+    let fds = protox::compile(
+        ["tollgate/v1/budget.proto", "tollgate/v1/admin.proto"],
+        ["."],
+    )?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     // compile_fds ignores file_descriptor_set_path, so the set that server
     // reflection serves is written here.

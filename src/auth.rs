@@ -39,6 +39,29 @@ impl TokenEntry {
     }
 }
 
+/// One admin token and the name the audit log records for it.
+#[derive(Debug, Clone)]
+pub struct AdminEntry {
+    name: String,
+    token: Vec<u8>,
+}
+
+impl AdminEntry {
+    /// An admin token recorded in the audit log as `name`.
+    pub fn new(name: &str, token: &str) -> Self {
+        AdminEntry {
+            name: name.to_owned(),
+            token: token.as_bytes().to_vec(),
+        }
+    }
+}
+
+/// Why an Admin call was refused. One variant: every refusal is
+/// PERMISSION_DENIED, and the message says which case it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AdminDenied(pub &'static str);
+
 /// Who is calling, once the token has been checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Identity {
@@ -52,17 +75,76 @@ pub enum Identity {
 #[derive(Debug, Clone, Default)]
 pub struct Authenticator {
     entries: Vec<TokenEntry>,
+    admins: Vec<AdminEntry>,
 }
 
+/// The admin name recorded when open dev mode lets a loopback peer in.
+pub const DEV_ADMIN: &str = "dev-loopback";
+
 impl Authenticator {
-    /// A table of `entries`; empty means open dev mode.
+    /// A table of caller `entries` and no admin; empty means open dev mode.
     pub fn new(entries: Vec<TokenEntry>) -> Self {
-        Authenticator { entries }
+        Authenticator::with_admins(entries, Vec::new())
     }
 
-    /// Whether no tokens are configured.
+    /// Caller `entries` and `admins`.
+    pub fn with_admins(entries: Vec<TokenEntry>, admins: Vec<AdminEntry>) -> Self {
+        Authenticator { entries, admins }
+    }
+
+    /// Whether no caller tokens are configured.
     pub fn is_open(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Whether no tokens of either kind are configured (Admin then answers
+    /// loopback peers only).
+    pub fn admin_is_open(&self) -> bool {
+        self.entries.is_empty() && self.admins.is_empty()
+    }
+
+    /// Whether any admin token is configured.
+    pub fn has_admins(&self) -> bool {
+        !self.admins.is_empty()
+    }
+
+    /// The admin's name for the audit log, or why the call is refused.
+    /// `peer_is_loopback` matters only in open dev mode.
+    pub fn identify_admin(
+        &self,
+        authorization: Option<&str>,
+        peer_is_loopback: bool,
+    ) -> Result<String, AdminDenied> {
+        if self.admin_is_open() {
+            return if peer_is_loopback {
+                Ok(DEV_ADMIN.to_owned())
+            } else {
+                Err(AdminDenied(
+                    "open dev mode: the Admin API answers loopback peers only",
+                ))
+            };
+        }
+        let token = authorization
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or(AdminDenied("the Admin API needs an admin bearer token"))?;
+        let mut found = None;
+        for entry in &self.admins {
+            if constant_time_eq(&entry.token, token.as_bytes()) && found.is_none() {
+                found = Some(entry.name.clone());
+            }
+        }
+        if let Some(name) = found {
+            return Ok(name);
+        }
+        let caller = self.entries.iter().fold(false, |hit, e| {
+            constant_time_eq(&e.token, token.as_bytes()) | hit
+        });
+        Err(if caller {
+            AdminDenied("a caller token may not use the Admin API")
+        } else {
+            AdminDenied("unknown admin token")
+        })
     }
 
     /// Checks the `authorization` metadata value.
@@ -144,5 +226,37 @@ mod tests {
             auth.check(a, "tenant-b"),
             Err(AuthError::Forbidden { .. })
         ));
+    }
+
+    #[test]
+    fn only_admin_tokens_open_the_admin_api() {
+        let auth = Authenticator::with_admins(
+            vec![TokenEntry::new("secret-a", &["tenant-a".into()])],
+            vec![AdminEntry::new("oncall", "admin-secret")],
+        );
+        assert_eq!(
+            auth.identify_admin(Some("Bearer admin-secret"), false),
+            Ok("oncall".into())
+        );
+        let caller = auth.identify_admin(Some("Bearer secret-a"), true);
+        assert_eq!(
+            caller,
+            Err(AdminDenied("a caller token may not use the Admin API"))
+        );
+        assert!(auth.identify_admin(None, true).is_err());
+        // Admin tokens are not caller tokens either.
+        assert_eq!(
+            auth.identify(Some("Bearer admin-secret")),
+            Err(AuthError::Unauthenticated)
+        );
+    }
+
+    #[test]
+    fn open_dev_mode_admits_loopback_only() {
+        let auth = Authenticator::default();
+        assert_eq!(auth.identify_admin(None, true), Ok(DEV_ADMIN.into()));
+        assert!(auth.identify_admin(None, false).is_err());
+        let no_admins = Authenticator::new(vec![TokenEntry::new("secret-a", &["a".into()])]);
+        assert!(no_admins.identify_admin(None, true).is_err());
     }
 }

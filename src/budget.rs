@@ -262,6 +262,34 @@ pub struct Grant {
     pub expires_at_ms: i64,
 }
 
+/// One priority class's part of a [`BudgetSnapshot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassSnapshot {
+    /// The class's share of the window's allowance, milli-tokens.
+    pub allowance_milli: u64,
+    /// Charged to the class in the window (outstanding leases included).
+    pub spent_milli: u64,
+    /// What the class can still lease: the balance an operator watches.
+    pub available_milli: u64,
+    /// Workers seen in the class within the window.
+    pub active_workers: usize,
+}
+
+/// A route's budget at one instant, for the Admin API.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BudgetSnapshot {
+    /// First attempts reported in the window.
+    pub first_attempts: u64,
+    /// The route's allowance for the window before shares, milli-tokens.
+    pub allowance_milli: u64,
+    /// By priority class, in [`Priority::index`] order.
+    pub classes: [ClassSnapshot; 3],
+    /// Leases granted and neither released nor expired.
+    pub leases_outstanding: usize,
+    /// Tokens those leases hold.
+    pub tokens_outstanding: u64,
+}
+
 /// The budget of one route: first attempts, and spend per priority class.
 #[derive(Debug, Clone)]
 pub struct BudgetLedger {
@@ -455,6 +483,40 @@ impl BudgetLedger {
         Ok(returned)
     }
 
+    /// The ledger as an operator sees it, at `policy` (a ratio changed a
+    /// moment ago shows here at once: the allowance is recomputed from the
+    /// same first attempts and spend, never refilled).
+    pub fn snapshot(&mut self, policy: &Policy, now_ms: i64) -> BudgetSnapshot {
+        let now_sec = now_ms.div_euclid(1000);
+        let first_attempts = self.first_attempts.sum(now_sec, policy.window_secs);
+        let allowance_milli = self.allowance_milli(policy, now_ms);
+        let window_ms = policy.window_ms();
+        let classes = Priority::ALL.map(|priority| {
+            let allowance = self.class_allowance(policy, priority, now_ms);
+            let class = &mut self.classes[priority.index()];
+            let spent = class.spent.sum(now_sec, policy.window_secs);
+            ClassSnapshot {
+                allowance_milli: allowance,
+                spent_milli: spent,
+                available_milli: allowance.saturating_sub(spent),
+                active_workers: class
+                    .workers
+                    .values()
+                    .filter(|w| w.last_seen_ms > now_ms - window_ms)
+                    .count(),
+            }
+        });
+        let live = self.leases.values().filter(|l| l.expires_at_ms > now_ms);
+        let (leases, tokens) = live.fold((0, 0u64), |(n, t), l| (n + 1, t + u64::from(l.granted)));
+        BudgetSnapshot {
+            first_attempts,
+            allowance_milli,
+            classes,
+            leases_outstanding: leases,
+            tokens_outstanding: tokens,
+        }
+    }
+
     /// Leases not yet expired, for idle eviction.
     pub fn live_leases(&self, now_ms: i64) -> usize {
         self.leases
@@ -514,6 +576,38 @@ mod tests {
         // The first attempts slide out of the 10 s window.
         assert_eq!(ledger.allowance_milli(&p, T0 + 9_999), 101_400);
         assert_eq!(ledger.allowance_milli(&p, T0 + 10_000), 100_000);
+    }
+
+    #[test]
+    fn changing_the_ratio_rescales_the_balance_and_never_refills_it() {
+        let loose = Policy::default(); // floor 10/s, ratio 0.2, window 10 s
+        let mut ledger = BudgetLedger::new(T0);
+        ledger.deposit(&loose, "w", Priority::Critical, 1000, T0);
+        let granted = ledger
+            .grant(&loose, ask("w", 100, T0), "l1")
+            .expect("grant");
+        assert_eq!(granted.granted, 100);
+        let before = ledger.snapshot(&loose, T0).classes[0];
+        assert_eq!(before.allowance_milli, 150_000); // (100 + 200) × 0.5
+        assert_eq!(before.available_milli, 50_000);
+        let tight = policy(PolicySpec {
+            retry_ratio: Some(0.05),
+            ..PolicySpec::default()
+        });
+        let after = ledger.snapshot(&tight, T0).classes[0];
+        assert_eq!(after.spent_milli, 100_000, "spend carries over");
+        assert_eq!(after.allowance_milli, 75_000); // (100 + 50) × 0.5
+        assert_eq!(after.available_milli, 0, "tightened below what is spent");
+        let looser = policy(PolicySpec {
+            retry_ratio: Some(0.4),
+            ..PolicySpec::default()
+        });
+        let after = ledger.snapshot(&looser, T0).classes[0];
+        assert_eq!(
+            after.available_milli,
+            250_000 - 100_000,
+            "not a full budget"
+        );
     }
 
     #[test]

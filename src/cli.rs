@@ -22,6 +22,25 @@ pub struct ServeArgs {
     /// documented defaults apply, in open dev mode.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Where runtime changes (Admin API) are kept across restarts. Default:
+    /// `<config>.state.json` beside the policy file; without a policy file
+    /// and without this flag, runtime changes last until the process ends.
+    #[arg(long, value_name = "FILE")]
+    pub state: Option<PathBuf>,
+    /// The audit log (JSON lines, rotated at 4 MiB). Default:
+    /// `<config>.audit.jsonl` beside the policy file.
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
+    /// How often the policy file is checked for changes (it is also
+    /// reloaded on SIGHUP).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub reload_interval: std::time::Duration,
+}
+
+fn beside(config: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut name = config.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 /// Runs the coordinator until SIGINT or SIGTERM.
@@ -34,12 +53,39 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let config = match &args.config {
+    let (config, file_text) = match &args.config {
         Some(path) => {
-            Config::load(path).with_context(|| format!("policy file {}", path.display()))?
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading policy file {}", path.display()))?;
+            let config = Config::from_toml(&text, |name| std::env::var(name).ok())
+                .with_context(|| format!("policy file {}", path.display()))?;
+            (config, Some(text))
         }
-        None => Config::default(),
+        None => (Config::default(), None),
     };
+    let kept = server::Runtime {
+        paths: crate::admin::Paths {
+            policy_file: args.config.clone(),
+            state_file: args
+                .state
+                .clone()
+                .or_else(|| args.config.as_deref().map(|c| beside(c, ".state.json"))),
+        },
+        file_text,
+        audit_file: args
+            .audit_log
+            .clone()
+            .or_else(|| args.config.as_deref().map(|c| beside(c, ".audit.jsonl"))),
+        reload_every: args.config.is_some().then_some(
+            args.reload_interval
+                .max(std::time::Duration::from_millis(50)),
+        ),
+    };
+    if kept.paths.state_file.is_none() {
+        tracing::warn!(
+            "no policy file and no --state: runtime changes last only until the process ends"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -48,7 +94,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        server::run(listener, signal::shutdown(), config, Arc::new(SystemClock)).await?;
+        let store = Arc::new(crate::store::MemoryStore::new(config.limits.max_scopes));
+        server::run_with(
+            listener,
+            signal::shutdown(),
+            config,
+            Arc::new(SystemClock),
+            store,
+            kept,
+        )
+        .await?;
         Ok(())
     })
 }

@@ -25,7 +25,15 @@
 //! [[token]]
 //! token_env = "TOLLGATE_TOKEN_TENANT_A"   # or `token = "…"` (keep files secret-free)
 //! caller_scopes = ["tenant-a", "shared-*"]
+//!
+//! [[admin_token]]               # may call the Admin API; never a caller token
+//! name = "sre-oncall"           # recorded in the audit log (the token never is)
+//! token_env = "TOLLGATE_ADMIN_TOKEN_ONCALL"
 //! ```
+//!
+//! Only `[defaults]` and `[[rule]]` change at runtime (live reload, `tollgate
+//! policy apply`); `[server]` and the tokens are read at start. Errors name
+//! the place and, where it can be found, the line.
 //!
 //! A rule's policy is its own keys over `[defaults]` over the built-in
 //! defaults ([`crate::policy::PolicySpec::builtin`]). With no file at all the
@@ -35,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::auth::{Authenticator, TokenEntry};
+use crate::auth::{AdminEntry, Authenticator, TokenEntry};
 use crate::policy::{Pattern, Policy, PolicyError, PolicyRule, PolicySet, PolicySpec};
 
 /// Why a policy file was refused.
@@ -55,7 +63,7 @@ pub enum ConfigError {
     /// A policy in the file is invalid.
     #[error("{place}: {source}")]
     Policy {
-        /// `[defaults]` or `rule #N`.
+        /// `[defaults]` or `rule #N`, with the line when it is known.
         place: String,
         /// What was wrong.
         source: PolicyError,
@@ -111,8 +119,185 @@ pub struct Config {
     pub limits: ServerLimits,
     /// Policies by rule.
     pub policies: PolicySet,
+    /// The rules as written, kept so the Admin API can show, patch and diff
+    /// them (a built [`PolicySet`] has lost what the file left out).
+    pub doc: PolicyDoc,
     /// Tokens; empty means open dev mode.
     pub auth: Authenticator,
+}
+
+/// Most rules a policy document may hold: every lookup scans them.
+pub const MAX_RULES: usize = 4096;
+
+/// One rule as written: its patterns and only the keys it sets.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RuleSpec {
+    /// Caller-scope pattern (`exact`, `prefix*`, `*`).
+    pub caller_scope: String,
+    /// Route pattern.
+    pub route: String,
+    /// The keys the rule sets; the rest come from `[defaults]`.
+    pub policy: PolicySpec,
+}
+
+impl RuleSpec {
+    /// `caller_scope|route`, how rules are named in diffs and the audit log.
+    pub fn id(&self) -> String {
+        format!("{}|{}", self.caller_scope, self.route)
+    }
+}
+
+/// The runtime-changeable part of a policy file: `[defaults]` and the rules.
+///
+/// This, not [`PolicySet`], is what the Admin API edits and persists; a
+/// [`PolicySet`] is always built from it by [`PolicyDoc::build`], so the
+/// file, `apply -f` and the state file share one validation.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyDoc {
+    /// `[defaults]` as written.
+    pub defaults: PolicySpec,
+    /// `[[rule]]`s in file order.
+    pub rules: Vec<RuleSpec>,
+}
+
+impl PolicyDoc {
+    /// Reads the policy part of policy-file text (the whole file is parsed,
+    /// so unknown keys anywhere are still refused, but tokens are not
+    /// resolved: `apply -f` and reloads must not depend on the server's
+    /// environment). Errors carry the line where it can be found.
+    pub fn from_toml(text: &str) -> Result<PolicyDoc, ConfigError> {
+        let file: FileFormat = toml::from_str(text)?;
+        let doc = Self::from_file(file)?;
+        doc.build().map_err(|e| with_line(e, text))?;
+        Ok(doc)
+    }
+
+    fn from_file(file: FileFormat) -> Result<PolicyDoc, ConfigError> {
+        if file.rule.len() > MAX_RULES {
+            return Err(ConfigError::Invalid {
+                place: "[[rule]]".into(),
+                reason: format!("at most {MAX_RULES} rules"),
+            });
+        }
+        let mut rules = Vec::with_capacity(file.rule.len());
+        for (i, mut table) in file.rule.into_iter().enumerate() {
+            let place = format!("rule #{}", i + 1);
+            let route =
+                take_string(&mut table, "route", &place)?.ok_or_else(|| ConfigError::Invalid {
+                    place: place.clone(),
+                    reason: "route is required (use \"*\" for every route)".into(),
+                })?;
+            let caller_scope =
+                take_string(&mut table, "caller_scope", &place)?.unwrap_or_else(|| "*".into());
+            let policy: PolicySpec = toml::Value::Table(table).try_into()?;
+            rules.push(RuleSpec {
+                caller_scope,
+                route,
+                policy,
+            });
+        }
+        Ok(PolicyDoc {
+            defaults: file.defaults.unwrap_or_default(),
+            rules,
+        })
+    }
+
+    /// Validates every policy and builds the set that requests resolve
+    /// against. A rule's policy is its keys over `[defaults]` over the
+    /// built-in defaults.
+    pub fn build(&self) -> Result<PolicySet, ConfigError> {
+        let defaults = self.defaults.over(&PolicySpec::builtin());
+        let default_policy = Policy::try_new(&defaults).map_err(|source| ConfigError::Policy {
+            place: "[defaults]".into(),
+            source,
+        })?;
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for (i, rule) in self.rules.iter().enumerate() {
+            let policy = self
+                .rule_policy(rule)
+                .map_err(|source| ConfigError::Policy {
+                    place: format!("rule #{}", i + 1),
+                    source,
+                })?;
+            rules.push(PolicyRule {
+                caller_scope: Pattern::parse(&rule.caller_scope),
+                route: Pattern::parse(&rule.route),
+                policy: Arc::new(policy),
+            });
+        }
+        PolicySet::try_new(default_policy, rules).map_err(|source| ConfigError::Policy {
+            place: "[[rule]]".into(),
+            source,
+        })
+    }
+
+    /// The validated policy `rule` gets under this document's defaults.
+    pub fn rule_policy(&self, rule: &RuleSpec) -> Result<Policy, PolicyError> {
+        let defaults = self.defaults.over(&PolicySpec::builtin());
+        Policy::try_new(&rule.policy.over(&defaults))
+    }
+
+    /// The rule with exactly these patterns.
+    pub fn find(&self, caller_scope: &str, route: &str) -> Option<usize> {
+        self.rules
+            .iter()
+            .position(|r| r.caller_scope == caller_scope && r.route == route)
+    }
+}
+
+/// Adds the line of the place an error names (`rule #3`, `[defaults]`, the
+/// field) by scanning the text: toml's own errors have lines, but a policy
+/// refused after parsing has lost them.
+fn with_line(err: ConfigError, text: &str) -> ConfigError {
+    let ConfigError::Policy { place, source } = err else {
+        return err;
+    };
+    let (section, nth) = if place == "[defaults]" {
+        ("[defaults]", 1)
+    } else if let Some(n) = place.strip_prefix("rule #") {
+        ("[[rule]]", n.parse().unwrap_or(1))
+    } else if let PolicyError::DuplicateRule { second, .. } = &source {
+        ("[[rule]]", second + 1)
+    } else {
+        return ConfigError::Policy { place, source };
+    };
+    let field = match &source {
+        PolicyError::OutOfRange { field, .. } | PolicyError::BadDuration { field, .. } => {
+            Some(field.split('.').next().unwrap_or(field))
+        }
+        PolicyError::DuplicateRule { .. } => None,
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let header = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.trim_start().starts_with(section))
+        .nth(nth.saturating_sub(1))
+        .map(|(i, _)| i);
+    let line = header.map(|h| {
+        let next = lines
+            .iter()
+            .enumerate()
+            .skip(h + 1)
+            .find(|(_, l)| l.trim_start().starts_with('['))
+            .map_or(lines.len(), |(i, _)| i);
+        field
+            .and_then(|f| {
+                (h + 1..next).find(|&i| {
+                    lines[i]
+                        .trim_start()
+                        .strip_prefix(f)
+                        .is_some_and(|rest| rest.trim_start().starts_with('='))
+                })
+            })
+            .unwrap_or(h)
+            + 1
+    });
+    let place = match line {
+        Some(line) => format!("line {line}, {place}"),
+        None => place,
+    };
+    ConfigError::Policy { place, source }
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -124,6 +309,16 @@ struct FileFormat {
     rule: Vec<toml::Table>,
     #[serde(default)]
     token: Vec<TokenSpec>,
+    #[serde(default)]
+    admin_token: Vec<AdminTokenSpec>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdminTokenSpec {
+    name: String,
+    token: Option<String>,
+    token_env: Option<String>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -162,48 +357,19 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let file: FileFormat = toml::from_str(text)?;
-        let limits = server_limits(file.server.unwrap_or_default())?;
+        let mut file: FileFormat = toml::from_str(text)?;
+        let limits = server_limits(file.server.take().unwrap_or_default())?;
+        let tokens = std::mem::take(&mut file.token);
+        let admin_tokens = std::mem::take(&mut file.admin_token);
+        let doc = PolicyDoc::from_file(file)?;
+        let policies = doc.build().map_err(|e| with_line(e, text))?;
 
-        let builtin = PolicySpec::builtin();
-        let defaults = file.defaults.unwrap_or_default().over(&builtin);
-        let default_policy = Policy::try_new(&defaults).map_err(|source| ConfigError::Policy {
-            place: "[defaults]".into(),
-            source,
-        })?;
-        let mut rules = Vec::with_capacity(file.rule.len());
-        for (i, mut table) in file.rule.into_iter().enumerate() {
-            let place = format!("rule #{}", i + 1);
-            let route =
-                take_string(&mut table, "route", &place)?.ok_or_else(|| ConfigError::Invalid {
-                    place: place.clone(),
-                    reason: "route is required (use \"*\" for every route)".into(),
-                })?;
-            let caller =
-                take_string(&mut table, "caller_scope", &place)?.unwrap_or_else(|| "*".into());
-            let spec: PolicySpec = toml::Value::Table(table).try_into()?;
-            let policy = Policy::try_new(&spec.over(&defaults))
-                .map_err(|source| ConfigError::Policy { place, source })?;
-            rules.push(PolicyRule {
-                caller_scope: Pattern::parse(&caller),
-                route: Pattern::parse(&route),
-                policy: Arc::new(policy),
-            });
-        }
-        let policies =
-            PolicySet::try_new(default_policy, rules).map_err(|source| ConfigError::Policy {
-                place: "[[rule]]".into(),
-                source,
-            })?;
-
-        let mut entries = Vec::with_capacity(file.token.len());
-        for (i, spec) in file.token.into_iter().enumerate() {
-            let place = format!("token #{}", i + 1);
+        let secret = |place: &str, token: Option<String>, var: Option<String>| {
             let invalid = |reason: String| ConfigError::Invalid {
-                place: place.clone(),
+                place: place.to_owned(),
                 reason,
             };
-            let token = match (spec.token, spec.token_env) {
+            let token = match (token, var) {
                 (Some(token), None) => token,
                 (None, Some(var)) => env(&var)
                     .ok_or_else(|| invalid(format!("environment variable {var} is not set")))?,
@@ -212,15 +378,54 @@ impl Config {
             if token.trim().len() < 8 {
                 return Err(invalid("token must be at least 8 characters".into()));
             }
+            Ok(token.trim().to_owned())
+        };
+        let mut entries = Vec::with_capacity(tokens.len());
+        let mut caller_secrets = Vec::with_capacity(tokens.len());
+        for (i, spec) in tokens.into_iter().enumerate() {
+            let place = format!("token #{}", i + 1);
+            let token = secret(&place, spec.token, spec.token_env)?;
             if spec.caller_scopes.is_empty() {
-                return Err(invalid("caller_scopes must name at least one scope".into()));
+                return Err(ConfigError::Invalid {
+                    place,
+                    reason: "caller_scopes must name at least one scope".into(),
+                });
             }
-            entries.push(TokenEntry::new(token.trim(), &spec.caller_scopes));
+            entries.push(TokenEntry::new(&token, &spec.caller_scopes));
+            caller_secrets.push(token);
+        }
+        let mut admins = Vec::with_capacity(admin_tokens.len());
+        for (i, spec) in admin_tokens.into_iter().enumerate() {
+            let place = format!("admin_token #{}", i + 1);
+            let token = secret(&place, spec.token, spec.token_env)?;
+            let invalid = |reason: &str| ConfigError::Invalid {
+                place: place.clone(),
+                reason: reason.to_owned(),
+            };
+            let name = spec.name.trim();
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b))
+            {
+                return Err(invalid(
+                    "name must be 1..=64 characters of [A-Za-z0-9-_.@] (it goes in the audit log)",
+                ));
+            }
+            // A leaked caller token must never be an admin credential.
+            if caller_secrets.contains(&token) {
+                return Err(invalid(
+                    "an admin token must differ from every caller token",
+                ));
+            }
+            admins.push(AdminEntry::new(name, &token));
         }
         Ok(Config {
             limits,
             policies,
-            auth: Authenticator::new(entries),
+            doc,
+            auth: Authenticator::with_admins(entries, admins),
         })
     }
 }

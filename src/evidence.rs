@@ -200,6 +200,9 @@ pub struct HintRecord {
     pub capped: bool,
     /// Whether the worker's clock disagreed.
     pub clock_skew: bool,
+    /// The cooldown this hint asked for, so an operator can see which hint
+    /// a scope's cooldown came from.
+    pub cooldown_until_ms: Option<i64>,
 }
 
 /// What merging one assessment changed.
@@ -265,6 +268,7 @@ impl HintState {
             valid: a.valid,
             capped: a.capped,
             clock_skew: a.clock_skew,
+            cooldown_until_ms: a.cooldown_until_ms,
         });
         Merge {
             raised: self.cooldown_until_ms > before && self.cooldown_until_ms > now_ms,

@@ -15,13 +15,17 @@
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes, and its in-memory backend.
 //! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
-//! - [`auth`]: bearer tokens → the caller scopes they may use.
-//! - [`service`]: the `tollgate.v1.Budget` gRPC service — validation,
+//! - [`auth`]: bearer tokens → the caller scopes they may use; admin tokens.
+//! - [`admin`]: runtime control — policy changes with optimistic versions,
+//!   freezes, resets, the audit log, the state file and live reload (no gRPC).
+//! - [`service`]: the `tollgate.v1.Budget` and `tollgate.v1.Admin` gRPC services — validation,
 //!   identity, the wire ↔ core translation, Watch streams — and the one
 //!   error → `Status` mapping.
 //! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
 //!   reflection behind tower layers, with a graceful drain.
-//! - [`signal`], [`cli`]: SIGINT/SIGTERM and the `serve` subcommand.
+//! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
+//! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
+//!   Admin API clients with tables, JSON and documented exit codes.
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
@@ -33,11 +37,13 @@
 //! `src/main.rs` is a thin clap front end: one enum of subcommands, each
 //! handing off to a module here.
 
+pub mod admin;
 pub mod auth;
 pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod evidence;
+pub mod ops;
 pub mod policy;
 pub mod scope;
 pub mod server;

@@ -18,6 +18,28 @@ struct Cli {
 enum Command {
     /// Run the coordinator (Budget API, health, reflection).
     Serve(tollgate::cli::ServeArgs),
+    /// Read and change policies at runtime (Admin API).
+    Policy {
+        #[command(flatten)]
+        connect: tollgate::ops::Connect,
+        #[command(subcommand)]
+        command: tollgate::ops::PolicyCommand,
+    },
+    /// List, inspect, freeze, unfreeze and reset scopes (Admin API).
+    Scopes {
+        #[command(flatten)]
+        connect: tollgate::ops::Connect,
+        #[command(subcommand)]
+        command: tollgate::ops::ScopesCommand,
+    },
+    /// Show who changed what, newest first (Admin API).
+    Audit {
+        #[command(flatten)]
+        connect: tollgate::ops::Connect,
+        /// Records to show.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
     /// Run the retry decision engine on scenario files with a virtual clock.
     Simulate {
         /// Print one JSON result per line instead of a table.
@@ -38,6 +60,18 @@ fn main() -> anyhow::Result<ExitCode> {
             tollgate::cli::serve(args)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Policy { connect, command } => Ok(tollgate::ops::run(
+            &connect,
+            tollgate::ops::Command::Policy(command),
+        )),
+        Command::Scopes { connect, command } => Ok(tollgate::ops::run(
+            &connect,
+            tollgate::ops::Command::Scopes(command),
+        )),
+        Command::Audit { connect, limit } => Ok(tollgate::ops::run(
+            &connect,
+            tollgate::ops::Command::Audit { limit },
+        )),
         Command::Simulate { json, files } => {
             let all_valid = tollgate::simulate::run(
                 &files,

@@ -222,42 +222,56 @@ impl Default for Policy {
 
 /// A policy as written in the policy file: every field optional, so a rule
 /// names only what it changes. Durations are humantime strings (`"10s"`).
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySpec {
     /// Stamped on replies; raise it whenever the rule changes. Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_version: Option<u64>,
     /// Sliding window, whole seconds in 1..=60. Default `"10s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<String>,
     /// Retries per second every scope may make regardless of traffic. Default 10.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_retries_per_sec: Option<f64>,
     /// Retries earned per first attempt. Default 0.2.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_ratio: Option<f64>,
     /// Optional hard ceiling on retries per window. Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_retries_per_window: Option<u64>,
     /// Tokens one transient retry costs. Default 1.0.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_transient: Option<f64>,
     /// Tokens one throttled retry costs. Default 2.0: the upstream said it is
     /// at capacity, so each retry there weighs double.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_throttled: Option<f64>,
     /// Shares of the budget by priority class. Default 0.5 / 0.3 / 0.2.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub shares: Option<Shares>,
     /// Lease lifetime, 1 s..=300 s. Default `"10s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<String>,
     /// Longest honoured hint, 1 s..=24 h. Default `"300s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_hint: Option<String>,
     /// Clock disagreement recorded as skew, 100 ms..=300 s. Default `"5s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub clock_skew_tolerance: Option<String>,
     /// First backoff step for hintless rejections. Default `"500ms"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff_base: Option<String>,
     /// Widest backoff. Default `"30s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff_max: Option<String>,
     /// Intents woken per second after a cooldown, 1..=100000. Default 50.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_rate: Option<u32>,
 }
 
 /// Budget shares of the priority classes; they must add up to 1.0.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Shares {
     /// Share of critical work.
@@ -420,7 +434,8 @@ impl Pattern {
         }
     }
 
-    fn text(&self) -> String {
+    /// The pattern as written in the policy file.
+    pub fn text(&self) -> String {
         match self {
             Pattern::Exact(exact) => exact.clone(),
             Pattern::Prefix(prefix) => format!("{prefix}*"),
@@ -485,16 +500,52 @@ impl PolicySet {
 
     /// The policy of the most specific rule matching `key`, or the default.
     pub fn resolve(&self, key: &RouteKey) -> Arc<Policy> {
+        self.resolve_rule(key)
+            .map_or_else(|| Arc::clone(&self.default), |r| Arc::clone(&r.policy))
+    }
+
+    /// The rule `key` resolves to; `None` means the default policy.
+    pub fn resolve_rule(&self, key: &RouteKey) -> Option<&PolicyRule> {
         self.rules
             .iter()
             .find(|r| r.route.matches(&key.route) && r.caller_scope.matches(&key.caller_scope))
-            .map_or_else(|| Arc::clone(&self.default), |r| Arc::clone(&r.policy))
     }
 
     /// The default policy, for scopes no rule matches (and for evidence kept
     /// at the caller level, which has no route to match).
     pub fn default_policy(&self) -> Arc<Policy> {
         Arc::clone(&self.default)
+    }
+}
+
+/// The running policy set, read by every request and swapped whole by the
+/// Admin API and reloads. A request resolves against one snapshot
+/// (`current()`), so it never sees half of a change.
+#[derive(Debug, Clone, Default)]
+pub struct SharedPolicies(Arc<std::sync::RwLock<Arc<PolicySet>>>);
+
+impl SharedPolicies {
+    /// Starts with `set`.
+    pub fn new(set: PolicySet) -> Self {
+        SharedPolicies(Arc::new(std::sync::RwLock::new(Arc::new(set))))
+    }
+
+    /// The set in force now.
+    pub fn current(&self) -> Arc<PolicySet> {
+        // A poisoned lock still holds a whole set: the swap is one store.
+        Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Puts `set` in force.
+    pub fn replace(&self, set: PolicySet) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
+    }
+}
+
+impl PolicySet {
+    /// The rules, most specific first.
+    pub fn rules(&self) -> &[PolicyRule] {
+        &self.rules
     }
 }
 

@@ -1,4 +1,4 @@
-//! The coordinator server: Budget + `grpc.health.v1` + reflection behind
+//! The coordinator server: Budget + Admin + `grpc.health.v1` + reflection behind
 //! tower layers, run on a listener the caller binds, until a shutdown future
 //! the caller chooses (mini-redis's `run(listener, shutdown)` shape, which is
 //! what lets every test bind `127.0.0.1:0`).
@@ -17,14 +17,22 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::clock::{Clock, to_unix_ms};
-use tollgate_proto::v1::{FILE_DESCRIPTOR_SET, budget_server::BudgetServer};
+use tollgate_proto::v1::{
+    FILE_DESCRIPTOR_SET, admin_server::AdminServer, budget_server::BudgetServer,
+};
 use tonic::transport::Server;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::{info, warn};
 
+use crate::admin::audit::AuditLog;
+use crate::admin::{AdminError, Control, Paths};
 use crate::config::Config;
+use crate::policy::SharedPolicies;
 use crate::service::BudgetService;
+use crate::service::admin::{AdminService, MAX_TOML_BYTES};
+use crate::service::watch::EventHub;
+use crate::signal::Hangups;
 use crate::store::{MemoryStore, Store};
 
 /// Largest request accepted: the biggest valid message (64 evidence items
@@ -32,6 +40,22 @@ use crate::store::{MemoryStore, Store};
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// How often idle scopes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// How often freezes are checked for expiry: the latency of an expiry.
+const EXPIRE_EVERY: Duration = Duration::from_millis(250);
+
+/// Where runtime changes are kept and how the policy file is followed.
+/// The default keeps everything in memory and never reloads (tests).
+#[derive(Debug, Clone, Default)]
+pub struct Runtime {
+    /// The policy file and the state file.
+    pub paths: Paths,
+    /// The policy file's text as loaded, to tell later whether it changed.
+    pub file_text: Option<String>,
+    /// The audit file; `None` keeps the audit in memory only.
+    pub audit_file: Option<std::path::PathBuf>,
+    /// Poll the policy file this often (and reload on SIGHUP); `None`: never.
+    pub reload_every: Option<Duration>,
+}
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +69,17 @@ pub enum ServeError {
     /// The gRPC transport failed.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The saved runtime state could not be restored.
+    #[error("restoring runtime state: {0}")]
+    Admin(#[from] AdminError),
+    /// The audit file could not be opened.
+    #[error("audit file {path}: {source}")]
+    Audit {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 }
 
 /// Serves on `listener` with the embedded in-memory store until `shutdown`.
@@ -66,14 +101,58 @@ pub async fn run_with_store(
     clock: Arc<dyn Clock>,
     store: Arc<dyn Store>,
 ) -> Result<(), ServeError> {
+    run_with(listener, shutdown, config, clock, store, Runtime::default()).await
+}
+
+/// [`run_with_store`] with runtime state kept and the policy file followed
+/// as `runtime` says (`tollgate serve`).
+pub async fn run_with(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+    config: Config,
+    clock: Arc<dyn Clock>,
+    store: Arc<dyn Store>,
+    runtime: Runtime,
+) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
     let limits = config.limits.clone();
     let drain = CancellationToken::new();
-    let budget = BudgetService::new(
+    let policies = SharedPolicies::new(config.policies.clone());
+    let hub = EventHub::default();
+    let audit = match &runtime.audit_file {
+        Some(path) => AuditLog::open(path).map_err(|source| ServeError::Audit {
+            path: path.clone(),
+            source,
+        })?,
+        None => AuditLog::in_memory(),
+    };
+    let control = Arc::new(
+        Control::start(
+            config.doc.clone(),
+            runtime.file_text.as_deref(),
+            policies.clone(),
+            Arc::clone(&store),
+            hub.clone(),
+            audit,
+            Arc::clone(&clock),
+            runtime.paths.clone(),
+        )
+        .await?,
+    );
+    let budget = BudgetService::with_policies(
         Arc::clone(&store),
         &config,
+        policies.clone(),
+        hub,
         Arc::clone(&clock),
         drain.clone(),
+    );
+    let admin = AdminService::new(
+        Arc::clone(&control),
+        Arc::new(config.auth.clone()),
+        Arc::clone(&store),
+        policies,
+        Arc::clone(&clock),
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -101,6 +180,8 @@ pub async fn run_with_store(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(BudgetServer::new(budget).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        // Room for a whole policy file in ApplyPolicies.
+        .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listener),
             drain.clone().cancelled_owned(),
@@ -110,6 +191,11 @@ pub async fn run_with_store(
     if config.auth.is_open() {
         warn!(%address, "no tokens configured: open dev mode, any caller may use any caller scope");
     }
+    if config.auth.admin_is_open() {
+        warn!(%address, "no tokens configured: the Admin API answers loopback peers only");
+    } else if !config.auth.has_admins() {
+        warn!("no [[admin_token]] configured: the Admin API refuses every call");
+    }
     info!(%address, max_scopes = limits.max_scopes, "tollgate coordinator listening");
 
     tokio::select! {
@@ -117,6 +203,7 @@ pub async fn run_with_store(
         () = shutdown => {}
         // Never completes; it stops when this select is left.
         () = sweep(Arc::clone(&store), Arc::clone(&clock), limits.scope_idle_ttl) => {}
+        () = follow(Arc::clone(&control), runtime.reload_every) => {}
     }
 
     info!(grace_period = ?limits.grace_period, "draining");
@@ -130,6 +217,33 @@ pub async fn run_with_store(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Lifts expired freezes, and reloads the policy file when its content
+/// changes (polled every `reload_every`) or on SIGHUP; runs as long as it
+/// is polled.
+async fn follow(control: Arc<Control>, reload_every: Option<Duration>) {
+    let mut expire = tokio::time::interval(EXPIRE_EVERY);
+    expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut poll = tokio::time::interval(reload_every.unwrap_or(Duration::from_secs(3600)));
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hangups = reload_every.map(|_| Hangups::listen());
+    loop {
+        tokio::select! {
+            _ = expire.tick() => control.expire_freezes().await,
+            _ = poll.tick(), if reload_every.is_some() => {
+                control.reload_file(false).await;
+            }
+            () = async {
+                match &mut hangups {
+                    Some(h) => h.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                control.reload_file(true).await;
+            }
+        }
+    }
 }
 
 /// Evicts idle scopes every [`SWEEP_EVERY`]; runs as long as it is polled.

@@ -28,3 +28,43 @@ pub async fn shutdown() {
         () = terminate => tracing::info!(signal = "SIGTERM", "shutting down"),
     }
 }
+
+/// Completes on each SIGHUP (the conventional "reload your configuration");
+/// never, where there are no such signals or they cannot be listened for.
+pub struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    /// Starts listening for SIGHUP.
+    pub fn listen() -> Hangups {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signal = signal(SignalKind::hangup())
+                .map_err(|err| tracing::error!(cause = %err, "cannot listen for SIGHUP"))
+                .ok();
+            Hangups { signal }
+        }
+        #[cfg(not(unix))]
+        Hangups {}
+    }
+
+    /// Waits for the next SIGHUP.
+    pub async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(signal) = &mut self.signal {
+            signal.recv().await;
+            tracing::info!(signal = "SIGHUP", "reloading the policy file");
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
+impl std::fmt::Debug for Hangups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hangups").finish_non_exhaustive()
+    }
+}

@@ -15,7 +15,10 @@ use tollgate::evidence::{Assessment, Merge};
 use tollgate::policy::Policy;
 use tollgate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use tollgate::slots::SlotAsk;
-use tollgate::store::{LeaseOutcome, MemoryStore, Reconsidered, ScopeView, Store, StoreFuture};
+use tollgate::store::{
+    LeaseOutcome, MemoryStore, Reconsidered, ScopeDetail, ScopeFilter, ScopePage, ScopeView, Store,
+    StoreFuture,
+};
 use tollgate_proto::v1::{
     self, LeaseLimit, Priority, ReconsiderDecision, ScopeCertainty, ScopeEventKind,
 };
@@ -663,6 +666,26 @@ impl Store for GatedStore {
         now_ms: i64,
     ) -> StoreFuture<'a, ()> {
         self.inner.set_freeze(route, reason, now_ms)
+    }
+    fn list_scopes<'a>(
+        &'a self,
+        filter: &'a ScopeFilter,
+        after: Option<&'a RouteKey>,
+        limit: usize,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ScopePage> {
+        self.inner.list_scopes(filter, after, limit, now_ms)
+    }
+    fn scope_detail<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, Option<ScopeDetail>> {
+        self.inner.scope_detail(route, policy, now_ms)
+    }
+    fn reset_scope<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, bool> {
+        self.inner.reset_scope(route, now_ms)
     }
     fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {
         self.inner.evict_idle(now_ms, idle_ms)

@@ -1,4 +1,4 @@
-//! The `tollgate.v1` gRPC API: messages, the `Budget` client and server stubs,
+//! The `tollgate.v1` gRPC API: messages, the `Budget` and `Admin` client and server stubs,
 //! and the file descriptor set that server reflection serves.
 //!
 //! The `.proto` files under `proto/tollgate/v1/` are the documentation of every

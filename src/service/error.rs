@@ -2,7 +2,8 @@
 
 use tonic::Status;
 
-use crate::auth::AuthError;
+use crate::admin::AdminError;
+use crate::auth::{AdminDenied, AuthError};
 use crate::budget::BudgetError;
 use crate::store::StoreError;
 
@@ -23,6 +24,12 @@ pub enum ServiceError {
     /// The store refused or failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An Admin call without an admin token.
+    #[error("permission denied: {0}")]
+    AdminDenied(#[from] AdminDenied),
+    /// An Admin operation was refused.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
 }
 
 impl ServiceError {
@@ -61,6 +68,18 @@ impl From<ServiceError> for Status {
             // A store outage is transient: UNAVAILABLE is what gRPC clients
             // treat as "try again, or fall back".
             ServiceError::Store(StoreError::Unavailable(_)) => Status::unavailable(message),
+            // Every non-admin credential, including a valid caller token:
+            // the caller is known or not, but may not do this either way.
+            ServiceError::AdminDenied(_) => Status::permission_denied(message),
+            // The rule changed since it was read: re-read, then decide again.
+            ServiceError::Admin(AdminError::Stale { .. }) => Status::failed_precondition(message),
+            ServiceError::Admin(AdminError::NotFound(_)) => Status::not_found(message),
+            // The policy (or file) is invalid; the message names the place.
+            ServiceError::Admin(AdminError::Invalid(_)) => Status::invalid_argument(message),
+            // Nothing changed because it could not be made durable.
+            ServiceError::Admin(AdminError::Persist(_)) => Status::internal(message),
+            ServiceError::Admin(AdminError::NoPolicyFile) => Status::failed_precondition(message),
+            ServiceError::Admin(AdminError::Store(err)) => ServiceError::Store(err).into(),
         }
     }
 }

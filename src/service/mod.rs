@@ -7,6 +7,7 @@
 //! clock's `now`, and answer. Errors go through one mapping,
 //! `From<ServiceError> for Status` in [`error`].
 
+pub mod admin;
 pub mod error;
 pub mod validate;
 pub mod watch;
@@ -30,7 +31,7 @@ use crate::auth::{Authenticator, Identity};
 use crate::budget::{GrantAsk, GrantLimit};
 use crate::config::Config;
 use crate::evidence::{EvidenceInput, assess};
-use crate::policy::PolicySet;
+use crate::policy::SharedPolicies;
 use crate::scope::{EvidenceLevel, ScopeKey};
 use crate::slots::{JITTER_SCALE, SlotAsk};
 use crate::store::{Reconsidered, Store};
@@ -42,7 +43,8 @@ use self::watch::{EventHub, StateChange, Watched};
 #[derive(Clone)]
 pub struct BudgetService {
     store: Arc<dyn Store>,
-    policies: Arc<PolicySet>,
+    /// Shared with the Admin service, which swaps in changed policies.
+    policies: SharedPolicies,
     auth: Arc<Authenticator>,
     /// The coordinator's clock, the authority for cooldowns and slots.
     clock: Arc<dyn Clock>,
@@ -68,23 +70,43 @@ impl BudgetService {
         clock: Arc<dyn Clock>,
         shutdown: CancellationToken,
     ) -> Self {
+        Self::with_policies(
+            store,
+            config,
+            SharedPolicies::new(config.policies.clone()),
+            EventHub::default(),
+            clock,
+            shutdown,
+        )
+    }
+
+    /// A service resolving against `policies` and publishing on `hub`, both
+    /// shared with the Admin service.
+    pub fn with_policies(
+        store: Arc<dyn Store>,
+        config: &Config,
+        policies: SharedPolicies,
+        hub: EventHub,
+        clock: Arc<dyn Clock>,
+        shutdown: CancellationToken,
+    ) -> Self {
         let rng = match config.limits.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng::<StdRng>(),
         };
         BudgetService {
             store,
-            policies: Arc::new(config.policies.clone()),
+            policies,
             auth: Arc::new(config.auth.clone()),
             clock,
             rng: Arc::new(Mutex::new(rng)),
-            hub: EventHub::default(),
+            hub,
             watch_buffer: config.limits.watch_buffer,
             shutdown,
         }
     }
 
-    /// Where state changes are published (for the Admin API, later).
+    /// Where state changes are published (the Admin API publishes here too).
     pub fn hub(&self) -> &EventHub {
         &self.hub
     }
@@ -133,7 +155,7 @@ impl Budget for BudgetService {
         validate::worker_id(&req.worker_id)?;
         let want = validate::want(req.want)?;
         let retry_class = validate::retry_class(req.retry_class)?;
-        let policy = self.policies.resolve(&scope.route);
+        let policy = self.policies.current().resolve(&scope.route);
         let ask = GrantAsk {
             worker_id: &req.worker_id,
             priority: scope.priority,
@@ -214,7 +236,7 @@ impl Budget for BudgetService {
         for (i, e) in req.evidence.iter().enumerate() {
             validate::evidence(&format!("evidence[{i}]"), e)?;
         }
-        let policy = self.policies.resolve(&scope.route);
+        let policy = self.policies.current().resolve(&scope.route);
         let now = self.now_ms();
         self.store
             .deposit(
@@ -307,7 +329,7 @@ impl Budget for BudgetService {
         let not_before = validate::unix_ms("not_before_unix_ms", req.not_before_unix_ms, false)?;
         let deadline = validate::unix_ms("deadline_unix_ms", req.deadline_unix_ms, true)?;
         let reserve = validate::attempt_reserve(req.attempt_reserve_ms)?;
-        let policy = self.policies.resolve(&scope.route);
+        let policy = self.policies.current().resolve(&scope.route);
         let ask = SlotAsk {
             intent_id: &req.intent_id,
             floor_ms: not_before,
@@ -369,7 +391,7 @@ impl Budget for BudgetService {
                 .map_err(ServiceError::from)?;
             watched.push(Watched {
                 scope: scope.clone(),
-                policy_version: self.policies.resolve(&key.route).policy_version,
+                policy_version: self.policies.current().resolve(&key.route).policy_version,
                 key,
                 cooldown_until_ms: view.cooldown_until_ms,
                 ended_sent: view.cooldown_until_ms <= now,

@@ -21,6 +21,7 @@ use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_proto::v1::{self, ScopeEvent, ScopeEventKind};
 use tonic::Status;
 
+use crate::policy::PolicySet;
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 
 /// Changes kept for slow stream tasks before they see `Lagged`.
@@ -46,6 +47,10 @@ pub enum StateChange {
         /// The reason, when frozen.
         reason: Option<String>,
     },
+    /// The policy set was replaced (Admin API, reload): each stream
+    /// re-resolves its scopes, because a rule's patterns may cover routes
+    /// no one could list in advance.
+    Policies(PolicySnapshot),
     /// The policy of a route changed.
     Policy {
         /// The route.
@@ -54,6 +59,18 @@ pub enum StateChange {
         policy_version: u64,
     },
 }
+
+/// A policy set as published; equal when it is the same set.
+#[derive(Debug, Clone)]
+pub struct PolicySnapshot(pub Arc<PolicySet>);
+
+impl PartialEq for PolicySnapshot {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PolicySnapshot {}
 
 /// Where state changes are published; every Watch stream subscribes.
 #[derive(Debug, Clone)]
@@ -229,6 +246,14 @@ fn apply(watched: &mut [Watched], change: &StateChange, tx: &Tx) -> Flow {
                     continue;
                 }
                 w.policy_version = *policy_version;
+                ScopeEventKind::PolicyChanged
+            }
+            StateChange::Policies(PolicySnapshot(set)) => {
+                let version = set.resolve(&w.key.route).policy_version;
+                if version == w.policy_version {
+                    continue;
+                }
+                w.policy_version = version;
                 ScopeEventKind::PolicyChanged
             }
         };

@@ -19,7 +19,10 @@ use crate::policy::Policy;
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotCursor, SlotOutcome};
 
-use super::{LeaseOutcome, Reconsidered, ScopeView, Store, StoreError, StoreFuture};
+use super::{
+    LeaseOutcome, Reconsidered, ScopeDetail, ScopeFilter, ScopePage, ScopeSummary, ScopeView,
+    Store, StoreError, StoreFuture,
+};
 
 /// State of one `(caller_scope, route)`.
 #[derive(Debug)]
@@ -110,6 +113,21 @@ impl MemoryStore {
             cooldown_until_ms: state.hints.cooldown_until_ms.max(caller.0),
             floor_ms: state.hints.floor_ms().max(caller.1),
             frozen: state.frozen.clone(),
+        }
+    }
+
+    fn summary(
+        key: &RouteKey,
+        state: &RouteState,
+        caller: (i64, i64),
+        now_ms: i64,
+    ) -> ScopeSummary {
+        ScopeSummary {
+            route: key.clone(),
+            view: Self::view_of(state, caller),
+            leases_outstanding: state.budget.live_leases(now_ms),
+            waiting: state.slots.waiting(now_ms),
+            last_touched_ms: state.last_touched_ms,
         }
     }
 
@@ -281,6 +299,91 @@ impl Store for MemoryStore {
         Box::pin(ready(
             self.with_route(route, now_ms, |state| state.frozen = reason),
         ))
+    }
+
+    fn list_scopes<'a>(
+        &'a self,
+        filter: &'a ScopeFilter,
+        after: Option<&'a RouteKey>,
+        limit: usize,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ScopePage> {
+        // Collect the matching keys first (bounded by max_scopes), then read
+        // each entry on its own, so no map lock is held across the sort.
+        let mut keys: Vec<RouteKey> = self
+            .routes
+            .iter()
+            .filter(|e| {
+                let k = e.key();
+                filter.caller_scope.matches(&k.caller_scope)
+                    && filter.route.matches(&k.route)
+                    && (!filter.frozen_only || e.value().frozen.is_some())
+                    && after.is_none_or(|a| k > a)
+            })
+            .map(|e| e.key().clone())
+            .collect();
+        keys.sort_unstable();
+        let more = keys.len() > limit;
+        keys.truncate(limit);
+        let scopes: Vec<ScopeSummary> = keys
+            .iter()
+            .filter_map(|k| {
+                let caller = self.caller_floor(&k.caller_scope);
+                self.routes
+                    .get(k)
+                    .map(|state| Self::summary(k, &state, caller, now_ms))
+            })
+            .collect();
+        let next = if more { keys.last().cloned() } else { None };
+        Box::pin(ready(Ok(ScopePage { scopes, next })))
+    }
+
+    fn scope_detail<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, Option<ScopeDetail>> {
+        let (caller_cooldown, caller_hints) =
+            self.callers
+                .get(&route.caller_scope)
+                .map_or((0, Vec::new()), |c| {
+                    (
+                        c.hints.cooldown_until_ms,
+                        c.hints.recent.iter().cloned().collect(),
+                    )
+                });
+        let caller = self.caller_floor(&route.caller_scope);
+        // get_mut only because the budget's series advance when read; the
+        // route's last_touched is left alone so looking does not keep a
+        // scope from being evicted.
+        let detail = self.routes.get_mut(route).map(|mut state| {
+            let summary = Self::summary(route, &state, caller, now_ms);
+            ScopeDetail {
+                summary,
+                budget: state.budget.snapshot(policy, now_ms),
+                route_cooldown_until_ms: state.hints.cooldown_until_ms,
+                caller_cooldown_until_ms: caller_cooldown,
+                backoff_step: state.hints.backoff_step,
+                route_hints: state.hints.recent.iter().cloned().collect(),
+                caller_hints,
+            }
+        });
+        Box::pin(ready(Ok(detail)))
+    }
+
+    fn reset_scope<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, bool> {
+        let known = match self.routes.get_mut(route) {
+            Some(mut state) => {
+                state.budget = BudgetLedger::new(now_ms);
+                state.hints = HintState::default();
+                state.slots = SlotCursor::default();
+                state.last_touched_ms = state.last_touched_ms.max(now_ms);
+                true
+            }
+            None => false,
+        };
+        Box::pin(ready(Ok(known)))
     }
 
     fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {

@@ -19,9 +19,9 @@ pub mod memory;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::budget::{BudgetError, Grant, GrantAsk};
-use crate::evidence::{Assessment, Merge};
-use crate::policy::Policy;
+use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk};
+use crate::evidence::{Assessment, HintRecord, Merge};
+use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError};
 
@@ -93,6 +93,70 @@ pub enum Reconsidered {
     Frozen,
 }
 
+/// Which routes [`Store::list_scopes`] returns.
+#[derive(Debug, Clone)]
+pub struct ScopeFilter {
+    /// Caller scopes to include (`exact`, `prefix*`, `*`).
+    pub caller_scope: Pattern,
+    /// Routes to include.
+    pub route: Pattern,
+    /// Only frozen routes: the first question in an incident.
+    pub frozen_only: bool,
+}
+
+impl Default for ScopeFilter {
+    fn default() -> Self {
+        ScopeFilter {
+            caller_scope: Pattern::Any,
+            route: Pattern::Any,
+            frozen_only: false,
+        }
+    }
+}
+
+/// One line of a scope listing: enough to pick the scope to look at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeSummary {
+    /// The route.
+    pub route: RouteKey,
+    /// Its effective state (cooldown, floor, freeze).
+    pub view: ScopeView,
+    /// Leases granted and neither released nor expired.
+    pub leases_outstanding: usize,
+    /// Intents holding a slot still ahead.
+    pub waiting: usize,
+    /// When any operation last touched the route.
+    pub last_touched_ms: i64,
+}
+
+/// A page of [`ScopeSummary`], ordered by route key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScopePage {
+    /// At most the asked-for number of routes.
+    pub scopes: Vec<ScopeSummary>,
+    /// Pass as `after` for the next page; `None` on the last page.
+    pub next: Option<RouteKey>,
+}
+
+/// Everything an operator sees about one route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeDetail {
+    /// The route's summary.
+    pub summary: ScopeSummary,
+    /// Balance, spend and workers by priority class, at the given policy.
+    pub budget: BudgetSnapshot,
+    /// The route's own cooldown (the caller scope's may be later).
+    pub route_cooldown_until_ms: i64,
+    /// The caller scope's cooldown, from uncertain evidence; 0 when none.
+    pub caller_cooldown_until_ms: i64,
+    /// The backoff step hintless rejections have widened to.
+    pub backoff_step: u8,
+    /// Recent hints on the route, oldest first (bounded).
+    pub route_hints: Vec<HintRecord>,
+    /// Recent hints on the whole caller scope, oldest first (bounded).
+    pub caller_hints: Vec<HintRecord>,
+}
+
 /// Scope state, shared by every request of the coordinator.
 pub trait Store: Send + Sync + 'static {
     /// Grants up to `ask.want` tokens of `scope` (none while frozen) and
@@ -157,6 +221,33 @@ pub trait Store: Send + Sync + 'static {
         reason: Option<String>,
         now_ms: i64,
     ) -> StoreFuture<'a, ()>;
+
+    /// Routes matching `filter` in key order, strictly after `after`, at
+    /// most `limit` of them. For the Admin API; reading creates nothing.
+    fn list_scopes<'a>(
+        &'a self,
+        filter: &'a ScopeFilter,
+        after: Option<&'a RouteKey>,
+        limit: usize,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ScopePage>;
+
+    /// One route's live state with its budget at `policy`; `None` when the
+    /// store holds nothing for it. Reading creates nothing.
+    fn scope_detail<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, Option<ScopeDetail>>;
+
+    /// Forgets a route's budget window, leases, cooldown, backoff and slot
+    /// cursor, keeping its freeze (unfreezing is its own decision). Leases
+    /// granted before are forgotten: releasing one is NOT_FOUND, and the
+    /// tokens in workers' hands are spent against nothing. Returns whether
+    /// the route was known. Caller-scope evidence is left alone: it covers
+    /// other routes too.
+    fn reset_scope<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, bool>;
 
     /// Forgets scopes untouched for `idle_ms` that hold nothing live (no
     /// unexpired lease, waiting intent, cooldown or freeze); returns how many.
@@ -309,6 +400,121 @@ macro_rules! contract_tests {
                 .await
                 .expect("slot");
             assert_eq!(r, Reconsidered::Frozen);
+        }
+
+        #[tokio::test]
+        async fn scopes_are_listed_in_pages_and_filtered() {
+            use crate::policy::Pattern;
+            use crate::store::ScopeFilter;
+            let s = store();
+            let p = Policy::default();
+            for route in ["r1", "r2", "r3"] {
+                s.deposit(&scope("c", route), "w", 1, 0, &p, T0)
+                    .await
+                    .expect("deposit");
+            }
+            s.deposit(&scope("d", "r1"), "w", 1, 0, &p, T0)
+                .await
+                .expect("deposit");
+            let all = ScopeFilter::default();
+            let first = s.list_scopes(&all, None, 3, T0).await.expect("list");
+            assert_eq!(first.scopes.len(), 3);
+            let next = first.next.expect("a second page");
+            let second = s.list_scopes(&all, Some(&next), 3, T0).await.expect("list");
+            assert_eq!(second.scopes.len(), 1);
+            assert_eq!(second.next, None);
+            assert_eq!(second.scopes[0].route.caller_scope, "d");
+            let only_c = ScopeFilter {
+                caller_scope: Pattern::parse("c"),
+                route: Pattern::parse("r*"),
+                frozen_only: false,
+            };
+            let page = s.list_scopes(&only_c, None, 10, T0).await.expect("list");
+            assert_eq!(page.scopes.len(), 3);
+            s.set_freeze(&scope("c", "r2").route, Some("x".into()), T0)
+                .await
+                .expect("freeze");
+            let frozen = ScopeFilter {
+                frozen_only: true,
+                ..ScopeFilter::default()
+            };
+            let page = s.list_scopes(&frozen, None, 10, T0).await.expect("list");
+            assert_eq!(page.scopes.len(), 1);
+            assert_eq!(page.scopes[0].route.route, "r2");
+        }
+
+        #[tokio::test]
+        async fn scope_detail_shows_balance_leases_and_the_cooldown_hint() {
+            let s = store();
+            let p = Policy::default();
+            let key = scope("c", "r");
+            assert_eq!(
+                s.scope_detail(&key.route, &p, T0).await.expect("detail"),
+                None
+            );
+            s.lease(&key, ask("w", 30, T0), &p).await.expect("lease");
+            let input = EvidenceInput {
+                http_status: 429,
+                retry_after: Some("30"),
+                receipt_ms: T0,
+                ..EvidenceInput::default()
+            };
+            s.merge_evidence(
+                &EvidenceLevel::Route(key.route.clone()),
+                &assess(&input, &p, T0),
+                &p,
+                T0,
+            )
+            .await
+            .expect("merge");
+            let d = s
+                .scope_detail(&key.route, &p, T0)
+                .await
+                .expect("detail")
+                .expect("known");
+            assert_eq!(d.summary.leases_outstanding, 1);
+            assert_eq!(d.budget.tokens_outstanding, 30);
+            assert_eq!(d.budget.classes[0].active_workers, 1);
+            assert_eq!(d.budget.classes[0].available_milli, 50_000 - 30_000);
+            assert_eq!(d.route_cooldown_until_ms, T0 + 30_000);
+            assert_eq!(d.route_hints.len(), 1);
+            assert_eq!(d.route_hints[0].cooldown_until_ms, Some(T0 + 30_000));
+        }
+
+        #[tokio::test]
+        async fn reset_forgets_budget_and_cooldown_but_keeps_a_freeze() {
+            let s = store();
+            let p = Policy::default();
+            let key = scope("c", "r");
+            let lease = s.lease(&key, ask("w", 50, T0), &p).await.expect("lease");
+            let input = EvidenceInput {
+                http_status: 429,
+                retry_after: Some("30"),
+                receipt_ms: T0,
+                ..EvidenceInput::default()
+            };
+            s.merge_evidence(
+                &EvidenceLevel::Route(key.route.clone()),
+                &assess(&input, &p, T0),
+                &p,
+                T0,
+            )
+            .await
+            .expect("merge");
+            s.set_freeze(&key.route, Some("incident".into()), T0)
+                .await
+                .expect("freeze");
+            assert_eq!(s.reset_scope(&key.route, T0).await, Ok(true));
+            let view = s.view(&key.route, T0).await.expect("view");
+            assert_eq!(view.cooldown_until_ms, 0);
+            assert_eq!(view.frozen.as_deref(), Some("incident"));
+            let id = lease.lease_id.expect("granted");
+            assert!(s.release(&key, "w", &id, 0, T0).await.is_err());
+            s.set_freeze(&key.route, None, T0).await.expect("unfreeze");
+            let again = s.lease(&key, ask("w", 50, T0), &p).await.expect("lease");
+            assert_eq!(again.grant.granted, 50, "the window starts over");
+            let unknown = scope("c", "never");
+            assert_eq!(s.reset_scope(&unknown.route, T0).await, Ok(false));
         }
 
         #[tokio::test]

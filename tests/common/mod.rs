@@ -13,7 +13,7 @@ use tollgate::config::Config;
 use tollgate::server::{self, ServeError};
 use tollgate::store::{MemoryStore, Store};
 use tollgate_client::clock::{ManualClock, from_unix_ms};
-use tollgate_proto::v1::{self, budget_client::BudgetClient};
+use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetClient};
 use tonic::transport::Channel;
 
 /// Mon, 01 Jan 2024 12:00:00 GMT: HTTP-dates in tests are easy to write.
@@ -70,6 +70,10 @@ impl Coordinator {
 
     pub(crate) async fn client(&self) -> BudgetClient<Channel> {
         BudgetClient::new(self.channel().await)
+    }
+
+    pub(crate) async fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel().await)
     }
 
     pub(crate) fn advance(&self, by: Duration) {

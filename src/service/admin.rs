@@ -1,0 +1,677 @@
+//! The `tollgate.v1.Admin` gRPC service: admin identity, validation and the
+//! wire ↔ [`crate::admin`] translation. The operations themselves (and
+//! their ordering, persistence, audit and Watch events) live in
+//! [`crate::admin::Control`]; errors go through the one mapping in
+//! [`super::error`].
+
+use std::sync::Arc;
+
+use tollgate_client::clock::{Clock, to_unix_ms};
+use tollgate_proto::v1::{self, admin_server::Admin};
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::admin::persist::FreezeRecord;
+use crate::admin::{Change, ChangeKind, Control, SetRule};
+use crate::auth::Authenticator;
+use crate::config::{PolicyDoc, RuleSpec};
+use crate::evidence::HintRecord;
+use crate::policy::{Pattern, PolicySpec, SharedPolicies, Shares};
+use crate::scope::{Priority, RouteKey};
+use crate::store::{ScopeFilter, Store};
+
+use super::error::ServiceError;
+use super::validate::{self, MAX_CALLER_SCOPE, MAX_ROUTE};
+
+/// Longest reason, in bytes.
+pub const MAX_REASON: usize = 256;
+/// Longest duration text in a policy field.
+pub const MAX_DURATION_TEXT: usize = 32;
+/// Largest policy file `ApplyPolicies` takes.
+pub const MAX_TOML_BYTES: usize = 512 * 1024;
+/// Largest scope page.
+pub const MAX_PAGE: usize = 500;
+/// Largest audit page.
+pub const MAX_AUDIT_PAGE: usize = 1000;
+/// Longest freeze.
+pub const MAX_FREEZE_MS: u64 = 7 * 24 * 3_600_000;
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+/// The Admin service. Cheap to clone.
+#[derive(Clone)]
+pub struct AdminService {
+    control: Arc<Control>,
+    auth: Arc<Authenticator>,
+    store: Arc<dyn Store>,
+    policies: SharedPolicies,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for AdminService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminService").finish_non_exhaustive()
+    }
+}
+
+impl AdminService {
+    /// An Admin service over `control`.
+    pub fn new(
+        control: Arc<Control>,
+        auth: Arc<Authenticator>,
+        store: Arc<dyn Store>,
+        policies: SharedPolicies,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        AdminService {
+            control,
+            auth,
+            store,
+            policies,
+            clock,
+        }
+    }
+
+    /// The admin's name for the audit log.
+    fn admin<T>(&self, request: &Request<T>) -> Result<String> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        let loopback = request.remote_addr().is_some_and(|a| a.ip().is_loopback());
+        let who = self.auth.identify_admin(header, loopback)?;
+        tracing::Span::current().record("who", who.as_str());
+        Ok(who)
+    }
+}
+
+fn reason(value: &str) -> Result<()> {
+    validate::optional_name("reason", value, MAX_REASON)
+}
+
+fn route_key(caller_scope: &str, route: &str) -> Result<RouteKey> {
+    validate::name("caller_scope", caller_scope, MAX_CALLER_SCOPE)?;
+    validate::name("route", route, MAX_ROUTE)?;
+    Ok(RouteKey {
+        caller_scope: caller_scope.to_owned(),
+        route: route.to_owned(),
+    })
+}
+
+fn duration_text(field: &str, value: Option<String>) -> Result<Option<String>> {
+    if let Some(v) = &value {
+        validate::name(&format!("fields.{field}"), v, MAX_DURATION_TEXT)?;
+    }
+    Ok(value)
+}
+
+/// The wire's policy fields as a spec (bounded strings checked).
+pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
+    let f = fields.unwrap_or_default();
+    Ok(PolicySpec {
+        policy_version: None,
+        window: duration_text("window", f.window)?,
+        min_retries_per_sec: f.min_retries_per_sec,
+        retry_ratio: f.retry_ratio,
+        max_retries_per_window: f.max_retries_per_window,
+        cost_transient: f.cost_transient,
+        cost_throttled: f.cost_throttled,
+        shares: f.shares.map(|s| Shares {
+            critical: s.critical,
+            normal: s.normal,
+            bulk: s.bulk,
+        }),
+        lease_ttl: duration_text("lease_ttl", f.lease_ttl)?,
+        max_hint: duration_text("max_hint", f.max_hint)?,
+        clock_skew_tolerance: duration_text("clock_skew_tolerance", f.clock_skew_tolerance)?,
+        backoff_base: duration_text("backoff_base", f.backoff_base)?,
+        backoff_max: duration_text("backoff_max", f.backoff_max)?,
+        wake_rate: f.wake_rate,
+    })
+}
+
+/// A spec as the wire's policy fields.
+pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
+    v1::PolicyFields {
+        window: s.window.clone(),
+        min_retries_per_sec: s.min_retries_per_sec,
+        retry_ratio: s.retry_ratio,
+        max_retries_per_window: s.max_retries_per_window,
+        cost_transient: s.cost_transient,
+        cost_throttled: s.cost_throttled,
+        shares: s.shares.as_ref().map(|s| v1::Shares {
+            critical: s.critical,
+            normal: s.normal,
+            bulk: s.bulk,
+        }),
+        lease_ttl: s.lease_ttl.clone(),
+        max_hint: s.max_hint.clone(),
+        clock_skew_tolerance: s.clock_skew_tolerance.clone(),
+        backoff_base: s.backoff_base.clone(),
+        backoff_max: s.backoff_max.clone(),
+        wake_rate: s.wake_rate,
+    }
+}
+
+fn rule_of(doc: &PolicyDoc, rule: Option<&RuleSpec>) -> v1::PolicyRule {
+    let defaults = doc.defaults.over(&PolicySpec::builtin());
+    match rule {
+        Some(r) => v1::PolicyRule {
+            caller_scope: r.caller_scope.clone(),
+            route: r.route.clone(),
+            policy_version: r.policy.policy_version.unwrap_or(0),
+            fields: Some(fields_of(&r.policy)),
+            effective: Some(fields_of(&r.policy.over(&defaults))),
+        },
+        None => v1::PolicyRule {
+            caller_scope: String::new(),
+            route: String::new(),
+            policy_version: doc.defaults.policy_version.unwrap_or(0),
+            fields: Some(fields_of(&doc.defaults)),
+            effective: Some(fields_of(&defaults)),
+        },
+    }
+}
+
+fn changes_of(
+    changes: Vec<Change>,
+    applied: bool,
+    version: u64,
+    file: String,
+) -> v1::PolicyChanges {
+    v1::PolicyChanges {
+        changes: changes
+            .into_iter()
+            .map(|c| v1::PolicyChange {
+                target: c.target,
+                kind: match c.kind {
+                    ChangeKind::Added => v1::PolicyChangeKind::Added,
+                    ChangeKind::Removed => v1::PolicyChangeKind::Removed,
+                    ChangeKind::Changed => v1::PolicyChangeKind::Changed,
+                }
+                .into(),
+                fields: c
+                    .fields
+                    .into_iter()
+                    .map(|(field, before, after)| v1::FieldChange {
+                        field,
+                        before,
+                        after,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        applied,
+        policy_version: version,
+        file,
+    }
+}
+
+fn freeze_of(f: Option<FreezeRecord>) -> v1::FreezeState {
+    match f {
+        Some(f) => v1::FreezeState {
+            frozen: true,
+            reason: f.reason,
+            by: f.by,
+            since_unix_ms: f.since_ms,
+            expires_at_unix_ms: f.expires_at_ms.unwrap_or(0),
+        },
+        None => v1::FreezeState::default(),
+    }
+}
+
+fn hint_of(h: &HintRecord, level: &str) -> v1::HintRecord {
+    v1::HintRecord {
+        at_unix_ms: h.at_ms,
+        raw: h.raw.clone().unwrap_or_default(),
+        form: h.form.as_str().to_owned(),
+        valid: h.valid,
+        capped: h.capped,
+        clock_skew: h.clock_skew,
+        cooldown_until_unix_ms: h.cooldown_until_ms.unwrap_or(0),
+        level: level.to_owned(),
+    }
+}
+
+/// Page tokens are the last key of the page, hex-encoded so they stay
+/// printable and opaque whatever the names hold.
+fn page_token(key: &RouteKey) -> String {
+    format!("{}\u{1f}{}", key.caller_scope, key.route)
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn parse_page_token(token: &str) -> Result<Option<RouteKey>> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || ServiceError::invalid("page_token", "is not a token this server issued");
+    if token.len() > 2 * (MAX_CALLER_SCOPE + MAX_ROUTE + 1) || !token.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<std::result::Result<Vec<u8>, _>>()
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (caller_scope, route) = text.split_once('\u{1f}').ok_or_else(bad)?;
+    Ok(Some(RouteKey {
+        caller_scope: caller_scope.to_owned(),
+        route: route.to_owned(),
+    }))
+}
+
+fn tokens(milli: u64) -> f64 {
+    // Milli-tokens are integers below 2^53 for any validated policy.
+    #[allow(clippy::cast_precision_loss)]
+    let t = milli as f64 / 1000.0;
+    t
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn list_policies(
+        &self,
+        request: Request<v1::ListPoliciesRequest>,
+    ) -> std::result::Result<Response<v1::ListPoliciesResponse>, Status> {
+        self.admin(&request)?;
+        let doc = self.control.doc().await;
+        // Most specific first: the order the running set matches in.
+        let set = self.policies.current();
+        let mut rules: Vec<v1::PolicyRule> = Vec::with_capacity(doc.rules.len());
+        for r in set.rules() {
+            let (c, rt) = (r.caller_scope.text(), r.route.text());
+            if let Some(i) = doc.find(&c, &rt) {
+                rules.push(rule_of(&doc, Some(&doc.rules[i])));
+            }
+        }
+        Ok(Response::new(v1::ListPoliciesResponse {
+            defaults: Some(rule_of(&doc, None)),
+            rules,
+        }))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn get_policy(
+        &self,
+        request: Request<v1::GetPolicyRequest>,
+    ) -> std::result::Result<Response<v1::PolicyRule>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        route_key(&req.caller_scope, &req.route)?;
+        let doc = self.control.doc().await;
+        let i = doc.find(&req.caller_scope, &req.route).ok_or_else(|| {
+            ServiceError::from(crate::admin::AdminError::NotFound(format!(
+                "{}|{}",
+                req.caller_scope, req.route
+            )))
+        })?;
+        Ok(Response::new(rule_of(&doc, Some(&doc.rules[i]))))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn set_policy(
+        &self,
+        request: Request<v1::SetPolicyRequest>,
+    ) -> std::result::Result<Response<v1::PolicyRule>, Status> {
+        let who = self.admin(&request)?;
+        let req = request.into_inner();
+        route_key(&req.caller_scope, &req.route)?;
+        reason(&req.reason)?;
+        let spec = spec_of(req.fields)?;
+        let rule = self
+            .control
+            .set_rule(
+                &who,
+                SetRule {
+                    caller_scope: req.caller_scope,
+                    route: req.route,
+                    expected_version: req.expected_version,
+                    spec,
+                    patch: req.patch,
+                    reason: req.reason,
+                },
+            )
+            .await
+            .map_err(ServiceError::from)?;
+        let doc = self.control.doc().await;
+        Ok(Response::new(rule_of(&doc, Some(&rule))))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn delete_policy(
+        &self,
+        request: Request<v1::DeletePolicyRequest>,
+    ) -> std::result::Result<Response<v1::DeletePolicyResponse>, Status> {
+        let who = self.admin(&request)?;
+        let req = request.into_inner();
+        route_key(&req.caller_scope, &req.route)?;
+        reason(&req.reason)?;
+        let deleted_version = self
+            .control
+            .delete_rule(
+                &who,
+                &req.caller_scope,
+                &req.route,
+                req.expected_version,
+                &req.reason,
+            )
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(Response::new(v1::DeletePolicyResponse { deleted_version }))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn apply_policies(
+        &self,
+        request: Request<v1::ApplyPoliciesRequest>,
+    ) -> std::result::Result<Response<v1::PolicyChanges>, Status> {
+        let who = self.admin(&request)?;
+        let req = request.into_inner();
+        reason(&req.reason)?;
+        if req.toml.len() > MAX_TOML_BYTES {
+            return Err(ServiceError::invalid(
+                "toml",
+                format!("is longer than {MAX_TOML_BYTES} bytes"),
+            )
+            .into());
+        }
+        let doc = PolicyDoc::from_toml(&req.toml)
+            .map_err(|e| ServiceError::from(crate::admin::AdminError::from(e)))?;
+        let (changes, version) = self
+            .control
+            .apply(&who, doc, req.dry_run, "policy.apply", &req.reason, None)
+            .await
+            .map_err(ServiceError::from)?;
+        let applied = !req.dry_run && !changes.is_empty();
+        Ok(Response::new(changes_of(
+            changes,
+            applied,
+            version,
+            String::new(),
+        )))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn diff_policies(
+        &self,
+        request: Request<v1::DiffPoliciesRequest>,
+    ) -> std::result::Result<Response<v1::PolicyChanges>, Status> {
+        self.admin(&request)?;
+        let changes = self.control.diff_file().await.map_err(ServiceError::from)?;
+        let file = self
+            .control
+            .policy_file()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        Ok(Response::new(changes_of(changes, false, 0, file)))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn list_scopes(
+        &self,
+        request: Request<v1::ListScopesRequest>,
+    ) -> std::result::Result<Response<v1::ListScopesResponse>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        let pattern = |field: &str, value: &str, max: usize| -> Result<Pattern> {
+            if value.is_empty() {
+                return Ok(Pattern::Any);
+            }
+            validate::name(field, value, max)?;
+            Ok(Pattern::parse(value))
+        };
+        let filter = ScopeFilter {
+            caller_scope: pattern("caller_scope", &req.caller_scope, MAX_CALLER_SCOPE)?,
+            route: pattern("route", &req.route, MAX_ROUTE)?,
+            frozen_only: req.frozen_only,
+        };
+        let limit = match req.page_size as usize {
+            0 => 100,
+            n if n <= MAX_PAGE => n,
+            _ => {
+                return Err(
+                    ServiceError::invalid("page_size", format!("must be 0..={MAX_PAGE}")).into(),
+                );
+            }
+        };
+        let after = parse_page_token(&req.page_token)?;
+        let now = to_unix_ms(self.clock.now());
+        let page = self
+            .store
+            .list_scopes(&filter, after.as_ref(), limit, now)
+            .await
+            .map_err(ServiceError::from)?;
+        let set = self.policies.current();
+        Ok(Response::new(v1::ListScopesResponse {
+            scopes: page
+                .scopes
+                .iter()
+                .map(|s| v1::ScopeSummary {
+                    caller_scope: s.route.caller_scope.clone(),
+                    route: s.route.route.clone(),
+                    cooldown_until_unix_ms: s.view.cooldown_until_ms,
+                    frozen: s.view.frozen.is_some(),
+                    leases_outstanding: count(s.leases_outstanding),
+                    slot_backlog: count(s.waiting),
+                    policy_version: set.resolve(&s.route).policy_version,
+                    last_touched_unix_ms: s.last_touched_ms,
+                })
+                .collect(),
+            next_page_token: page.next.as_ref().map(page_token).unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn get_scope(
+        &self,
+        request: Request<v1::GetScopeRequest>,
+    ) -> std::result::Result<Response<v1::ScopeState>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        let key = route_key(&req.caller_scope, &req.route)?;
+        let set = self.policies.current();
+        let policy = set.resolve(&key);
+        let policy_rule = set.resolve_rule(&key).map_or_else(
+            || "[defaults]".to_owned(),
+            |r| format!("{}|{}", r.caller_scope.text(), r.route.text()),
+        );
+        let now = to_unix_ms(self.clock.now());
+        let detail = self
+            .store
+            .scope_detail(&key, &policy, now)
+            .await
+            .map_err(ServiceError::from)?;
+        let freeze = freeze_of(self.control.freeze_of(&key).await);
+        let mut state = v1::ScopeState {
+            caller_scope: key.caller_scope.clone(),
+            route: key.route.clone(),
+            policy_version: policy.policy_version,
+            policy_rule,
+            freeze: Some(freeze),
+            ..v1::ScopeState::default()
+        };
+        let Some(d) = detail else {
+            return Ok(Response::new(state));
+        };
+        let mut hints: Vec<v1::HintRecord> = d
+            .route_hints
+            .iter()
+            .map(|h| hint_of(h, "route"))
+            .chain(d.caller_hints.iter().map(|h| hint_of(h, "caller")))
+            .collect();
+        hints.sort_by_key(|h| h.at_unix_ms);
+        let cooldown = d.summary.view.cooldown_until_ms;
+        // The newest hint that asked for exactly the cooldown in force.
+        let source = hints
+            .iter()
+            .rev()
+            .find(|h| h.valid && cooldown > 0 && h.cooldown_until_unix_ms == cooldown)
+            .cloned();
+        state.known = true;
+        state.first_attempts_in_window = d.budget.first_attempts;
+        state.allowance = tokens(d.budget.allowance_milli);
+        state.classes = Priority::ALL
+            .iter()
+            .map(|p| {
+                let c = d.budget.classes[p.index()];
+                v1::ClassBalance {
+                    priority: match p {
+                        Priority::Critical => v1::Priority::Critical,
+                        Priority::Normal => v1::Priority::Normal,
+                        Priority::Bulk => v1::Priority::Bulk,
+                    }
+                    .into(),
+                    allowance: tokens(c.allowance_milli),
+                    spent: tokens(c.spent_milli),
+                    available: tokens(c.available_milli),
+                    active_workers: count(c.active_workers),
+                }
+            })
+            .collect();
+        state.leases_outstanding = count(d.budget.leases_outstanding);
+        state.tokens_outstanding = d.budget.tokens_outstanding;
+        state.cooldown_until_unix_ms = cooldown;
+        state.cooldown_source = source;
+        state.floor_unix_ms = d.summary.view.floor_ms;
+        state.backoff_step = u32::from(d.backoff_step);
+        state.slot_backlog = count(d.summary.waiting);
+        state.recent_hints = hints;
+        state.last_touched_unix_ms = d.summary.last_touched_ms;
+        Ok(Response::new(state))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn freeze_scope(
+        &self,
+        request: Request<v1::FreezeScopeRequest>,
+    ) -> std::result::Result<Response<v1::FreezeState>, Status> {
+        let who = self.admin(&request)?;
+        let req = request.into_inner();
+        let key = route_key(&req.caller_scope, &req.route)?;
+        validate::name("reason", &req.reason, MAX_REASON)?;
+        if req.duration_ms > MAX_FREEZE_MS {
+            return Err(ServiceError::invalid(
+                "duration_ms",
+                format!("must be at most {MAX_FREEZE_MS} (7 days)"),
+            )
+            .into());
+        }
+        let expires = (req.duration_ms > 0).then(|| {
+            to_unix_ms(self.clock.now()) + i64::try_from(req.duration_ms).unwrap_or(i64::MAX)
+        });
+        let record = self
+            .control
+            .freeze(&who, &key, &req.reason, expires)
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(Response::new(freeze_of(Some(record))))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn unfreeze_scope(
+        &self,
+        request: Request<v1::UnfreezeScopeRequest>,
+    ) -> std::result::Result<Response<v1::FreezeState>, Status> {
+        let who = self.admin(&request)?;
+        let req = request.into_inner();
+        let key = route_key(&req.caller_scope, &req.route)?;
+        reason(&req.reason)?;
+        self.control
+            .unfreeze(&who, &key, &req.reason)
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(Response::new(v1::FreezeState::default()))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn reset_scope(
+        &self,
+        request: Request<v1::ResetScopeRequest>,
+    ) -> std::result::Result<Response<v1::ResetScopeResponse>, Status> {
+        let who = self.admin(&request)?;
+        let req = request.into_inner();
+        let key = route_key(&req.caller_scope, &req.route)?;
+        reason(&req.reason)?;
+        let existed = self
+            .control
+            .reset(&who, &key, &req.reason)
+            .await
+            .map_err(ServiceError::from)?;
+        Ok(Response::new(v1::ResetScopeResponse { existed }))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn list_audit(
+        &self,
+        request: Request<v1::ListAuditRequest>,
+    ) -> std::result::Result<Response<v1::ListAuditResponse>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        let limit = match req.limit as usize {
+            0 => 50,
+            n if n <= MAX_AUDIT_PAGE => n,
+            _ => {
+                return Err(ServiceError::invalid(
+                    "limit",
+                    format!("must be 0..={MAX_AUDIT_PAGE}"),
+                )
+                .into());
+            }
+        };
+        let records = self
+            .control
+            .audit()
+            .list(req.before_seq, limit)
+            .into_iter()
+            .map(|r| v1::AuditRecord {
+                seq: r.seq,
+                at_unix_ms: r.at_ms,
+                who: r.who,
+                action: r.action,
+                target: r.target,
+                before: r.before,
+                after: r.after,
+                policy_version: r.policy_version,
+                reason: r.reason,
+            })
+            .collect();
+        Ok(Response::new(v1::ListAuditResponse { records }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_refuse_garbage() {
+        let key = RouteKey {
+            caller_scope: "tenant a".into(),
+            route: "GET /x".into(),
+        };
+        assert_eq!(
+            parse_page_token(&page_token(&key)).expect("valid"),
+            Some(key)
+        );
+        assert!(parse_page_token("zz").is_err());
+        assert!(parse_page_token("6162").is_err(), "no separator");
+    }
+
+    #[test]
+    fn policy_fields_round_trip() {
+        let spec = PolicySpec {
+            retry_ratio: Some(0.1),
+            window: Some("5s".into()),
+            ..PolicySpec::default()
+        };
+        assert_eq!(spec_of(Some(fields_of(&spec))).expect("valid"), spec);
+    }
+}

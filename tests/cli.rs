@@ -1,0 +1,444 @@
+//! The operator CLI end to end: the built `tollgate` binary, both as the
+//! server (`tollgate serve` as a child process on a free loopback port, so it
+//! can be SIGKILLed) and as the client. No sleeps of seconds: every wait
+//! polls at short intervals under an overall bound.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetClient};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+const ADMIN: &str = "admin-token-123";
+const CALLER: &str = "caller-token-123";
+
+const POLICY: &str = r#"
+[[rule]]
+route = "GET /users/*"
+retry_ratio = 0.5
+
+[[token]]
+token = "caller-token-123"
+caller_scopes = ["tenant-a"]
+
+[[admin_token]]
+name = "oncall"
+token = "admin-token-123"
+"#;
+
+struct Server {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Polls `check` every 20 ms for at most 10 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        let mut server = Server {
+            child: None,
+            port: free_port(),
+            dir: dir.to_owned(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .expect("log file");
+        let child = Command::new(BIN)
+            .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--config")
+            .arg(self.dir.join("policy.toml"))
+            .args(["--reload-interval", "50ms"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tollgate serve");
+        self.child = Some(child);
+        eventually("the server to answer", || {
+            self.cli(&["policy", "list"]).status.success()
+        });
+    }
+
+    /// SIGKILL: no drain, no chance to flush anything.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reaped");
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        self.cli_as(ADMIN, args)
+    }
+
+    fn cli_as(&self, token: &str, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .env("TOLLGATE_SERVER", format!("127.0.0.1:{}", self.port))
+            .env("TOLLGATE_ADMIN_TOKEN", token)
+            .output()
+            .expect("run the cli")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "cli failed: {}", stderr(o));
+    serde_json::from_slice(&o.stdout).expect("json output")
+}
+
+fn setup(name: &str) -> Server {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("policy.toml"), POLICY).expect("policy file");
+    Server::start(&dir)
+}
+
+#[test]
+fn a_cli_change_survives_sigkill_and_restart() {
+    let mut server = setup("restart");
+    let set = server.cli(&[
+        "policy",
+        "set",
+        "GET /users/*",
+        "retry_ratio=0.05",
+        "--reason",
+        "storm",
+    ]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    let frozen = server.cli(&[
+        "scopes",
+        "freeze",
+        "tenant-a",
+        "GET /users/{id}",
+        "--reason",
+        "incident",
+    ]);
+    assert!(frozen.status.success(), "{}", stderr(&frozen));
+    let before = json(&server.cli(&["policy", "-o", "json", "get", "GET /users/*"]));
+    server.kill();
+    server.spawn();
+    let after = json(&server.cli(&["policy", "-o", "json", "get", "GET /users/*"]));
+    assert_eq!(after["fields"]["retry_ratio"], 0.05);
+    assert_eq!(after["policy_version"], before["policy_version"]);
+    let scope = json(&server.cli(&[
+        "scopes",
+        "-o",
+        "json",
+        "show",
+        "tenant-a",
+        "GET /users/{id}",
+    ]));
+    assert_eq!(scope["freeze"]["frozen"], true);
+    assert_eq!(scope["freeze"]["by"], "oncall");
+    let audit = json(&server.cli(&["audit", "-o", "json"]));
+    let actions: Vec<&str> = audit
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["action"].as_str().expect("action"))
+        .collect();
+    assert_eq!(actions, ["scope.freeze", "policy.patch"]);
+    let record = &audit[1];
+    assert_eq!(record["who"], "oncall");
+    assert_eq!(record["reason"], "storm");
+    assert!(record["before"].as_str().expect("before").contains("0.5"));
+    assert!(record["after"].as_str().expect("after").contains("0.05"));
+    assert!(!server.log().contains(ADMIN), "the token is never logged");
+    // The table output is for people, but it must name what it shows.
+    let table = stdout(&server.cli(&["audit"]));
+    assert!(
+        table.contains("policy.patch") && table.contains("oncall"),
+        "{table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_during_a_burst_of_changes_leaves_a_loadable_state_file() {
+    let mut server = setup("burst");
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut admin = AdminClient::new(channel);
+    let burst = tokio::spawn(async move {
+        let mut acked = 0u64;
+        let mut version = 0;
+        for i in 0..10_000u32 {
+            let mut req = tonic::Request::new(v1::SetPolicyRequest {
+                caller_scope: "*".into(),
+                route: format!("route-{}", i % 50),
+                expected_version: 0,
+                fields: Some(v1::PolicyFields {
+                    wake_rate: Some(1 + i),
+                    ..v1::PolicyFields::default()
+                }),
+                patch: false,
+                reason: String::new(),
+            });
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {ADMIN}").parse().expect("ascii"),
+            );
+            // Each route is created once; later writes are stale on purpose
+            // half the time, so refusals and writes interleave.
+            match admin.set_policy(req).await {
+                Ok(r) => {
+                    acked += 1;
+                    version = r.into_inner().policy_version;
+                }
+                Err(s) if s.code() == tonic::Code::FailedPrecondition => {}
+                Err(_) => break, // the server is gone
+            }
+        }
+        (acked, version)
+    });
+    // Let some changes land, then kill in the middle of the burst.
+    eventually("some acknowledged changes", || {
+        server.log().matches("admin change").count() >= 20
+    });
+    server.kill();
+    let (acked, last_version) = burst.await.expect("burst task");
+    let state = server.dir.join("policy.toml.state.json");
+    let saved = tollgate::admin::persist::load(&state)
+        .expect("the state file loads")
+        .expect("and exists");
+    assert!(
+        saved.doc.rules.len() as u64 >= acked.min(50),
+        "every acknowledged rule is in the state file ({acked} acked, {} saved)",
+        saved.doc.rules.len()
+    );
+    assert!(last_version > 0);
+    server.spawn();
+    let listed = json(&server.cli(&["policy", "-o", "json", "list"]));
+    assert_eq!(
+        listed["rules"].as_array().expect("rules").len(),
+        saved.doc.rules.len()
+    );
+}
+
+#[test]
+fn errors_are_one_line_with_meaningful_exit_codes() {
+    let server = setup("errors");
+    // A caller token on Admin.
+    let denied = server.cli_as(CALLER, &["policy", "list"]);
+    assert_eq!(denied.status.code(), Some(4), "{}", stderr(&denied));
+    assert!(stderr(&denied).contains("caller token may not use the Admin API"));
+    assert_eq!(stderr(&denied).trim().lines().count(), 1);
+    // A stale version.
+    let stale = server.cli(&[
+        "policy",
+        "set",
+        "GET /users/*",
+        "--version",
+        "999",
+        "retry_ratio=0.1",
+    ]);
+    assert_eq!(stale.status.code(), Some(6), "{}", stderr(&stale));
+    assert!(
+        stderr(&stale).contains("FAILED_PRECONDITION") || stderr(&stale).contains("read it again")
+    );
+    // A bad key and an invalid file, refused before anything is sent.
+    let typo = server.cli(&["policy", "set", "GET /users/*", "retry_ration=0.1"]);
+    assert_eq!(typo.status.code(), Some(2));
+    assert!(stderr(&typo).contains("retry_ration"), "{}", stderr(&typo));
+    let bad = server.dir.join("bad.toml");
+    std::fs::write(&bad, "[[rule]]\nroute = \"*\"\nwindow = \"90s\"\n").expect("write");
+    let apply = server.cli(&["policy", "apply", "-f", bad.to_str().expect("utf8")]);
+    assert_eq!(apply.status.code(), Some(2));
+    assert!(stderr(&apply).contains("line 3"), "{}", stderr(&apply));
+    // Missing rule, unreachable server.
+    let missing = server.cli(&["policy", "get", "nope"]);
+    assert_eq!(missing.status.code(), Some(5));
+    let away = Command::new(BIN)
+        .args([
+            "policy",
+            "list",
+            "--server",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(away.status.code(), Some(3), "{}", stderr(&away));
+}
+
+#[test]
+fn an_invalid_file_keeps_the_old_policy_and_diff_shows_drift() {
+    let server = setup("reload");
+    let file = server.dir.join("policy.toml");
+    let ratio = |s: &Server| {
+        json(&s.cli(&["policy", "-o", "json", "get", "GET /users/*"]))["fields"]["retry_ratio"]
+            .clone()
+    };
+    assert_eq!(ratio(&server), 0.5);
+    // In sync with the file.
+    assert_eq!(server.cli(&["policy", "diff"]).status.code(), Some(0));
+    // An invalid file: logged, rejected, the running policy kept.
+    std::fs::write(
+        &file,
+        POLICY.replace("retry_ratio = 0.5", "retry_ratio = 500.0"),
+    )
+    .expect("write");
+    let pid = server.child.as_ref().expect("running").id().to_string();
+    let _ = Command::new("kill").args(["-HUP", &pid]).status();
+    eventually("the rejection in the log", || {
+        server.log().contains("policy file rejected")
+    });
+    assert_eq!(ratio(&server), 0.5);
+    // A valid change is picked up by the poll.
+    std::fs::write(
+        &file,
+        POLICY.replace("retry_ratio = 0.5", "retry_ratio = 0.25"),
+    )
+    .expect("write");
+    eventually("the reload", || ratio(&server) == 0.25);
+    // A runtime change is drift from the file.
+    let set = server.cli(&["policy", "set", "GET /users/*", "retry_ratio=0.1"]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    let diff = server.cli(&["policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(7), "{}", stdout(&diff));
+    assert!(stdout(&diff).contains("retry_ratio"), "{}", stdout(&diff));
+    // apply -f of the file removes the drift; dry run first changes nothing.
+    let path = file.to_str().expect("utf8");
+    let dry = server.cli(&["policy", "apply", "-f", path, "--dry-run"]);
+    assert!(
+        stdout(&dry).contains("0.1") && stdout(&dry).contains("0.25"),
+        "{}",
+        stdout(&dry)
+    );
+    assert_eq!(ratio(&server), 0.1);
+    assert!(
+        server
+            .cli(&["policy", "apply", "-f", path])
+            .status
+            .success()
+    );
+    assert_eq!(ratio(&server), 0.25);
+    assert_eq!(server.cli(&["policy", "diff"]).status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cli_freeze_stops_a_watching_workers_leases() {
+    fn with<T>(m: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(m);
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {CALLER}").parse().expect("ascii"),
+        );
+        r
+    }
+    let server = setup("freeze");
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut worker = BudgetClient::new(channel);
+    let scope = v1::Scope {
+        caller_scope: "tenant-a".into(),
+        route: "GET /users/{id}".into(),
+        priority: v1::Priority::Normal.into(),
+    };
+    let mut events = worker
+        .watch(with(v1::WatchRequest {
+            worker_id: "w".into(),
+            scopes: vec![scope.clone()],
+        }))
+        .await
+        .expect("watch")
+        .into_inner();
+    events.message().await.expect("ok").expect("snapshot");
+    let started = Instant::now();
+    let freeze = server.cli(&[
+        "scopes",
+        "freeze",
+        "tenant-a",
+        "GET /users/{id}",
+        "--reason",
+        "incident",
+        "--for",
+        "10m",
+    ]);
+    assert!(freeze.status.success(), "{}", stderr(&freeze));
+    let event = tokio::time::timeout(Duration::from_secs(5), events.message())
+        .await
+        .expect("within the watch latency")
+        .expect("ok")
+        .expect("event");
+    assert_eq!(event.kind(), v1::ScopeEventKind::Frozen);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let lease = worker
+        .lease(with(v1::LeaseRequest {
+            scope: Some(scope),
+            worker_id: "w".into(),
+            want: 3,
+            retry_class: v1::RetryClass::Transient.into(),
+        }))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(lease.granted, 0);
+    assert_eq!(lease.limit(), v1::LeaseLimit::Frozen);
+    let listed = stdout(&server.cli(&["scopes", "list", "--frozen"]));
+    assert!(
+        listed.contains("FROZEN") && listed.contains("tenant-a"),
+        "{listed}"
+    );
+}
