@@ -13,12 +13,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio_stream::Stream;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_proto::v1::{FILE_DESCRIPTOR_SET, budget_server::BudgetServer};
 use tonic::transport::Server;
+use tonic::transport::server::Connected;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::{info, warn};
@@ -67,6 +70,56 @@ pub async fn run_with_store(
     store: Arc<dyn Store>,
 ) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
+    info!(%address, max_scopes = config.limits.max_scopes, "tollgate coordinator listening");
+    serve(
+        TcpListenerStream::new(listener),
+        shutdown,
+        config,
+        clock,
+        store,
+    )
+    .await
+}
+
+/// [`run`] over connections the caller accepts itself: any stream of
+/// byte pipes, such as the server halves of `tokio::io::duplex` pairs. Tests
+/// use it to run the real coordinator on paused tokio time, where loopback
+/// sockets would race the auto-advancing clock.
+pub async fn serve_with_incoming<I, IO, IE>(
+    incoming: I,
+    shutdown: impl Future<Output = ()> + Send,
+    config: Config,
+    clock: Arc<dyn Clock>,
+) -> Result<(), ServeError>
+where
+    I: Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
+    info!(
+        max_scopes = config.limits.max_scopes,
+        "tollgate coordinator serving caller-supplied connections"
+    );
+    serve(incoming, shutdown, config, clock, store).await
+}
+
+/// The one setup behind every entry point: the Budget service, health and
+/// reflection behind the shared layers, the sweeper, and the drain.
+async fn serve<I, IO, IE>(
+    incoming: I,
+    shutdown: impl Future<Output = ()> + Send,
+    config: Config,
+    clock: Arc<dyn Clock>,
+    store: Arc<dyn Store>,
+) -> Result<(), ServeError>
+where
+    I: Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let limits = config.limits.clone();
     let drain = CancellationToken::new();
     let budget = BudgetService::new(
@@ -101,16 +154,12 @@ pub async fn run_with_store(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(BudgetServer::new(budget).max_decoding_message_size(MAX_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
-            drain.clone().cancelled_owned(),
-        );
+        .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
     tokio::pin!(serve);
 
     if config.auth.is_open() {
-        warn!(%address, "no tokens configured: open dev mode, any caller may use any caller scope");
+        warn!("no tokens configured: open dev mode, any caller may use any caller scope");
     }
-    info!(%address, max_scopes = limits.max_scopes, "tollgate coordinator listening");
 
     tokio::select! {
         result = &mut serve => return result.map_err(ServeError::from),
