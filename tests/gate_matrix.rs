@@ -321,7 +321,6 @@ async fn a_reply_after_cancellation_is_discarded_and_recorded() {
 const TINY_BUDGET: &str = r#"
 [server]
 rng_seed = 7
-grace_period = "1s"
 
 [[rule]]
 route = "POST /orders"
@@ -701,23 +700,32 @@ async fn coordinator_killed_mid_run_falls_back_within_one_rpc_timeout_and_recove
     assert!(matches!(up.attempts[1].token, TokenSource::Leased { .. }));
     assert_eq!(h.gate.link_state(), LinkState::Connected);
 
-    // The coordinator goes away and its host stops answering: connections
-    // are accepted and never served, the slowest way to fail.
+    // Mid-run, while the first attempt is in flight, the coordinator's host
+    // dies: its connections and any new one go silent.
     let mut h = h;
-    h.coordinator.hang().await;
     let upstream = Upstream::new(answers.clone());
-    let down = h
-        .gate
-        .run(
+    let (gate, coordinator) = (&h.gate, &mut h.coordinator);
+    let (down, ()) = tokio::join!(
+        gate.run(
             intent("i-during", policy(secs(60), 3, secs(5), None)),
             upstream.attempt(),
-        )
-        .await;
+        ),
+        async {
+            tokio::time::sleep(ms(5)).await;
+            coordinator.kill();
+        },
+    );
     assert_eq!(down.outcome, Outcome::Succeeded);
     assert_eq!(h.gate.link_state(), LinkState::Degraded);
+    assert_eq!(
+        h.gate.cache().link().degradations(),
+        1,
+        "degraded once, visibly"
+    );
     assert_eq!(down.attempts[1].token, TokenSource::Fallback);
     let wait = down.attempts[0].wait.clone().unwrap();
-    assert!(wait.degraded);
+    assert!(wait.degraded, "no slot: the coordinator could not be asked");
+    assert_eq!(wait.slot, None);
     // The wait is the engine's backoff (2 s), at most one RPC timeout to find
     // the coordinator gone, and the local spread.
     let starts = upstream.starts();
@@ -725,7 +733,7 @@ async fn coordinator_killed_mid_run_falls_back_within_one_rpc_timeout_and_recove
     let bound = ms(20) + secs(2) + RPC_TIMEOUT + gate_config().local_spread + ms(10);
     assert!(gap >= secs(2) && gap <= bound, "{gap:?} > {bound:?}");
 
-    // A fresh coordinator comes back (its host resets the stale connections).
+    // The host comes back with a fresh coordinator.
     h.coordinator.restart();
     // The cache probes once a second; give it a few.
     tokio::time::sleep(secs(3)).await;

@@ -11,9 +11,10 @@
 //! Both sides read one [`TokioClock`]: the coordinator's cooldowns and slots
 //! and the gate's deadlines and HTTP-dates move with the paused clock.
 //!
-//! A [`Switchboard`] stands where the network would: it hands each new
-//! connection to the running coordinator, refuses it (the coordinator is
-//! gone), or accepts it and never answers (the coordinator's host hangs).
+//! A [`Switchboard`] stands where the network would, relaying every
+//! connection to the running coordinator, so a test can kill the
+//! coordinator's host mid-conversation (every connection goes silent) and
+//! bring a fresh one back.
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 
@@ -21,10 +22,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::io::DuplexStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tollgate::config::Config;
 use tollgate::server::{self, ServeError};
 use tollgate_client::backoff::{Backoff, Jitter};
@@ -45,14 +47,13 @@ pub(crate) fn noon() -> SystemTime {
     httpdate::parse_http_date("Mon, 01 Jan 2024 12:00:00 GMT").expect("date")
 }
 
-/// The coordinator's configuration for most rows: the built-in policy, a
-/// fixed slot-jitter seed, and a short drain so a stop is quick.
+/// The coordinator's configuration for most rows: the built-in policy and a
+/// fixed slot-jitter seed.
 pub(crate) fn coordinator_config() -> Config {
     config(
         r#"
 [server]
 rng_seed = 7
-grace_period = "1s"
 "#,
     )
 }
@@ -62,52 +63,56 @@ pub(crate) fn config(text: &str) -> Config {
     Config::from_toml(text, |_| None).expect("valid test policy file")
 }
 
-/// Where a new connection goes.
-enum Route {
-    /// To the running coordinator's incoming stream.
-    Up(mpsc::Sender<DuplexStream>),
-    /// Nowhere: connecting fails at once.
-    Refused,
-    /// Accepted and held, never read or answered.
-    Hung(Vec<DuplexStream>),
+/// What the switchboard knows; one lock, held only to read or swap.
+struct Board {
+    /// The running coordinator's incoming connections; `None` while it is
+    /// down.
+    up: Option<mpsc::Sender<DuplexStream>>,
+    /// Cancelled when the coordinator's host dies: every relay of the
+    /// current connections stops forwarding at once.
+    silence: CancellationToken,
+    /// Pipe ends of dead connections, held open so their peers hear nothing,
+    /// not even a close, until the host comes back.
+    held: Vec<DuplexStream>,
 }
 
-/// Stands where the network would, between clients and the coordinator.
+/// Stands where the network would, between clients and the coordinator:
+/// every connection is a pair of pipes with a relay between them, so the
+/// coordinator's host can die mid-conversation.
 #[derive(Clone)]
 pub(crate) struct Switchboard {
-    route: Arc<Mutex<Route>>,
+    board: Arc<Mutex<Board>>,
 }
 
 impl Switchboard {
-    fn set(&self, route: Route) {
-        *self.route.lock().expect("switchboard lock") = route;
+    fn board(&self) -> std::sync::MutexGuard<'_, Board> {
+        self.board.lock().expect("switchboard lock")
     }
 
     /// A channel that connects (lazily, and again after a failure) through
-    /// the switchboard, each connection a fresh pipe.
+    /// the switchboard.
     pub(crate) fn channel(&self) -> Channel {
         let switchboard = self.clone();
         Endpoint::from_static("http://coordinator.invalid").connect_with_connector_lazy(
             tower::service_fn(move |_| {
                 let switchboard = switchboard.clone();
                 async move {
-                    let (client, server) = tokio::io::duplex(64 * 1024);
-                    let up = {
-                        let mut route = switchboard.route.lock().expect("switchboard lock");
-                        match &mut *route {
-                            Route::Up(conns) => Some(conns.clone()),
-                            Route::Refused => None,
-                            Route::Hung(held) => {
-                                held.push(server);
-                                return Ok(hyper_util::rt::TokioIo::new(client));
-                            }
-                        }
+                    let (client, client_far) = tokio::io::duplex(64 * 1024);
+                    let (server_near, server) = tokio::io::duplex(64 * 1024);
+                    let (up, silence) = {
+                        let board = switchboard.board();
+                        (board.up.clone(), board.silence.clone())
                     };
-                    let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-                    up.ok_or_else(refused)?
-                        .send(server)
+                    let Some(up) = up else {
+                        // The host is dead: the connection is accepted by
+                        // nobody and never answered.
+                        switchboard.board().held.push(client_far);
+                        return Ok(hyper_util::rt::TokioIo::new(client));
+                    };
+                    up.send(server)
                         .await
-                        .map_err(|_| refused())?;
+                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionRefused))?;
+                    tokio::spawn(relay(client_far, server_near, silence, switchboard));
                     Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(client))
                 }
             }),
@@ -115,12 +120,29 @@ impl Switchboard {
     }
 }
 
-/// The real coordinator, running on the switchboard.
+/// Forwards bytes both ways until either side closes, or until the host dies;
+/// then parks both ends on the board, open and silent.
+async fn relay(
+    mut client: DuplexStream,
+    mut server: DuplexStream,
+    silence: CancellationToken,
+    switchboard: Switchboard,
+) {
+    let died = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+        () = silence.cancelled() => true,
+    };
+    if died {
+        switchboard.board().held.extend([client, server]);
+    }
+}
+
+/// The real coordinator, running behind the switchboard.
 pub(crate) struct Coordinator {
     pub(crate) switchboard: Switchboard,
     pub(crate) clock: Arc<TokioClock>,
     config: Config,
-    running: Option<(oneshot::Sender<()>, JoinHandle<Result<(), ServeError>>)>,
+    server: Option<JoinHandle<Result<(), ServeError>>>,
 }
 
 impl Coordinator {
@@ -128,50 +150,51 @@ impl Coordinator {
     pub(crate) fn start(config: Config, clock: Arc<TokioClock>) -> Coordinator {
         let mut coordinator = Coordinator {
             switchboard: Switchboard {
-                route: Arc::new(Mutex::new(Route::Refused)),
+                board: Arc::new(Mutex::new(Board {
+                    up: None,
+                    silence: CancellationToken::new(),
+                    held: Vec::new(),
+                })),
             },
             clock,
             config,
-            running: None,
+            server: None,
         };
         coordinator.restart();
         coordinator
     }
 
-    /// Starts a fresh coordinator process (empty in-memory store, same
-    /// configuration and clock) and routes new connections to it.
+    /// Brings the host back with a fresh coordinator process (empty
+    /// in-memory store, same configuration and clock). The dead host's
+    /// connections are reset, as a rebooted host resets them, so clients
+    /// reconnect to the new one.
     pub(crate) fn restart(&mut self) {
         let (conns, incoming) = mpsc::channel::<DuplexStream>(8);
-        let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server::serve_with_incoming(
             ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>),
-            async {
-                let _ = stopped.await;
-            },
+            std::future::pending::<()>(),
             self.config.clone(),
             self.clock.clone(),
         ));
-        self.running = Some((stop, task));
-        self.switchboard.set(Route::Up(conns));
+        self.server = Some(task);
+        let mut board = self.switchboard.board();
+        board.held.clear();
+        board.up = Some(conns);
     }
 
-    /// Shuts the coordinator down (its connections drain and close) and
-    /// refuses new connections: a coordinator that is gone.
-    pub(crate) async fn stop(&mut self) {
-        self.switchboard.set(Route::Refused);
-        if let Some((stop, task)) = self.running.take() {
-            let _ = stop.send(());
-            task.await
-                .expect("the server task did not panic")
-                .expect("the server ran without error");
+    /// Kills the coordinator's host: the process is gone, and every
+    /// connection to it, open or new, goes silent (no answer, no reset), the
+    /// slowest way for a coordinator to fail.
+    pub(crate) fn kill(&mut self) {
+        {
+            let mut board = self.switchboard.board();
+            board.up = None;
+            board.silence.cancel();
+            board.silence = CancellationToken::new();
         }
-    }
-
-    /// Shuts the coordinator down and makes new connections hang: accepted,
-    /// never answered, like a host that stopped responding.
-    pub(crate) async fn hang(&mut self) {
-        self.stop().await;
-        self.switchboard.set(Route::Hung(Vec::new()));
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
     }
 
     /// Another worker of the fleet, talking to the coordinator directly.
