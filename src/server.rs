@@ -13,7 +13,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio_stream::Stream;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::clock::{Clock, to_unix_ms};
@@ -21,6 +23,7 @@ use tollgate_proto::v1::{
     FILE_DESCRIPTOR_SET, admin_server::AdminServer, budget_server::BudgetServer,
 };
 use tonic::transport::Server;
+use tonic::transport::server::Connected;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::{info, warn};
@@ -115,6 +118,59 @@ pub async fn run_with(
     runtime: Runtime,
 ) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
+    info!(%address, max_scopes = config.limits.max_scopes, "tollgate coordinator listening");
+    serve(
+        TcpListenerStream::new(listener),
+        shutdown,
+        config,
+        clock,
+        store,
+        runtime,
+    )
+    .await
+}
+
+/// [`run`] over connections the caller accepts itself: any stream of
+/// byte pipes, such as the server halves of `tokio::io::duplex` pairs. Tests
+/// use it to run the real coordinator on paused tokio time, where loopback
+/// sockets would race the auto-advancing clock.
+pub async fn serve_with_incoming<I, IO, IE>(
+    incoming: I,
+    shutdown: impl Future<Output = ()> + Send,
+    config: Config,
+    clock: Arc<dyn Clock>,
+) -> Result<(), ServeError>
+where
+    I: Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
+    info!(
+        max_scopes = config.limits.max_scopes,
+        "tollgate coordinator serving caller-supplied connections"
+    );
+    serve(incoming, shutdown, config, clock, store, Runtime::default()).await
+}
+
+/// The one setup behind every entry point: the Budget and Admin services,
+/// health and reflection behind the shared layers, the sweeper, the policy
+/// file follower, and the drain.
+async fn serve<I, IO, IE>(
+    incoming: I,
+    shutdown: impl Future<Output = ()> + Send,
+    config: Config,
+    clock: Arc<dyn Clock>,
+    store: Arc<dyn Store>,
+    runtime: Runtime,
+) -> Result<(), ServeError>
+where
+    I: Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let limits = config.limits.clone();
     let drain = CancellationToken::new();
     let policies = SharedPolicies::new(config.policies.clone());
@@ -182,21 +238,17 @@ pub async fn run_with(
         .add_service(BudgetServer::new(budget).max_decoding_message_size(MAX_MESSAGE_BYTES))
         // Room for a whole policy file in ApplyPolicies.
         .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096))
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
-            drain.clone().cancelled_owned(),
-        );
+        .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
     tokio::pin!(serve);
 
     if config.auth.is_open() {
-        warn!(%address, "no tokens configured: open dev mode, any caller may use any caller scope");
+        warn!("no tokens configured: open dev mode, any caller may use any caller scope");
     }
     if config.auth.admin_is_open() {
-        warn!(%address, "no tokens configured: the Admin API answers loopback peers only");
+        warn!("no tokens configured: the Admin API answers loopback peers only");
     } else if !config.auth.has_admins() {
         warn!("no [[admin_token]] configured: the Admin API refuses every call");
     }
-    info!(%address, max_scopes = limits.max_scopes, "tollgate coordinator listening");
 
     tokio::select! {
         result = &mut serve => return result.map_err(ServeError::from),

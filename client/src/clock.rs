@@ -56,6 +56,39 @@ impl Clock for ManualClock {
     }
 }
 
+/// A wall clock that moves with tokio's clock: a fixed `start` plus the
+/// tokio time elapsed since the clock was made.
+///
+/// Under paused tokio time (`#[tokio::test(start_paused = true)]`) wall time
+/// then advances exactly as far as `tokio::time` does, so a coordinator and a
+/// gate sharing one clock agree on every instant, and a `Retry-After` date or
+/// a cooldown falls due when the sleeps say it does. A [`ManualClock`] would
+/// stand still while tokio auto-advances; [`SystemClock`] would not move at
+/// all under paused time.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    start: SystemTime,
+    /// Read from tokio's clock, so pausing and advancing it moves this one.
+    epoch: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock reading `start` now and following tokio's clock from here.
+    /// Make it inside the runtime whose (possibly paused) time it follows.
+    pub fn new(start: SystemTime) -> Self {
+        TokioClock {
+            start,
+            epoch: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> SystemTime {
+        self.start + self.epoch.elapsed()
+    }
+}
+
 /// Wall time as Unix milliseconds, the wire form of every `*_unix_ms` field.
 /// Instants before the epoch are negative; out-of-range values saturate.
 pub fn to_unix_ms(t: SystemTime) -> i64 {
@@ -93,5 +126,15 @@ mod tests {
         assert_eq!(to_unix_ms(clock.now()), 1_500);
         clock.set(from_unix_ms(200));
         assert_eq!(to_unix_ms(clock.now()), 200);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_follows_paused_tokio_time() {
+        let clock = TokioClock::new(from_unix_ms(1_000));
+        assert_eq!(to_unix_ms(clock.now()), 1_000, "stands still while paused");
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(to_unix_ms(clock.now()), 2_500);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(to_unix_ms(clock.now()), 62_500);
     }
 }

@@ -2,21 +2,21 @@
 //! gate's tests run on paused tokio time without real sockets (auto-advance
 //! would otherwise fire RPC timeouts while socket IO is pending).
 //!
-//! It implements just enough of `Budget` to let each test set the fleet's
-//! answer: tokens left, policy version, freeze, slot delay, and whether the
-//! coordinator is up or hung.
+//! It exists only for the one row the real coordinator cannot produce yet
+//! (an operator rotating a scope's policy while an intent waits); every
+//! other row runs against the real coordinator in the root package's
+//! `tests/gate_matrix.rs`. Delete it when the Admin API lands.
 
 #![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use rand::SeedableRng;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::clock::{Clock, ManualClock, from_unix_ms, to_unix_ms};
+use tollgate_client::clock::{Clock, ManualClock, to_unix_ms};
 use tollgate_client::engine::Policy;
 use tollgate_client::gate::{Gate, GateConfig};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
@@ -36,17 +36,8 @@ pub fn noon() -> SystemTime {
     httpdate::parse_http_date("Mon, 01 Jan 2024 12:00:00 GMT").expect("date")
 }
 
-/// Whether the fake answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Up,
-    /// Every RPC hangs: the link's timeout must bound it.
-    Hung,
-}
-
 #[derive(Debug)]
 pub struct FleetState {
-    pub mode: Mode,
     /// Tokens the fleet budget still has, across all leases.
     pub tokens: u32,
     pub policy_version: u64,
@@ -61,7 +52,6 @@ pub struct FleetState {
 impl Default for FleetState {
     fn default() -> Self {
         FleetState {
-            mode: Mode::Up,
             tokens: 1_000,
             policy_version: 1,
             frozen: false,
@@ -107,12 +97,6 @@ impl Fleet {
         });
         version
     }
-
-    async fn gate_rpc(&self) {
-        if self.get(|s| s.mode) == Mode::Hung {
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 #[tonic::async_trait]
@@ -121,7 +105,6 @@ impl Budget for Fleet {
         &self,
         request: Request<LeaseRequest>,
     ) -> Result<Response<LeaseResponse>, Status> {
-        self.gate_rpc().await;
         let want = request.into_inner().want;
         let now = self.clock.now();
         let mut state = self.state.lock().unwrap();
@@ -158,7 +141,6 @@ impl Budget for Fleet {
         &self,
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
-        self.gate_rpc().await;
         let _ = request;
         Ok(Response::new(ReleaseResponse { returned: 0 }))
     }
@@ -167,7 +149,6 @@ impl Budget for Fleet {
         &self,
         request: Request<ReportRequest>,
     ) -> Result<Response<ReportResponse>, Status> {
-        self.gate_rpc().await;
         let mut state = self.state.lock().unwrap();
         state.reports.push(request.into_inner());
         Ok(Response::new(ReportResponse {
@@ -182,7 +163,6 @@ impl Budget for Fleet {
         &self,
         request: Request<ReconsiderRequest>,
     ) -> Result<Response<ReconsiderResponse>, Status> {
-        self.gate_rpc().await;
         let request = request.into_inner();
         let mut state = self.state.lock().unwrap();
         let delay_ms = i64::try_from(state.slot_delay.as_millis()).unwrap();
@@ -213,7 +193,6 @@ impl Budget for Fleet {
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.gate_rpc().await;
         let version = self.get(|s| s.policy_version);
         let snapshots: Vec<Result<ScopeEvent, Status>> = request
             .into_inner()
@@ -337,12 +316,4 @@ pub fn policy(total: Duration, attempts: u32, cap: Duration, max_hint: Option<Du
         max_hint,
     )
     .expect("valid policy")
-}
-
-pub fn rng() -> rand::rngs::StdRng {
-    rand::rngs::StdRng::seed_from_u64(1)
-}
-
-pub fn wall(ms: i64) -> SystemTime {
-    from_unix_ms(ms)
 }

@@ -1,8 +1,9 @@
-//! The tower layer over HTTP services and a real tonic channel.
+//! The tower layer over HTTP services and a real tonic channel, with the
+//! gate's tokens and slots from the real coordinator (see `in_memory`).
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
+mod in_memory;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use support::*;
+use in_memory::*;
 use tollgate_client::evidence::Outcome;
 use tollgate_client::gate::Repetition;
 use tollgate_client::layer::{GateError, GateReport, LayerConfig, ReplayBody, TollgateLayer};
@@ -75,7 +76,7 @@ fn get() -> Request<Full<Bytes>> {
 
 #[tokio::test(start_paused = true)]
 async fn http_layer_retries_a_429_after_retry_after_and_returns_the_success() {
-    let h = harness().await;
+    let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
     let service = ServiceBuilder::new()
         .layer(http_layer(&h.gate))
@@ -92,7 +93,7 @@ async fn http_layer_retries_a_429_after_retry_after_and_returns_the_success() {
 
 #[tokio::test(start_paused = true)]
 async fn three_tower_layers_exactly_one_owner_repeats() {
-    let h = harness().await;
+    let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
     let service = ServiceBuilder::new()
         .layer(http_layer(&h.gate)) // client
@@ -133,7 +134,7 @@ impl ReplayBody for OneShot {}
 
 #[tokio::test(start_paused = true)]
 async fn a_body_that_cannot_be_replayed_gets_one_attempt() {
-    let h = harness().await;
+    let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
     let counter = calls.clone();
     let inner = tower::service_fn(move |_: Request<OneShot>| {
@@ -166,7 +167,7 @@ async fn a_body_that_cannot_be_replayed_gets_one_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn a_post_without_a_key_is_not_replayed_after_an_unknown_effect() {
-    let h = harness().await;
+    let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
     let service = ServiceBuilder::new()
         .layer(http_layer(&h.gate))
@@ -245,6 +246,36 @@ impl Budget for Busy {
     }
 }
 
+/// Serves a gRPC upstream over in-memory pipes (paused time again) and
+/// returns a channel to it.
+fn serve_upstream<B: Budget>(service: B) -> tonic::transport::Channel {
+    let (conns, incoming) = tokio::sync::mpsc::channel::<tokio::io::DuplexStream>(8);
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(incoming),
+        Ok::<_, std::io::Error>,
+    );
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(tollgate_proto::v1::budget_server::BudgetServer::new(
+                service,
+            ))
+            .serve_with_incoming(incoming),
+    );
+    tonic::transport::Endpoint::from_static("http://upstream.invalid").connect_with_connector_lazy(
+        tower::service_fn(move |_| {
+            let conns = conns.clone();
+            async move {
+                let (client, server) = tokio::io::duplex(64 * 1024);
+                conns
+                    .send(server)
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionRefused))?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(client))
+            }
+        }),
+    )
+}
+
 fn grpc_layer(gate: &tollgate_client::gate::Gate, repetition: Repetition) -> TollgateLayer {
     TollgateLayer::new(
         gate.clone(),
@@ -257,9 +288,9 @@ fn grpc_layer(gate: &tollgate_client::gate::Gate, repetition: Repetition) -> Tol
 
 #[tokio::test(start_paused = true)]
 async fn tonic_channel_retries_resource_exhausted_after_its_pushback() {
-    let h = harness().await;
+    let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
-    let channel = serve_in_memory(Busy {
+    let channel = serve_upstream(Busy {
         calls: calls.clone(),
         refusals: 1,
     });
@@ -276,9 +307,9 @@ async fn tonic_channel_retries_resource_exhausted_after_its_pushback() {
 
 #[tokio::test(start_paused = true)]
 async fn tonic_calls_are_not_repeated_unless_declared_repeatable() {
-    let h = harness().await;
+    let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
-    let channel = serve_in_memory(Busy {
+    let channel = serve_upstream(Busy {
         calls: calls.clone(),
         refusals: 5,
     });
@@ -301,7 +332,7 @@ async fn tonic_calls_are_not_repeated_unless_declared_repeatable() {
 
 #[tokio::test(start_paused = true)]
 async fn an_error_with_no_response_is_a_gate_error_carrying_the_evidence() {
-    let h = harness().await;
+    let h = harness();
     let inner = tower::service_fn(|_: Request<Full<Bytes>>| async {
         Err::<Response<Full<Bytes>>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
     });
