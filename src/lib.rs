@@ -22,6 +22,8 @@
 //! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
 //!   reflection behind tower layers, with a graceful drain.
 //! - [`signal`], [`cli`]: SIGINT/SIGTERM and the `serve` subcommand.
+//! - [`telemetry`], [`metrics`]: OTLP traces and metrics, W3C trace context
+//!   from the caller, the Prometheus `/metrics` endpoint (docs/telemetry.md).
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
@@ -38,6 +40,7 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod evidence;
+pub mod metrics;
 pub mod policy;
 pub mod scope;
 pub mod server;
@@ -46,3 +49,4 @@ pub mod signal;
 pub mod simulate;
 pub mod slots;
 pub mod store;
+pub mod telemetry;
