@@ -1,6 +1,5 @@
 //! Subcommands of the `tollgate` binary (the binary itself only dispatches).
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +9,7 @@ use tokio::net::TcpListener;
 use tollgate_client::clock::SystemClock;
 
 use crate::config::Config;
+use crate::telemetry::{self, TelemetryConfig, metrics_http};
 use crate::{server, signal};
 
 /// `tollgate serve`: run the coordinator.
@@ -35,8 +35,13 @@ pub struct ServeArgs {
     /// reloaded on SIGHUP).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub reload_interval: std::time::Duration,
+    /// Serve Prometheus metrics on `http://ADDR/metrics` (off by default).
+    /// Traces and OTLP metrics follow the standard `OTEL_*` variables.
+    #[arg(long, env = "TOLLGATE_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
+/// `<config><suffix>`: where the state file and audit log go by default.
 fn beside(config: &std::path::Path, suffix: &str) -> PathBuf {
     let mut name = config.as_os_str().to_owned();
     name.push(suffix);
@@ -45,14 +50,18 @@ fn beside(config: &std::path::Path, suffix: &str) -> PathBuf {
 
 /// Runs the coordinator until SIGINT or SIGTERM.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    // Logs, spans and metrics, first so that nothing below logs into the
+    // void; declared after the runtime so it is dropped (flushing) while the
+    // runtime still runs.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        telemetry::init(&TelemetryConfig::from_env(args.metrics_listen.is_some()))
+            .context("starting telemetry")?
+    };
     let (config, file_text) = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -86,11 +95,17 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "no policy file and no --state: runtime changes last only until the process ends"
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
     runtime.block_on(async {
+        let metrics_stop = tokio_util::sync::CancellationToken::new();
+        if let (Some(addr), Some(registry)) = (args.metrics_listen, telemetry.registry()) {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding metrics listener {addr}"))?;
+            tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+            let stop = metrics_stop.clone().cancelled_owned();
+            tokio::spawn(metrics_http::serve(listener, registry.clone(), stop));
+        }
+        let _stop_metrics = metrics_stop.drop_guard();
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;

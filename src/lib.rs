@@ -26,6 +26,8 @@
 //! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with tables, JSON and documented exit codes.
+//! - [`telemetry`], [`metrics`]: OTLP traces and metrics, W3C trace context
+//!   from the caller, the Prometheus `/metrics` endpoint (docs/telemetry.md).
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
@@ -43,6 +45,7 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod evidence;
+pub mod metrics;
 pub mod ops;
 pub mod policy;
 pub mod scope;
@@ -52,3 +55,4 @@ pub mod signal;
 pub mod simulate;
 pub mod slots;
 pub mod store;
+pub mod telemetry;

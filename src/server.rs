@@ -227,6 +227,8 @@ where
         // RESOURCE_EXHAUSTED at once and lets the client fall back.
         .layer(
             ServiceBuilder::new()
+                // The caller's W3C trace context parents each RPC's span.
+                .layer(crate::telemetry::TraceContextLayer)
                 .load_shed()
                 .layer(GlobalConcurrencyLimitLayer::new(
                     limits.max_concurrent_requests,

@@ -464,17 +464,21 @@ impl Gate {
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Reply<T>>,
     {
+        // The span model and its attributes: `telemetry` and docs/telemetry.md.
         let span = tracing::info_span!(
-            "intent",
-            intent_id = %intent.intent_id,
-            scope = %intent.scope,
-            outcome = tracing::field::Empty,
-            attempts = tracing::field::Empty,
+            "tollgate.intent",
+            tollgate.intent_id = %intent.intent_id,
+            tollgate.caller_scope = %crate::telemetry::caller_scope_attr(&intent.scope.caller_scope),
+            tollgate.route = %intent.scope.route,
+            tollgate.priority = priority_attr(intent.scope.priority),
+            tollgate.outcome = tracing::field::Empty,
+            tollgate.attempts = tracing::field::Empty,
         );
         let run = Run::new(self, intent);
         let result = run.drive(attempt).instrument(span.clone()).await;
-        span.record("outcome", result.outcome.as_str());
-        span.record("attempts", result.attempts.len());
+        span.record("tollgate.outcome", result.outcome.as_str());
+        span.record("tollgate.attempts", result.attempts.len());
+        crate::telemetry::record_intent(&result.attempts, result.outcome.as_str());
         result
     }
 
@@ -632,9 +636,10 @@ impl<'g> Run<'g> {
                 });
             }
             let sent_wall = self.gate.inner.clock.now();
+            let attempt_span = self.attempt_span(start.number);
             let executed = self
                 .execute(start, &mut attempt)
-                .instrument(tracing::debug_span!("attempt", number = start.number))
+                .instrument(attempt_span.clone())
                 .await;
             drop(permit);
             // A reply that took its whole cap is received at the cap: the
@@ -678,6 +683,9 @@ impl<'g> Run<'g> {
                 self.engine.on_response(receipt, observation, &mut *rng)
             };
             self.sync_record();
+            if let Some(record) = self.engine.records().last() {
+                record_response(&attempt_span, record);
+            }
             match decision {
                 Ok(Decision::Stop(outcome)) => return self.finish(outcome, value, last_response),
                 Ok(Decision::Wait { .. }) => {}
@@ -702,6 +710,58 @@ impl<'g> Run<'g> {
                 }
             }
         }
+    }
+
+    /// The `tollgate.attempt` span of the attempt just pushed: its number,
+    /// the attempts before it (gRFC A45's `previous-rpc-attempts`), how it
+    /// was admitted, and the wait that preceded it.
+    fn attempt_span(&self, number: u32) -> tracing::Span {
+        let span = tracing::info_span!(
+            "tollgate.attempt",
+            tollgate.attempt = number,
+            tollgate.previous_attempts = number.saturating_sub(1),
+            tollgate.token = tracing::field::Empty,
+            tollgate.policy_version = tracing::field::Empty,
+            tollgate.wait_ms = tracing::field::Empty,
+            tollgate.slot_delay_ms = tracing::field::Empty,
+            tollgate.cooldown = tracing::field::Empty,
+            tollgate.degraded = tracing::field::Empty,
+            tollgate.status = tracing::field::Empty,
+            tollgate.class = tracing::field::Empty,
+            tollgate.hint.form = tracing::field::Empty,
+            tollgate.hint.valid = tracing::field::Empty,
+            tollgate.hint.delay_ms = tracing::field::Empty,
+            tollgate.decision = tracing::field::Empty,
+        );
+        let n = self.attempts.len();
+        if let Some(current) = self.attempts.last() {
+            span.record(
+                "tollgate.token",
+                match current.token {
+                    TokenSource::FirstAttempt => "first_attempt",
+                    TokenSource::Leased { .. } => "leased",
+                    TokenSource::Fallback => "fallback",
+                },
+            );
+            span.record("tollgate.policy_version", current.policy_version);
+        }
+        if let Some(previous) = n.checked_sub(2).and_then(|i| self.attempts.get(i)) {
+            let start = self.attempts[n - 1].record.start;
+            if let Some(receipt) = previous.record.receipt {
+                span.record("tollgate.wait_ms", millis(start.saturating_sub(receipt)));
+            }
+            if let Some(wait) = &previous.wait {
+                if let Some(slot) = wait.slot {
+                    span.record(
+                        "tollgate.slot_delay_ms",
+                        millis(slot.saturating_sub(wait.engine_next_start)),
+                    );
+                }
+                span.record("tollgate.cooldown", wait.cooldown.is_some());
+                span.record("tollgate.degraded", wait.degraded);
+            }
+        }
+        span
     }
 
     /// Cancellation or completion evidence before the first start.
@@ -1141,6 +1201,58 @@ impl<'g> Run<'g> {
             attempts: self.attempts,
         }
     }
+}
+
+/// What came back for an attempt, and what was decided, on its span.
+fn record_response(span: &tracing::Span, record: &AttemptRecord) {
+    match record.status {
+        Some(ResponseStatus::Http(code)) => span.record("tollgate.status", code),
+        Some(ResponseStatus::Grpc(code)) => {
+            span.record("tollgate.status", tracing::field::debug(code))
+        }
+        Some(ResponseStatus::Transport(failure)) => {
+            span.record("tollgate.status", tracing::field::debug(failure))
+        }
+        None => span,
+    };
+    if let Some(c) = record.classification {
+        span.record("tollgate.class", tracing::field::debug(c.class));
+    }
+    if let Some(hint) = &record.hint {
+        use crate::hint::HintVerdict;
+        span.record("tollgate.hint.form", hint.form.as_str());
+        match hint.verdict {
+            HintVerdict::Absent => {}
+            HintVerdict::Valid { delay, .. } => {
+                span.record("tollgate.hint.valid", true);
+                span.record("tollgate.hint.delay_ms", millis(delay));
+            }
+            HintVerdict::ExceedsCap { delay, .. } => {
+                span.record("tollgate.hint.valid", false);
+                span.record("tollgate.hint.delay_ms", millis(delay));
+            }
+            _ => {
+                span.record("tollgate.hint.valid", false);
+            }
+        }
+    }
+    if let Some(decision) = record.decision {
+        span.record("tollgate.decision", decision.as_str());
+    }
+}
+
+/// The priority as the coordinator names it (`critical`, `normal`, `bulk`).
+fn priority_attr(priority: crate::scope::Priority) -> &'static str {
+    use crate::scope::Priority;
+    match priority {
+        Priority::Critical => "critical",
+        Priority::Bulk => "bulk",
+        Priority::Normal | Priority::Unspecified => "normal",
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The coordinator's answer to `Reconsider`.

@@ -49,6 +49,7 @@ use crate::clock::{Clock, from_unix_ms};
 use crate::fallback::{AdaptiveThrottle, LocalBudget};
 use crate::link::{CoordinatorLink, LinkState};
 use crate::scope::Scope;
+use crate::telemetry::TraceOrigin;
 
 /// Evidence items kept per scope between two reports; the proto allows 64.
 const MAX_EVIDENCE_PER_REPORT: usize = 64;
@@ -165,12 +166,18 @@ struct PendingReport {
     first_attempts: u32,
     successes: u32,
     evidence: Vec<Evidence>,
+    /// The trace the report is sent under: the newest intent whose evidence
+    /// it holds, else the first intent counted in it.
+    origin: TraceOrigin,
 }
 
 impl PendingReport {
     fn merge(&mut self, other: PendingReport) {
         self.first_attempts = self.first_attempts.saturating_add(other.first_attempts);
         self.successes = self.successes.saturating_add(other.successes);
+        if !self.origin.is_set() {
+            self.origin = other.origin;
+        }
         for item in other.evidence {
             self.push_evidence(item);
         }
@@ -401,7 +408,10 @@ impl LeaseCache {
             fallback.budget(scope, config).deposit(now);
         }
         self.with_report(scope, |r| {
-            r.first_attempts = r.first_attempts.saturating_add(1)
+            r.first_attempts = r.first_attempts.saturating_add(1);
+            if !r.origin.is_set() {
+                r.origin = TraceOrigin::current();
+            }
         });
     }
 
@@ -414,7 +424,13 @@ impl LeaseCache {
     /// Queues rate-limit evidence for the next report.
     pub fn record_evidence(&self, scope: &Scope, evidence: Evidence) {
         self.record_upstream_answer(false);
-        self.with_report(scope, |r| r.push_evidence(evidence));
+        self.with_report(scope, |r| {
+            r.push_evidence(evidence);
+            let origin = TraceOrigin::current();
+            if origin.is_set() {
+                r.origin = origin;
+            }
+        });
     }
 
     /// Feeds the adaptive throttle: `accepted` is false for overload answers.
@@ -502,7 +518,7 @@ async fn flush_reports(shared: &Shared) {
             successes: report.successes,
             evidence: report.evidence.clone(),
         };
-        match shared.link.report(request).await {
+        match report.origin.scope(shared.link.report(request)).await {
             Ok(answer) => merge_view(shared, &scope, |v| {
                 v.policy_version = v.policy_version.max(answer.policy_version);
                 if answer.cooldown_until_unix_ms > 0 {

@@ -74,6 +74,10 @@
 //!   the Watch view of scope state; falls back to [`fallback`] when the
 //!   coordinator is unreachable.
 //!
+//! Observing it:
+//! - [`telemetry`]: W3C trace context on coordinator RPCs, the span model,
+//!   client metrics, and (feature `otel`) OTLP export for workers.
+//!
 //! # How data flows
 //! ```text
 //! driver ── start_attempt(now) ──▶ engine
@@ -105,3 +109,4 @@ pub mod link;
 pub mod owner;
 pub mod scope;
 pub mod script;
+pub mod telemetry;

@@ -178,6 +178,7 @@ impl CoordinatorLink {
                 .metadata_mut()
                 .insert("authorization", value.clone());
         }
+        crate::telemetry::inject(request.metadata_mut());
         request
     }
 
@@ -186,12 +187,14 @@ impl CoordinatorLink {
         match &result {
             Ok(_) => {
                 if self.health.degraded.swap(false, Ordering::Relaxed) {
+                    crate::telemetry::record_fallback(false);
                     tracing::info!("coordinator reachable again; using the fleet budget");
                 }
             }
             Err(err) if err.is_unreachable() => {
                 if !self.health.degraded.swap(true, Ordering::Relaxed) {
                     self.health.degradations.fetch_add(1, Ordering::Relaxed);
+                    crate::telemetry::record_fallback(true);
                     tracing::warn!(
                         cause = %err,
                         "coordinator unreachable; using the local fallback budget"

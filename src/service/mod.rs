@@ -31,6 +31,7 @@ use crate::auth::{Authenticator, Identity};
 use crate::budget::{GrantAsk, GrantLimit};
 use crate::config::Config;
 use crate::evidence::{EvidenceInput, assess};
+use crate::metrics::CoordinatorMetrics;
 use crate::policy::SharedPolicies;
 use crate::scope::{EvidenceLevel, ScopeKey};
 use crate::slots::{JITTER_SCALE, SlotAsk};
@@ -54,6 +55,8 @@ pub struct BudgetService {
     watch_buffer: usize,
     /// Cancelled when the server starts draining: Watch streams end then.
     shutdown: CancellationToken,
+    /// Made from the global meter provider when the service is built.
+    metrics: Arc<CoordinatorMetrics>,
 }
 
 impl std::fmt::Debug for BudgetService {
@@ -98,11 +101,15 @@ impl BudgetService {
             store,
             policies,
             auth: Arc::new(config.auth.clone()),
-            clock,
+            clock: Arc::clone(&clock),
             rng: Arc::new(Mutex::new(rng)),
             hub,
             watch_buffer: config.limits.watch_buffer,
             shutdown,
+            metrics: Arc::new(CoordinatorMetrics::new(
+                &opentelemetry::global::meter("tollgate"),
+                Arc::clone(&clock),
+            )),
         }
     }
 
@@ -132,7 +139,7 @@ impl BudgetService {
     ) -> Result<ScopeKey, ServiceError> {
         let key = validate::scope(field, scope)?;
         self.auth.check(identity, &key.route.caller_scope)?;
-        Span::current().record("scope", tracing::field::display(&key));
+        crate::telemetry::record_scope(&Span::current(), &key);
         Ok(key)
     }
 
@@ -144,7 +151,7 @@ impl BudgetService {
 
 #[tonic::async_trait]
 impl Budget for BudgetService {
-    #[instrument(skip_all, fields(scope = Empty, worker_id = Empty, want = Empty, granted = Empty, policy_version = Empty))]
+    #[instrument(name = "tollgate.lease", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.want = Empty, tollgate.decision = Empty, tollgate.reason = Empty, tollgate.tokens.granted = Empty, tollgate.tokens.remaining = Empty, tollgate.policy_version = Empty))]
     async fn lease(
         &self,
         request: Request<LeaseRequest>,
@@ -156,12 +163,13 @@ impl Budget for BudgetService {
         let want = validate::want(req.want)?;
         let retry_class = validate::retry_class(req.retry_class)?;
         let policy = self.policies.current().resolve(&scope.route);
+        let ask_now = self.now_ms();
         let ask = GrantAsk {
             worker_id: &req.worker_id,
             priority: scope.priority,
             retry_class,
             want,
-            now_ms: self.now_ms(),
+            now_ms: ask_now,
         };
         let out = self
             .store
@@ -169,10 +177,24 @@ impl Budget for BudgetService {
             .await
             .map_err(ServiceError::from)?;
         let span = Span::current();
-        span.record("worker_id", req.worker_id.as_str());
-        span.record("want", want);
-        span.record("granted", out.grant.granted);
-        span.record("policy_version", policy.policy_version);
+        span.record("tollgate.want", want);
+        span.record(
+            "tollgate.decision",
+            if out.grant.granted > 0 {
+                "granted"
+            } else {
+                "denied"
+            },
+        );
+        span.record(
+            "tollgate.reason",
+            crate::metrics::limit_str(out.grant.limit),
+        );
+        span.record("tollgate.tokens.granted", out.grant.granted);
+        span.record("tollgate.tokens.remaining", out.grant.remaining);
+        span.record("tollgate.policy_version", policy.policy_version);
+        self.metrics
+            .lease(&scope, &out.grant, out.lease_id.as_deref(), ask_now);
         Ok(Response::new(LeaseResponse {
             lease_id: out.lease_id.unwrap_or_default(),
             granted: out.grant.granted,
@@ -190,7 +212,7 @@ impl Budget for BudgetService {
         }))
     }
 
-    #[instrument(skip_all, fields(scope = Empty, returned = Empty))]
+    #[instrument(name = "tollgate.release", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.tokens.spent = Empty, tollgate.tokens.returned = Empty))]
     async fn release(
         &self,
         request: Request<ReleaseRequest>,
@@ -211,11 +233,13 @@ impl Budget for BudgetService {
             )
             .await
             .map_err(ServiceError::from)?;
-        Span::current().record("returned", returned);
+        Span::current().record("tollgate.tokens.spent", req.spent);
+        Span::current().record("tollgate.tokens.returned", returned);
+        self.metrics.release(&scope, &req.lease_id, returned);
         Ok(Response::new(ReleaseResponse { returned }))
     }
 
-    #[instrument(skip_all, fields(scope = Empty, first_attempts = Empty, evidence = Empty, cooldown_until = Empty))]
+    #[instrument(name = "tollgate.report", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.first_attempts = Empty, tollgate.evidence = Empty, tollgate.hint.form = Empty, tollgate.hint.valid = Empty, tollgate.hint.delay_ms = Empty, tollgate.hint.capped = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty))]
     async fn report(
         &self,
         request: Request<ReportRequest>,
@@ -261,6 +285,14 @@ impl Budget for BudgetService {
                 receipt_ms: e.receipt_unix_ms,
             };
             let assessment = assess(&input, &policy, now);
+            self.metrics
+                .hint(assessment.form.as_str(), assessment.valid);
+            // The span keeps the newest hint; every one is counted above.
+            let span = Span::current();
+            span.record("tollgate.hint.form", assessment.form.as_str());
+            span.record("tollgate.hint.valid", assessment.valid);
+            span.record("tollgate.hint.delay_ms", assessment.delay_ms);
+            span.record("tollgate.hint.capped", assessment.capped);
             // An uncertain scope is never narrowed: the evidence covers the
             // whole caller scope.
             let level = match ScopeCertainty::try_from(e.certainty) {
@@ -280,6 +312,8 @@ impl Budget for BudgetService {
                     "clock_skew: worker receipt time disagrees with the coordinator clock");
             }
             if merge.raised {
+                self.metrics
+                    .cooldown(level.to_string(), merge.cooldown_until_ms);
                 tracing::info!(level = %level, cooldown_until_unix_ms = merge.cooldown_until_ms,
                     form = assessment.form.as_str(), capped = assessment.capped, "cooldown started");
                 self.hub.publish(StateChange::Cooldown {
@@ -305,9 +339,10 @@ impl Budget for BudgetService {
             .await
             .map_err(ServiceError::from)?;
         let span = Span::current();
-        span.record("first_attempts", first_attempts);
-        span.record("evidence", req.evidence.len());
-        span.record("cooldown_until", view.cooldown_until_ms);
+        span.record("tollgate.first_attempts", first_attempts);
+        span.record("tollgate.evidence", req.evidence.len());
+        span.record("tollgate.cooldown_until_unix_ms", view.cooldown_until_ms);
+        span.record("tollgate.policy_version", policy.policy_version);
         Ok(Response::new(ReportResponse {
             cooldown_until_unix_ms: view.cooldown_until_ms,
             policy_version: policy.policy_version,
@@ -316,7 +351,7 @@ impl Budget for BudgetService {
         }))
     }
 
-    #[instrument(skip_all, fields(scope = Empty, decision = Empty, slot = Empty, policy_version = Empty))]
+    #[instrument(name = "tollgate.reconsider", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.decision = Empty, tollgate.slot_unix_ms = Empty, tollgate.slot.delay_ms = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty))]
     async fn reconsider(
         &self,
         request: Request<ReconsiderRequest>,
@@ -330,12 +365,13 @@ impl Budget for BudgetService {
         let deadline = validate::unix_ms("deadline_unix_ms", req.deadline_unix_ms, true)?;
         let reserve = validate::attempt_reserve(req.attempt_reserve_ms)?;
         let policy = self.policies.current().resolve(&scope.route);
+        let ask_now = self.now_ms();
         let ask = SlotAsk {
             intent_id: &req.intent_id,
             floor_ms: not_before,
             deadline_ms: deadline,
             reserve_ms: reserve,
-            now_ms: self.now_ms(),
+            now_ms: ask_now,
             jitter_ppm: self.jitter(),
         };
         let (decided, view) = self
@@ -343,15 +379,25 @@ impl Budget for BudgetService {
             .reconsider(&scope.route, ask, &policy)
             .await
             .map_err(ServiceError::from)?;
-        let (decision, slot) = match decided {
-            Reconsidered::Slot(at) => (ReconsiderDecision::Slot, at),
-            Reconsidered::DeadlineInfeasible(at) => (ReconsiderDecision::DeadlineInfeasible, at),
-            Reconsidered::Frozen => (ReconsiderDecision::Frozen, 0),
+        let (decision, slot, label) = match decided {
+            Reconsidered::Slot(at) => (ReconsiderDecision::Slot, at, "slot"),
+            Reconsidered::DeadlineInfeasible(at) => (
+                ReconsiderDecision::DeadlineInfeasible,
+                at,
+                "deadline_infeasible",
+            ),
+            Reconsidered::Frozen => (ReconsiderDecision::Frozen, 0, "frozen"),
         };
         let span = Span::current();
-        span.record("decision", decision.as_str_name());
-        span.record("slot", slot);
-        span.record("policy_version", policy.policy_version);
+        let slot_delay = (slot > 0).then(|| slot - ask_now);
+        span.record("tollgate.decision", label);
+        span.record("tollgate.slot_unix_ms", slot);
+        if let Some(delay) = slot_delay {
+            span.record("tollgate.slot.delay_ms", delay);
+        }
+        span.record("tollgate.cooldown_until_unix_ms", view.cooldown_until_ms);
+        span.record("tollgate.policy_version", policy.policy_version);
+        self.metrics.slot(label, slot_delay);
         Ok(Response::new(ReconsiderResponse {
             decision: decision.into(),
             slot_unix_ms: slot,
@@ -363,7 +409,7 @@ impl Budget for BudgetService {
 
     type WatchStream = ReceiverStream<Result<ScopeEvent, Status>>;
 
-    #[instrument(skip_all, fields(scopes = Empty))]
+    #[instrument(name = "tollgate.watch", skip_all, fields(tollgate.scopes = Empty))]
     async fn watch(
         &self,
         request: Request<WatchRequest>,
@@ -398,7 +444,7 @@ impl Budget for BudgetService {
                 frozen: view.frozen,
             });
         }
-        Span::current().record("scopes", watched.len());
+        Span::current().record("tollgate.scopes", watched.len());
         let (tx, rx) = mpsc::channel(self.watch_buffer);
         tokio::spawn(watch::run(
             watched,

@@ -1,0 +1,376 @@
+//! Telemetry for workers: W3C trace context on every coordinator RPC, the
+//! caller-scope attribute (hashed on request), client metrics, and — with the
+//! `otel` cargo feature — [`init`], the one call a worker makes to export its
+//! spans and metrics over OTLP.
+//!
+//! # Why behind a feature
+//! Without `otel` every function here is a no-op and the client depends on
+//! `tracing` only: spans still exist for logs, nothing is exported and no
+//! `traceparent` is sent. With `otel`, [`CoordinatorLink`] injects the
+//! current span's context into each request's metadata, so the coordinator's
+//! span for that RPC is a child of the worker's `tollgate.intent` span.
+//!
+//! # Spans the gate opens
+//! - `tollgate.intent`: one per [`Gate::run`](crate::gate::Gate::run).
+//! - `tollgate.attempt`: one per attempt, a child of the intent, carrying the
+//!   attempt number and how many came before (gRFC A45's
+//!   `previous-rpc-attempts`), the wait that preceded it and what came back.
+//!
+//! Coordinator RPCs made while an intent runs (the first `Lease` of a scope,
+//! `Reconsider`) carry the intent's context; a batched `Report` carries the
+//! context of the newest intent whose evidence it holds. The full table is in
+//! `docs/telemetry.md`.
+//!
+//! # Worker set-up (feature `otel`)
+//! ```ignore
+//! // Inside the worker's tokio runtime; keep the guard for the process's life.
+//! let _telemetry = tollgate_client::telemetry::init("checkout-worker")?;
+//! ```
+//! `init` reads the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+//! `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, …), installs the global
+//! subscriber (stderr logs + the OpenTelemetry layer) and the global meter
+//! provider, and exports nothing when no endpoint is set. Export runs on the
+//! SDK's batch threads: it never blocks an attempt, and a dead collector costs
+//! a log line.
+//!
+//! [`CoordinatorLink`]: crate::link::CoordinatorLink
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The environment variable that turns caller-scope hashing on (`1`/`true`).
+pub const HASH_CALLER_SCOPE_ENV: &str = "TOLLGATE_HASH_CALLER_SCOPE";
+/// An optional salt mixed into the caller-scope hash, so the hashes of
+/// guessable tenant names cannot be looked up in a table built elsewhere.
+pub const HASH_SALT_ENV: &str = "TOLLGATE_TELEMETRY_SALT";
+
+/// 0 = not decided yet (read the environment), 1 = raw, 2 = hashed.
+static HASHING: AtomicU8 = AtomicU8::new(0);
+static SALT: OnceLock<String> = OnceLock::new();
+
+/// Forces caller-scope hashing on or off (overrides the environment).
+pub fn set_hash_caller_scope(on: bool) {
+    HASHING.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+fn hashing() -> bool {
+    match HASHING.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var(HASH_CALLER_SCOPE_ENV)
+                .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"));
+            set_hash_caller_scope(on);
+            on
+        }
+        mode => mode == 2,
+    }
+}
+
+/// The caller scope as telemetry shows it: raw, or `h:` and 16 hex digits
+/// of a salted FNV-1a hash when hashing is on. FNV is not a cryptographic
+/// hash: it hides names from casual readers of a dashboard and keeps them
+/// joinable across services, nothing more; set a salt if names are guessable.
+pub fn caller_scope_attr(caller_scope: &str) -> String {
+    if !hashing() {
+        return caller_scope.to_owned();
+    }
+    let salt = SALT.get_or_init(|| std::env::var(HASH_SALT_ENV).unwrap_or_default());
+    format!("h:{:016x}", fnv1a(salt.as_bytes(), caller_scope.as_bytes()))
+}
+
+fn fnv1a(salt: &[u8], data: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in salt.iter().chain([0u8].iter()).chain(data) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// The trace context an RPC made outside any intent (a batched report, a
+/// background refill) should carry: captured where the work originated.
+/// Zero-sized without the `otel` feature.
+#[derive(Debug, Clone, Default)]
+pub struct TraceOrigin {
+    #[cfg(feature = "otel")]
+    cx: Option<opentelemetry::Context>,
+}
+
+impl TraceOrigin {
+    /// The current span's context.
+    pub fn current() -> Self {
+        #[cfg(feature = "otel")]
+        {
+            let cx = otel::current_context();
+            use opentelemetry::trace::TraceContextExt as _;
+            TraceOrigin {
+                cx: cx.span().span_context().is_valid().then_some(cx),
+            }
+        }
+        #[cfg(not(feature = "otel"))]
+        TraceOrigin {}
+    }
+
+    /// Whether a context was captured.
+    pub fn is_set(&self) -> bool {
+        #[cfg(feature = "otel")]
+        {
+            self.cx.is_some()
+        }
+        #[cfg(not(feature = "otel"))]
+        false
+    }
+
+    /// Runs `future` with this context current, so RPCs it makes carry it.
+    pub async fn scope<F: std::future::Future>(&self, future: F) -> F::Output {
+        #[cfg(feature = "otel")]
+        if let Some(cx) = &self.cx {
+            use opentelemetry::context::FutureExt as _;
+            return future.with_context(cx.clone()).await;
+        }
+        future.await
+    }
+}
+
+/// Writes the current trace context (`traceparent`, `tracestate`) into
+/// gRPC request metadata. A no-op without `otel` or outside any sampled span.
+pub fn inject(metadata: &mut tonic::metadata::MetadataMap) {
+    #[cfg(feature = "otel")]
+    otel::inject(metadata);
+    #[cfg(not(feature = "otel"))]
+    let _ = metadata;
+}
+
+/// Counts an ended intent: retries (attempts after the first, bucketed 0–5)
+/// and each wait before a retry.
+pub fn record_intent(attempts: &[crate::gate::AttemptEvidence], outcome: &str) {
+    #[cfg(feature = "otel")]
+    otel::record_intent(attempts, outcome);
+    #[cfg(not(feature = "otel"))]
+    let _ = (attempts, outcome);
+}
+
+/// Records the link's state: 1 while degraded (local fallback budget), 0
+/// while connected.
+pub fn record_fallback(degraded: bool) {
+    #[cfg(feature = "otel")]
+    otel::record_fallback(degraded);
+    #[cfg(not(feature = "otel"))]
+    let _ = degraded;
+}
+
+#[cfg(feature = "otel")]
+pub use otel::{InitError, WorkerTelemetry, init};
+
+#[cfg(feature = "otel")]
+mod otel {
+    use std::sync::OnceLock;
+
+    use opentelemetry::KeyValue;
+    use opentelemetry::metrics::{Gauge, Histogram, Meter};
+    use opentelemetry::propagation::{Injector, TextMapPropagator};
+    use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+    use opentelemetry_otlp::{MetricExporter, SpanExporter};
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::metrics::SdkMeterProvider;
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
+    pub(super) fn current_context() -> opentelemetry::Context {
+        let cx = tracing::Span::current().context();
+        if cx.span().span_context().is_valid() {
+            cx
+        } else {
+            // Outside any tracing span (a background task running under a
+            // captured origin): the attached OpenTelemetry context.
+            opentelemetry::Context::current()
+        }
+    }
+
+    struct Metadata<'a>(&'a mut tonic::metadata::MetadataMap);
+
+    impl Injector for Metadata<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            if let (Ok(key), Ok(value)) = (
+                tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+                value.parse(),
+            ) {
+                self.0.insert(key, value);
+            }
+        }
+    }
+
+    pub(super) fn inject(metadata: &mut tonic::metadata::MetadataMap) {
+        let cx = current_context();
+        if cx.span().span_context().is_valid() {
+            TraceContextPropagator::new().inject_context(&cx, &mut Metadata(metadata));
+        }
+    }
+
+    struct ClientMetrics {
+        retries: Histogram<u64>,
+        retry_delay: Histogram<f64>,
+        fallback: Gauge<u64>,
+    }
+
+    /// Instruments are made on first use from the global meter provider, so
+    /// [`init`] (or the application's own provider) must run first.
+    fn metrics() -> &'static ClientMetrics {
+        static METRICS: OnceLock<ClientMetrics> = OnceLock::new();
+        METRICS.get_or_init(|| {
+            let meter: Meter = opentelemetry::global::meter("tollgate-client");
+            ClientMetrics {
+                retries: meter
+                    .u64_histogram("tollgate.client.retries")
+                    .with_description("Retries per intent (attempts after the first)")
+                    .with_unit("{retry}")
+                    .with_boundaries(vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+                    .build(),
+                retry_delay: meter
+                    .f64_histogram("tollgate.client.retry.delay")
+                    .with_description("Wait before a retry, as planned by the gate")
+                    .with_unit("s")
+                    .with_boundaries(vec![
+                        0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    ])
+                    .build(),
+                fallback: meter
+                    .u64_gauge("tollgate.client.fallback")
+                    .with_description(
+                        "1 while the coordinator is unreachable and the local budget applies",
+                    )
+                    .build(),
+            }
+        })
+    }
+
+    pub(super) fn record_intent(attempts: &[crate::gate::AttemptEvidence], outcome: &str) {
+        let m = metrics();
+        let retries = u64::try_from(attempts.len().saturating_sub(1)).unwrap_or(u64::MAX);
+        m.retries.record(
+            retries,
+            &[KeyValue::new("tollgate.outcome", outcome.to_owned())],
+        );
+        for attempt in attempts {
+            if let Some(wait) = attempt.record.wait {
+                m.retry_delay.record(wait.as_secs_f64(), &[]);
+            }
+        }
+    }
+
+    pub(super) fn record_fallback(degraded: bool) {
+        metrics().fallback.record(u64::from(degraded), &[]);
+    }
+
+    /// Why worker telemetry could not start.
+    #[derive(Debug, thiserror::Error)]
+    pub enum InitError {
+        /// An OTLP exporter could not be built (a malformed endpoint).
+        #[error("building the OTLP exporter: {0}")]
+        Exporter(String),
+        /// A global subscriber was already installed.
+        #[error("installing the tracing subscriber: {0}")]
+        Subscriber(String),
+    }
+
+    /// Keeps export running; flushes and shuts down on drop.
+    #[derive(Debug)]
+    pub struct WorkerTelemetry {
+        tracer: Option<SdkTracerProvider>,
+        meter: Option<SdkMeterProvider>,
+    }
+
+    impl WorkerTelemetry {
+        /// Whether spans are exported.
+        pub fn exporting(&self) -> bool {
+            self.tracer.is_some()
+        }
+    }
+
+    impl Drop for WorkerTelemetry {
+        fn drop(&mut self) {
+            // Shutdown flushes; run it off the async threads (it blocks).
+            if let Some(tracer) = self.tracer.take() {
+                let _ = tracer.shutdown();
+            }
+            if let Some(meter) = self.meter.take() {
+                let _ = meter.shutdown();
+            }
+        }
+    }
+
+    fn endpoint_set() -> bool {
+        let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+        let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim() == "true");
+        !disabled
+            && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    }
+
+    /// Starts worker telemetry from the standard `OTEL_*` variables (call it
+    /// inside the tokio runtime): logs to stderr filtered by `RUST_LOG`, and,
+    /// when an OTLP endpoint is set, spans and metrics to it.
+    /// `default_service_name` applies when `OTEL_SERVICE_NAME` is unset.
+    pub fn init(default_service_name: &str) -> Result<WorkerTelemetry, InitError> {
+        let (tracer, meter) = if endpoint_set() {
+            let resource = resource(default_service_name);
+            let spans = SpanExporter::builder()
+                .with_tonic()
+                .build()
+                .map_err(|e| InitError::Exporter(e.to_string()))?;
+            let tracer = SdkTracerProvider::builder()
+                .with_batch_exporter(spans)
+                .with_resource(resource.clone())
+                .build();
+            let metrics = MetricExporter::builder()
+                .with_tonic()
+                .build()
+                .map_err(|e| InitError::Exporter(e.to_string()))?;
+            let meter = SdkMeterProvider::builder()
+                .with_periodic_exporter(metrics)
+                .with_resource(resource)
+                .build();
+            opentelemetry::global::set_meter_provider(meter.clone());
+            (Some(tracer), Some(meter))
+        } else {
+            (None, None)
+        };
+        let otel = tracer.as_ref().map(|provider| {
+            tracing_opentelemetry::layer().with_tracer(provider.tracer("tollgate-client"))
+        });
+        tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(otel)
+            .try_init()
+            .map_err(|e| InitError::Subscriber(e.to_string()))?;
+        Ok(WorkerTelemetry { tracer, meter })
+    }
+
+    fn resource(default_service_name: &str) -> Resource {
+        let builder = Resource::builder();
+        if std::env::var("OTEL_SERVICE_NAME").is_ok() {
+            builder.build()
+        } else {
+            builder
+                .with_service_name(default_service_name.to_owned())
+                .build()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashing_is_stable_salted_and_hides_the_name() {
+        assert_eq!(fnv1a(b"", b"tenant-a"), fnv1a(b"", b"tenant-a"));
+        assert_ne!(fnv1a(b"", b"tenant-a"), fnv1a(b"s", b"tenant-a"));
+        assert_ne!(fnv1a(b"", b"tenant-a"), fnv1a(b"", b"tenant-b"));
+    }
+}

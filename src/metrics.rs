@@ -1,0 +1,277 @@
+//! The coordinator's metrics, recorded through the OpenTelemetry API and
+//! exported by whatever the global meter provider has (OTLP, the Prometheus
+//! reader behind `/metrics`, or nothing: the no-op provider costs a branch).
+//!
+//! # Bounded cardinality
+//! No instrument is labelled by scope except `tollgate.budget.lowest`, which
+//! carries the [`LOWEST_BALANCES`] scopes nearest to exhaustion at each
+//! collection — the ones an SRE needs to see — so the number of series at any
+//! time is fixed whatever the fleet does. Everything else is labelled only by
+//! small enums: priority class, decision, reason, hint form and validity.
+//!
+//! Gauges the service cannot read from one request (tokens outstanding,
+//! balances, active cooldowns) come from small bounded books kept here and
+//! read at collection time; the store is not scanned.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+use tollgate_client::clock::{Clock, to_unix_ms};
+use tollgate_client::telemetry::caller_scope_attr;
+
+use crate::budget::{Grant, GrantLimit};
+use crate::scope::{Priority, ScopeKey};
+
+/// Scopes shown by `tollgate.budget.lowest`.
+pub const LOWEST_BALANCES: usize = 5;
+/// Entries kept per book; beyond it new entries are not tracked (and the
+/// gauges undercount), so a flood of scopes cannot grow memory.
+const MAX_BOOK_ENTRIES: usize = 100_000;
+/// A balance not refreshed by a lease for this long is forgotten.
+const BALANCE_TTL_MS: i64 = 10 * 60 * 1000;
+
+/// The instruments, and the books behind the gauges.
+pub struct CoordinatorMetrics {
+    leases: Counter<u64>,
+    tokens_granted: Counter<u64>,
+    tokens_returned: Counter<u64>,
+    hints: Counter<u64>,
+    slots: Counter<u64>,
+    slot_delay: Histogram<f64>,
+    books: Arc<Books>,
+}
+
+impl std::fmt::Debug for CoordinatorMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoordinatorMetrics").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Books {
+    /// lease id → (priority, granted, expires at): tokens outstanding.
+    leases: Mutex<HashMap<String, (Priority, u64, i64)>>,
+    /// scope → (remaining, seen at): the budget balance per scope.
+    balances: Mutex<HashMap<ScopeKey, (u64, i64)>>,
+    /// cooldown level → until.
+    cooldowns: Mutex<HashMap<String, i64>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain maps of numbers: still usable after a panic elsewhere.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn priority(p: Priority) -> KeyValue {
+    KeyValue::new("tollgate.priority", p.as_str())
+}
+
+impl CoordinatorMetrics {
+    /// Instruments from `meter`; gauges read `clock` at collection.
+    pub fn new(meter: &Meter, clock: Arc<dyn Clock>) -> Self {
+        let books = Arc::new(Books::default());
+        {
+            let (books, clock) = (Arc::clone(&books), Arc::clone(&clock));
+            meter
+                .u64_observable_gauge("tollgate.tokens.outstanding")
+                .with_description("Tokens in leases neither released nor expired, per priority")
+                .with_unit("{token}")
+                .with_callback(move |observer| {
+                    let now = to_unix_ms(clock.now());
+                    let mut sums = [0u64; 3];
+                    let mut leases = lock(&books.leases);
+                    leases.retain(|_, (_, _, expires)| *expires > now);
+                    for (p, granted, _) in leases.values() {
+                        sums[p.index()] += granted;
+                    }
+                    for p in Priority::ALL {
+                        observer.observe(sums[p.index()], &[priority(p)]);
+                    }
+                })
+                .build();
+        }
+        {
+            let (books, clock) = (Arc::clone(&books), Arc::clone(&clock));
+            meter
+                .u64_observable_gauge("tollgate.budget.remaining")
+                .with_description(
+                    "Retry tokens scopes could still grant, summed per priority (last lease seen)",
+                )
+                .with_unit("{token}")
+                .with_callback(move |observer| {
+                    let now = to_unix_ms(clock.now());
+                    let mut sums = [0u64; 3];
+                    let mut balances = lock(&books.balances);
+                    balances.retain(|_, (_, at)| now - *at < BALANCE_TTL_MS);
+                    for (key, (remaining, _)) in balances.iter() {
+                        sums[key.priority.index()] += remaining;
+                    }
+                    for p in Priority::ALL {
+                        observer.observe(sums[p.index()], &[priority(p)]);
+                    }
+                })
+                .build();
+        }
+        {
+            let books = Arc::clone(&books);
+            meter
+                .u64_observable_gauge("tollgate.budget.lowest")
+                .with_description("The scopes nearest to exhaustion and their balance")
+                .with_unit("{token}")
+                .with_callback(move |observer| {
+                    let balances = lock(&books.balances);
+                    let mut lowest: Vec<_> = balances.iter().collect();
+                    lowest.sort_by(|(a, (ra, _)), (b, (rb, _))| {
+                        (ra, &a.route, a.priority).cmp(&(rb, &b.route, b.priority))
+                    });
+                    for (key, (remaining, _)) in lowest.into_iter().take(LOWEST_BALANCES) {
+                        observer.observe(
+                            *remaining,
+                            &[
+                                KeyValue::new(
+                                    "tollgate.caller_scope",
+                                    caller_scope_attr(&key.route.caller_scope),
+                                ),
+                                KeyValue::new("tollgate.route", key.route.route.clone()),
+                                priority(key.priority),
+                            ],
+                        );
+                    }
+                })
+                .build();
+        }
+        {
+            let (books, clock) = (Arc::clone(&books), Arc::clone(&clock));
+            meter
+                .u64_observable_gauge("tollgate.cooldowns.active")
+                .with_description("Routes and caller scopes in a cooldown now")
+                .with_callback(move |observer| {
+                    let now = to_unix_ms(clock.now());
+                    let mut cooldowns = lock(&books.cooldowns);
+                    cooldowns.retain(|_, until| *until > now);
+                    observer.observe(cooldowns.len() as u64, &[]);
+                })
+                .build();
+        }
+        CoordinatorMetrics {
+            leases: meter
+                .u64_counter("tollgate.leases")
+                .with_description("Lease decisions, by decision and the reason fewer were granted")
+                .build(),
+            tokens_granted: meter
+                .u64_counter("tollgate.tokens.granted")
+                .with_unit("{token}")
+                .build(),
+            tokens_returned: meter
+                .u64_counter("tollgate.tokens.returned")
+                .with_description("Unspent tokens given back by Release")
+                .with_unit("{token}")
+                .build(),
+            hints: meter
+                .u64_counter("tollgate.hints")
+                .with_description("Reported wait hints, by form and validity")
+                .build(),
+            slots: meter
+                .u64_counter("tollgate.slots")
+                .with_description("Reconsider answers, by decision")
+                .build(),
+            slot_delay: meter
+                .f64_histogram("tollgate.slot.delay")
+                .with_description("How far after the request a slot was given")
+                .with_unit("s")
+                .with_boundaries(vec![
+                    0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                ])
+                .build(),
+            books,
+        }
+    }
+
+    /// A `Lease` decision.
+    pub fn lease(&self, scope: &ScopeKey, grant: &Grant, lease_id: Option<&str>, now_ms: i64) {
+        let decision = if grant.granted > 0 {
+            "granted"
+        } else {
+            "denied"
+        };
+        self.leases.add(
+            1,
+            &[
+                KeyValue::new("tollgate.decision", decision),
+                KeyValue::new("tollgate.reason", limit_str(grant.limit)),
+                priority(scope.priority),
+            ],
+        );
+        if grant.granted > 0 {
+            self.tokens_granted
+                .add(u64::from(grant.granted), &[priority(scope.priority)]);
+        }
+        if let Some(id) = lease_id.filter(|_| grant.granted > 0) {
+            let mut leases = lock(&self.books.leases);
+            if leases.len() < MAX_BOOK_ENTRIES {
+                leases.insert(
+                    id.to_owned(),
+                    (
+                        scope.priority,
+                        u64::from(grant.granted),
+                        grant.expires_at_ms,
+                    ),
+                );
+            }
+        }
+        let mut balances = lock(&self.books.balances);
+        if balances.len() < MAX_BOOK_ENTRIES || balances.contains_key(scope) {
+            balances.insert(scope.clone(), (grant.remaining, now_ms));
+        }
+    }
+
+    /// A `Release` that gave `returned` tokens back.
+    pub fn release(&self, scope: &ScopeKey, lease_id: &str, returned: u32) {
+        lock(&self.books.leases).remove(lease_id);
+        if returned > 0 {
+            self.tokens_returned
+                .add(u64::from(returned), &[priority(scope.priority)]);
+        }
+    }
+
+    /// A reported hint, as the coordinator read it.
+    pub fn hint(&self, form: &'static str, valid: bool) {
+        self.hints.add(
+            1,
+            &[
+                KeyValue::new("tollgate.hint.form", form),
+                KeyValue::new("tollgate.hint.valid", valid),
+            ],
+        );
+    }
+
+    /// A cooldown raised on `level` until `until_ms`.
+    pub fn cooldown(&self, level: String, until_ms: i64) {
+        let mut cooldowns = lock(&self.books.cooldowns);
+        if cooldowns.len() < MAX_BOOK_ENTRIES || cooldowns.contains_key(&level) {
+            let until = cooldowns.entry(level).or_default();
+            *until = (*until).max(until_ms);
+        }
+    }
+
+    /// A `Reconsider` answer; `delay_ms` from now to the slot, if any.
+    pub fn slot(&self, decision: &'static str, delay_ms: Option<i64>) {
+        let attrs = [KeyValue::new("tollgate.decision", decision)];
+        self.slots.add(1, &attrs);
+        if let Some(delay) = delay_ms {
+            self.slot_delay.record(delay.max(0) as f64 / 1000.0, &attrs);
+        }
+    }
+}
+
+/// The reason label of a grant.
+pub fn limit_str(limit: GrantLimit) -> &'static str {
+    match limit {
+        GrantLimit::None => "none",
+        GrantLimit::BudgetExhausted => "budget_exhausted",
+        GrantLimit::FairShare => "fair_share",
+        GrantLimit::Frozen => "frozen",
+    }
+}

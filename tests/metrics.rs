@@ -1,0 +1,178 @@
+//! The Prometheus `/metrics` endpoint, scraped over HTTP and parsed: the
+//! coordinator's and the client's metric names, and a lease moving the
+//! lease counter.
+//!
+//! Its own test binary: the meter provider is process-global.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::Coordinator;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate::telemetry::{Telemetry, TelemetryConfig, metrics_http};
+use tollgate_client::backoff::{Backoff, Jitter};
+use tollgate_client::engine::{Observation, Policy};
+use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
+use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
+use tollgate_client::link::{CoordinatorLink, LinkConfig};
+use tollgate_client::scope::Scope;
+use tollgate_proto::v1::{LeaseRequest, Priority, RetryClass};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// `GET /metrics` over a plain TCP connection; returns the body.
+async fn scrape(addr: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: tollgate\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("read response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain"), "{head}");
+    body.to_owned()
+}
+
+/// Text format 0.0.4: `name{labels} value` → summed value per
+/// `name{labels}`, and per bare name.
+fn parse(body: &str) -> (HashMap<String, f64>, HashMap<String, f64>) {
+    let mut series = HashMap::new();
+    let mut names = HashMap::new();
+    for line in body.lines() {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, value) = line.rsplit_once(' ').expect("`series value`");
+        let value: f64 = value.parse().expect("a number");
+        let name = key.split('{').next().expect("a name").to_owned();
+        series.insert(key.to_owned(), value);
+        *names.entry(name).or_insert(0.0) += value;
+    }
+    (series, names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_scraped_over_http_and_a_lease_counts() {
+    let telemetry = Telemetry::new(&TelemetryConfig {
+        prometheus: true,
+        ..TelemetryConfig::default()
+    })
+    .expect("telemetry");
+    // Before the coordinator starts: its instruments come from this provider.
+    telemetry.install_meter_provider();
+    let registry = telemetry.registry().expect("a registry").clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let metrics_addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(metrics_http::serve(listener, registry, async {
+        let _ = stopped.await;
+    }));
+
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let lease = |want| LeaseRequest {
+        scope: common::scope("tenant-a", "GET /x", Priority::Normal),
+        worker_id: "w1".into(),
+        want,
+        retry_class: RetryClass::Transient as i32,
+    };
+    client.lease(lease(2)).await.expect("lease");
+    let (_, before) = parse(&scrape(metrics_addr).await);
+    let leases_before = before.get("tollgate_leases_total").copied().unwrap_or(0.0);
+    assert!(leases_before >= 1.0, "{before:?}");
+    client.lease(lease(3)).await.expect("lease");
+    let (series, after) = parse(&scrape(metrics_addr).await);
+    assert_eq!(after["tollgate_leases_total"], leases_before + 1.0);
+    assert!(
+        series
+            .keys()
+            .any(|k| k.starts_with("tollgate_leases_total{")
+                && k.contains("tollgate_decision=\"granted\"")
+                && k.contains("tollgate_priority=\"normal\"")),
+        "{series:?}"
+    );
+    assert!(after["tollgate_tokens_outstanding"] >= 5.0, "{after:?}");
+
+    // A worker's storm: hints, a slot, retries per intent, retry delay.
+    // This test is about metrics, not timeouts: a generous RPC bound keeps
+    // a loaded machine from degrading the link into the local fallback.
+    let mut link_config = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-1");
+    link_config.rpc_timeout = Duration::from_secs(2);
+    let link = CoordinatorLink::new(&link_config).expect("link");
+    let cache = LeaseCache::start(link, LeaseCacheConfig::default(), coordinator.clock.clone());
+    let gate = Gate::new(cache, coordinator.clock.clone(), GateConfig::default());
+    let backoff = Backoff {
+        base: ms(20),
+        cap: ms(100),
+        jitter: Jitter::None,
+    };
+    let policy = Policy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
+    let intent = GateIntent::new("i-1", Scope::new("tenant-a", "GET /y"), policy);
+    let result = gate
+        .run(intent, |attempt: Attempt| async move {
+            let status = if attempt.number == 1 { 429 } else { 200 };
+            Reply::new(Observation::http(status, Some("0")), ())
+        })
+        .await;
+    assert!(result.succeeded(), "{result:?}");
+    gate.cache().flush().await;
+
+    let body = scrape(metrics_addr).await;
+    let (_, names) = parse(&body);
+    for name in [
+        "tollgate_leases_total",
+        "tollgate_tokens_granted_total",
+        "tollgate_tokens_outstanding",
+        "tollgate_budget_remaining",
+        "tollgate_budget_lowest",
+        "tollgate_cooldowns_active",
+        "tollgate_hints_total",
+        "tollgate_slots_total",
+        "tollgate_slot_delay_seconds_bucket",
+        "tollgate_client_retries_bucket",
+        "tollgate_client_retry_delay_seconds_bucket",
+    ] {
+        assert!(names.contains_key(name), "{name} missing from:\n{body}");
+    }
+    assert!(
+        body.contains(
+            "tollgate_hints_total{tollgate_hint_form=\"delay\",tollgate_hint_valid=\"true\""
+        ),
+        "{body}"
+    );
+    // One retry in one intent lands in the `le="1"` bucket.
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("tollgate_client_retries_bucket{")
+                && l.contains("le=\"1\"}")
+                && l.ends_with(" 1")),
+        "{body}"
+    );
+
+    // Anything but GET /metrics is a 404.
+    let mut stream = TcpStream::connect(metrics_addr).await.expect("connect");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    assert!(response.starts_with("HTTP/1.1 404"), "{response}");
+
+    drop(gate);
+    coordinator.stop().await;
+    let _ = stop.send(());
+    server.await.expect("join").expect("metrics server");
+    let _ = tokio::task::spawn_blocking(move || drop(telemetry)).await;
+}
