@@ -5,10 +5,12 @@
 //! `tollgate-client`; this crate drives it, never reimplements it.
 //!
 //! # Layout
+//! - [`bench`]: `tollgate bench storm`, the fleet retry-storm benchmark.
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
 //! `src/main.rs` is a thin clap front end: one enum of subcommands, each
 //! handing off to a module here.
 
+pub mod bench;
 pub mod simulate;
