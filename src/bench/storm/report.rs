@@ -308,6 +308,8 @@ impl StormReport {
                 .configure_mesh()
                 .x_desc("time since start (s)")
                 .y_desc("attempts per second")
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| format!("{y:.0}"))
                 .draw()
                 .map_err(|e| chart_err(&e))?;
             // Capacity: C, zero during the outage.
@@ -334,7 +336,7 @@ impl StormReport {
                 chart
                     .draw_series(LineSeries::new(points, colour.stroke_width(1)))
                     .map_err(|e| chart_err(&e))?
-                    .label(format!("({}) {}", r.strategy.key(), short_name(r.strategy)))
+                    .label(format!("({}) {}", r.strategy.key(), r.strategy.label()))
                     .legend(move |(x, y)| {
                         PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
                     });
@@ -349,15 +351,6 @@ impl StormReport {
             root.present().map_err(|e| chart_err(&e))?;
         }
         Ok(svg)
-    }
-}
-
-fn short_name(kind: StrategyKind) -> &'static str {
-    match kind {
-        StrategyKind::A => "naive, 3 attempts",
-        StrategyKind::B => "sleep Retry-After",
-        StrategyKind::C => "full jitter ≥ hint",
-        StrategyKind::D => "full jitter + local budget",
     }
 }
 

@@ -258,6 +258,16 @@ impl StrategyKind {
         }
     }
 
+    /// A few words for the chart's legend.
+    pub fn label(self) -> &'static str {
+        match self {
+            StrategyKind::A => "naive, 3 attempts",
+            StrategyKind::B => "sleep Retry-After",
+            StrategyKind::C => "full jitter ≥ hint",
+            StrategyKind::D => "full jitter + local budget",
+        }
+    }
+
     /// Builds the strategy for one run, inside the run's runtime; async so
     /// that a strategy needing a server (the coordinator, for (e)) can start
     /// it here.

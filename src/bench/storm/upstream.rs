@@ -5,14 +5,17 @@
 //! attempt that finds a whole token is served and takes it. One that does
 //! not is answered 429, and the rejection still costs `reject_cost` of a
 //! token — parsing, authenticating and refusing is work — which may leave
-//! the bucket in debt, down to minus 100 ms of capacity. The debt is what
+//! the bucket in debt, down to minus 1 s of capacity (`MAX_DEBT`; beyond
+//! it, rejection work is shed). The debt is what
 //! makes rejections compete with service: the next tokens earned repay it
 //! before anything is served. So while the offered load is above
 //! `C / reject_cost` (3.3 × C at the default cost) nothing is served at all,
 //! and between C and that, `served + reject_cost × rejected ≈ C`: a retry
 //! storm delays the upstream's own recovery, as real overloads do. (Without
 //! the debt, a paused clock's millisecond ticks would let the first attempt
-//! of every tick through, whatever the load.)
+//! of every tick through, whatever the load; with too small a bound, a herd
+//! arriving in one tick, as HTTP-date hints make it, would cost almost
+//! nothing. 1 s makes delay and date hints agree to a few points.)
 //!
 //! During the outage the bucket is empty and does not refill; whatever was
 //! banked before is lost.
@@ -36,6 +39,12 @@ use super::{HintStyle, StormConfig};
 
 /// The width of one load bucket.
 pub(super) const BUCKET: Duration = Duration::from_millis(100);
+
+/// How far behind rejection work can put the upstream: at most this much of
+/// its capacity. Work beyond it is shed: a real server's queue is bounded,
+/// and rejection work queued longer than this would be for callers that
+/// have already given up.
+const MAX_DEBT: Duration = Duration::from_secs(1);
 
 /// The `Retry-After` outside an outage.
 const OVERLOAD_HINT: Duration = Duration::from_secs(1);
@@ -94,6 +103,8 @@ struct State {
 pub(super) struct Upstream {
     capacity: f64,
     burst: f64,
+    /// The most rejection work the upstream can owe, in tokens.
+    max_debt: f64,
     reject_cost: f64,
     outage_start: Duration,
     outage_end: Duration,
@@ -110,6 +121,7 @@ impl Upstream {
         Upstream {
             capacity: config.capacity,
             burst,
+            max_debt: config.capacity * MAX_DEBT.as_secs_f64(),
             reject_cost: config.reject_cost,
             outage_start: config.outage_start,
             outage_end: config.outage_end,
@@ -161,7 +173,7 @@ impl Upstream {
             observed.served[index] += 1;
             return Answer::Ok;
         }
-        bucket.tokens = (bucket.tokens - self.reject_cost).max(-self.burst);
+        bucket.tokens = (bucket.tokens - self.reject_cost).max(-self.max_debt);
         observed.rejected += 1;
         Answer::TooManyRequests {
             retry_after: self.retry_after(now),
