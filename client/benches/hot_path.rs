@@ -11,6 +11,9 @@
 //! - `engine/429_date_hint`: a full decision on a 429 whose `Retry-After` is
 //!   an HTTP-date: classification, the one hint parser, the deadline gate and
 //!   the evidence record.
+//! - `parts/*`: two things `try_take` does on every call, measured alone to
+//!   show what bounds it: cloning the scope into the map key (two `String`
+//!   allocations) and reading the wall clock for lease expiry.
 //!
 //! Run with `cargo bench -p tollgate-client --bench hot_path`; see
 //! `docs/benchmarks.md` for the settings used there.
@@ -85,6 +88,12 @@ fn lease_take(c: &mut Criterion) {
     assert!(cache.try_take(&scope, class).admitted(), "seeded lease");
     c.bench_function("lease/try_take", |b| {
         b.iter(|| black_box(cache.try_take(black_box(&scope), class)));
+    });
+    c.bench_function("parts/scope_clone", |b| {
+        b.iter(|| black_box((black_box(&scope).clone(), class)));
+    });
+    c.bench_function("parts/system_time_now", |b| {
+        b.iter(|| black_box(SystemTime::now()));
     });
 }
 
