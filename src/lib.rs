@@ -5,7 +5,7 @@
 //! `tollgate-client`; this crate drives it, never reimplements it.
 //!
 //! # Layout
-//! - [`bench`]: `tollgate bench storm`, the fleet retry-storm benchmark.
+//! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark.
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!

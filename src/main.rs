@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Bench {
             bench: BenchCommand::Storm(args),
         } => {
-            let written =
+            let (_, written) =
                 tollgate::bench::storm::run_and_write(&args, &mut std::io::stdout().lock())?;
             for path in written {
                 eprintln!("wrote {}", path.display());

@@ -84,7 +84,7 @@ pub enum Mode {
 }
 
 /// `tollgate bench storm` arguments. Seconds are decimals.
-#[derive(Debug, Clone, Serialize, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
 pub struct StormArgs {
     /// Workers in the fleet (W); each is a task with its own identity and RNG.
     #[arg(long, default_value_t = 500)]
@@ -305,11 +305,11 @@ pub fn run(args: &StormArgs) -> Result<StormReport, StormError> {
 }
 
 /// Runs, prints the table to `stdout` and writes `storm.md`, `storm.svg`
-/// and `storm.json` to `args.out`. Returns the files written.
+/// and `storm.json` to `args.out`. Returns the report and the files written.
 pub fn run_and_write(
     args: &StormArgs,
     stdout: &mut dyn std::io::Write,
-) -> Result<Vec<PathBuf>, StormError> {
+) -> Result<(StormReport, Vec<PathBuf>), StormError> {
     let report = run(args)?;
     let table = report.markdown();
     let out = &args.out;
@@ -331,7 +331,7 @@ pub fn run_and_write(
         std::fs::write(&path, text).map_err(write_err(&path))?;
         written.push(path);
     }
-    Ok(written)
+    Ok((report, written))
 }
 
 /// The harness's record of one intent: what its runner returned, and when.

@@ -162,13 +162,6 @@ pub struct StormReport {
     pub results: Vec<StrategyResult>,
 }
 
-impl PartialEq for StormArgs {
-    fn eq(&self, other: &Self) -> bool {
-        // Compared through their JSON form: every field is plain data.
-        serde_json::to_value(self).ok() == serde_json::to_value(other).ok()
-    }
-}
-
 impl StormReport {
     pub(super) fn new(args: StormArgs, config: &StormConfig, results: Vec<StrategyResult>) -> Self {
         StormReport {

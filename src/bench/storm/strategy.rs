@@ -205,8 +205,6 @@ pub trait WorkerRunner: Send + Sync {
 /// A retry strategy under test. Lives for one run; dropping it ends
 /// anything it started for the run.
 pub trait Strategy: Send + Sync {
-    /// The short key (`a`…), as on the command line.
-    fn key(&self) -> &'static str;
     /// One line for the table: what it does, with its parameters (for (e),
     /// the coordinator's wake rate).
     fn describe(&self) -> String;
@@ -216,6 +214,7 @@ pub trait Strategy: Send + Sync {
 
 /// The strategies the command line can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum StrategyKind {
     /// Naive: retry at once, 3 attempts in all.
     #[value(name = "a", alias = "naive")]
@@ -287,7 +286,6 @@ impl StrategyKind {
             ),
         };
         Ok(Box::new(Baseline {
-            kind: self,
             wait,
             max_attempts,
             budget_floor,
@@ -310,7 +308,6 @@ pub enum WaitRule {
 /// Strategies (a)–(d): one loop, parameterised.
 #[derive(Debug, Clone)]
 pub struct Baseline {
-    kind: StrategyKind,
     wait: WaitRule,
     max_attempts: u32,
     /// `Some(floor per second)` gives each worker a [`LocalBudget`].
@@ -319,10 +316,6 @@ pub struct Baseline {
 }
 
 impl Strategy for Baseline {
-    fn key(&self) -> &'static str {
-        self.kind.key()
-    }
-
     fn describe(&self) -> String {
         let wait = match self.wait {
             WaitRule::Immediate => "retry at once".to_owned(),
