@@ -28,6 +28,7 @@
 //!   Admin API clients with tables, JSON and documented exit codes.
 //! - [`telemetry`], [`metrics`]: OTLP traces and metrics, W3C trace context
 //!   from the caller, the Prometheus `/metrics` endpoint (docs/telemetry.md).
+//! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark.
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
@@ -41,6 +42,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod bench;
 pub mod budget;
 pub mod cli;
 pub mod config;

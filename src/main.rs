@@ -49,6 +49,18 @@ enum Command {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<String>,
     },
+    /// Benchmarks: see docs/benchmarks.md.
+    Bench {
+        #[command(subcommand)]
+        bench: BenchCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// A fleet against an in-process upstream through a rate-limit outage,
+    /// one retry strategy at a time on the same arrivals.
+    Storm(tollgate::bench::storm::StormArgs),
 }
 
 /// Exit status for invalid input, as the scenario README specifies.
@@ -86,6 +98,16 @@ fn main() -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(EXIT_INVALID)
             })
+        }
+        Command::Bench {
+            bench: BenchCommand::Storm(args),
+        } => {
+            let (_, written) =
+                tollgate::bench::storm::run_and_write(&args, &mut std::io::stdout().lock())?;
+            for path in written {
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -343,6 +343,28 @@ impl LeaseCache {
         taken.unwrap_or(Take::Exhausted)
     }
 
+    /// Puts a lease of `tokens` tokens for `scope` in the cache as if the
+    /// coordinator had granted it, so the hot path can be measured with
+    /// leases already held and no coordinator (`benches/hot_path.rs`).
+    ///
+    /// Not for production use: a real lease comes only from `Lease`.
+    #[doc(hidden)]
+    pub fn seed_held_lease_for_bench(
+        &self,
+        scope: &Scope,
+        class: RetryClass,
+        tokens: u32,
+        expires_at: SystemTime,
+    ) {
+        let entry = self.entry(&(scope.clone(), class));
+        lock(&entry).leases.push_back(HeldLease {
+            id: "bench-seeded".into(),
+            granted: tokens,
+            remaining: tokens,
+            expires_at,
+        });
+    }
+
     /// Like [`try_take`](Self::try_take), but when the cache holds nothing for
     /// the scope, leases a batch first (one RPC, bounded by the link timeout).
     pub async fn take(&self, scope: &Scope, class: RetryClass) -> Take {

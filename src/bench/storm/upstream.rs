@@ -1,0 +1,344 @@
+//! The in-process upstream: what the fleet is protecting.
+//!
+//! Capacity is a token bucket refilled at C tokens/s and holding at most
+//! 100 ms of capacity (a server can absorb a short burst, not a flood). An
+//! attempt that finds a whole token is served and takes it. One that does
+//! not is answered 429, and the rejection still costs `reject_cost` of a
+//! token — parsing, authenticating and refusing is work — which may leave
+//! the bucket in debt, down to minus 1 s of capacity (`MAX_DEBT`; beyond
+//! it, rejection work is shed). The debt is what
+//! makes rejections compete with service: the next tokens earned repay it
+//! before anything is served. So while the offered load is above
+//! `C / reject_cost` (3.3 × C at the default cost) nothing is served at all,
+//! and between C and that, `served + reject_cost × rejected ≈ C`: a retry
+//! storm delays the upstream's own recovery, as real overloads do. (Without
+//! the debt, a paused clock's millisecond ticks would let the first attempt
+//! of every tick through, whatever the load; with too small a bound, a herd
+//! arriving in one tick, as HTTP-date hints make it, would cost almost
+//! nothing. 1 s makes delay and date hints agree to a few points.)
+//!
+//! During the outage the bucket is empty and does not refill; whatever was
+//! banked before is lost.
+//!
+//! Every 429 carries a `Retry-After`: the time left in the outage during it,
+//! 1 s outside it (an ordinary rate limiter's answer), rounded up to a whole
+//! second in either form, so no hint is ever earlier than the upstream meant.
+//!
+//! The upstream is also the honest observer: it counts every attempt it is
+//! offered per 100 ms, and checks each one against the intent's real
+//! deadline and cancellation time, whatever the runner believed.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+use tollgate_client::clock::Clock as _;
+
+use super::strategy::VirtualWall;
+use super::{HintStyle, StormConfig};
+
+/// The width of one load bucket.
+pub(super) const BUCKET: Duration = Duration::from_millis(100);
+
+/// How far behind rejection work can put the upstream: at most this much of
+/// its capacity. Work beyond it is shed: a real server's queue is bounded,
+/// and rejection work queued longer than this would be for callers that
+/// have already given up.
+const MAX_DEBT: Duration = Duration::from_secs(1);
+
+/// The `Retry-After` outside an outage.
+const OVERLOAD_HINT: Duration = Duration::from_secs(1);
+
+/// How the upstream answered one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Served.
+    Ok,
+    /// Refused for capacity, with the raw `Retry-After` header value.
+    TooManyRequests {
+        /// The header value, exactly as sent.
+        retry_after: String,
+    },
+}
+
+/// What the upstream saw during one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Observed {
+    /// Attempts offered per 100 ms bucket since the start.
+    pub(super) offered: Vec<u32>,
+    /// Attempts served per 100 ms bucket.
+    pub(super) served: Vec<u32>,
+    /// 429s sent.
+    pub(super) rejected: u64,
+    /// Attempts that arrived at or after their intent's deadline.
+    pub(super) after_deadline: u64,
+    /// Attempts that arrived after their intent was cancelled.
+    pub(super) after_cancel: u64,
+}
+
+/// The facts about an attempt's intent the upstream checks it against.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Truth {
+    pub(super) deadline: Instant,
+    pub(super) cancel_at: Option<Instant>,
+    /// Whether the token was already cancelled when the attempt was sent.
+    pub(super) token_cancelled: bool,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    /// When `tokens` was last brought up to date, since the start.
+    updated: Duration,
+}
+
+#[derive(Debug)]
+struct State {
+    bucket: Bucket,
+    observed: Observed,
+}
+
+/// The upstream of one run.
+#[derive(Debug)]
+pub(super) struct Upstream {
+    capacity: f64,
+    burst: f64,
+    /// The most rejection work the upstream can owe, in tokens.
+    max_debt: f64,
+    reject_cost: f64,
+    outage_start: Duration,
+    outage_end: Duration,
+    hint: HintStyle,
+    service_time: Duration,
+    start: Instant,
+    wall: Arc<VirtualWall>,
+    state: Mutex<State>,
+}
+
+impl Upstream {
+    pub(super) fn new(config: &StormConfig, start: Instant, wall: Arc<VirtualWall>) -> Self {
+        let burst = (config.capacity * BUCKET.as_secs_f64()).max(1.0);
+        Upstream {
+            capacity: config.capacity,
+            burst,
+            max_debt: config.capacity * MAX_DEBT.as_secs_f64(),
+            reject_cost: config.reject_cost,
+            outage_start: config.outage_start,
+            outage_end: config.outage_end,
+            hint: config.hint,
+            service_time: config.service_time,
+            start,
+            wall,
+            state: Mutex::new(State {
+                // Starts full: the upstream was idle before the run.
+                bucket: Bucket {
+                    tokens: burst,
+                    updated: Duration::ZERO,
+                },
+                observed: Observed::default(),
+            }),
+        }
+    }
+
+    /// Handles one attempt: decides at arrival, answers after the service
+    /// time. Dropping the future after its first poll (a cancelled caller)
+    /// does not undo the attempt: the upstream already has it.
+    pub(super) async fn call(&self, truth: Truth) -> Answer {
+        let answer = self.offer(Instant::now(), truth);
+        tokio::time::sleep(self.service_time).await;
+        answer
+    }
+
+    fn offer(&self, at: Instant, truth: Truth) -> Answer {
+        let now = at - self.start;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let State { bucket, observed } = &mut *state;
+        let index = usize::try_from(now.as_millis() / BUCKET.as_millis()).unwrap_or(usize::MAX);
+        if observed.offered.len() <= index {
+            observed.offered.resize(index + 1, 0);
+            observed.served.resize(index + 1, 0);
+        }
+        observed.offered[index] += 1;
+        if at >= truth.deadline {
+            observed.after_deadline += 1;
+        }
+        // Strictly after: a caller cancelling at the very instant an attempt
+        // goes out is a tie, not a violation; a token already cancelled is.
+        if truth.token_cancelled || truth.cancel_at.is_some_and(|c| at > c) {
+            observed.after_cancel += 1;
+        }
+        self.refill(bucket, now);
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            observed.served[index] += 1;
+            return Answer::Ok;
+        }
+        bucket.tokens = (bucket.tokens - self.reject_cost).max(-self.max_debt);
+        observed.rejected += 1;
+        Answer::TooManyRequests {
+            retry_after: self.retry_after(now),
+        }
+    }
+
+    fn refill(&self, bucket: &mut Bucket, now: Duration) {
+        let (from, to) = (bucket.updated, now);
+        bucket.updated = now;
+        let earned_since = if to < self.outage_start || from >= self.outage_end {
+            from
+        } else {
+            // The outage touched [from, to]: the bank is gone, and only
+            // capacity after the outage's end counts.
+            bucket.tokens = 0.0;
+            self.outage_end
+        };
+        let earned = to.saturating_sub(earned_since).as_secs_f64() * self.capacity;
+        bucket.tokens = (bucket.tokens + earned).min(self.burst);
+    }
+
+    fn retry_after(&self, now: Duration) -> String {
+        let delay = if (self.outage_start..self.outage_end).contains(&now) {
+            self.outage_end - now
+        } else {
+            OVERLOAD_HINT
+        };
+        match self.hint {
+            HintStyle::Delay => {
+                let whole = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+                whole.to_string()
+            }
+            HintStyle::Date => httpdate::fmt_http_date(ceil_to_second(self.wall.now() + delay)),
+        }
+    }
+
+    /// What was seen so far.
+    pub(super) fn observed(&self) -> Observed {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .observed
+            .clone()
+    }
+}
+
+/// The next whole second at or after `t`: an HTTP-date has no fraction, and
+/// truncating would ask for a retry before the upstream meant.
+fn ceil_to_second(t: SystemTime) -> SystemTime {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) if d.subsec_nanos() > 0 => UNIX_EPOCH + Duration::from_secs(d.as_secs() + 1),
+        _ => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::storm::{StormArgs, StormConfig};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: StormArgs,
+    }
+
+    fn config(extra: &[&str]) -> StormConfig {
+        let mut argv = vec![
+            "storm",
+            "--capacity",
+            "10",
+            "--outage-start-s",
+            "5",
+            "--outage-s",
+            "3",
+        ];
+        argv.extend_from_slice(extra);
+        StormConfig::try_new(&Cli::parse_from(argv).args).expect("valid config")
+    }
+
+    fn truth() -> Truth {
+        Truth {
+            deadline: Instant::now() + Duration::from_secs(3600),
+            cancel_at: None,
+            token_cancelled: false,
+        }
+    }
+
+    fn upstream(config: &StormConfig) -> Upstream {
+        let start = Instant::now();
+        let wall = Arc::new(VirtualWall::new(config.wall_at_start, start));
+        Upstream::new(config, start, wall)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn serves_its_burst_then_refuses_and_rejections_eat_capacity() {
+        let up = upstream(&config(&[]));
+        let now = Instant::now();
+        let refused = |answer| matches!(answer, Answer::TooManyRequests { .. });
+        // Burst: 100 ms of 10/s is one request; the 429 after it costs 0.3.
+        assert_eq!(up.offer(now, truth()), Answer::Ok);
+        assert!(refused(up.offer(now, truth())));
+        // 100 ms later one token was earned, but 0.3 of it repays the
+        // rejection: not a whole token, so refused (costing 0.3 more).
+        let t = now + Duration::from_millis(100);
+        assert!(refused(up.offer(t, truth())));
+        // 60 ms more earns the 0.6 missing.
+        let t = t + Duration::from_millis(60);
+        assert_eq!(up.offer(t, truth()), Answer::Ok);
+        let observed = up.observed();
+        assert_eq!(observed.served.iter().sum::<u32>(), 2);
+        assert_eq!(observed.offered.iter().sum::<u32>(), 4);
+        assert_eq!(observed.rejected, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_outage_empties_the_bank_and_refills_only_after_its_end() {
+        let up = upstream(&config(&[]));
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        assert!(matches!(
+            up.offer(at(5_500), truth()),
+            Answer::TooManyRequests { .. }
+        ));
+        // 100 ms after the end (8 s) the bucket holds one token again.
+        assert!(matches!(
+            up.offer(at(8_050), truth()),
+            Answer::TooManyRequests { .. }
+        ));
+        assert_eq!(up.offer(at(8_150), truth()), Answer::Ok);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hints_are_whole_seconds_never_earlier_than_the_outage_end() {
+        let up = upstream(&config(&[]));
+        let t = Instant::now() + Duration::from_millis(6_300);
+        let Answer::TooManyRequests { retry_after } = up.offer(t, truth()) else {
+            panic!("capacity is zero in the outage");
+        };
+        assert_eq!(retry_after, "2", "1.7 s left rounds up");
+
+        let up = upstream(&config(&["--hint", "date"]));
+        tokio::time::sleep(Duration::from_millis(6_300)).await;
+        let Answer::TooManyRequests { retry_after } = up.offer(Instant::now(), truth()) else {
+            panic!("capacity is zero in the outage");
+        };
+        // The outage ends 8 s after 2026-01-01T00:00:00Z.
+        assert_eq!(retry_after, "Thu, 01 Jan 2026 00:00:08 GMT");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn counts_attempts_after_the_deadline_and_after_cancellation() {
+        let up = upstream(&config(&[]));
+        let now = Instant::now();
+        let late = Truth {
+            deadline: now,
+            cancel_at: Some(now),
+            token_cancelled: false,
+        };
+        up.offer(now, late);
+        let observed = up.observed();
+        assert_eq!(observed.after_deadline, 1, "at the deadline is too late");
+        assert_eq!(observed.after_cancel, 0, "at the cancel instant is a tie");
+        up.offer(now + Duration::from_millis(1), late);
+        assert_eq!(up.observed().after_cancel, 1);
+    }
+}
