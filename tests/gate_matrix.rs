@@ -29,7 +29,7 @@ use tollgate_client::gate::{
     Attempt, GateConfig, GateIntent, IntentResult, Reconciled, Repetition, Reply, TokenSource,
 };
 use tollgate_client::hint::{HintForm, HintVerdict};
-use tollgate_client::link::LinkState;
+use tollgate_client::link::{LinkConfig, LinkState};
 
 /// An upstream that answers attempt `n` with `answers[n - 1]` (the last one
 /// repeats) after `latency`, logging when each attempt started.
@@ -742,6 +742,66 @@ async fn coordinator_killed_mid_run_falls_back_within_one_rpc_timeout_and_recove
         LinkState::Connected,
         "recovered by itself"
     );
+    let after = h
+        .gate
+        .run(
+            intent("i-after", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(answers).attempt(),
+        )
+        .await;
+    assert_eq!(after.outcome, Outcome::Succeeded);
+    assert!(!after.attempts[0].wait.clone().unwrap().degraded);
+    assert!(matches!(
+        after.attempts[1].token,
+        TokenSource::Leased { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn coordinator_back_without_resetting_dead_connections_is_found_by_keepalive() {
+    let mut h = harness();
+    let answers = vec![http(502, None), http(200, None)];
+    let before = h
+        .gate
+        .run(
+            intent("i-before", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(answers.clone()).attempt(),
+        )
+        .await;
+    assert!(matches!(
+        before.attempts[1].token,
+        TokenSource::Leased { .. }
+    ));
+    assert_eq!(h.gate.link_state(), LinkState::Connected);
+
+    // The coordinator's host dies without a word: its connections go silent.
+    h.coordinator.kill();
+    let down = h
+        .gate
+        .run(
+            intent("i-during", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(answers.clone()).attempt(),
+        )
+        .await;
+    assert_eq!(down.outcome, Outcome::Succeeded);
+    assert_eq!(down.attempts[1].token, TokenSource::Fallback);
+    assert_eq!(h.gate.link_state(), LinkState::Degraded);
+
+    // A fresh coordinator takes over, but nothing resets the old
+    // connections: they stay open and silent. Every RPC on them would time
+    // out forever; only an HTTP/2 PING that goes unanswered shows they are
+    // dead, and then the channel reconnects (to the new coordinator).
+    h.coordinator.restart_leaving_dead_connections();
+    let link = LinkConfig::new("http://coordinator.invalid", "worker-1");
+    // One keepalive interval and timeout to drop the dead connection, the
+    // cache's 1 s probe to reconnect, and a second of slack.
+    tokio::time::sleep(link.keep_alive_interval + link.keep_alive_timeout + secs(2)).await;
+    assert_eq!(
+        h.gate.link_state(),
+        LinkState::Connected,
+        "recovered by itself, with no reset to help"
+    );
+    assert_eq!(h.gate.cache().link().degradations(), 1);
     let after = h
         .gate
         .run(
