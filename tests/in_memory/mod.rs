@@ -36,6 +36,7 @@ use tollgate_client::gate::{Gate, GateConfig};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
+use tollgate_proto::v1::admin_client::AdminClient;
 use tollgate_proto::v1::budget_client::BudgetClient;
 use tonic::transport::{Channel, Endpoint};
 
@@ -218,6 +219,13 @@ impl Coordinator {
     pub(crate) fn client(&self) -> BudgetClient<Channel> {
         BudgetClient::new(self.switchboard.channel())
     }
+
+    /// An SRE's Admin client. Every request must carry an admin bearer
+    /// token (see [`with_token`]): in-memory pipes have no peer address, so
+    /// open dev mode's loopback-only Admin would refuse them.
+    pub(crate) fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.switchboard.channel())
+    }
 }
 
 /// The real coordinator and a gate connected to it.
@@ -276,6 +284,16 @@ pub(crate) fn harness_on(config: Config, gate: GateConfig) -> Harness {
         gate,
         clock,
     }
+}
+
+/// `message` with `authorization: Bearer <token>`.
+pub(crate) fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ascii token"),
+    );
+    request
 }
 
 pub(crate) fn scope() -> Scope {
