@@ -3,13 +3,9 @@
 //! `BudgetService` behind the real server setup
 //! (`tollgate::server::serve_with_incoming`), reached by real tonic clients
 //! over in-memory pipes so the rows run on paused tokio time (see
-//! `in_memory`). The fleet's answers come from its policy file and from
-//! what workers report and lease, never from a scripted fake.
-//!
-//! One row is not here: "policy rotated while waiting" needs an operator to
-//! change a scope's policy, and the coordinator has no mechanism for that yet
-//! (policies are fixed at start; the Admin API has not landed). It stays on
-//! the scriptable fake in `client/tests/gate.rs` until it does.
+//! `in_memory`). The fleet's answers come from its policy file, from what
+//! workers report and lease, and from what an SRE changes through the real
+//! Admin API, never from a scripted fake.
 
 #![allow(clippy::unwrap_used)]
 
@@ -22,14 +18,15 @@ use in_memory::*;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::classify::{Effect, TransportFailure};
-use tollgate_client::clock::Clock;
+use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_client::engine::Observation;
 use tollgate_client::evidence::{Outcome, RecordDecision};
 use tollgate_client::gate::{
     Attempt, GateConfig, GateIntent, IntentResult, Reconciled, Repetition, Reply, TokenSource,
 };
 use tollgate_client::hint::{HintForm, HintVerdict};
-use tollgate_client::link::LinkState;
+use tollgate_client::link::{LinkConfig, LinkState};
+use tollgate_proto::v1::{GetPolicyRequest, PolicyFields, ReconsiderRequest, SetPolicyRequest};
 
 /// An upstream that answers attempt `n` with `answers[n - 1]` (the last one
 /// repeats) after `latency`, logging when each attempt started.
@@ -755,4 +752,209 @@ async fn coordinator_killed_mid_run_falls_back_within_one_rpc_timeout_and_recove
         after.attempts[1].token,
         TokenSource::Leased { .. }
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn coordinator_back_without_resetting_dead_connections_is_found_by_keepalive() {
+    let mut h = harness();
+    let answers = vec![http(502, None), http(200, None)];
+    let before = h
+        .gate
+        .run(
+            intent("i-before", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(answers.clone()).attempt(),
+        )
+        .await;
+    assert!(matches!(
+        before.attempts[1].token,
+        TokenSource::Leased { .. }
+    ));
+    assert_eq!(h.gate.link_state(), LinkState::Connected);
+
+    // The coordinator's host dies without a word: its connections go silent.
+    h.coordinator.kill();
+    let down = h
+        .gate
+        .run(
+            intent("i-during", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(answers.clone()).attempt(),
+        )
+        .await;
+    assert_eq!(down.outcome, Outcome::Succeeded);
+    assert_eq!(down.attempts[1].token, TokenSource::Fallback);
+    assert_eq!(h.gate.link_state(), LinkState::Degraded);
+
+    // A fresh coordinator takes over, but nothing resets the old
+    // connections: they stay open and silent. Every RPC on them would time
+    // out forever; only an HTTP/2 PING that goes unanswered shows they are
+    // dead, and then the channel reconnects (to the new coordinator).
+    h.coordinator.restart_leaving_dead_connections();
+    let link = LinkConfig::new("http://coordinator.invalid", "worker-1");
+    // One keepalive interval and timeout to drop the dead connection, the
+    // cache's 1 s probe to reconnect, and a second of slack.
+    tokio::time::sleep(link.keep_alive_interval + link.keep_alive_timeout + secs(2)).await;
+    assert_eq!(
+        h.gate.link_state(),
+        LinkState::Connected,
+        "recovered by itself, with no reset to help"
+    );
+    assert_eq!(h.gate.cache().link().degradations(), 1);
+    let after = h
+        .gate
+        .run(
+            intent("i-after", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(answers).attempt(),
+        )
+        .await;
+    assert_eq!(after.outcome, Outcome::Succeeded);
+    assert!(!after.attempts[0].wait.clone().unwrap().degraded);
+    assert!(matches!(
+        after.attempts[1].token,
+        TokenSource::Leased { .. }
+    ));
+}
+
+/// The admin token of the rotation row's SRE.
+const SRE_TOKEN: &str = "sre-token-for-tests";
+
+/// A scope with a rule an SRE can change at runtime. Admin needs an admin
+/// token here: in-memory pipes have no peer address, and open dev mode only
+/// lets loopback peers in. With no `[[token]]` the Budget side stays open.
+const ROTATABLE: &str = r#"
+[server]
+rng_seed = 7
+
+[[rule]]
+caller_scope = "tenant-a"
+route = "POST /orders"
+wake_rate = 50
+
+[[admin_token]]
+name = "sre-oncall"
+token = "sre-token-for-tests"
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn policy_rotated_while_waiting_is_re_evaluated_under_the_new_version() {
+    let h = harness_on(config(ROTATABLE), gate_config());
+    let mut admin = h.coordinator.admin();
+    let rule = |caller_scope: &str, route: &str| GetPolicyRequest {
+        caller_scope: caller_scope.into(),
+        route: route.into(),
+    };
+    let old_version = admin
+        .get_policy(with_token(rule("tenant-a", "POST /orders"), SRE_TOKEN))
+        .await
+        .expect("the SRE reads the rule")
+        .into_inner()
+        .policy_version;
+
+    // The worker has been serving the scope: its reports taught it the
+    // policy version, and it watches the scope. (A scope first heard of
+    // during a wait would count as a version change by itself.)
+    let warm = h
+        .gate
+        .run(
+            intent("i-warm", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(vec![http(200, None)]).attempt(),
+        )
+        .await;
+    assert_eq!(warm.outcome, Outcome::Succeeded);
+    tokio::time::sleep(ms(300)).await;
+    assert_eq!(h.gate.cache().view(&scope()).policy_version, old_version);
+
+    // 429 with Retry-After: 3: the intent reports it, gets a slot ~3 s out
+    // under the old policy (50 wake-ups a second) and waits.
+    let upstream = Upstream::new(vec![http(429, Some("3")), http(200, None)]);
+    let mut fleet = h.coordinator.client();
+    let gate = h.gate.clone();
+    let sre = async {
+        tokio::time::sleep(secs(1)).await;
+        // The fleet stampedes at every cooldown's end; the SRE spreads the
+        // scope's wake-ups to one a second.
+        let changed = admin
+            .set_policy(with_token(
+                SetPolicyRequest {
+                    caller_scope: "tenant-a".into(),
+                    route: "POST /orders".into(),
+                    expected_version: old_version,
+                    fields: Some(PolicyFields {
+                        wake_rate: Some(1),
+                        ..PolicyFields::default()
+                    }),
+                    patch: true,
+                    reason: "spread wake-ups after cooldowns".into(),
+                },
+                SRE_TOKEN,
+            ))
+            .await
+            .expect("the SRE changes the rule")
+            .into_inner();
+        // The coordinator pushes POLICY_CHANGED over Watch; no other RPC
+        // runs while the intent waits, so the push is how the worker knows.
+        tokio::time::sleep(ms(100)).await;
+        assert_eq!(
+            gate.cache().view(&scope()).policy_version,
+            changed.policy_version,
+            "pushed to the worker well before the intent wakes"
+        );
+        // Three intents of another worker wait for the same cooldown: under
+        // the new rate they are spread one a second, after the old slot.
+        let mut slots = Vec::new();
+        for i in 0..3 {
+            let answer = fleet
+                .reconsider(ReconsiderRequest {
+                    scope: Some(scope().to_wire()),
+                    worker_id: "worker-2".into(),
+                    intent_id: format!("i-other-{i}"),
+                    not_before_unix_ms: to_unix_ms(noon() + secs(3)),
+                    deadline_unix_ms: to_unix_ms(noon() + secs(60)),
+                    attempt_reserve_ms: 5_000,
+                })
+                .await
+                .expect("reconsider")
+                .into_inner();
+            assert_eq!(answer.policy_version, changed.policy_version);
+            slots.push(answer.slot_unix_ms);
+        }
+        (changed.policy_version, slots)
+    };
+    let began = Instant::now();
+    let (result, (new_version, others)) = tokio::join!(
+        h.gate.run(
+            intent("i-rotated", policy(secs(60), 3, secs(5), None)),
+            upstream.attempt()
+        ),
+        sre,
+    );
+    assert!(new_version > old_version);
+    assert_eq!(result.outcome, Outcome::Succeeded);
+    let wait = result.attempts[0].wait.clone().unwrap();
+    assert_eq!(wait.policy_version_at_wait, old_version);
+    assert_eq!(wait.policy_version_at_wake, new_version);
+    assert_eq!(
+        wait.reevaluations, 1,
+        "re-planned once, under the new version"
+    );
+    assert_eq!(
+        result.attempts[1].policy_version, new_version,
+        "admitted under the new version"
+    );
+    // The re-evaluation asked the coordinator again, and its new slot (after
+    // the other worker's three, one a second) was honoured, not the stale
+    // timer set under the old version (~3 s, one 20 ms interval).
+    assert!(others[2] - others[0] > 1_000, "one a second: {others:?}");
+    let slot = wait.slot.expect("a slot from the coordinator");
+    assert_eq!(wait.planned_start, slot, "the slot decided the start");
+    let slot_wall = to_unix_ms(h.clock.now() - began.elapsed() + slot);
+    assert!(
+        others.iter().all(|&other| slot_wall > other),
+        "{slot_wall} after {others:?}"
+    );
+    let starts = upstream.starts();
+    assert!(
+        starts[1] - starts[0] >= secs(6),
+        "{:?}",
+        starts[1] - starts[0]
+    );
 }

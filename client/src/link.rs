@@ -26,6 +26,20 @@ use tonic::transport::{Channel, Endpoint};
 /// a worker waiting on it would spend its own deadline.
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// Default interval between HTTP/2 PINGs on the coordinator connection.
+///
+/// Without them a connection whose peer vanished without a reset (power
+/// loss, a partition, a dropped NAT entry) looks open forever: every RPC on
+/// it times out, the Watch stream never ends, and the worker would stay on
+/// the local fallback even after the coordinator is back elsewhere.
+pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Default time to wait for a PING's acknowledgement before the connection
+/// is declared dead and closed (the channel then reconnects on the next
+/// RPC). The coordinator answers PINGs from its HTTP/2 layer, so even a busy
+/// one acknowledges well within this.
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Whether the coordinator is currently usable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkState {
@@ -77,6 +91,15 @@ pub struct LinkConfig {
     pub bearer_token: Option<String>,
     /// The bound on each RPC.
     pub rpc_timeout: Duration,
+    /// How often an HTTP/2 PING checks that the connection is alive, also
+    /// while no RPC is in flight (a worker between retries holds only its
+    /// Watch stream). Default [`DEFAULT_KEEP_ALIVE_INTERVAL`].
+    pub keep_alive_interval: Duration,
+    /// How long a PING may go unacknowledged before the connection is
+    /// dropped and the next RPC reconnects. Default
+    /// [`DEFAULT_KEEP_ALIVE_TIMEOUT`]. A silently dead coordinator is thus
+    /// noticed within `keep_alive_interval + keep_alive_timeout`.
+    pub keep_alive_timeout: Duration,
 }
 
 impl LinkConfig {
@@ -87,7 +110,24 @@ impl LinkConfig {
             worker_id: worker_id.into(),
             bearer_token: None,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
+            keep_alive_interval: DEFAULT_KEEP_ALIVE_INTERVAL,
+            keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
         }
+    }
+
+    /// The endpoint [`CoordinatorLink::new`] connects through: `endpoint`,
+    /// a connect timeout of one RPC timeout, and HTTP/2 keepalive.
+    ///
+    /// Callers that build their own channel (TLS, a custom connector) should
+    /// start from this endpoint so they get the same keepalive; otherwise a
+    /// coordinator that dies without resetting connections leaves the
+    /// channel on a dead connection.
+    pub fn endpoint(&self) -> Result<Endpoint, LinkConfigError> {
+        Ok(Endpoint::from_shared(self.endpoint.clone())?
+            .connect_timeout(self.rpc_timeout)
+            .http2_keep_alive_interval(self.keep_alive_interval)
+            .keep_alive_timeout(self.keep_alive_timeout)
+            .keep_alive_while_idle(true))
     }
 }
 
@@ -123,16 +163,19 @@ pub enum LinkConfigError {
 impl CoordinatorLink {
     /// Creates a link that connects lazily: building it never waits for the
     /// coordinator, so a worker starts even when the coordinator is down.
+    ///
+    /// The channel sends HTTP/2 keepalive PINGs (see
+    /// [`LinkConfig::endpoint`]), so a coordinator host that dies without
+    /// resetting its connections is noticed and the channel reconnects.
     pub fn new(config: &LinkConfig) -> Result<Self, LinkConfigError> {
-        let channel = Endpoint::from_shared(config.endpoint.clone())?
-            .connect_timeout(config.rpc_timeout)
-            .connect_lazy();
+        let channel = config.endpoint()?.connect_lazy();
         Self::with_channel(channel, config)
     }
 
     /// Creates a link over a channel the caller built (a custom connector,
-    /// TLS, or an in-memory transport in tests); `config.endpoint` is not
-    /// used.
+    /// TLS, or an in-memory transport in tests); `config.endpoint` and the
+    /// keepalive settings are not used, so build the channel from
+    /// [`LinkConfig::endpoint`] to keep them.
     pub fn with_channel(channel: Channel, config: &LinkConfig) -> Result<Self, LinkConfigError> {
         let authorization = match &config.bearer_token {
             Some(token) => Some(

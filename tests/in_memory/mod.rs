@@ -36,6 +36,7 @@ use tollgate_client::gate::{Gate, GateConfig};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
+use tollgate_proto::v1::admin_client::AdminClient;
 use tollgate_proto::v1::budget_client::BudgetClient;
 use tonic::transport::{Channel, Endpoint};
 
@@ -90,33 +91,37 @@ impl Switchboard {
     }
 
     /// A channel that connects (lazily, and again after a failure) through
-    /// the switchboard.
+    /// the switchboard, with tonic's default settings.
     pub(crate) fn channel(&self) -> Channel {
+        self.channel_through(&Endpoint::from_static("http://coordinator.invalid"))
+    }
+
+    /// Like [`channel`](Self::channel), with `endpoint`'s settings (timeouts,
+    /// HTTP/2 keepalive); its address is not used.
+    pub(crate) fn channel_through(&self, endpoint: &Endpoint) -> Channel {
         let switchboard = self.clone();
-        Endpoint::from_static("http://coordinator.invalid").connect_with_connector_lazy(
-            tower::service_fn(move |_| {
-                let switchboard = switchboard.clone();
-                async move {
-                    let (client, client_far) = tokio::io::duplex(64 * 1024);
-                    let (server_near, server) = tokio::io::duplex(64 * 1024);
-                    let (up, silence) = {
-                        let board = switchboard.board();
-                        (board.up.clone(), board.silence.clone())
-                    };
-                    let Some(up) = up else {
-                        // The host is dead: the connection is accepted by
-                        // nobody and never answered.
-                        switchboard.board().held.push(client_far);
-                        return Ok(hyper_util::rt::TokioIo::new(client));
-                    };
-                    up.send(server)
-                        .await
-                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionRefused))?;
-                    tokio::spawn(relay(client_far, server_near, silence, switchboard));
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(client))
-                }
-            }),
-        )
+        endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
+            let switchboard = switchboard.clone();
+            async move {
+                let (client, client_far) = tokio::io::duplex(64 * 1024);
+                let (server_near, server) = tokio::io::duplex(64 * 1024);
+                let (up, silence) = {
+                    let board = switchboard.board();
+                    (board.up.clone(), board.silence.clone())
+                };
+                let Some(up) = up else {
+                    // The host is dead: the connection is accepted by
+                    // nobody and never answered.
+                    switchboard.board().held.push(client_far);
+                    return Ok(hyper_util::rt::TokioIo::new(client));
+                };
+                up.send(server)
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionRefused))?;
+                tokio::spawn(relay(client_far, server_near, silence, switchboard));
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(client))
+            }
+        }))
     }
 }
 
@@ -169,6 +174,21 @@ impl Coordinator {
     /// connections are reset, as a rebooted host resets them, so clients
     /// reconnect to the new one.
     pub(crate) fn restart(&mut self) {
+        self.start_server();
+        self.switchboard.board().held.clear();
+    }
+
+    /// Brings a fresh coordinator up for new connections while the dead
+    /// host's connections stay open and silent, never reset: the coordinator
+    /// came back elsewhere (failover behind the same address, a healed
+    /// partition whose old flows were lost) and nobody tells the clients
+    /// their old connections are gone. Only the clients' own keepalive can
+    /// find that out.
+    pub(crate) fn restart_leaving_dead_connections(&mut self) {
+        self.start_server();
+    }
+
+    fn start_server(&mut self) {
         let (conns, incoming) = mpsc::channel::<DuplexStream>(8);
         let task = tokio::spawn(server::serve_with_incoming(
             ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>),
@@ -177,9 +197,7 @@ impl Coordinator {
             self.clock.clone(),
         ));
         self.server = Some(task);
-        let mut board = self.switchboard.board();
-        board.held.clear();
-        board.up = Some(conns);
+        self.switchboard.board().up = Some(conns);
     }
 
     /// Kills the coordinator's host: the process is gone, and every
@@ -200,6 +218,13 @@ impl Coordinator {
     /// Another worker of the fleet, talking to the coordinator directly.
     pub(crate) fn client(&self) -> BudgetClient<Channel> {
         BudgetClient::new(self.switchboard.channel())
+    }
+
+    /// An SRE's Admin client. Every request must carry an admin bearer
+    /// token (see [`with_token`]): in-memory pipes have no peer address, so
+    /// open dev mode's loopback-only Admin would refuse them.
+    pub(crate) fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.switchboard.channel())
     }
 }
 
@@ -237,8 +262,14 @@ pub(crate) fn harness_on(config: Config, gate: GateConfig) -> Harness {
     let coordinator = Coordinator::start(config, clock.clone());
     let mut link_config = LinkConfig::new("http://coordinator.invalid", "worker-1");
     link_config.rpc_timeout = RPC_TIMEOUT;
-    let link = CoordinatorLink::with_channel(coordinator.switchboard.channel(), &link_config)
-        .expect("link");
+    // The production endpoint settings (connect timeout, HTTP/2 keepalive),
+    // over the switchboard instead of TCP.
+    let endpoint = link_config.endpoint().expect("endpoint");
+    let link = CoordinatorLink::with_channel(
+        coordinator.switchboard.channel_through(&endpoint),
+        &link_config,
+    )
+    .expect("link");
     let cache = LeaseCache::start(
         link,
         LeaseCacheConfig {
@@ -253,6 +284,16 @@ pub(crate) fn harness_on(config: Config, gate: GateConfig) -> Harness {
         gate,
         clock,
     }
+}
+
+/// `message` with `authorization: Bearer <token>`.
+pub(crate) fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ascii token"),
+    );
+    request
 }
 
 pub(crate) fn scope() -> Scope {
