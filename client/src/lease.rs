@@ -30,13 +30,14 @@
 //! after a final flush and release.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use dashmap::DashMap;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -45,7 +46,7 @@ use tollgate_proto::v1::{
     WatchRequest,
 };
 
-use crate::clock::{Clock, from_unix_ms};
+use crate::clock::{Clock, from_unix_ms, to_unix_ms};
 use crate::fallback::{AdaptiveThrottle, LocalBudget};
 use crate::link::{CoordinatorLink, LinkState};
 use crate::scope::Scope;
@@ -161,6 +162,35 @@ impl ScopeTokens {
     }
 }
 
+/// One retry class of one scope: its tokens, and the signal that a refill
+/// in flight has finished, so a take that finds nothing waits for that
+/// refill instead of racing it with a second `Lease`.
+#[derive(Debug, Default)]
+struct TokenEntry {
+    state: Mutex<ScopeTokens>,
+    refilled: Notify,
+}
+
+/// Both retry classes of a scope under one map entry, so the hot path looks
+/// a scope up by reference (no key to build, nothing to allocate).
+#[derive(Debug, Default)]
+struct ScopeEntry {
+    classes: [TokenEntry; 2],
+}
+
+impl ScopeEntry {
+    fn class(&self, class: RetryClass) -> &TokenEntry {
+        match class {
+            RetryClass::Throttled => &self.classes[1],
+            RetryClass::Transient | RetryClass::Unspecified => &self.classes[0],
+        }
+    }
+
+    fn each(&self) -> impl Iterator<Item = &TokenEntry> {
+        self.classes.iter()
+    }
+}
+
 #[derive(Debug, Default)]
 struct PendingReport {
     first_attempts: u32,
@@ -202,7 +232,11 @@ struct Shared {
     link: CoordinatorLink,
     config: LeaseCacheConfig,
     clock: Arc<dyn Clock>,
-    tokens: DashMap<TokenKey, Arc<Mutex<ScopeTokens>>>,
+    tokens: DashMap<Scope, Arc<ScopeEntry>>,
+    /// The wall clock as of the last tick or lease, in Unix ms. The hot path
+    /// checks lease expiry against it instead of reading the clock: the
+    /// expiry margin is several ticks wide, so a tick-old clock is safe.
+    coarse_now_ms: AtomicI64,
     views: DashMap<Scope, ScopeView>,
     reports: Mutex<HashMap<Scope, PendingReport>>,
     fallback: Mutex<Fallback>,
@@ -259,6 +293,7 @@ impl std::fmt::Debug for LeaseCache {
 impl LeaseCache {
     /// Starts the cache and its background task on the current tokio runtime.
     pub fn start(link: CoordinatorLink, config: LeaseCacheConfig, clock: Arc<dyn Clock>) -> Self {
+        let now_ms = to_unix_ms(clock.now());
         let (refill, refill_rx) = mpsc::channel(1024);
         let rng = match config.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
@@ -268,6 +303,7 @@ impl LeaseCache {
             link,
             clock,
             tokens: DashMap::new(),
+            coarse_now_ms: AtomicI64::new(now_ms),
             views: DashMap::new(),
             reports: Mutex::new(HashMap::new()),
             fallback: Mutex::new(Fallback {
@@ -301,16 +337,12 @@ impl LeaseCache {
         if self.shared.link.state() == LinkState::Degraded {
             return self.fallback_take(scope);
         }
-        let key = (scope.clone(), class);
-        let entry = match self.shared.tokens.get(&key) {
-            Some(entry) => entry.clone(),
-            None => {
-                self.request_refill(key);
-                return Take::Exhausted;
-            }
+        let Some(entry) = self.shared.tokens.get(scope) else {
+            self.request_refill(scope, class);
+            return Take::Exhausted;
         };
-        let now = self.shared.clock.now();
-        let mut tokens = lock(&entry);
+        let now = from_unix_ms(self.shared.coarse_now_ms.load(Ordering::Relaxed));
+        let mut tokens = lock(&entry.class(class).state);
         if tokens.view.frozen {
             return Take::Frozen;
         }
@@ -337,8 +369,9 @@ impl LeaseCache {
             tokens.refilling = true;
         }
         drop(tokens);
+        drop(entry);
         if wants_refill {
-            let _ = self.shared.refill.try_send((scope.clone(), class));
+            self.send_refill(scope, class);
         }
         taken.unwrap_or(Take::Exhausted)
     }
@@ -356,8 +389,8 @@ impl LeaseCache {
         tokens: u32,
         expires_at: SystemTime,
     ) {
-        let entry = self.entry(&(scope.clone(), class));
-        lock(&entry).leases.push_back(HeldLease {
+        let entry = self.entry(scope);
+        lock(&entry.class(class).state).leases.push_back(HeldLease {
             id: "bench-seeded".into(),
             granted: tokens,
             remaining: tokens,
@@ -366,22 +399,43 @@ impl LeaseCache {
     }
 
     /// Like [`try_take`](Self::try_take), but when the cache holds nothing for
-    /// the scope, leases a batch first (one RPC, bounded by the link timeout).
+    /// the scope, waits for one lease (one RPC, bounded by the link timeout):
+    /// the refill already in flight if there is one, else its own.
     pub async fn take(&self, scope: &Scope, class: RetryClass) -> Take {
-        match self.try_take(scope, class) {
-            Take::Exhausted => {}
-            other => return other,
+        // A scope seen for the first time is leased right here rather than
+        // handed to the background task, so the Lease runs in the caller's
+        // span (a dashboard sees it under the intent that needed it).
+        let known = self.shared.tokens.contains_key(scope);
+        if known || self.shared.link.state() == LinkState::Degraded {
+            match self.try_take(scope, class) {
+                Take::Exhausted => {}
+                other => return other,
+            }
         }
-        let key = (scope.clone(), class);
-        let entry = self.entry(&key);
-        {
-            let tokens = lock(&entry);
+        let entry = self.entry(scope);
+        let slot = entry.class(class);
+        // Registered before the flag is read, so a refill finishing in
+        // between still wakes this take.
+        let refilled = slot.refilled.notified();
+        tokio::pin!(refilled);
+        refilled.as_mut().enable();
+        let own_refill = {
+            let mut tokens = lock(&slot.state);
             let now = self.shared.clock.now();
             if tokens.exhausted_until.is_some_and(|until| now < until) {
                 return Take::Exhausted;
             }
+            !std::mem::replace(&mut tokens.refilling, true)
+        };
+        if own_refill {
+            refill(&self.shared, (scope.clone(), class)).await;
+        } else {
+            // The refill in flight ends within one RPC timeout; the margin
+            // covers its bookkeeping. Past it this take answers from what
+            // the cache holds, which is the conservative side.
+            let bound = self.shared.link.rpc_timeout() + Duration::from_millis(50);
+            let _ = tokio::time::timeout(bound, refilled).await;
         }
-        refill(&self.shared, key).await;
         // If the refill failed because the coordinator is gone, the link is
         // degraded now and this answers from the fallback.
         self.try_take(scope, class)
@@ -398,20 +452,32 @@ impl LeaseCache {
         Take::Fallback(fallback.budget(scope, config).withdraw(now))
     }
 
-    fn entry(&self, key: &TokenKey) -> Arc<Mutex<ScopeTokens>> {
-        self.shared.tokens.entry(key.clone()).or_default().clone()
+    fn entry(&self, scope: &Scope) -> Arc<ScopeEntry> {
+        if let Some(entry) = self.shared.tokens.get(scope) {
+            return Arc::clone(entry.value());
+        }
+        Arc::clone(self.shared.tokens.entry(scope.clone()).or_default().value())
     }
 
-    fn request_refill(&self, key: TokenKey) {
+    fn request_refill(&self, scope: &Scope, class: RetryClass) {
         if self.shared.tokens.len() >= MAX_SCOPES {
             return;
         }
-        let entry = self.entry(&key);
-        let mut tokens = lock(&entry);
-        if !tokens.refilling {
-            tokens.refilling = true;
-            drop(tokens);
-            let _ = self.shared.refill.try_send(key);
+        let entry = self.entry(scope);
+        if !std::mem::replace(&mut lock(&entry.class(class).state).refilling, true) {
+            self.send_refill(scope, class);
+        }
+    }
+
+    /// Hands a refill to the background task. If its queue is full the flag
+    /// is cleared again, or no later take would ever ask for this scope.
+    fn send_refill(&self, scope: &Scope, class: RetryClass) {
+        if self.shared.refill.try_send((scope.clone(), class)).is_err()
+            && let Some(entry) = self.shared.tokens.get(scope)
+        {
+            let slot = entry.class(class);
+            lock(&slot.state).refilling = false;
+            slot.refilled.notify_waiters();
         }
     }
 
@@ -487,13 +553,19 @@ async fn refill(shared: &Shared, key: TokenKey) {
         retry_class: *class as i32,
     };
     let result = shared.link.lease(request).await;
-    let entry = shared.tokens.entry(key.clone()).or_default().clone();
-    let mut tokens = lock(&entry);
+    let now = shared.clock.now();
+    shared
+        .coarse_now_ms
+        .store(to_unix_ms(now), Ordering::Relaxed);
+    let entry = Arc::clone(shared.tokens.entry(scope.clone()).or_default().value());
+    let slot = entry.class(*class);
+    // Whatever happens below, takes waiting on this refill look again.
+    let _wake = WakeOnDrop(&slot.refilled);
+    let mut tokens = lock(&slot.state);
     tokens.refilling = false;
     let Ok(lease) = result else {
         return;
     };
-    let now = shared.clock.now();
     tokens.view.policy_version = tokens.view.policy_version.max(lease.policy_version);
     tokens.view.cooldown_until =
         (lease.cooldown_until_unix_ms > 0).then(|| from_unix_ms(lease.cooldown_until_unix_ms));
@@ -518,6 +590,16 @@ async fn refill(shared: &Shared, key: TokenKey) {
         v.cooldown_until = view.cooldown_until.max(v.cooldown_until);
         v.frozen = view.frozen;
     });
+}
+
+/// Wakes every take waiting on a refill when the refill is done with its
+/// state (declared before the state's lock guard, so dropped after it).
+struct WakeOnDrop<'a>(&'a Notify);
+
+impl Drop for WakeOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.notify_waiters();
+    }
 }
 
 fn merge_view(shared: &Shared, scope: &Scope, update: impl FnOnce(&mut ScopeView)) {
@@ -565,24 +647,28 @@ async fn flush_reports(shared: &Shared) {
 /// Gives back tokens of leases about to expire; drops expired ones.
 async fn tend_leases(shared: &Shared) {
     let now = shared.clock.now();
+    shared
+        .coarse_now_ms
+        .store(to_unix_ms(now), Ordering::Relaxed);
     let horizon = now + shared.config.expiry_margin + shared.config.report_interval * 2;
     let mut releases = Vec::new();
     for entry in shared.tokens.iter() {
-        let mut tokens = lock(entry.value());
-        tokens.leases.retain(|lease| {
-            if lease.expires_at <= now {
-                return false;
-            }
-            if lease.expires_at <= horizon {
-                releases.push((
-                    entry.key().0.clone(),
-                    lease.id.to_string(),
-                    lease.granted - lease.remaining,
-                ));
-                return false;
-            }
-            true
-        });
+        for slot in entry.value().each() {
+            lock(&slot.state).leases.retain(|lease| {
+                if lease.expires_at <= now {
+                    return false;
+                }
+                if lease.expires_at <= horizon {
+                    releases.push((
+                        entry.key().clone(),
+                        lease.id.to_string(),
+                        lease.granted - lease.remaining,
+                    ));
+                    return false;
+                }
+                true
+            });
+        }
     }
     for (scope, lease_id, spent) in releases {
         release(shared, &scope, lease_id, spent).await;
@@ -604,13 +690,14 @@ async fn release(shared: &Shared, scope: &Scope, lease_id: String, spent: u32) {
 async fn release_all(shared: &Shared) {
     let mut releases = Vec::new();
     for entry in shared.tokens.iter() {
-        let mut tokens = lock(entry.value());
-        for lease in tokens.leases.drain(..) {
-            releases.push((
-                entry.key().0.clone(),
-                lease.id.to_string(),
-                lease.granted - lease.remaining,
-            ));
+        for slot in entry.value().each() {
+            for lease in lock(&slot.state).leases.drain(..) {
+                releases.push((
+                    entry.key().clone(),
+                    lease.id.to_string(),
+                    lease.granted - lease.remaining,
+                ));
+            }
         }
     }
     for (scope, lease_id, spent) in releases {
@@ -651,8 +738,10 @@ async fn watch(shared: Arc<Shared>, scopes: Vec<Scope>) {
             v.frozen = event.frozen;
         };
         merge_view(&shared, &scope, update);
-        for entry in shared.tokens.iter().filter(|e| e.key().0 == scope) {
-            update(&mut lock(entry.value()).view);
+        if let Some(entry) = shared.tokens.get(&scope) {
+            for slot in entry.value().each() {
+                update(&mut lock(&slot.state).view);
+            }
         }
     }
 }
@@ -684,7 +773,11 @@ async fn background(
                     // one lease attempt per probe interval, never a loop.
                     if last_probe.elapsed() >= PROBE_INTERVAL {
                         last_probe = Instant::now();
-                        let key = shared.tokens.iter().next().map(|e| e.key().clone());
+                        let key = shared
+                            .tokens
+                            .iter()
+                            .next()
+                            .map(|e| (e.key().clone(), RetryClass::Transient));
                         if let Some(key) = key {
                             let shared = shared.clone();
                             tasks.spawn(async move { refill(&shared, key).await });

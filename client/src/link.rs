@@ -199,6 +199,11 @@ impl CoordinatorLink {
         &self.worker_id
     }
 
+    /// The bound on each RPC.
+    pub fn rpc_timeout(&self) -> Duration {
+        self.rpc_timeout
+    }
+
     /// Whether the last RPC succeeded.
     pub fn state(&self) -> LinkState {
         if self.health.degraded.load(Ordering::Relaxed) {
