@@ -952,7 +952,10 @@ impl<'g> Run<'g> {
                 () = tokio::time::sleep_until(self.epoch + next_start) => {}
             }
             let current = self.gate.inner.cache.view(&self.scope);
-            let rotated = current.policy_version != evidence.policy_version_at_wake;
+            // Version 0 means the worker had not heard of the scope's policy
+            // yet: learning it is not a rotation.
+            let rotated = evidence.policy_version_at_wake != 0
+                && current.policy_version != evidence.policy_version_at_wake;
             evidence.policy_version_at_wake = current.policy_version;
             view = current;
             if rotated && evidence.reevaluations < MAX_REEVALUATIONS {
