@@ -232,7 +232,10 @@ struct Shared {
     link: CoordinatorLink,
     config: LeaseCacheConfig,
     clock: Arc<dyn Clock>,
-    tokens: DashMap<Scope, Arc<ScopeEntry>>,
+    /// Keyed by the worker's own scopes (not a peer's input), so a fast
+    /// seeded hasher is safe here; hashing two strings with SipHash was
+    /// most of the cost of a take.
+    tokens: DashMap<Scope, Arc<ScopeEntry>, foldhash::fast::RandomState>,
     /// The wall clock as of the last tick or lease, in Unix ms. The hot path
     /// checks lease expiry against it instead of reading the clock: the
     /// expiry margin is several ticks wide, so a tick-old clock is safe.
@@ -302,7 +305,7 @@ impl LeaseCache {
         let shared = Arc::new(Shared {
             link,
             clock,
-            tokens: DashMap::new(),
+            tokens: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             coarse_now_ms: AtomicI64::new(now_ms),
             views: DashMap::new(),
             reports: Mutex::new(HashMap::new()),
