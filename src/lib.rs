@@ -13,7 +13,9 @@
 //!   cooldowns and the backoff step (pure).
 //! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
-//!   changes, and its in-memory backend.
+//!   changes; its in-memory backend, and the Redis backend (one Lua script
+//!   per operation, pub/sub for Watch across replicas, a clock that follows
+//!   Redis's `TIME`) that makes replicas stateless.
 //! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
 //! - [`auth`]: bearer tokens → the caller scopes they may use.
 //! - [`service`]: the `tollgate.v1.Budget` gRPC service — validation,
@@ -46,3 +48,5 @@ pub mod signal;
 pub mod simulate;
 pub mod slots;
 pub mod store;
+#[doc(hidden)]
+pub mod testing;

@@ -8,6 +8,12 @@
 //! Watch streams end with UNAVAILABLE, no new connection is accepted, and
 //! in-flight calls finish. If they have not finished within the grace
 //! period, the remaining connections are dropped and `run` returns anyway.
+//!
+//! # Health
+//! The Budget service is SERVING only while its store is: the store's
+//! `health` is checked every [`HEALTH_EVERY`], so a replica whose Redis is
+//! down reports NOT_SERVING (and load balancers route around it) until it
+//! reconnects by itself.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +31,8 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::service::BudgetService;
+use crate::service::watch::EventHub;
+use crate::store::redis::EventRelay;
 use crate::store::{MemoryStore, Store};
 
 /// Largest request accepted: the biggest valid message (64 evidence items
@@ -32,6 +40,8 @@ use crate::store::{MemoryStore, Store};
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// How often idle scopes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// How often the store's health is checked.
+pub const HEALTH_EVERY: Duration = Duration::from_millis(250);
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -66,14 +76,42 @@ pub async fn run_with_store(
     clock: Arc<dyn Clock>,
     store: Arc<dyn Store>,
 ) -> Result<(), ServeError> {
+    run_replica(listener, shutdown, config, clock, store, None).await
+}
+
+/// [`run_with_store`] as one of several replicas sharing a store: Watch
+/// events travel between replicas through `relay`.
+pub async fn run_replica(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+    config: Config,
+    clock: Arc<dyn Clock>,
+    store: Arc<dyn Store>,
+    relay: Option<EventRelay>,
+) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
     let limits = config.limits.clone();
     let drain = CancellationToken::new();
-    let budget = BudgetService::new(
+    // The relay stops with the drain, like the Watch streams it feeds.
+    let (hub, relaying) = match relay {
+        Some(relay) => {
+            let (hub, task) = relay.start(drain.clone());
+            (hub, Some(task))
+        }
+        None => (EventHub::default(), None),
+    };
+    let relaying = async move {
+        match relaying {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
+    let budget = BudgetService::with_hub(
         Arc::clone(&store),
         &config,
         Arc::clone(&clock),
         drain.clone(),
+        hub,
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -115,8 +153,10 @@ pub async fn run_with_store(
     tokio::select! {
         result = &mut serve => return result.map_err(ServeError::from),
         () = shutdown => {}
-        // Never completes; it stops when this select is left.
+        // These never complete; they stop when this select is left.
         () = sweep(Arc::clone(&store), Arc::clone(&clock), limits.scope_idle_ttl) => {}
+        () = watch_health(Arc::clone(&store), health.clone()) => {}
+        () = relaying => {}
     }
 
     info!(grace_period = ?limits.grace_period, "draining");
@@ -130,6 +170,37 @@ pub async fn run_with_store(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Mirrors the store's health into the Budget service's serving status;
+/// runs as long as it is polled.
+async fn watch_health(store: Arc<dyn Store>, health: tonic_health::server::HealthReporter) {
+    let mut serving = true;
+    let mut every = tokio::time::interval(HEALTH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let ok = match store.health().await {
+            Ok(()) => true,
+            Err(err) => {
+                if serving {
+                    warn!(cause = %err, "store unavailable: health is NOT_SERVING");
+                }
+                false
+            }
+        };
+        if ok != serving {
+            serving = ok;
+            if ok {
+                info!("store reachable again: health is SERVING");
+                health.set_serving::<BudgetServer<BudgetService>>().await;
+            } else {
+                health
+                    .set_not_serving::<BudgetServer<BudgetService>>()
+                    .await;
+            }
+        }
+    }
 }
 
 /// Evicts idle scopes every [`SWEEP_EVERY`]; runs as long as it is polled.

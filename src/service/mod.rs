@@ -68,6 +68,18 @@ impl BudgetService {
         clock: Arc<dyn Clock>,
         shutdown: CancellationToken,
     ) -> Self {
+        Self::with_hub(store, config, clock, shutdown, EventHub::default())
+    }
+
+    /// [`BudgetService::new`] publishing on a given hub (one relayed to
+    /// other replicas, with a shared store).
+    pub fn with_hub(
+        store: Arc<dyn Store>,
+        config: &Config,
+        clock: Arc<dyn Clock>,
+        shutdown: CancellationToken,
+        hub: EventHub,
+    ) -> Self {
         let rng = match config.limits.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng::<StdRng>(),
@@ -78,7 +90,7 @@ impl BudgetService {
             auth: Arc::new(config.auth.clone()),
             clock,
             rng: Arc::new(Mutex::new(rng)),
-            hub: EventHub::default(),
+            hub,
             watch_buffer: config.limits.watch_buffer,
             shutdown,
         }
