@@ -254,6 +254,12 @@ impl RedisStore {
         &self.target
     }
 
+    /// A client for the node whose `TIME` the replicas' [`RedisClock`]
+    /// follows (on a cluster, the first seed node).
+    pub fn clock_client(&self) -> Result<redis::Client, RedisSetupError> {
+        Ok(redis::Client::open(self.target.first_node())?)
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
