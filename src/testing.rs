@@ -21,6 +21,9 @@ pub struct RedisServer {
     binary: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// A one-node Redis Cluster owning every slot, so the cluster code path
+    /// (hash tags, the caller key read apart) runs against a real cluster.
+    cluster: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -30,6 +33,18 @@ impl RedisServer {
     /// # Panics
     /// When the server is required but missing, or does not start.
     pub fn start() -> Option<RedisServer> {
+        Self::start_as(false)
+    }
+
+    /// [`RedisServer::start`] as a one-node Redis Cluster owning all slots.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`], or when the cluster does not form.
+    pub fn start_cluster() -> Option<RedisServer> {
+        Self::start_as(true)
+    }
+
+    fn start_as(cluster: bool) -> Option<RedisServer> {
         let Some(binary) = find_on_path("redis-server") else {
             if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
                 panic!("{REQUIRE_ENV}=1 but redis-server is not on PATH");
@@ -45,23 +60,44 @@ impl RedisServer {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free loopback port");
+        // A cluster node writes its nodes.conf; give it a private folder.
+        let cluster = cluster.then(|| {
+            let dir = std::env::temp_dir().join(format!("tollgate-redis-{port}"));
+            std::fs::create_dir_all(&dir).expect("a folder for nodes.conf");
+            dir
+        });
         let mut server = RedisServer {
             binary,
             port,
             child: None,
+            cluster,
         };
         server.restart();
         Some(server)
     }
 
-    /// The URL of this server.
+    /// The URL of this server (`redis+cluster://` for a cluster node).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.cluster {
+            Some(_) => format!("redis+cluster://127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Its port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Deletes every key (FLUSHALL), for tests sharing one server.
+    ///
+    /// # Panics
+    /// When the server does not answer.
+    pub fn flush(&self) {
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).expect("client");
+        let mut conn = client.get_connection().expect("connect");
+        let _: () = redis::cmd("FLUSHALL").query(&mut conn).expect("flushall");
     }
 
     /// Kills the server (its data is gone: nothing is saved).
@@ -79,7 +115,15 @@ impl RedisServer {
     /// When it does not answer within 10 s.
     pub fn restart(&mut self) {
         self.kill();
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(dir) = &self.cluster {
+            let _ = std::fs::remove_file(dir.join("nodes.conf"));
+            command
+                .args(["--cluster-enabled", "yes"])
+                .arg("--dir")
+                .arg(dir);
+        }
+        let child = command
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -97,6 +141,35 @@ impl RedisServer {
                 "redis-server did not start on port {}",
                 self.port
             );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.cluster.is_some() {
+            self.form_cluster(deadline);
+        }
+    }
+
+    /// Gives the one node every slot and waits for `cluster_state:ok`.
+    fn form_cluster(&self, deadline: Instant) {
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).expect("client");
+        let mut conn = client
+            .get_connection()
+            .expect("connect to the cluster node");
+        let _: () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(0)
+            .arg(16383)
+            .query(&mut conn)
+            .expect("assign every slot");
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut conn)
+                .expect("cluster info");
+            if info.contains("cluster_state:ok") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not form");
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -117,6 +190,9 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(dir) = &self.cluster {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -177,6 +177,7 @@ pub trait Store: Send + Sync + 'static {
 pub(crate) struct Fixture {
     pub(crate) store: Box<dyn Store>,
     _guard: Box<dyn std::any::Any + Send>,
+    reset: Option<Box<dyn Fn() + Send>>,
 }
 
 #[cfg(test)]
@@ -185,6 +186,19 @@ impl Fixture {
         Fixture {
             store: Box::new(store),
             _guard: Box::new(guard),
+            reset: None,
+        }
+    }
+
+    /// Empties the backend between cases run on one fixture.
+    pub(crate) fn with_reset(mut self, reset: impl Fn() + Send + 'static) -> Self {
+        self.reset = Some(Box::new(reset));
+        self
+    }
+
+    pub(crate) fn reset(&self) {
+        if let Some(reset) = &self.reset {
+            reset();
         }
     }
 }
@@ -192,23 +206,51 @@ impl Fixture {
 /// The contract every [`Store`] backend must honour, as one test suite a
 /// backend instantiates with `contract_tests!(make)`, where `make` is an
 /// `async fn() -> Option<Fixture>`; `None` skips (a backend whose server is
-/// not installed, after saying so).
+/// not installed, after saying so). Each case is its own test.
+///
+/// `contract_tests!(one_fixture make)` runs every case in one test on one
+/// fixture, [`Fixture::reset`] between cases: for a backend whose server is
+/// slow to start (a Redis Cluster node waits ~2 s before serving).
 #[cfg(test)]
 macro_rules! contract_tests {
     ($make:path) => {
+        crate::store::contract_tests!(@cases each $make);
+    };
+    (one_fixture $make:path) => {
+        crate::store::contract_tests!(@cases all $make);
+    };
+    (@each $make:path; $($name:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let Some(f) = $make().await else { return };
+                cases::$name(&*f.store).await;
+            }
+        )*
+    };
+    (@all $make:path; $($name:ident),*) => {
+        #[tokio::test]
+        async fn every_contract_case() {
+            let Some(f) = $make().await else { return };
+            $(
+                f.reset();
+                cases::$name(&*f.store).await;
+            )*
+        }
+    };
+    (@cases $mode:ident $make:path) => {
+        crate::store::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve);
+
+        /// The cases, each a function of the store under test.
+        mod cases {
         use crate::budget::{GrantAsk, GrantLimit};
         use crate::evidence::{EvidenceInput, assess};
         use crate::policy::Policy;
         use crate::scope::{EvidenceLevel, Priority, RetryClass, RouteKey, ScopeKey};
         use crate::slots::SlotAsk;
-        use crate::store::{Reconsidered, StoreError};
+        use crate::store::{Reconsidered, Store, StoreError};
 
         const T0: i64 = 1_700_000_000_000;
-
-        /// The fixture, or `None` to skip this test.
-        async fn fixture() -> Option<crate::store::Fixture> {
-            $make().await
-        }
 
         fn scope(caller: &str, route: &str) -> ScopeKey {
             ScopeKey::new(caller, route, Priority::Critical)
@@ -235,10 +277,7 @@ macro_rules! contract_tests {
             }
         }
 
-        #[tokio::test]
-        async fn leases_take_tokens_and_release_returns_them() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn leases_take_tokens_and_release_returns_them(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let first = s.lease(&key, ask("w", 40, T0), &p).await.expect("lease");
@@ -253,10 +292,7 @@ macro_rules! contract_tests {
             ));
         }
 
-        #[tokio::test]
-        async fn a_cooldown_reaches_every_priority_and_slots_follow_it() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn a_cooldown_reaches_every_priority_and_slots_follow_it(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let input = EvidenceInput {
@@ -291,10 +327,7 @@ macro_rules! contract_tests {
             assert_eq!(slot, Reconsidered::Slot(T0 + 30_000));
         }
 
-        #[tokio::test]
-        async fn uncertain_evidence_covers_the_whole_caller_scope() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn uncertain_evidence_covers_the_whole_caller_scope(s: &dyn Store) {
             let p = Policy::default();
             let input = EvidenceInput {
                 http_status: 429,
@@ -325,10 +358,7 @@ macro_rules! contract_tests {
             );
         }
 
-        #[tokio::test]
-        async fn a_frozen_scope_grants_nothing_and_gives_no_slot() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn a_frozen_scope_grants_nothing_and_gives_no_slot(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             s.set_freeze(&key.route, Some("incident".into()), T0)
@@ -344,10 +374,7 @@ macro_rules! contract_tests {
             assert_eq!(r, Reconsidered::Frozen);
         }
 
-        #[tokio::test]
-        async fn idle_scopes_are_evicted_and_live_ones_kept() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn idle_scopes_are_evicted_and_live_ones_kept(s: &dyn Store) {
             let p = Policy::default();
             for i in 0..3 {
                 s.deposit(&scope("c", &format!("r{i}")), "w", 1, 0, &p, T0)
@@ -392,10 +419,7 @@ macro_rules! contract_tests {
             assert_eq!(s.evict_idle(T0 + 200_000, 60_000).await, Ok(1));
         }
 
-        #[tokio::test]
-        async fn first_attempts_grow_the_allowance_and_slide_out() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn first_attempts_grow_the_allowance_and_slide_out(s: &dyn Store) {
             let p = Policy::default(); // 10/s × 10 s floor, ratio 0.2
             let key = scope("c", "r");
             s.deposit(&key, "w", 250, 0, &p, T0).await.expect("deposit");
@@ -414,10 +438,7 @@ macro_rules! contract_tests {
             assert_eq!(g.grant.granted, 50);
         }
 
-        #[tokio::test]
-        async fn leases_are_fair_and_expired_ones_keep_their_charge() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn leases_are_fair_and_expired_ones_keep_their_charge(s: &dyn Store) {
             let p = Policy::default(); // 50 critical tokens
             let key = scope("c", "r");
             for i in 0..9 {
@@ -456,10 +477,7 @@ macro_rules! contract_tests {
             ));
         }
 
-        #[tokio::test]
-        async fn throttled_retries_cost_more_and_classes_do_not_share() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn throttled_retries_cost_more_and_classes_do_not_share(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let g = s
@@ -489,10 +507,7 @@ macro_rules! contract_tests {
             assert_eq!(g.grant.granted, 20, "bulk's own 0.2 share");
         }
 
-        #[tokio::test]
-        async fn hintless_rejections_widen_the_backoff_and_successes_narrow_it() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn hintless_rejections_widen_the_backoff_and_successes_narrow_it(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let level = EvidenceLevel::Route(key.route.clone());
@@ -529,10 +544,7 @@ macro_rules! contract_tests {
             );
         }
 
-        #[tokio::test]
-        async fn slots_are_spread_jittered_idempotent_and_deadline_checked() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn slots_are_spread_jittered_idempotent_and_deadline_checked(s: &dyn Store) {
             let p = Policy::default();
             let route = scope("c", "r").route;
             let rate = i64::from(p.wake_rate_per_sec);
@@ -572,10 +584,7 @@ macro_rules! contract_tests {
             );
         }
 
-        #[tokio::test]
-        async fn a_later_cooldown_voids_a_pending_slot_and_unfreezing_works() {
-            let Some(f) = fixture().await else { return };
-            let s = &f.store;
+        pub(super) async fn a_later_cooldown_voids_a_pending_slot_and_unfreezing_works(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let (first, _) = s
@@ -612,10 +621,9 @@ macro_rules! contract_tests {
             assert_eq!(leased.view.frozen, None);
         }
 
-        #[tokio::test]
-        async fn the_store_is_healthy_when_it_can_serve() {
-            let Some(f) = fixture().await else { return };
-            assert_eq!(f.store.health().await, Ok(()));
+        pub(super) async fn the_store_is_healthy_when_it_can_serve(s: &dyn Store) {
+            assert_eq!(s.health().await, Ok(()));
+        }
         }
     };
 }

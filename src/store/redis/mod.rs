@@ -337,13 +337,44 @@ impl RedisStore {
         self.bounded(call).await.map(drop)
     }
 
-    /// Applies the idle rule to every key under the prefix (one node only;
-    /// a cluster relies on key expiry alone).
+    /// Applies the idle rule to every key under the prefix, on every
+    /// primary of a cluster (key expiry does the same in Redis's own time;
+    /// this sweep applies it in the coordinator's).
     async fn evict(&self, now_ms: i64, idle_ms: i64) -> Result<usize, StoreError> {
-        let Conn::Single(conn) = &self.conn else {
-            return Ok(0);
-        };
-        let mut conn = conn.clone();
+        match &self.conn {
+            Conn::Single(conn) => self.evict_on(conn.clone(), now_ms, idle_ms).await,
+            Conn::Cluster(conn) => {
+                let mut conn = conn.clone();
+                let nodes: String = self
+                    .bounded(redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn))
+                    .await?;
+                let mut evicted = 0;
+                for addr in primaries(&nodes) {
+                    // A node that never learned its own address lists it
+                    // as `:port`; that is the node that answered, the seed.
+                    let url = if addr.starts_with(':') {
+                        self.target.first_node().to_owned()
+                    } else {
+                        format!("redis://{addr}")
+                    };
+                    let client = redis::Client::open(url)
+                        .map_err(|err| StoreError::Unavailable(format!("redis: {err}")))?;
+                    let node = self
+                        .bounded(client.get_multiplexed_async_connection())
+                        .await?;
+                    evicted += self.evict_on(node, now_ms, idle_ms).await?;
+                }
+                Ok(evicted)
+            }
+        }
+    }
+
+    async fn evict_on(
+        &self,
+        mut conn: impl redis::aio::ConnectionLike + Send,
+        now_ms: i64,
+        idle_ms: i64,
+    ) -> Result<usize, StoreError> {
         let pattern = format!("{}:{{*", self.prefix);
         let mut cursor = 0u64;
         let mut evicted = 0;
@@ -588,6 +619,21 @@ impl RedisStore {
     }
 }
 
+/// The `host:port` of every healthy primary in a `CLUSTER NODES` reply.
+fn primaries(nodes: &str) -> Vec<String> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let addr = fields.nth(1)?;
+            let flags = fields.next()?;
+            let primary = flags.split(',').any(|f| f == "master")
+                && !flags.split(',').any(|f| f == "fail" || f == "noaddr");
+            primary.then(|| addr.split('@').next().unwrap_or(addr).to_owned())
+        })
+        .collect()
+}
+
 /// Percent-encodes the characters that delimit a key's parts or its hash
 /// tag, so names are kept apart exactly.
 fn escape(name: &str) -> String {
@@ -753,6 +799,33 @@ mod tests {
 
     crate::store::contract_tests!(make);
 
+    /// The same contract on a (one-node) Redis Cluster, where the caller
+    /// key is read apart from the route's. One server for every case: a
+    /// cluster node takes ~2 s to start serving.
+    mod cluster {
+        use super::*;
+        use std::sync::Arc;
+
+        async fn make() -> Option<Fixture> {
+            let server = RedisServer::start_cluster()?;
+            let store = RedisStore::connect(
+                RedisTarget::parse(&server.url()).expect("url"),
+                RedisOptions {
+                    idle_ttl: Duration::from_secs(60),
+                    ..RedisOptions::default()
+                },
+            )
+            .await
+            .expect("connect");
+            assert!(store.clustered());
+            let server = Arc::new(server);
+            let flush = Arc::clone(&server);
+            Some(Fixture::new(store, server).with_reset(move || flush.flush()))
+        }
+
+        crate::store::contract_tests!(one_fixture make);
+    }
+
     #[test]
     fn names_cannot_collide_or_break_the_hash_tag() {
         assert_eq!(escape("a|b"), "a%7Cb");
@@ -762,5 +835,14 @@ mod tests {
             RedisTarget::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
         );
         assert!(RedisTarget::parse("http://x").is_err());
+    }
+
+    #[test]
+    fn only_healthy_primaries_are_swept() {
+        let nodes = "a 10.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460\n\
+                     b 10.0.0.2:7001@17001 slave a 0 0 1 connected\n\
+                     c 10.0.0.3:7002@17002 master,fail - 0 0 2 connected\n\
+                     d :7003@17003 master - 0 0 3 connected 5461-16383\n";
+        assert_eq!(primaries(nodes), ["10.0.0.1:7000", ":7003"]);
     }
 }
