@@ -146,6 +146,26 @@ fn main() -> anyhow::Result<()> {
         let m = report("memory", &memory);
         let r = report("redis", &shared);
         println!("redis / memory throughput: {:.2}", r / m);
+        // What one busy route costs Redis (its workers and live leases).
+        let client = redis::Client::open(redis.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg("tollgate:{bench|r0}:r")
+            .query_async(&mut conn)
+            .await?;
+        println!(
+            "one route's key after the run (16 workers, leases of the last second): {} bytes",
+            bytes.unwrap_or(0)
+        );
+        // Where a call's time goes: Redis's own time per script call.
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        for line in stats.lines().filter(|l| l.starts_with("cmdstat_evalsha")) {
+            println!("redis {line}");
+        }
         Ok(())
     })
 }
