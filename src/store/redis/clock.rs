@@ -69,3 +69,24 @@ impl RedisClock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::RedisServer;
+
+    #[tokio::test]
+    async fn follows_the_redis_servers_clock() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let client = redis::Client::open(server.url()).expect("client");
+        let clock = RedisClock::default();
+        let offset = clock.calibrate(&client).await.expect("TIME");
+        // Same host, same clock: the offset is the measurement's error only.
+        assert!(offset.abs() < 1_000, "offset {offset} ms");
+        assert_eq!(clock.offset_ms(), offset);
+        let drift = to_unix_ms(clock.now()) - to_unix_ms(SystemTime::now());
+        assert!((drift - offset).abs() < 1_000);
+    }
+}
