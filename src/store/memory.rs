@@ -411,7 +411,7 @@ mod tests {
         Some(crate::store::Fixture::new(MemoryStore::new(8), ()))
     }
 
-    crate::store::contract_tests!(with_admin make);
+    crate::store::contract_tests!(make);
 
     /// Only the memory store counts scopes: a shared store's bound is the
     /// server's own memory limit plus key expiry (docs/operations.md).

@@ -310,11 +310,6 @@ macro_rules! contract_tests {
     (one_fixture $make:path) => {
         crate::store::contract_tests!(@cases all $make);
     };
-    // The Admin cases, for the backends that implement the Admin reads.
-    (with_admin $make:path) => {
-        crate::store::contract_tests!(@cases each $make);
-        crate::store::contract_tests!(@each $make; scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze);
-    };
     (@each $make:path; $($name:ident),*) => {
         $(
             #[tokio::test]
@@ -335,10 +330,9 @@ macro_rules! contract_tests {
         }
     };
     (@cases $mode:ident $make:path) => {
-        crate::store::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve);
+        crate::store::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze);
 
         /// The cases, each a function of the store under test.
-        #[allow(dead_code)] // the Admin cases, where a backend lacks them
         mod cases {
         use crate::budget::{GrantAsk, GrantLimit};
         use crate::evidence::{EvidenceInput, assess};

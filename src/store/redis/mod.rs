@@ -56,15 +56,17 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, ScriptInvocation, Value};
 
-use crate::budget::{BudgetError, Grant, GrantAsk, GrantLimit};
-use crate::evidence::{Assessment, Merge};
+use tollgate_client::hint::HintForm;
+
+use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, Grant, GrantAsk, GrantLimit};
+use crate::evidence::{Assessment, HintRecord, Merge};
 use crate::policy::Policy;
-use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
+use crate::scope::{EvidenceLevel, Priority, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError};
 
 use super::{
-    LeaseOutcome, Reconsidered, ScopeDetail, ScopeFilter, ScopePage, ScopeView, Store, StoreError,
-    StoreFuture,
+    LeaseOutcome, Reconsidered, ScopeDetail, ScopeFilter, ScopePage, ScopeSummary, ScopeView,
+    Store, StoreError, StoreFuture,
 };
 
 pub use clock::RedisClock;
@@ -162,6 +164,9 @@ struct Scripts {
     caller: Script,
     freeze: Script,
     evict: Script,
+    detail: Script,
+    caller_detail: Script,
+    reset: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
@@ -178,6 +183,9 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         caller: with_prelude(include_str!("lua/caller.lua")),
         freeze: with_prelude(include_str!("lua/freeze.lua")),
         evict: with_prelude(include_str!("lua/evict.lua")),
+        detail: with_prelude(include_str!("lua/detail.lua")),
+        caller_detail: with_prelude(include_str!("lua/caller_detail.lua")),
+        reset: with_prelude(include_str!("lua/reset.lua")),
     }
 });
 
@@ -346,30 +354,236 @@ impl RedisStore {
     async fn evict(&self, now_ms: i64, idle_ms: i64) -> Result<usize, StoreError> {
         match &self.conn {
             Conn::Single(conn) => self.evict_on(conn.clone(), now_ms, idle_ms).await,
-            Conn::Cluster(conn) => {
-                let mut conn = conn.clone();
-                let nodes: String = self
-                    .bounded(redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn))
-                    .await?;
+            Conn::Cluster(_) => {
                 let mut evicted = 0;
-                for addr in primaries(&nodes) {
-                    // A node that never learned its own address lists it
-                    // as `:port`; that is the node that answered, the seed.
-                    let url = if addr.starts_with(':') {
-                        self.target.first_node().to_owned()
-                    } else {
-                        format!("redis://{addr}")
-                    };
-                    let client = redis::Client::open(url)
-                        .map_err(|err| StoreError::Unavailable(format!("redis: {err}")))?;
-                    let node = self
-                        .bounded(client.get_multiplexed_async_connection())
-                        .await?;
+                for node in self.primary_nodes().await? {
                     evicted += self.evict_on(node, now_ms, idle_ms).await?;
                 }
                 Ok(evicted)
             }
         }
+    }
+
+    /// A connection to every healthy primary of a cluster (none for a
+    /// single server): SCAN sees one node's keys only.
+    async fn primary_nodes(&self) -> Result<Vec<redis::aio::MultiplexedConnection>, StoreError> {
+        let Conn::Cluster(conn) = &self.conn else {
+            return Ok(Vec::new());
+        };
+        let mut conn = conn.clone();
+        let nodes: String = self
+            .bounded(redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn))
+            .await?;
+        let mut out = Vec::new();
+        for addr in primaries(&nodes) {
+            // A node that never learned its own address lists it as
+            // `:port`; that is the node that answered, the seed.
+            let url = if addr.starts_with(':') {
+                self.target.first_node().to_owned()
+            } else {
+                format!("redis://{addr}")
+            };
+            let client = redis::Client::open(url)
+                .map_err(|err| StoreError::Unavailable(format!("redis: {err}")))?;
+            out.push(
+                self.bounded(client.get_multiplexed_async_connection())
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every key matching `pattern`, on every primary.
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
+        match &self.conn {
+            Conn::Single(conn) => self.scan_on(conn.clone(), pattern).await,
+            Conn::Cluster(_) => {
+                let mut keys = Vec::new();
+                for node in self.primary_nodes().await? {
+                    keys.extend(self.scan_on(node, pattern).await?);
+                }
+                Ok(keys)
+            }
+        }
+    }
+
+    async fn scan_on(
+        &self,
+        mut conn: impl redis::aio::ConnectionLike + Send,
+        pattern: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut cursor = 0u64;
+        let mut out = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = self
+                .bounded(
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(500)
+                        .query_async(&mut conn),
+                )
+                .await?;
+            out.extend(keys);
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+
+    /// The route a route key names (the inverse of `route_key`); `None`
+    /// for a key that is not one.
+    fn route_of(&self, key: &str) -> Option<RouteKey> {
+        let inner = key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":{")?
+            .strip_suffix("}:r")?;
+        let (caller, route) = inner.split_once('|')?;
+        Some(RouteKey {
+            caller_scope: unescape(caller)?,
+            route: unescape(route)?,
+        })
+    }
+
+    /// Runs `detail.lua`: the route's summary and, with a policy, its
+    /// budget and hints; `None` when Redis holds nothing for the route.
+    async fn detail_reply(
+        &self,
+        keys: &[String],
+        caller: (i64, i64),
+        policy: Option<&Policy>,
+        now_ms: i64,
+    ) -> Result<Option<Reply>, StoreError> {
+        let mut inv = SCRIPTS.detail.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        inv.arg(caller.0)
+            .arg(caller.1)
+            .arg(now_ms)
+            .arg(u8::from(policy.is_some()));
+        if let Some(policy) = policy {
+            inv.arg(policy.window_secs)
+                .arg(policy.floor_milli_per_sec)
+                .arg(policy.ratio_milli)
+                .arg(
+                    policy
+                        .ceiling_per_window
+                        .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)),
+                );
+            for priority in Priority::ALL {
+                inv.arg(policy.share(priority));
+            }
+        }
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        Ok((reply.int(1)? == 1).then_some(reply))
+    }
+
+    /// Each route key is read by its own script after a SCAN (see
+    /// [`Store::list_scopes`] on this store for what that guarantees).
+    async fn list_now(
+        &self,
+        filter: &ScopeFilter,
+        after: Option<&RouteKey>,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<ScopePage, StoreError> {
+        let pattern = format!("{}:{{*}}:r", self.prefix);
+        let mut routes: Vec<RouteKey> = self
+            .scan(&pattern)
+            .await?
+            .iter()
+            .filter_map(|key| self.route_of(key))
+            .filter(|k| {
+                filter.caller_scope.matches(&k.caller_scope)
+                    && filter.route.matches(&k.route)
+                    && after.is_none_or(|a| k > a)
+            })
+            .collect();
+        // SCAN may return a key more than once.
+        routes.sort_unstable();
+        routes.dedup();
+        let mut scopes = Vec::new();
+        let mut more = false;
+        for route in routes {
+            let (keys, ccd, cfloor) = self.route_keys(&route).await?;
+            // Gone since the scan (expired or evicted): not listed.
+            let Some(reply) = self
+                .detail_reply(&keys, (ccd, cfloor), None, now_ms)
+                .await?
+            else {
+                continue;
+            };
+            let summary = summary_of(&route, &reply)?;
+            if filter.frozen_only && summary.view.frozen.is_none() {
+                continue;
+            }
+            if scopes.len() == limit {
+                more = true;
+                break;
+            }
+            scopes.push(summary);
+        }
+        let next = if more {
+            scopes.last().map(|s: &ScopeSummary| s.route.clone())
+        } else {
+            None
+        };
+        Ok(ScopePage { scopes, next })
+    }
+
+    async fn detail_now(
+        &self,
+        route: &RouteKey,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Option<ScopeDetail>, StoreError> {
+        let mut inv = SCRIPTS.caller_detail.prepare_invoke();
+        inv.key(self.caller_key(&route.caller_scope));
+        let caller = Reply::ok(self.run(&inv).await?)?;
+        let (ccd, cfloor) = (caller.int(1)?, caller.int(2)?);
+        let keys = [self.route_key(route)];
+        let Some(r) = self
+            .detail_reply(&keys, (ccd, cfloor), Some(policy), now_ms)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let summary = summary_of(route, &r)?;
+        let class = |p: usize| -> Result<ClassSnapshot, StoreError> {
+            let at = 10 + 4 * p;
+            Ok(ClassSnapshot {
+                allowance_milli: unsigned(r.int(at)?),
+                spent_milli: unsigned(r.int(at + 1)?),
+                available_milli: unsigned(r.int(at + 2)?),
+                active_workers: count(r.int(at + 3)?),
+            })
+        };
+        let budget = BudgetSnapshot {
+            first_attempts: unsigned(r.int(8)?),
+            allowance_milli: unsigned(r.int(9)?),
+            classes: [class(0)?, class(1)?, class(2)?],
+            leases_outstanding: summary.leases_outstanding,
+            tokens_outstanding: unsigned(r.int(22)?),
+        };
+        Ok(Some(ScopeDetail {
+            summary,
+            budget,
+            route_cooldown_until_ms: r.int(23)?,
+            caller_cooldown_until_ms: ccd,
+            backoff_step: u8::try_from(r.int(24)?).unwrap_or(u8::MAX),
+            route_hints: hints_at(&r, 25)?,
+            caller_hints: hints_at(&caller, 3)?,
+        }))
+    }
+
+    async fn reset_now(&self, route: &RouteKey, now_ms: i64) -> Result<bool, StoreError> {
+        let mut inv = SCRIPTS.reset.prepare_invoke();
+        inv.key(self.route_key(route)).arg(now_ms).arg(self.idle_ms);
+        Ok(Reply::ok(self.run(&inv).await?)?.int(1)? == 1)
     }
 
     async fn evict_on(
@@ -650,9 +864,70 @@ fn escape(name: &str) -> String {
     out
 }
 
-/// The Admin reads are not implemented on Redis yet.
-fn not_yet() -> StoreError {
-    StoreError::Unavailable("the Redis store does not serve the Admin scope API yet".into())
+/// The inverse of [`escape`]; `None` for a malformed name.
+fn unescape(name: &str) -> Option<String> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn unsigned(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn count(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// The summary fields every `detail.lua` reply opens with.
+fn summary_of(route: &RouteKey, r: &Reply) -> Result<ScopeSummary, StoreError> {
+    Ok(ScopeSummary {
+        route: route.clone(),
+        view: ScopeView {
+            cooldown_until_ms: r.int(2)?,
+            floor_ms: r.int(3)?,
+            frozen: r.text(4),
+        },
+        leases_outstanding: count(r.int(5)?),
+        waiting: count(r.int(6)?),
+        last_touched_ms: r.int(7)?,
+    })
+}
+
+/// A hint ring written by the prelude's `hints_out` from field `at`.
+fn hints_at(r: &Reply, at: usize) -> Result<Vec<HintRecord>, StoreError> {
+    (0..count(r.int(at)?))
+        .map(|i| {
+            let f = at + 1 + 7 * i;
+            let form = match r.text(f + 2).as_deref() {
+                Some("delay") => HintForm::Delay,
+                Some("date") => HintForm::Date,
+                Some("pushback") => HintForm::Pushback,
+                Some("absent") => HintForm::Absent,
+                _ => HintForm::Invalid,
+            };
+            Ok(HintRecord {
+                at_ms: r.int(f)?,
+                raw: r.text(f + 1),
+                form,
+                valid: r.int(f + 3)? == 1,
+                capped: r.int(f + 4)? == 1,
+                clock_skew: r.int(f + 5)? == 1,
+                cooldown_until_ms: Some(r.int(f + 6)?).filter(|&cd| cd >= 0),
+            })
+        })
+        .collect()
 }
 
 /// A script's reply: `{'ok', …}` or `{'err', reason, …}`.
@@ -776,27 +1051,45 @@ impl Store for RedisStore {
         Box::pin(self.freeze_now(route, reason, now_ms))
     }
 
+    /// SCANs the prefix's route keys (every primary of a cluster), keeps
+    /// those the filter's names match after `after`, sorts them, and reads
+    /// each in key order with one read-only script until `limit` (and one
+    /// more, to know whether a next page exists) have matched.
+    ///
+    /// Consistency: each summary is atomic for its route (and, on one
+    /// node, its caller scope's cooldown), but a page is not a snapshot:
+    /// a route created during the SCAN may be missing, one that expired
+    /// after it is skipped, and summaries are read at slightly different
+    /// instants. Paging by key stays correct across pages (no route is
+    /// listed twice). Every page SCANs the whole prefix: an operator's
+    /// read, never on the request path.
     fn list_scopes<'a>(
         &'a self,
-        _filter: &'a ScopeFilter,
-        _after: Option<&'a RouteKey>,
-        _limit: usize,
-        _now_ms: i64,
+        filter: &'a ScopeFilter,
+        after: Option<&'a RouteKey>,
+        limit: usize,
+        now_ms: i64,
     ) -> StoreFuture<'a, ScopePage> {
-        Box::pin(std::future::ready(Err(not_yet())))
+        Box::pin(self.list_now(filter, after, limit, now_ms))
     }
 
+    /// Two read-only scripts: the caller scope's hints, then the route's
+    /// state with its budget at `policy` (computed by the prelude's budget
+    /// code on the decoded copy; nothing is written, so looking does not
+    /// keep a route alive). Each is atomic; the pair is not — a caller-wide
+    /// cooldown merged between them shows in one read and not the other.
     fn scope_detail<'a>(
         &'a self,
-        _route: &'a RouteKey,
-        _policy: &'a Policy,
-        _now_ms: i64,
+        route: &'a RouteKey,
+        policy: &'a Policy,
+        now_ms: i64,
     ) -> StoreFuture<'a, Option<ScopeDetail>> {
-        Box::pin(std::future::ready(Err(not_yet())))
+        Box::pin(self.detail_now(route, policy, now_ms))
     }
 
-    fn reset_scope<'a>(&'a self, _route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, bool> {
-        Box::pin(std::future::ready(Err(not_yet())))
+    /// One script (`reset.lua`), atomic like every state change.
+    fn reset_scope<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, bool> {
+        Box::pin(self.reset_now(route, now_ms))
     }
 
     fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {
@@ -855,6 +1148,27 @@ mod tests {
         }
 
         crate::store::contract_tests!(one_fixture make);
+    }
+
+    /// `list_scopes` reads routes back from their keys.
+    #[tokio::test]
+    async fn route_keys_decode_back_to_their_routes() {
+        let store = RedisStore::connect(
+            RedisTarget::parse("redis://127.0.0.1:1").expect("url"),
+            RedisOptions::default(),
+        )
+        .await
+        .expect("a lazy connection");
+        for (caller, route) in [("c", "GET /a"), ("{x}|%", "a:b|c}"), ("ü", "")] {
+            let key = RouteKey {
+                caller_scope: caller.into(),
+                route: route.into(),
+            };
+            assert_eq!(store.route_of(&store.route_key(&key)), Some(key));
+        }
+        assert_eq!(store.route_of("tollgate:{c}:c"), None);
+        assert_eq!(store.route_of("other:{c|r}:r"), None);
+        assert_eq!(unescape("%ZZ"), None);
     }
 
     #[test]

@@ -28,6 +28,9 @@ h.recent[#h.recent + 1] = {
   at = now, raw = ARGV[9], has_raw = ARGV[10] == '1', form = ARGV[11],
   valid = ARGV[12] == '1', capped = ARGV[13] == '1', skew = ARGV[14] == '1',
 }
+-- The cooldown this hint asked for, so an operator can tell which hint a
+-- scope's cooldown came from.
+if until_ms >= 0 then h.recent[#h.recent].cd = until_ms end
 if is_route then
   save(KEYS[1], st, live_until(st, now), now, idle_ms)
 else

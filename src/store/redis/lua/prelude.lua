@@ -241,3 +241,21 @@ local function max_min_share(capacity, own, others)
   end
   return math.min(own, idiv(left, n))
 end
+
+-- Appends a hint ring to a reply (the Admin API's HintRecord list): the
+-- count, then per record at, raw (false when none), form, valid, capped,
+-- clock_skew (1/0) and the cooldown it asked for (-1 for none).
+local function hints_out(out, h)
+  out[#out + 1] = #h.recent
+  for _, r in ipairs(h.recent) do
+    local raw = false
+    if r.has_raw then raw = r.raw end
+    out[#out + 1] = r.at
+    out[#out + 1] = raw
+    out[#out + 1] = r.form
+    out[#out + 1] = r.valid and 1 or 0
+    out[#out + 1] = r.capped and 1 or 0
+    out[#out + 1] = r.skew and 1 or 0
+    out[#out + 1] = r.cd or -1
+  end
+end
