@@ -4,11 +4,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tollgate_client::clock::SystemClock;
+use tollgate_client::clock::{Clock, SystemClock};
 
 use crate::config::Config;
+use crate::store::redis::{EventRelay, RedisClock, RedisOptions, RedisStore, RedisTarget};
+use crate::store::{MemoryStore, Store};
 use crate::telemetry::{self, TelemetryConfig, metrics_http};
 use crate::{server, signal};
 
@@ -39,6 +43,24 @@ pub struct ServeArgs {
     /// Traces and OTLP metrics follow the standard `OTEL_*` variables.
     #[arg(long, env = "TOLLGATE_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Where scope state lives: `memory` (one coordinator), or
+    /// `redis://HOST:PORT[/DB]` / `redis+cluster://HOST:PORT[,HOST:PORT…]`
+    /// shared by stateless replicas. Read from the environment so a
+    /// password in the URL stays off the command line.
+    #[arg(
+        long,
+        env = "TOLLGATE_STORE",
+        default_value = "memory",
+        hide_env_values = true
+    )]
+    pub store: String,
+    /// Prefix of every Redis key and of the Watch channel.
+    #[arg(long, default_value = "tollgate")]
+    pub redis_prefix: String,
+    /// With a Redis store: `redis` follows the Redis server's TIME (so
+    /// replicas with skewed clocks agree), `local` trusts this host's clock.
+    #[arg(long, value_enum, default_value_t = TimeSource::Redis)]
+    pub time_source: TimeSource,
 }
 
 /// `<config><suffix>`: where the state file and audit log go by default.
@@ -47,6 +69,18 @@ fn beside(config: &std::path::Path, suffix: &str) -> PathBuf {
     name.push(suffix);
     PathBuf::from(name)
 }
+
+/// Which clock a replica of a shared store reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TimeSource {
+    /// The Redis server's `TIME`, through a measured offset.
+    Redis,
+    /// This host's wall clock (keep replicas on NTP).
+    Local,
+}
+
+/// How often a replica re-measures its offset to Redis's clock.
+const CLOCK_SYNC_EVERY: Duration = Duration::from_secs(30);
 
 /// Runs the coordinator until SIGINT or SIGTERM.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -89,6 +123,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.reload_interval
                 .max(std::time::Duration::from_millis(50)),
         ),
+        relay: None,
     };
     if kept.paths.state_file.is_none() {
         tracing::warn!(
@@ -109,16 +144,51 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        let store = Arc::new(crate::store::MemoryStore::new(config.limits.max_scopes));
-        server::run_with(
-            listener,
-            signal::shutdown(),
-            config,
-            Arc::new(SystemClock),
-            store,
-            kept,
-        )
-        .await?;
+        let mut kept = kept;
+        let (store, clock, calibrating): (Arc<dyn Store>, Arc<dyn Clock>, _) = if args.store
+            == "memory"
+        {
+            let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
+            (store, Arc::new(SystemClock), None)
+        } else {
+            // Never echo the URL: it may carry a password.
+            let target = RedisTarget::parse(&args.store).context("--store")?;
+            let options = RedisOptions {
+                prefix: args.redis_prefix.clone(),
+                idle_ttl: config.limits.scope_idle_ttl,
+                ..RedisOptions::default()
+            };
+            let store = RedisStore::connect(target.clone(), options)
+                .await
+                .context("connecting to the Redis store")?;
+            kept.relay = Some(EventRelay::new(&target, &args.redis_prefix).context("Watch relay")?);
+            match args.time_source {
+                TimeSource::Local => (Arc::new(store), Arc::new(SystemClock), None),
+                TimeSource::Redis => {
+                    let clock = RedisClock::default();
+                    let client = store.clock_client().context("Redis clock")?;
+                    // A first measurement before serving, when Redis is
+                    // up; the loop below keeps it fresh (and retries if
+                    // not).
+                    let _ = tokio::time::timeout(Duration::from_secs(2), clock.calibrate(&client))
+                        .await;
+                    let task = clock.clone().keep_calibrated(client, CLOCK_SYNC_EVERY);
+                    (Arc::new(store), Arc::new(clock), Some(task))
+                }
+            }
+        };
+        let calibrating = async move {
+            match calibrating {
+                Some(task) => task.await,
+                None => std::future::pending().await,
+            }
+        };
+        let serving = server::run_with(listener, signal::shutdown(), config, clock, store, kept);
+        // The calibration loop never ends; it stops with the server.
+        tokio::select! {
+            result = serving => result?,
+            () = calibrating => {}
+        }
         Ok(())
     })
 }

@@ -13,7 +13,9 @@
 //!   cooldowns and the backoff step (pure).
 //! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
-//!   changes, and its in-memory backend.
+//!   changes; its in-memory backend, and the Redis backend (one Lua script
+//!   per operation, pub/sub for Watch across replicas, a clock that follows
+//!   Redis's `TIME`) that makes replicas stateless.
 //! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
 //! - [`auth`]: bearer tokens → the caller scopes they may use; admin tokens.
 //! - [`admin`]: runtime control — policy changes with optimistic versions,
@@ -58,3 +60,5 @@ pub mod simulate;
 pub mod slots;
 pub mod store;
 pub mod telemetry;
+#[doc(hidden)]
+pub mod testing;

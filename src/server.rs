@@ -8,6 +8,12 @@
 //! Watch streams end with UNAVAILABLE, no new connection is accepted, and
 //! in-flight calls finish. If they have not finished within the grace
 //! period, the remaining connections are dropped and `run` returns anyway.
+//!
+//! # Health
+//! The Budget service is SERVING only while its store is: the store's
+//! `health` is checked every [`HEALTH_EVERY`], so a replica whose Redis is
+//! down reports NOT_SERVING (and load balancers route around it) until it
+//! reconnects by itself.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -36,6 +42,7 @@ use crate::service::BudgetService;
 use crate::service::admin::{AdminService, MAX_TOML_BYTES};
 use crate::service::watch::EventHub;
 use crate::signal::Hangups;
+use crate::store::redis::EventRelay;
 use crate::store::{MemoryStore, Store};
 
 /// Largest request accepted: the biggest valid message (64 evidence items
@@ -47,8 +54,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(30);
 const EXPIRE_EVERY: Duration = Duration::from_millis(250);
 
 /// Where runtime changes are kept and how the policy file is followed.
-/// The default keeps everything in memory and never reloads (tests).
-#[derive(Debug, Clone, Default)]
+/// The default keeps everything in memory, never reloads and relays no
+/// Watch events (tests).
+#[derive(Debug, Default)]
 pub struct Runtime {
     /// The policy file and the state file.
     pub paths: Paths,
@@ -58,7 +66,13 @@ pub struct Runtime {
     pub audit_file: Option<std::path::PathBuf>,
     /// Poll the policy file this often (and reload on SIGHUP); `None`: never.
     pub reload_every: Option<Duration>,
+    /// With a store shared by several replicas: carries Watch events
+    /// between them. `None`: events stay in this process.
+    pub relay: Option<EventRelay>,
 }
+
+/// How often the store's health is checked.
+pub const HEALTH_EVERY: Duration = Duration::from_millis(250);
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +144,24 @@ pub async fn run_with(
     .await
 }
 
+/// [`run_with_store`] as one of several replicas sharing a store: Watch
+/// events travel between replicas through `relay`. The same setup as
+/// [`run_with`] with only the relay set in its [`Runtime`].
+pub async fn run_replica(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+    config: Config,
+    clock: Arc<dyn Clock>,
+    store: Arc<dyn Store>,
+    relay: Option<EventRelay>,
+) -> Result<(), ServeError> {
+    let runtime = Runtime {
+        relay,
+        ..Runtime::default()
+    };
+    run_with(listener, shutdown, config, clock, store, runtime).await
+}
+
 /// [`run`] over connections the caller accepts itself: any stream of
 /// byte pipes, such as the server halves of `tokio::io::duplex` pairs. Tests
 /// use it to run the real coordinator on paused tokio time, where loopback
@@ -155,8 +187,9 @@ where
 }
 
 /// The one setup behind every entry point: the Budget and Admin services,
-/// health and reflection behind the shared layers, the sweeper, the policy
-/// file follower, and the drain.
+/// health (following the store's) and reflection behind the shared layers,
+/// the Watch relay between replicas, the sweeper, the policy file follower,
+/// and the drain.
 async fn serve<I, IO, IE>(
     incoming: I,
     shutdown: impl Future<Output = ()> + Send,
@@ -174,7 +207,22 @@ where
     let limits = config.limits.clone();
     let drain = CancellationToken::new();
     let policies = SharedPolicies::new(config.policies.clone());
-    let hub = EventHub::default();
+    // With a relay, the hub's events also reach (and come from) the other
+    // replicas; the relay stops with the drain, like the Watch streams it
+    // feeds.
+    let (hub, relaying) = match runtime.relay {
+        Some(relay) => {
+            let (hub, task) = relay.start(drain.clone());
+            (hub, Some(task))
+        }
+        None => (EventHub::default(), None),
+    };
+    let relaying = async move {
+        match relaying {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
     let audit = match &runtime.audit_file {
         Some(path) => AuditLog::open(path).map_err(|source| ServeError::Audit {
             path: path.clone(),
@@ -255,9 +303,11 @@ where
     tokio::select! {
         result = &mut serve => return result.map_err(ServeError::from),
         () = shutdown => {}
-        // Never completes; it stops when this select is left.
+        // These never complete; they stop when this select is left.
         () = sweep(Arc::clone(&store), Arc::clone(&clock), limits.scope_idle_ttl) => {}
         () = follow(Arc::clone(&control), runtime.reload_every) => {}
+        () = watch_health(Arc::clone(&store), health.clone()) => {}
+        () = relaying => {}
     }
 
     info!(grace_period = ?limits.grace_period, "draining");
@@ -295,6 +345,37 @@ async fn follow(control: Arc<Control>, reload_every: Option<Duration>) {
                 }
             } => {
                 control.reload_file(true).await;
+            }
+        }
+    }
+}
+
+/// Mirrors the store's health into the Budget service's serving status;
+/// runs as long as it is polled.
+async fn watch_health(store: Arc<dyn Store>, health: tonic_health::server::HealthReporter) {
+    let mut serving = true;
+    let mut every = tokio::time::interval(HEALTH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let ok = match store.health().await {
+            Ok(()) => true,
+            Err(err) => {
+                if serving {
+                    warn!(cause = %err, "store unavailable: health is NOT_SERVING");
+                }
+                false
+            }
+        };
+        if ok != serving {
+            serving = ok;
+            if ok {
+                info!("store reachable again: health is SERVING");
+                health.set_serving::<BudgetServer<BudgetService>>().await;
+            } else {
+                health
+                    .set_not_serving::<BudgetServer<BudgetService>>()
+                    .await;
             }
         }
     }

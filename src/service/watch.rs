@@ -76,19 +76,48 @@ impl Eq for PolicySnapshot {}
 #[derive(Debug, Clone)]
 pub struct EventHub {
     tx: broadcast::Sender<StateChange>,
+    /// With a shared store, where this replica's changes leave for the
+    /// others (the Redis relay); `None` for a single coordinator.
+    outbox: Option<mpsc::Sender<StateChange>>,
 }
 
 impl Default for EventHub {
     fn default() -> Self {
         EventHub {
             tx: broadcast::channel(HUB_CAPACITY).0,
+            outbox: None,
         }
     }
 }
 
 impl EventHub {
-    /// Publishes a change to every current watcher (none is fine).
+    /// A hub whose published changes are also queued (up to `capacity`) on
+    /// the returned receiver, for a relay to other replicas.
+    pub fn relayed(capacity: usize) -> (EventHub, mpsc::Receiver<StateChange>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let hub = EventHub {
+            outbox: Some(tx),
+            ..EventHub::default()
+        };
+        (hub, rx)
+    }
+
+    /// Publishes a change to every current watcher (none is fine), and to
+    /// other replicas when relayed. A full outbox drops the change for the
+    /// other replicas rather than slowing the request: their workers still
+    /// see it in every answer and on their next Watch snapshot.
     pub fn publish(&self, change: StateChange) {
+        if let Some(outbox) = &self.outbox
+            && outbox.try_send(change.clone()).is_err()
+        {
+            tracing::warn!("relay outbox full: a scope change stays on this replica");
+        }
+        let _ = self.tx.send(change);
+    }
+
+    /// Delivers a change that another replica published, to local
+    /// watchers only (it must not go back out).
+    pub fn publish_remote(&self, change: StateChange) {
         let _ = self.tx.send(change);
     }
 

@@ -407,5 +407,29 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
 
-    crate::store::contract_tests!(MemoryStore::new(8));
+    async fn make() -> Option<crate::store::Fixture> {
+        Some(crate::store::Fixture::new(MemoryStore::new(8), ()))
+    }
+
+    crate::store::contract_tests!(make);
+
+    /// Only the memory store counts scopes: a shared store's bound is the
+    /// server's own memory limit plus key expiry (docs/operations.md).
+    #[tokio::test]
+    async fn scopes_are_bounded_until_idle_ones_are_evicted() {
+        use crate::scope::{Priority, ScopeKey};
+        const T0: i64 = 1_700_000_000_000;
+        let s = MemoryStore::new(8);
+        let p = Policy::default();
+        let key = |i: usize| ScopeKey::new("c", &format!("r{i}"), Priority::Critical);
+        for i in 0..8 {
+            s.deposit(&key(i), "w", 1, 0, &p, T0).await.expect("room");
+        }
+        let err = s.deposit(&key(8), "w", 1, 0, &p, T0).await;
+        assert_eq!(err, Err(StoreError::ScopeLimit { max: 8 }));
+        assert_eq!(s.evict_idle(T0 + 61_000, 60_000).await, Ok(8));
+        s.deposit(&key(8), "w", 1, 0, &p, T0 + 61_000)
+            .await
+            .expect("room again");
+    }
 }

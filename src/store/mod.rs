@@ -15,6 +15,7 @@
 //! server holds an `Arc<dyn Store>`, chosen at start (limitador's shape).
 
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +27,7 @@ use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError};
 
 pub use memory::MemoryStore;
+pub use redis::{RedisOptions, RedisStore, RedisTarget};
 
 /// A boxed store operation.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -252,13 +254,86 @@ pub trait Store: Send + Sync + 'static {
     /// Forgets scopes untouched for `idle_ms` that hold nothing live (no
     /// unexpired lease, waiting intent, cooldown or freeze); returns how many.
     fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize>;
+
+    /// Whether the store can serve now; the server's health check reports
+    /// NOT_SERVING while it fails. Always healthy for an embedded store.
+    fn health(&self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// A store under test and whatever must live as long as it (a Redis server
+/// process), for `contract_tests!`.
+#[cfg(test)]
+pub(crate) struct Fixture {
+    pub(crate) store: Box<dyn Store>,
+    _guard: Box<dyn std::any::Any + Send>,
+    reset: Option<Box<dyn Fn() + Send>>,
+}
+
+#[cfg(test)]
+impl Fixture {
+    pub(crate) fn new(store: impl Store, guard: impl std::any::Any + Send) -> Self {
+        Fixture {
+            store: Box::new(store),
+            _guard: Box::new(guard),
+            reset: None,
+        }
+    }
+
+    /// Empties the backend between cases run on one fixture.
+    pub(crate) fn with_reset(mut self, reset: impl Fn() + Send + 'static) -> Self {
+        self.reset = Some(Box::new(reset));
+        self
+    }
+
+    pub(crate) fn reset(&self) {
+        if let Some(reset) = &self.reset {
+            reset();
+        }
+    }
 }
 
 /// The contract every [`Store`] backend must honour, as one test suite a
-/// backend instantiates with `contract_tests!(constructor)`.
+/// backend instantiates with `contract_tests!(make)`, where `make` is an
+/// `async fn() -> Option<Fixture>`; `None` skips (a backend whose server is
+/// not installed, after saying so). Each case is its own test.
+///
+/// `contract_tests!(one_fixture make)` runs every case in one test on one
+/// fixture, [`Fixture::reset`] between cases: for a backend whose server is
+/// slow to start (a Redis Cluster node waits ~2 s before serving).
 #[cfg(test)]
 macro_rules! contract_tests {
-    ($make:expr) => {
+    ($make:path) => {
+        crate::store::contract_tests!(@cases each $make);
+    };
+    (one_fixture $make:path) => {
+        crate::store::contract_tests!(@cases all $make);
+    };
+    (@each $make:path; $($name:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let Some(f) = $make().await else { return };
+                cases::$name(&*f.store).await;
+            }
+        )*
+    };
+    (@all $make:path; $($name:ident),*) => {
+        #[tokio::test]
+        async fn every_contract_case() {
+            let Some(f) = $make().await else { return };
+            $(
+                f.reset();
+                cases::$name(&*f.store).await;
+            )*
+        }
+    };
+    (@cases $mode:ident $make:path) => {
+        crate::store::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze);
+
+        /// The cases, each a function of the store under test.
+        mod cases {
         use crate::budget::{GrantAsk, GrantLimit};
         use crate::evidence::{EvidenceInput, assess};
         use crate::policy::Policy;
@@ -267,10 +342,6 @@ macro_rules! contract_tests {
         use crate::store::{Reconsidered, Store, StoreError};
 
         const T0: i64 = 1_700_000_000_000;
-
-        fn store() -> Box<dyn Store> {
-            Box::new($make)
-        }
 
         fn scope(caller: &str, route: &str) -> ScopeKey {
             ScopeKey::new(caller, route, Priority::Critical)
@@ -297,9 +368,7 @@ macro_rules! contract_tests {
             }
         }
 
-        #[tokio::test]
-        async fn leases_take_tokens_and_release_returns_them() {
-            let s = store();
+        pub(super) async fn leases_take_tokens_and_release_returns_them(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let first = s.lease(&key, ask("w", 40, T0), &p).await.expect("lease");
@@ -314,9 +383,7 @@ macro_rules! contract_tests {
             ));
         }
 
-        #[tokio::test]
-        async fn a_cooldown_reaches_every_priority_and_slots_follow_it() {
-            let s = store();
+        pub(super) async fn a_cooldown_reaches_every_priority_and_slots_follow_it(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let input = EvidenceInput {
@@ -351,9 +418,7 @@ macro_rules! contract_tests {
             assert_eq!(slot, Reconsidered::Slot(T0 + 30_000));
         }
 
-        #[tokio::test]
-        async fn uncertain_evidence_covers_the_whole_caller_scope() {
-            let s = store();
+        pub(super) async fn uncertain_evidence_covers_the_whole_caller_scope(s: &dyn Store) {
             let p = Policy::default();
             let input = EvidenceInput {
                 http_status: 429,
@@ -384,9 +449,7 @@ macro_rules! contract_tests {
             );
         }
 
-        #[tokio::test]
-        async fn a_frozen_scope_grants_nothing_and_gives_no_slot() {
-            let s = store();
+        pub(super) async fn a_frozen_scope_grants_nothing_and_gives_no_slot(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             s.set_freeze(&key.route, Some("incident".into()), T0)
@@ -402,11 +465,9 @@ macro_rules! contract_tests {
             assert_eq!(r, Reconsidered::Frozen);
         }
 
-        #[tokio::test]
-        async fn scopes_are_listed_in_pages_and_filtered() {
+        pub(super) async fn scopes_are_listed_in_pages_and_filtered(s: &dyn Store) {
             use crate::policy::Pattern;
             use crate::store::ScopeFilter;
-            let s = store();
             let p = Policy::default();
             for route in ["r1", "r2", "r3"] {
                 s.deposit(&scope("c", route), "w", 1, 0, &p, T0)
@@ -443,9 +504,7 @@ macro_rules! contract_tests {
             assert_eq!(page.scopes[0].route.route, "r2");
         }
 
-        #[tokio::test]
-        async fn scope_detail_shows_balance_leases_and_the_cooldown_hint() {
-            let s = store();
+        pub(super) async fn scope_detail_shows_balance_leases_and_the_cooldown_hint(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             assert_eq!(
@@ -481,9 +540,7 @@ macro_rules! contract_tests {
             assert_eq!(d.route_hints[0].cooldown_until_ms, Some(T0 + 30_000));
         }
 
-        #[tokio::test]
-        async fn reset_forgets_budget_and_cooldown_but_keeps_a_freeze() {
-            let s = store();
+        pub(super) async fn reset_forgets_budget_and_cooldown_but_keeps_a_freeze(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
             let lease = s.lease(&key, ask("w", 50, T0), &p).await.expect("lease");
@@ -517,26 +574,256 @@ macro_rules! contract_tests {
             assert_eq!(s.reset_scope(&unknown.route, T0).await, Ok(false));
         }
 
-        #[tokio::test]
-        async fn scopes_are_bounded_and_idle_ones_evicted() {
-            let s = store(); // room for 8
+        pub(super) async fn idle_scopes_are_evicted_and_live_ones_kept(s: &dyn Store) {
             let p = Policy::default();
-            for i in 0..8 {
+            for i in 0..3 {
                 s.deposit(&scope("c", &format!("r{i}")), "w", 1, 0, &p, T0)
                     .await
-                    .expect("room");
+                    .expect("deposit");
             }
-            let err = s.deposit(&scope("c", "r8"), "w", 1, 0, &p, T0).await;
-            assert_eq!(err, Err(StoreError::ScopeLimit { max: 8 }));
+            let frozen = scope("c", "frozen");
+            s.set_freeze(&frozen.route, Some("incident".into()), T0)
+                .await
+                .expect("freeze");
+            let cooling = scope("c", "cooling");
+            let input = EvidenceInput {
+                http_status: 429,
+                retry_after: Some("120"),
+                receipt_ms: T0,
+                ..EvidenceInput::default()
+            };
+            s.merge_evidence(
+                &EvidenceLevel::Route(cooling.route.clone()),
+                &assess(&input, &p, T0),
+                &p,
+                T0,
+            )
+            .await
+            .expect("merge");
             assert_eq!(
                 s.evict_idle(T0 + 1_000, 60_000).await,
                 Ok(0),
                 "not idle yet"
             );
-            assert_eq!(s.evict_idle(T0 + 61_000, 60_000).await, Ok(8));
-            s.deposit(&scope("c", "r8"), "w", 1, 0, &p, T0 + 61_000)
+            assert_eq!(s.evict_idle(T0 + 61_000, 60_000).await, Ok(3));
+            assert_eq!(
+                s.view(&cooling.route, T0 + 61_000)
+                    .await
+                    .expect("view")
+                    .cooldown_until_ms,
+                T0 + 120_000,
+                "a cooldown still running keeps its scope"
+            );
+            let view = s.view(&frozen.route, T0 + 61_000).await.expect("view");
+            assert_eq!(view.frozen.as_deref(), Some("incident"));
+            assert_eq!(s.evict_idle(T0 + 200_000, 60_000).await, Ok(1));
+        }
+
+        pub(super) async fn first_attempts_grow_the_allowance_and_slide_out(s: &dyn Store) {
+            let p = Policy::default(); // 10/s × 10 s floor, ratio 0.2
+            let key = scope("c", "r");
+            s.deposit(&key, "w", 250, 0, &p, T0).await.expect("deposit");
+            // critical share 0.5 × (100 + 0.2 × 250) = 75
+            let g = s.lease(&key, ask("w", 1000, T0), &p).await.expect("lease");
+            assert_eq!(g.grant.granted, 75);
+            assert_eq!(g.grant.limit, GrantLimit::BudgetExhausted);
+            assert_eq!(g.grant.remaining, 0);
+            assert_eq!(g.grant.expires_at_ms, T0 + p.lease_ttl_ms as i64);
+            // A window later the deposit and the charge have slid out.
+            let later = T0 + 10_000;
+            let g = s
+                .lease(&key, ask("w", 1000, later), &p)
                 .await
-                .expect("room again");
+                .expect("lease");
+            assert_eq!(g.grant.granted, 50);
+        }
+
+        pub(super) async fn leases_are_fair_and_expired_ones_keep_their_charge(s: &dyn Store) {
+            let p = Policy::default(); // 50 critical tokens
+            let key = scope("c", "r");
+            for i in 0..9 {
+                s.deposit(&key, &format!("m{i}"), 0, 0, &p, T0)
+                    .await
+                    .expect("deposit");
+            }
+            let greedy = s
+                .lease(&key, ask("greedy", 1000, T0), &p)
+                .await
+                .expect("lease");
+            assert_eq!(greedy.grant.granted, 5, "an equal share of 50 among 10");
+            assert_eq!(greedy.grant.limit, GrantLimit::FairShare);
+            let id = greedy.lease_id.expect("id");
+            assert!(matches!(
+                s.release(&key, "someone-else", &id, 0, T0).await,
+                Err(StoreError::Budget(_))
+            ));
+            assert!(matches!(
+                s.release(&key, "greedy", &id, 6, T0).await,
+                Err(StoreError::Budget(
+                    crate::budget::BudgetError::SpentExceedsGrant {
+                        spent: 6,
+                        granted: 5
+                    }
+                ))
+            ));
+            let expired = T0 + p.lease_ttl_ms as i64;
+            assert!(matches!(
+                s.release(&key, "greedy", &id, 0, expired).await,
+                Err(StoreError::Budget(_))
+            ));
+            assert!(matches!(
+                s.release(&scope("c", "unknown"), "w", "nope", 0, T0).await,
+                Err(StoreError::Budget(_))
+            ));
+        }
+
+        pub(super) async fn throttled_retries_cost_more_and_classes_do_not_share(s: &dyn Store) {
+            let p = Policy::default();
+            let key = scope("c", "r");
+            let g = s
+                .lease(
+                    &key,
+                    GrantAsk {
+                        retry_class: RetryClass::Throttled,
+                        ..ask("w", 100, T0)
+                    },
+                    &p,
+                )
+                .await
+                .expect("lease");
+            assert_eq!(g.grant.granted, 25);
+            let bulk = ScopeKey::new("c", "r", Priority::Bulk);
+            let g = s
+                .lease(
+                    &bulk,
+                    GrantAsk {
+                        priority: Priority::Bulk,
+                        ..ask("w", 100, T0)
+                    },
+                    &p,
+                )
+                .await
+                .expect("lease");
+            assert_eq!(g.grant.granted, 20, "bulk's own 0.2 share");
+        }
+
+        pub(super) async fn hintless_rejections_widen_the_backoff_and_successes_narrow_it(s: &dyn Store) {
+            let p = Policy::default();
+            let key = scope("c", "r");
+            let level = EvidenceLevel::Route(key.route.clone());
+            let input = EvidenceInput {
+                http_status: 503,
+                retry_after: Some("junk"),
+                receipt_ms: T0,
+                ..EvidenceInput::default()
+            };
+            let a = assess(&input, &p, T0);
+            let mut steps = Vec::new();
+            for _ in 0..3 {
+                let m = s.merge_evidence(&level, &a, &p, T0).await.expect("merge");
+                assert!(!m.raised);
+                steps.push(m.backoff_ms);
+            }
+            assert_eq!(
+                steps,
+                [
+                    p.backoff_base_ms,
+                    2 * p.backoff_base_ms,
+                    4 * p.backoff_base_ms
+                ]
+            );
+            let view = s.view(&key.route, T0).await.expect("view");
+            assert_eq!(view.cooldown_until_ms, 0);
+            assert_eq!(view.floor_ms, T0 + 4 * p.backoff_base_ms as i64);
+            s.deposit(&key, "w", 0, 2, &p, T0).await.expect("deposit");
+            let m = s.merge_evidence(&level, &a, &p, T0).await.expect("merge");
+            assert_eq!(
+                m.backoff_ms,
+                4 * p.backoff_base_ms,
+                "a report with successes narrows by one step, then one more rejection"
+            );
+        }
+
+        pub(super) async fn slots_are_spread_jittered_idempotent_and_deadline_checked(s: &dyn Store) {
+            let p = Policy::default();
+            let route = scope("c", "r").route;
+            let rate = i64::from(p.wake_rate_per_sec);
+            let interval = 1_000_000i64.div_euclid(rate) / 1000; // ms, for rates dividing 1e6
+            // A floor ahead of now, so the slots are still pending when asked again.
+            let at = |intent| SlotAsk {
+                floor_ms: T0 + 1_000,
+                ..slot_ask(intent, T0)
+            };
+            let (a, _) = s.reconsider(&route, at("a"), &p).await.expect("slot");
+            assert_eq!(a, Reconsidered::Slot(T0 + 1_000));
+            let again = SlotAsk {
+                jitter_ppm: 999_999,
+                ..at("a")
+            };
+            let (again, _) = s.reconsider(&route, again, &p).await.expect("slot");
+            assert_eq!(again, a, "asking again while pending: the same slot");
+            let late = SlotAsk {
+                deadline_ms: T0 + 1_000 + interval,
+                reserve_ms: 1,
+                ..at("late")
+            };
+            let (refused, _) = s.reconsider(&route, late, &p).await.expect("slot");
+            assert_eq!(
+                refused,
+                Reconsidered::DeadlineInfeasible(T0 + 1_000 + interval)
+            );
+            let half = SlotAsk {
+                jitter_ppm: 500_000,
+                ..at("b")
+            };
+            let (b, _) = s.reconsider(&route, half, &p).await.expect("slot");
+            assert_eq!(
+                b,
+                Reconsidered::Slot(T0 + 1_000 + interval + interval / 2),
+                "the refusal took no interval; jitter places the slot inside its own"
+            );
+        }
+
+        pub(super) async fn a_later_cooldown_voids_a_pending_slot_and_unfreezing_works(s: &dyn Store) {
+            let p = Policy::default();
+            let key = scope("c", "r");
+            let (first, _) = s
+                .reconsider(&key.route, slot_ask("i", T0), &p)
+                .await
+                .expect("slot");
+            assert_eq!(first, Reconsidered::Slot(T0));
+            let input = EvidenceInput {
+                http_status: 429,
+                retry_after: Some("10"),
+                receipt_ms: T0,
+                ..EvidenceInput::default()
+            };
+            s.merge_evidence(
+                &EvidenceLevel::Caller("c".into()),
+                &assess(&input, &p, T0),
+                &p,
+                T0,
+            )
+            .await
+            .expect("merge");
+            let (moved, view) = s
+                .reconsider(&key.route, slot_ask("i", T0), &p)
+                .await
+                .expect("slot");
+            assert_eq!(moved, Reconsidered::Slot(T0 + 10_000));
+            assert_eq!(view.cooldown_until_ms, T0 + 10_000);
+            s.set_freeze(&key.route, Some("x".into()), T0)
+                .await
+                .expect("freeze");
+            s.set_freeze(&key.route, None, T0).await.expect("unfreeze");
+            let leased = s.lease(&key, ask("w", 1, T0), &p).await.expect("lease");
+            assert_eq!(leased.grant.granted, 1);
+            assert_eq!(leased.view.frozen, None);
+        }
+
+        pub(super) async fn the_store_is_healthy_when_it_can_serve(s: &dyn Store) {
+            assert_eq!(s.health().await, Ok(()));
+        }
         }
     };
 }

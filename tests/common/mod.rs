@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::config::Config;
 use tollgate::server::{self, ServeError};
+use tollgate::store::redis::EventRelay;
 use tollgate::store::{MemoryStore, Store};
 use tollgate_client::clock::{ManualClock, from_unix_ms};
 use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetClient};
@@ -47,6 +48,37 @@ impl Coordinator {
             config,
             clock.clone(),
             store,
+        ));
+        Coordinator {
+            addr,
+            clock,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// One of several replicas sharing `store` and `clock` (one time source,
+    /// as `RedisClock` gives real replicas), relaying Watch through `relay`.
+    pub(crate) async fn start_replica(
+        config: Config,
+        store: Arc<dyn Store>,
+        relay: Option<EventRelay>,
+        clock: Arc<ManualClock>,
+    ) -> Coordinator {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::run_replica(
+            listener,
+            async {
+                let _ = stopped.await;
+            },
+            config,
+            clock.clone(),
+            store,
+            relay,
         ));
         Coordinator {
             addr,

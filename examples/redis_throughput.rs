@@ -1,0 +1,171 @@
+//! Lease throughput over loopback, in-memory store vs Redis store, in one
+//! run with the same load: `cargo run --release --example redis_throughput`
+//! (needs `redis-server` on PATH; it starts a private one).
+//!
+//! Each store gets a fresh coordinator on `127.0.0.1:0`; `CONCURRENCY`
+//! tasks over `CHANNELS` HTTP/2 connections call Lease (want 1) on
+//! `ROUTES` routes for `RUN` after a warm-up, and the run prints calls/s
+//! and latency percentiles per store, then the ratio. The policy's floor
+//! is high so grants never run out (every call does the full grant path),
+//! and leases expire after 1 s so no route fills up with them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tollgate::config::Config;
+use tollgate::server;
+use tollgate::store::{MemoryStore, RedisOptions, RedisStore, RedisTarget, Store};
+use tollgate::testing::RedisServer;
+use tollgate_client::clock::SystemClock;
+use tollgate_proto::v1::{self, budget_client::BudgetClient};
+use tonic::transport::Channel;
+
+const CONCURRENCY: usize = 32;
+const CHANNELS: usize = 4;
+const ROUTES: usize = 64;
+const WARMUP: Duration = Duration::from_millis(500);
+const RUN: Duration = Duration::from_secs(3);
+
+const POLICY: &str = r#"
+[server]
+max_concurrent_requests = 4096
+[defaults]
+min_retries_per_sec = 1000000
+lease_ttl = "1s"
+"#;
+
+struct Result {
+    calls: usize,
+    latencies_us: Vec<u64>,
+}
+
+async fn load(store: Arc<dyn Store>) -> anyhow::Result<Result> {
+    let config = Config::from_toml(POLICY, |_| None)?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serving = tokio::spawn(server::run_with_store(
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+        config,
+        Arc::new(SystemClock),
+        store,
+    ));
+    let mut channels = Vec::new();
+    for _ in 0..CHANNELS {
+        channels.push(
+            Channel::from_shared(format!("http://{addr}"))?
+                .connect()
+                .await?,
+        );
+    }
+    let start = Instant::now();
+    let measure_from = start + WARMUP;
+    let end = measure_from + RUN;
+    let mut tasks = Vec::new();
+    for t in 0..CONCURRENCY {
+        let mut client = BudgetClient::new(channels[t % CHANNELS].clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut i = t;
+            loop {
+                let now = Instant::now();
+                if now >= end {
+                    break;
+                }
+                let request = v1::LeaseRequest {
+                    scope: Some(v1::Scope {
+                        caller_scope: "bench".into(),
+                        route: format!("r{}", i % ROUTES),
+                        priority: v1::Priority::Normal.into(),
+                    }),
+                    worker_id: format!("w{t}"),
+                    want: 1,
+                    retry_class: v1::RetryClass::Transient.into(),
+                };
+                let ok = client.lease(request).await.is_ok();
+                if ok && now >= measure_from {
+                    latencies.push(u64::try_from(now.elapsed().as_micros()).unwrap_or(u64::MAX));
+                }
+                i += CONCURRENCY;
+            }
+            latencies
+        }));
+    }
+    let mut latencies_us = Vec::new();
+    for task in tasks {
+        latencies_us.extend(task.await?);
+    }
+    let _ = stop.send(());
+    serving.await??;
+    latencies_us.sort_unstable();
+    Ok(Result {
+        calls: latencies_us.len(),
+        latencies_us,
+    })
+}
+
+fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn report(name: &str, r: &Result) -> f64 {
+    let rate = r.calls as f64 / RUN.as_secs_f64();
+    println!(
+        "{name:<7} {rate:>9.0} calls/s   p50 {:>6} us   p99 {:>6} us",
+        pct(&r.latencies_us, 0.5),
+        pct(&r.latencies_us, 0.99)
+    );
+    rate
+}
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let Some(redis) = RedisServer::start() else {
+            anyhow::bail!("redis-server is not on PATH");
+        };
+        println!(
+            "Lease over loopback: {CONCURRENCY} concurrent calls on {CHANNELS} connections, \
+             {ROUTES} routes, {RUN:?} after {WARMUP:?} warm-up"
+        );
+        let memory = load(Arc::new(MemoryStore::new(100_000))).await?;
+        let redis_store =
+            RedisStore::connect(RedisTarget::parse(&redis.url())?, RedisOptions::default()).await?;
+        let shared = load(Arc::new(redis_store)).await?;
+        let m = report("memory", &memory);
+        let r = report("redis", &shared);
+        println!("redis / memory throughput: {:.2}", r / m);
+        // What one busy route costs Redis (its workers and live leases).
+        let client = redis::Client::open(redis.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg("tollgate:{bench|r0}:r")
+            .query_async(&mut conn)
+            .await?;
+        println!(
+            "one route's key after the run (16 workers, leases of the last second): {} bytes",
+            bytes.unwrap_or(0)
+        );
+        // Where a call's time goes: Redis's own time per script call.
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        for line in stats.lines().filter(|l| l.starts_with("cmdstat_evalsha")) {
+            println!("redis {line}");
+        }
+        Ok(())
+    })
+}

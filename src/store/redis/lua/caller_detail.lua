@@ -1,0 +1,7 @@
+-- A caller scope's hints for the Admin API, read-only. KEYS: caller.
+-- Returns cooldown, floor, then the recent hints (hints_out).
+local c = load(KEYS[1])
+if not c then return { 'ok', 0, 0, 0 } end
+local out = { 'ok', c.hints.cd, hints_floor(c.hints) }
+hints_out(out, c.hints)
+return out

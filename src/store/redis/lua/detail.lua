@@ -1,0 +1,47 @@
+-- One route's state for the Admin API (ScopeSummary, and with the budget
+-- ScopeDetail), read-only: creates nothing and saves nothing (the series
+-- advance in the decoded copy only), so looking never keeps a scope alive.
+-- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
+-- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3.
+local ccd, cfloor = caller_floor()
+local now = tonumber(ARGV[3])
+local st = load(KEYS[1])
+if not st then return { 'ok', 0 } end
+local leases, tokens = 0, 0
+for _, l in pairs(st.leases) do
+  if l.exp > now then leases, tokens = leases + 1, tokens + l.g end
+end
+local waiting = 0
+for _, s in pairs(st.slots.pending) do if s > now then waiting = waiting + 1 end end
+local out = {
+  'ok', 1, math.max(st.hints.cd, ccd), math.max(hints_floor(st.hints), cfloor),
+  st.frozen or false, leases, waiting, st.touched,
+}
+if ARGV[4] ~= '1' then return out end
+
+local P = {
+  window = tonumber(ARGV[5]), floor = tonumber(ARGV[6]),
+  ratio = tonumber(ARGV[7]), ceiling = tonumber(ARGV[8]),
+}
+local sec = sec_of(now)
+local window_ms = P.window * 1000
+out[#out + 1] = s_sum(st.fa, sec, P.window)
+local total = allowance(st, P, now)
+out[#out + 1] = total
+for p = 1, 3 do
+  local a = idiv(total * tonumber(ARGV[8 + p]), 1000)
+  local spent = s_sum(st.cls[p].spent, sec, P.window)
+  local active = 0
+  for _, w in pairs(st.cls[p].workers) do
+    if w.seen > now - window_ms then active = active + 1 end
+  end
+  out[#out + 1] = a
+  out[#out + 1] = spent
+  out[#out + 1] = math.max(0, a - spent)
+  out[#out + 1] = active
+end
+out[#out + 1] = tokens
+out[#out + 1] = st.hints.cd
+out[#out + 1] = st.hints.step
+hints_out(out, st.hints)
+return out

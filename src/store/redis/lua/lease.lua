@@ -1,0 +1,70 @@
+-- Grants up to `want` tokens of one class (BudgetLedger::grant) and records
+-- the lease. KEYS: route [, caller]. ARGV: caller cooldown, caller floor,
+-- now, idle_ms, worker, class (1..3), want, lease id, then the policy.
+local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local wid, p, want, id = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local P = policy_at(9)
+local ccd, cfloor = caller_floor()
+local st = route_get(KEYS[1], now)
+local cd = math.max(st.hints.cd, ccd)
+local floor = math.max(hints_floor(st.hints), cfloor)
+
+if st.frozen then
+  -- A frozen route grants nothing but still says what is left.
+  local remaining = idiv(available(st, P, p, now), P.cost)
+  save(KEYS[1], st, live_until(st, now), now, idle_ms)
+  return { 'ok', 0, 3, remaining, now, '', cd, floor, st.frozen }
+end
+
+local sec = sec_of(now)
+local window_ms = P.window * 1000
+local expires = now + P.ttl
+for lid, l in pairs(st.leases) do
+  if l.exp <= now then st.leases[lid] = nil end
+end
+if count(st.leases) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
+
+local capacity = class_allowance(st, P, now)
+local avail = available(st, P, p, now)
+local cls = st.cls[p]
+touch(cls, wid, now, window_ms)
+
+-- Everyone's demand, for the water-filling.
+local demands, own_held = {}, 0
+local want_milli = want * P.cost
+for other, w in pairs(cls.workers) do
+  if w.seen > now - window_ms then
+    local h = held(w, sec, P.window)
+    if other == wid then
+      own_held = h
+    elseif w.lease and w.lease > now - window_ms then
+      demands[#demands + 1] = h + w.unmet
+    else
+      -- Seen only through reports: unknown demand, claims an equal share.
+      demands[#demands + 1] = math.huge
+    end
+  end
+end
+local fair = max_min_share(capacity, own_held + want_milli, demands)
+local fair_room = math.max(0, fair - own_held)
+local by_fairness = idiv(fair_room, P.cost)
+local by_budget = idiv(avail, P.cost)
+local granted = math.min(want, by_fairness, by_budget)
+local limit = 0
+if granted ~= want then
+  if by_budget <= by_fairness then limit = 1 else limit = 2 end
+end
+
+local cost = granted * P.cost
+local w = touch(cls, wid, now, window_ms)
+w.lease = now
+w.unmet = want_milli - cost
+local lease_id = ''
+if granted > 0 then
+  local charged = s_add(cls.spent, sec, cost)
+  charge(touch(cls, wid, now, window_ms), charged, cost)
+  st.leases[id] = { w = wid, p = p, g = granted, c = P.cost, sec = charged, exp = expires }
+  lease_id = id
+end
+save(KEYS[1], st, live_until(st, now), now, idle_ms)
+return { 'ok', granted, limit, idiv(avail - cost, P.cost), expires, lease_id, cd, floor, false }

@@ -1,0 +1,261 @@
+-- Shared by every Tollgate script: the state codec and the budget, hint and
+-- slot math. This is a port of src/budget.rs, src/evidence.rs and
+-- src/slots.rs, line for line where possible: the Rust modules are the
+-- reference and the store contract suite (run against both stores) is what
+-- proves the two agree. Change one, change the other.
+--
+-- Numbers: Lua numbers are doubles, exact for integers below 2^53. Times are
+-- Unix milliseconds (~2^41), the slot cursor is in microseconds (~2^51) and
+-- budgets are milli-tokens, so every value stays exact; `idiv` corrects the
+-- one rounding a double division could introduce.
+--
+-- Time is never read here (no TIME): `now` arrives as an argument from the
+-- coordinator's injected clock, so tests control it and the script is a pure
+-- function of its keys and arguments (safe to replicate as a script or as
+-- its effects).
+--
+-- State: one MessagePack blob per route key and one per caller-scope key
+-- (cmsgpack keeps integers as integers; cjson would print 14 digits and lose
+-- the microsecond cursor).
+
+local W = 60                 -- MAX_WINDOW_SECS: buckets kept per series
+local MAX_WORKERS = 1024     -- MAX_WORKERS_PER_CLASS
+local MAX_LEASES = 4096      -- MAX_LEASES_PER_ROUTE
+local MAX_PENDING = 10000    -- MAX_PENDING_PER_ROUTE
+local JITTER_SCALE = 1000000
+local RECENT_HINTS = 16
+local MAX_BACKOFF_STEP = 20
+
+-- Floor division of non-negative integers, exact even where a/b rounds up.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+-- Euclidean seconds of a millisecond instant (Rust's div_euclid(1000)).
+local function sec_of(ms) return math.floor(ms / 1000) end
+
+local function load(key)
+  local raw = redis.call('GET', key)
+  if not raw then return nil end
+  return cmsgpack.unpack(raw)
+end
+
+-- Writes `st` with an expiry: idle keys vanish by themselves, but never
+-- while something in them is live (a cooldown, a lease, a waiting intent)
+-- and never while frozen (an operator's freeze outlives idleness).
+local function save(key, st, live_until, now, idle_ms)
+  local blob = cmsgpack.pack(st)
+  if st.frozen then
+    redis.call('SET', key, blob)
+  else
+    local ttl = idle_ms + math.max(0, live_until - now)
+    redis.call('SET', key, blob, 'PX', math.max(1, ttl))
+  end
+end
+
+---------------------------------------------------------------- series
+local function series_new(sec)
+  local b = {}
+  for i = 1, W do b[i] = 0 end
+  return { h = sec, b = b }
+end
+
+-- Lua's % is floored, like rem_euclid for a positive modulus.
+local function bucket(sec) return (sec % W) + 1 end
+
+-- The head never moves backwards, so a clock stepping back cannot
+-- resurrect spent tokens.
+local function advance(s, sec)
+  if sec <= s.h then return end
+  if sec - s.h >= W then
+    for i = 1, W do s.b[i] = 0 end
+  else
+    for t = s.h + 1, sec do s.b[bucket(t)] = 0 end
+  end
+  s.h = sec
+end
+
+local function s_add(s, sec, v)
+  advance(s, sec)
+  local i = bucket(s.h)
+  s.b[i] = s.b[i] + v
+  return s.h
+end
+
+local function s_refund(s, sec, v)
+  if sec <= s.h and s.h - sec < W then
+    local i = bucket(sec)
+    s.b[i] = math.max(0, s.b[i] - v)
+  end
+end
+
+local function s_sum(s, sec, window)
+  advance(s, sec)
+  local total = 0
+  for back = 0, math.min(window, W) - 1 do total = total + s.b[bucket(s.h - back)] end
+  return total
+end
+
+---------------------------------------------------------------- hints
+local function hints_new() return { cd = 0, step = 0, bo = 0, recent = {} } end
+
+local function hints_floor(h) return math.max(h.cd, h.bo) end
+
+local function backoff_ms(h, base, max)
+  if h.step == 0 then return 0 end
+  return math.min(base * 2 ^ math.min(h.step - 1, 40), max)
+end
+
+-- A reported success narrows the step; what was imposed stays.
+local function decay(h) h.step = math.max(0, h.step - 1) end
+
+---------------------------------------------------------------- route
+local function route_new(now)
+  local sec = sec_of(now)
+  local cls = {}
+  for p = 1, 3 do cls[p] = { spent = series_new(sec), workers = {} } end
+  return {
+    touched = now, fa = series_new(sec), cls = cls, leases = {},
+    hints = hints_new(), slots = { next = 0, pending = {} },
+  }
+end
+
+-- Loads the route, creating it (with_route in the memory store).
+local function route_get(key, now)
+  local st = load(key)
+  if not st then return route_new(now) end
+  st.touched = math.max(st.touched, now)
+  return st
+end
+
+-- The instant until which something in the route is live.
+local function live_until(st, now)
+  local t = hints_floor(st.hints)
+  for _, l in pairs(st.leases) do t = math.max(t, l.exp) end
+  for _, s in pairs(st.slots.pending) do t = math.max(t, s) end
+  return t
+end
+
+-- The caller scope's (cooldown, floor): from its key when the script was
+-- given it (one node: read atomically), else from ARGV[1..2] (Redis
+-- Cluster: the caller key lives in another slot and was read just before,
+-- the same window the memory store has between its two maps).
+local function caller_floor()
+  if KEYS[2] then
+    local c = load(KEYS[2])
+    if not c then return 0, 0 end
+    return c.hints.cd, hints_floor(c.hints)
+  end
+  return tonumber(ARGV[1]), tonumber(ARGV[2])
+end
+
+---------------------------------------------------------------- budget
+-- Policy numbers, in the order RedisStore passes them.
+local function policy_at(i)
+  return {
+    window = tonumber(ARGV[i]), floor = tonumber(ARGV[i + 1]),
+    ratio = tonumber(ARGV[i + 2]), ceiling = tonumber(ARGV[i + 3]),
+    cost = math.max(1, tonumber(ARGV[i + 4])), share = tonumber(ARGV[i + 5]),
+    ttl = tonumber(ARGV[i + 6]),
+  }
+end
+
+local function allowance(st, P, now)
+  local first = s_sum(st.fa, sec_of(now), P.window)
+  local formula = P.floor * P.window + P.ratio * first
+  if P.ceiling >= 0 then formula = math.min(formula, P.ceiling * 1000) end
+  return formula
+end
+
+local function class_allowance(st, P, now)
+  return idiv(allowance(st, P, now) * P.share, 1000)
+end
+
+local function available(st, P, p, now)
+  local spent = s_sum(st.cls[p].spent, sec_of(now), P.window)
+  return math.max(0, class_allowance(st, P, now) - spent)
+end
+
+local function count(t)
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n
+end
+
+-- Marks a worker active in a class; beyond MAX_WORKERS the least recently
+-- seen is forgotten.
+local function touch(cls, wid, now, window_ms)
+  if not cls.workers[wid] and count(cls.workers) >= MAX_WORKERS then
+    for id, w in pairs(cls.workers) do
+      if w.seen <= now - window_ms then cls.workers[id] = nil end
+    end
+    if count(cls.workers) >= MAX_WORKERS then
+      local oldest, at
+      for id, w in pairs(cls.workers) do
+        if not at or w.seen < at then oldest, at = id, w.seen end
+      end
+      if oldest then cls.workers[oldest] = nil end
+    end
+  end
+  local w = cls.workers[wid]
+  if not w then
+    w = { seen = now, unmet = 0, held = {} }
+    cls.workers[wid] = w
+  end
+  w.seen = math.max(w.seen, now)
+  return w
+end
+
+-- Milli-tokens charged to the worker within the window (prunes older ones).
+local function held(w, sec, window)
+  local oldest = sec - window + 1
+  local kept, total = {}, 0
+  for _, e in ipairs(w.held) do
+    if e[1] >= oldest then
+      kept[#kept + 1] = e
+      total = total + e[2]
+    end
+  end
+  w.held = kept
+  return total
+end
+
+local function charge(w, sec, milli)
+  local last = w.held[#w.held]
+  if last and last[1] == sec then last[2] = last[2] + milli
+  else w.held[#w.held + 1] = { sec, milli } end
+end
+
+-- Water-filling: the smallest demands are met in full and what is left is
+-- split evenly among the rest (budget::max_min_share). An unknown demand is
+-- math.huge.
+local function max_min_share(capacity, own, others)
+  table.sort(others)
+  local left, n = capacity, #others + 1
+  for _, d in ipairs(others) do
+    if own <= d then return math.min(own, idiv(left, n)) end
+    left = left - math.min(d, idiv(left, n))
+    n = n - 1
+  end
+  return math.min(own, idiv(left, n))
+end
+
+-- Appends a hint ring to a reply (the Admin API's HintRecord list): the
+-- count, then per record at, raw (false when none), form, valid, capped,
+-- clock_skew (1/0) and the cooldown it asked for (-1 for none).
+local function hints_out(out, h)
+  out[#out + 1] = #h.recent
+  for _, r in ipairs(h.recent) do
+    local raw = false
+    if r.has_raw then raw = r.raw end
+    out[#out + 1] = r.at
+    out[#out + 1] = raw
+    out[#out + 1] = r.form
+    out[#out + 1] = r.valid and 1 or 0
+    out[#out + 1] = r.capped and 1 or 0
+    out[#out + 1] = r.skew and 1 or 0
+    out[#out + 1] = r.cd or -1
+  end
+end

@@ -1,0 +1,29 @@
+-- Ends a lease, refunding granted - spent (BudgetLedger::release). An
+-- expired lease is gone: its tokens stay spent. Creates nothing.
+-- KEYS: route. ARGV: now, idle_ms, worker, lease id, spent.
+local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local wid, id, spent = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local st = load(KEYS[1])
+if not st then return { 'err', 'lease_not_found' } end
+local l = st.leases[id]
+if not l then return { 'err', 'lease_not_found' } end
+if l.exp <= now then
+  st.leases[id] = nil
+  save(KEYS[1], st, live_until(st, now), now, idle_ms)
+  return { 'err', 'lease_not_found' }
+end
+if l.w ~= wid then return { 'err', 'lease_not_found' } end
+if spent > l.g then return { 'err', 'spent_exceeds_grant', l.g } end
+st.leases[id] = nil
+local returned = l.g - spent
+local refund = returned * l.c
+local cls = st.cls[l.p]
+s_refund(cls.spent, l.sec, refund)
+local w = cls.workers[wid]
+if w then
+  for _, e in ipairs(w.held) do
+    if e[1] == l.sec then e[2] = math.max(0, e[2] - refund) break end
+  end
+end
+save(KEYS[1], st, live_until(st, now), now, idle_ms)
+return { 'ok', returned }
