@@ -61,6 +61,7 @@ use tollgate_client::evidence::Outcome;
 use tollgate_client::fallback::LocalBudget;
 use tollgate_client::hint::{HintRules, read_retry_after};
 
+use super::coordinated::Coordinated;
 pub use super::upstream::Answer;
 use super::upstream::{Truth, Upstream};
 use super::{StormConfig, StormError};
@@ -228,6 +229,10 @@ pub enum StrategyKind {
     /// (c) with a per-worker local budget (ratio 0.2 plus a floor).
     #[value(name = "d", alias = "local-budget")]
     D,
+    /// Tollgate: every retry through a gate and the real coordinator, paced
+    /// at the upstream's spare capacity.
+    #[value(name = "e", alias = "tollgate")]
+    E,
 }
 
 /// (c)'s backoff: 1 s base (2 s ceiling after the first attempt), 20 s cap.
@@ -254,6 +259,7 @@ impl StrategyKind {
             StrategyKind::B => "b",
             StrategyKind::C => "c",
             StrategyKind::D => "d",
+            StrategyKind::E => "e",
         }
     }
 
@@ -264,6 +270,7 @@ impl StrategyKind {
             StrategyKind::B => "sleep Retry-After",
             StrategyKind::C => "full jitter ≥ hint",
             StrategyKind::D => "full jitter + local budget",
+            StrategyKind::E => "Tollgate (coordinator pacing)",
         }
     }
 
@@ -284,6 +291,7 @@ impl StrategyKind {
                 config.max_attempts,
                 Some(BUDGET_FLOOR_PER_SEC),
             ),
+            StrategyKind::E => return Ok(Box::new(Coordinated::start(config)?)),
         };
         Ok(Box::new(Baseline {
             wait,
