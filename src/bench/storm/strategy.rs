@@ -11,27 +11,15 @@
 //! attempts are counted at the upstream's door against each intent's real
 //! deadline and cancellation time, so a runner cannot misreport them.
 //!
-//! **Adding strategy (e), Tollgate with a real coordinator on loopback.** Once
-//! the coordinator (`tollgate serve`) and the async gate are merged:
-//! 1. add `StrategyKind::E` (`#[value(name = "e", alias = "tollgate")]`);
-//! 2. in [`StrategyKind::start`], bind `127.0.0.1:0`, spawn the coordinator's
-//!    `run(listener, shutdown)` with a fresh in-memory store and a policy for
-//!    the scope (retry ratio, floor, the slot dispersion rate — report that
-//!    wake rate in [`Strategy::describe`]), and return a strategy that holds
-//!    the server's shutdown guard, so the server ends with the run;
-//! 3. its [`Strategy::worker`] builds, per worker, a `CoordinatorLink` with
-//!    the worker's [`WorkerIdentity::worker_id`], a `LeaseCache` seeded from
-//!    [`WorkerIdentity::seed`] and clocked by [`IntentIo::wall`]'s
-//!    [`VirtualWall`], and the gate on top of it;
-//! 4. its [`WorkerRunner::run_intent`] calls the gate's `run` with the
-//!    intent's deadline and cancellation token, and an attempt closure that
-//!    calls [`IntentIo::send`] and turns the [`Answer`] into the gate's
-//!    observation (`Observation::http(429, Some(retry_after))`).
-//!
-//! Run (e) in `--mode realtime`: a paused clock auto-advances whenever every
-//! task waits, and a task waiting on a loopback socket counts as waiting, so
-//! RPC timeouts would fire at once. Everything else (metrics, table, chart,
-//! smoke test) picks a new strategy up without change.
+//! **Strategy (e), Tollgate with a real coordinator**, lives in
+//! `coordinated.rs`: [`StrategyKind::start`] starts the real coordinator
+//! (`server::serve_with_incoming`) over in-memory pipes with the run's
+//! policy (its wake rate is reported by [`Strategy::describe`]); each worker
+//! gets its own `CoordinatorLink`, `LeaseCache` and gate, and
+//! [`WorkerRunner::run_intent`] runs the gate with attempts that only call
+//! [`IntentIo::send`]. Pipes, not loopback: a paused clock auto-advances
+//! while a task waits on a socket, but not while tokio can still move bytes
+//! through a pipe, so (e) runs in `--mode paused` too.
 //!
 //! # The baselines
 //! (a)–(d) share one loop ([`Baseline`]) and differ only in their
