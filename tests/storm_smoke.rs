@@ -62,7 +62,7 @@ fn every_strategy_runs_and_keeps_the_invariants() {
     let (report, written) = storm::run_and_write(&args, &mut stdout).expect("the storm runs");
     let table = String::from_utf8(stdout).expect("UTF-8 table");
 
-    assert_eq!(report.results.len(), 4);
+    assert_eq!(report.results.len(), 5, "(a)–(e) by default");
     for r in &report.results {
         let key = r.strategy.key();
         assert!(r.intents > 100, "{key}: {} intents", r.intents);
@@ -101,6 +101,16 @@ fn every_strategy_runs_and_keeps_the_invariants() {
         budget.amplification
     );
     assert!(naive.rejected_429 > 0, "the outage refused something");
+    // (e) runs every retry through the real gate and coordinator: it must
+    // serve, and retry less than the naive loop.
+    let tollgate = result(&report, StrategyKind::E);
+    assert!(tollgate.succeeded_in_deadline > 0, "(e) served nothing");
+    assert!(
+        naive.amplification > tollgate.amplification,
+        "naive {} vs tollgate {}",
+        naive.amplification,
+        tollgate.amplification
+    );
 
     let names: Vec<_> = written
         .iter()
@@ -117,10 +127,13 @@ fn every_strategy_runs_and_keeps_the_invariants() {
 #[test]
 fn a_paused_run_repeats_exactly_and_date_hints_work() {
     let out = out_dir("repeat");
-    let args = tiny(&out, &["--hint", "date", "--strategies", "b,c"]);
+    let args = tiny(&out, &["--hint", "date", "--strategies", "b,c,e"]);
     let first = storm::run(&args).expect("the storm runs");
     let second = storm::run(&args).expect("the storm runs");
-    assert_eq!(first, second, "same seed, same paused run");
+    assert_eq!(
+        first, second,
+        "same seed, same paused run, the coordinator's (e) included"
+    );
     for r in &first.results {
         assert_eq!(r.attempts_after_deadline, 0);
         assert_eq!(r.attempts_after_cancel, 0);

@@ -29,6 +29,7 @@
 //! reproducible and takes seconds for thousands of workers.
 
 mod arrivals;
+mod coordinated;
 pub mod report;
 pub mod strategy;
 mod upstream;
@@ -123,7 +124,7 @@ pub struct StormArgs {
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
     /// Strategies to run, in order.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d,e")]
     pub strategies: Vec<StrategyKind>,
     /// The fraction of intents their caller cancels, at a uniform time
     /// within the deadline.

@@ -11,27 +11,15 @@
 //! attempts are counted at the upstream's door against each intent's real
 //! deadline and cancellation time, so a runner cannot misreport them.
 //!
-//! **Adding strategy (e), Tollgate with a real coordinator on loopback.** Once
-//! the coordinator (`tollgate serve`) and the async gate are merged:
-//! 1. add `StrategyKind::E` (`#[value(name = "e", alias = "tollgate")]`);
-//! 2. in [`StrategyKind::start`], bind `127.0.0.1:0`, spawn the coordinator's
-//!    `run(listener, shutdown)` with a fresh in-memory store and a policy for
-//!    the scope (retry ratio, floor, the slot dispersion rate — report that
-//!    wake rate in [`Strategy::describe`]), and return a strategy that holds
-//!    the server's shutdown guard, so the server ends with the run;
-//! 3. its [`Strategy::worker`] builds, per worker, a `CoordinatorLink` with
-//!    the worker's [`WorkerIdentity::worker_id`], a `LeaseCache` seeded from
-//!    [`WorkerIdentity::seed`] and clocked by [`IntentIo::wall`]'s
-//!    [`VirtualWall`], and the gate on top of it;
-//! 4. its [`WorkerRunner::run_intent`] calls the gate's `run` with the
-//!    intent's deadline and cancellation token, and an attempt closure that
-//!    calls [`IntentIo::send`] and turns the [`Answer`] into the gate's
-//!    observation (`Observation::http(429, Some(retry_after))`).
-//!
-//! Run (e) in `--mode realtime`: a paused clock auto-advances whenever every
-//! task waits, and a task waiting on a loopback socket counts as waiting, so
-//! RPC timeouts would fire at once. Everything else (metrics, table, chart,
-//! smoke test) picks a new strategy up without change.
+//! **Strategy (e), Tollgate with a real coordinator**, lives in
+//! `coordinated.rs`: [`StrategyKind::start`] starts the real coordinator
+//! (`server::serve_with_incoming`) over in-memory pipes with the run's
+//! policy (its wake rate is reported by [`Strategy::describe`]); each worker
+//! gets its own `CoordinatorLink`, `LeaseCache` and gate, and
+//! [`WorkerRunner::run_intent`] runs the gate with attempts that only call
+//! [`IntentIo::send`]. Pipes, not loopback: a paused clock auto-advances
+//! while a task waits on a socket, but not while tokio can still move bytes
+//! through a pipe, so (e) runs in `--mode paused` too.
 //!
 //! # The baselines
 //! (a)–(d) share one loop ([`Baseline`]) and differ only in their
@@ -61,6 +49,7 @@ use tollgate_client::evidence::Outcome;
 use tollgate_client::fallback::LocalBudget;
 use tollgate_client::hint::{HintRules, read_retry_after};
 
+use super::coordinated::Coordinated;
 pub use super::upstream::Answer;
 use super::upstream::{Truth, Upstream};
 use super::{StormConfig, StormError};
@@ -228,6 +217,10 @@ pub enum StrategyKind {
     /// (c) with a per-worker local budget (ratio 0.2 plus a floor).
     #[value(name = "d", alias = "local-budget")]
     D,
+    /// Tollgate: every retry through a gate and the real coordinator, paced
+    /// at the upstream's spare capacity.
+    #[value(name = "e", alias = "tollgate")]
+    E,
 }
 
 /// (c)'s backoff: 1 s base (2 s ceiling after the first attempt), 20 s cap.
@@ -254,6 +247,7 @@ impl StrategyKind {
             StrategyKind::B => "b",
             StrategyKind::C => "c",
             StrategyKind::D => "d",
+            StrategyKind::E => "e",
         }
     }
 
@@ -264,6 +258,7 @@ impl StrategyKind {
             StrategyKind::B => "sleep Retry-After",
             StrategyKind::C => "full jitter ≥ hint",
             StrategyKind::D => "full jitter + local budget",
+            StrategyKind::E => "Tollgate (coordinator pacing)",
         }
     }
 
@@ -284,6 +279,7 @@ impl StrategyKind {
                 config.max_attempts,
                 Some(BUDGET_FLOOR_PER_SEC),
             ),
+            StrategyKind::E => return Ok(Box::new(Coordinated::start(config)?)),
         };
         Ok(Box::new(Baseline {
             wait,
