@@ -61,6 +61,11 @@ enum BenchCommand {
     /// A fleet against an in-process upstream through a rate-limit outage,
     /// one retry strategy at a time on the same arrivals.
     Storm(tollgate::bench::storm::StormArgs),
+    /// Lease/Report/Reconsider throughput and latency against a coordinator,
+    /// with the same server's health check as the ceiling.
+    Rpc(tollgate::bench::rpc::RpcArgs),
+    /// Resident memory of the in-memory store with N scopes.
+    Memory(tollgate::bench::memory::MemoryArgs),
 }
 
 /// Exit status for invalid input, as the scenario README specifies.
@@ -107,6 +112,18 @@ fn main() -> anyhow::Result<ExitCode> {
             for path in written {
                 eprintln!("wrote {}", path.display());
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            bench: BenchCommand::Rpc(args),
+        } => {
+            tollgate::bench::rpc::run(&args, &mut std::io::stdout().lock())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            bench: BenchCommand::Memory(args),
+        } => {
+            tollgate::bench::memory::run(&args, &mut std::io::stdout().lock())?;
             Ok(ExitCode::SUCCESS)
         }
     }

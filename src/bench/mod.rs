@@ -2,9 +2,15 @@
 //!
 //! - [`storm`]: a fleet of workers against an in-process upstream through a
 //!   rate-limit outage, one retry strategy at a time on the same arrivals.
+//! - [`rpc`]: Lease/Report/Reconsider throughput and latency against a
+//!   coordinator, with `grpc.health.v1.Health/Check` on the same server as
+//!   the ceiling, in one run.
+//! - [`memory`]: resident memory of the in-memory store per scope.
 //!
 //! The client's hot-path micro-benchmarks are criterion benches in
 //! `client/benches/hot_path.rs`; `docs/benchmarks.md` has the commands and
 //! the latest results.
 
+pub mod memory;
+pub mod rpc;
 pub mod storm;

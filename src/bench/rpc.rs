@@ -1,0 +1,565 @@
+//! `tollgate bench rpc`: how fast does the coordinator answer, and how close
+//! is that to what the same server can do at all?
+//!
+//! N tasks share a few HTTP/2 connections (real tonic clients) and issue a
+//! Lease/Report/Reconsider mix over many scopes for a fixed time; then the
+//! same tasks on the same connections call `grpc.health.v1.Health/Check`
+//! (served by the same process) for the same time. Health/Check does no
+//! store work, so it is the ceiling the transport, tonic and the tower layers
+//! allow: reporting coordinator ÷ ceiling from one run makes the number
+//! comparable across machines and loads.
+//!
+//! Every phase is bounded both in time (`--duration`, at most
+//! [`MAX_DURATION`]) and in count (`--max-requests`), and only loopback
+//! addresses are accepted, so the command cannot become a load generator
+//! against someone else's server.
+
+use std::fmt;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use hdrhistogram::Histogram;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tollgate_client::clock::SystemClock;
+use tollgate_proto::v1::{
+    self, LeaseRequest, ReconsiderRequest, ReportRequest, budget_client::BudgetClient,
+};
+use tonic::transport::Channel;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use crate::config::Config;
+
+/// Longest phase accepted: a benchmark, not a soak test.
+pub const MAX_DURATION: Duration = Duration::from_secs(300);
+/// Slowest latency the histograms hold (µs); slower calls are clamped to it.
+const MAX_LATENCY_US: u64 = 60_000_000;
+/// The service whose health the ceiling phase asks for: the coordinator
+/// registers it, so the answer is a map lookup and no store work.
+const HEALTH_SERVICE: &str = "tollgate.v1.Budget";
+
+/// Command-line arguments of `tollgate bench rpc`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RpcArgs {
+    /// A running coordinator (loopback only); omitted: one is started in
+    /// this process on 127.0.0.1:0 with the default config.
+    #[arg(long)]
+    pub addr: Option<SocketAddr>,
+    /// Tasks issuing requests, each waiting for its answer before the next.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// HTTP/2 connections the tasks share (round-robin).
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// How long each phase (coordinator, then ceiling) runs, e.g. `5s`.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Relative weights of the coordinator's RPCs.
+    #[arg(long, default_value = "lease=60,report=20,reconsider=20")]
+    pub mix: Mix,
+    /// Distinct scopes the requests are spread over (stay under the
+    /// server's `max_scopes`, 50 000 by default).
+    #[arg(long, default_value_t = 1000)]
+    pub scopes: u32,
+    /// Requests per phase at most, whatever the duration.
+    #[arg(long, default_value_t = 50_000_000)]
+    pub max_requests: u64,
+}
+
+/// The weights of Lease, Report and Reconsider, as `lease=60,report=20,reconsider=20`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mix {
+    /// Weight of Lease.
+    pub lease: u32,
+    /// Weight of Report.
+    pub report: u32,
+    /// Weight of Reconsider.
+    pub reconsider: u32,
+}
+
+impl FromStr for Mix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut mix = Mix {
+            lease: 0,
+            report: 0,
+            reconsider: 0,
+        };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, weight) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}`: expected name=weight"))?;
+            let weight: u32 = weight
+                .trim()
+                .parse()
+                .map_err(|e| format!("`{part}`: weight: {e}"))?;
+            match name.trim() {
+                "lease" => mix.lease = weight,
+                "report" => mix.report = weight,
+                "reconsider" => mix.reconsider = weight,
+                other => {
+                    return Err(format!("unknown RPC `{other}` (lease, report, reconsider)"));
+                }
+            }
+        }
+        let total = u64::from(mix.lease) + u64::from(mix.report) + u64::from(mix.reconsider);
+        if total == 0 || total > u64::from(u32::MAX) {
+            return Err("the weights must add up to between 1 and 2^32-1".to_owned());
+        }
+        Ok(mix)
+    }
+}
+
+impl fmt::Display for Mix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lease={},report={},reconsider={}",
+            self.lease, self.report, self.reconsider
+        )
+    }
+}
+
+impl Mix {
+    fn total(self) -> u32 {
+        self.lease + self.report + self.reconsider
+    }
+
+    /// Which RPC a uniform draw in `0..total` picks.
+    fn pick(self, draw: u32) -> Op {
+        if draw < self.lease {
+            Op::Lease
+        } else if draw < self.lease + self.report {
+            Op::Report
+        } else {
+            Op::Reconsider
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Lease,
+    Report,
+    Reconsider,
+    Health,
+}
+
+impl Op {
+    const COORDINATOR: [Op; 3] = [Op::Lease, Op::Report, Op::Reconsider];
+
+    fn index(self) -> usize {
+        match self {
+            Op::Lease => 0,
+            Op::Report => 1,
+            Op::Reconsider => 2,
+            Op::Health => 3,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::Lease => "Lease",
+            Op::Report => "Report",
+            Op::Reconsider => "Reconsider",
+            Op::Health => "Health/Check",
+        }
+    }
+}
+
+/// Counts and latency of one RPC (or of a whole phase).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OpStats {
+    /// What was called.
+    pub name: String,
+    /// Calls answered OK.
+    pub ok: u64,
+    /// Calls answered with an error status (latency still recorded).
+    pub errors: u64,
+    /// `(ok + errors) / elapsed`.
+    pub requests_per_s: f64,
+    /// Latency percentiles, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile, µs.
+    pub p99_us: u64,
+    /// 99.9th percentile, µs.
+    pub p999_us: u64,
+}
+
+/// One phase: all its calls, then each RPC alone.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PhaseStats {
+    /// All calls of the phase.
+    pub total: OpStats,
+    /// Per RPC (coordinator phase only; empty for the ceiling).
+    pub per_op: Vec<OpStats>,
+    /// Wall time the phase ran, seconds.
+    pub elapsed_s: f64,
+}
+
+/// The result of `tollgate bench rpc`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RpcReport {
+    /// Where the coordinator was.
+    pub addr: String,
+    /// Whether it ran in this process.
+    pub in_process: bool,
+    /// Tasks issuing requests.
+    pub concurrency: usize,
+    /// HTTP/2 connections they shared.
+    pub connections: usize,
+    /// The Lease/Report/Reconsider mix.
+    pub mix: String,
+    /// The coordinator's RPCs.
+    pub coordinator: PhaseStats,
+    /// `grpc.health.v1.Health/Check` on the same server and connections.
+    pub ceiling: PhaseStats,
+    /// Coordinator requests/s ÷ ceiling requests/s.
+    pub ratio: f64,
+}
+
+/// Runs the benchmark on its own runtime and writes the report to `out`.
+pub fn run(args: &RpcArgs, out: &mut dyn Write) -> anyhow::Result<RpcReport> {
+    validate(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    let report = runtime.block_on(run_async(args))?;
+    write_report(&report, args, out).context("writing the report")?;
+    Ok(report)
+}
+
+fn validate(args: &RpcArgs) -> anyhow::Result<()> {
+    if args.concurrency == 0 || args.connections == 0 || args.scopes == 0 {
+        bail!("--concurrency, --connections and --scopes must be at least 1");
+    }
+    if args.duration.is_zero() || args.duration > MAX_DURATION {
+        bail!(
+            "--duration must be between 1ms and {}",
+            humantime::format_duration(MAX_DURATION)
+        );
+    }
+    if let Some(addr) = args.addr
+        && !addr.ip().is_loopback()
+    {
+        // A load generator must not be pointed at someone else's server.
+        bail!("--addr must be a loopback address, got {addr}");
+    }
+    Ok(())
+}
+
+async fn run_async(args: &RpcArgs) -> anyhow::Result<RpcReport> {
+    let stop = CancellationToken::new();
+    let (addr, server) = match args.addr {
+        Some(addr) => (addr, None),
+        None => {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("binding 127.0.0.1:0")?;
+            let addr = listener.local_addr()?;
+            let shutdown = stop.clone().cancelled_owned();
+            let task = tokio::spawn(crate::server::run(
+                listener,
+                shutdown,
+                Config::default(),
+                Arc::new(SystemClock),
+            ));
+            (addr, Some(task))
+        }
+    };
+    let result = measure(args, addr).await;
+    stop.cancel();
+    if let Some(task) = server {
+        task.await
+            .context("the in-process coordinator panicked")?
+            .context("the in-process coordinator failed")?;
+    }
+    let (coordinator, ceiling) = result?;
+    let ratio = if ceiling.total.requests_per_s > 0.0 {
+        coordinator.total.requests_per_s / ceiling.total.requests_per_s
+    } else {
+        0.0
+    };
+    Ok(RpcReport {
+        addr: addr.to_string(),
+        in_process: args.addr.is_none(),
+        concurrency: args.concurrency,
+        connections: args.connections,
+        mix: args.mix.to_string(),
+        coordinator,
+        ceiling,
+        ratio,
+    })
+}
+
+async fn measure(args: &RpcArgs, addr: SocketAddr) -> anyhow::Result<(PhaseStats, PhaseStats)> {
+    let endpoint = Channel::from_shared(format!("http://{addr}"))
+        .context("the coordinator's address")?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10));
+    let mut channels = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        // One `connect` per channel: each is its own HTTP/2 connection.
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        channels.push(channel);
+    }
+    let coordinator = phase(args, &channels, false).await?;
+    let ceiling = phase(args, &channels, true).await?;
+    Ok((coordinator, ceiling))
+}
+
+/// What one task saw in one phase: a histogram and counts per [`Op`].
+struct TaskTally {
+    hist: Vec<Histogram<u64>>,
+    ok: [u64; 4],
+    errors: [u64; 4],
+}
+
+fn histogram() -> anyhow::Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).context("building a histogram")
+}
+
+impl TaskTally {
+    fn new() -> anyhow::Result<Self> {
+        Ok(TaskTally {
+            hist: (0..4).map(|_| histogram()).collect::<Result<_, _>>()?,
+            ok: [0; 4],
+            errors: [0; 4],
+        })
+    }
+}
+
+async fn phase(args: &RpcArgs, channels: &[Channel], ceiling: bool) -> anyhow::Result<PhaseStats> {
+    let issued = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let end = start + args.duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..args.concurrency {
+        let channel = channels[task % channels.len()].clone();
+        let issued = Arc::clone(&issued);
+        let (mix, scopes, max) = (args.mix, args.scopes, args.max_requests);
+        tasks.spawn(async move {
+            let mut tally = TaskTally::new()?;
+            let mut budget = BudgetClient::new(channel.clone());
+            let mut health = HealthClient::new(channel);
+            // A per-task xorshift: spreads ops and scopes without sharing
+            // an RNG between tasks (which would serialise them).
+            let mut rng = 0x9E37_79B9_7F4A_7C15_u64 ^ ((task as u64 + 1) << 17);
+            let worker_id = format!("bench-{task}");
+            while Instant::now() < end && issued.fetch_add(1, Ordering::Relaxed) < max {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let op = if ceiling {
+                    Op::Health
+                } else {
+                    mix.pick((rng % u64::from(mix.total())) as u32)
+                };
+                let scope = ((rng >> 32) % u64::from(scopes)) as u32;
+                let began = Instant::now();
+                let ok = call(op, scope, &worker_id, &mut budget, &mut health).await;
+                let us = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+                tally.hist[op.index()].saturating_record(us.clamp(1, MAX_LATENCY_US));
+                if ok {
+                    tally.ok[op.index()] += 1;
+                } else {
+                    tally.errors[op.index()] += 1;
+                }
+            }
+            anyhow::Ok(tally)
+        });
+    }
+    let mut merged = TaskTally::new()?;
+    while let Some(joined) = tasks.join_next().await {
+        let tally = joined.context("a load task panicked")??;
+        for i in 0..4 {
+            merged.hist[i]
+                .add(&tally.hist[i])
+                .context("merging histograms")?;
+            merged.ok[i] += tally.ok[i];
+            merged.errors[i] += tally.errors[i];
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let stats = |name: &str, hist: &Histogram<u64>, ok: u64, errors: u64| OpStats {
+        name: name.to_owned(),
+        ok,
+        errors,
+        requests_per_s: (ok + errors) as f64 / elapsed,
+        p50_us: hist.value_at_quantile(0.50),
+        p99_us: hist.value_at_quantile(0.99),
+        p999_us: hist.value_at_quantile(0.999),
+    };
+    let ops: &[Op] = if ceiling {
+        &[Op::Health]
+    } else {
+        &Op::COORDINATOR
+    };
+    let mut all = histogram()?;
+    let (mut ok, mut errors) = (0, 0);
+    let mut per_op = Vec::new();
+    for &op in ops {
+        let i = op.index();
+        all.add(&merged.hist[i]).context("merging histograms")?;
+        ok += merged.ok[i];
+        errors += merged.errors[i];
+        if !ceiling {
+            per_op.push(stats(
+                op.name(),
+                &merged.hist[i],
+                merged.ok[i],
+                merged.errors[i],
+            ));
+        }
+    }
+    let name = if ceiling {
+        "grpc.health.v1.Health/Check (ceiling)"
+    } else {
+        "coordinator (Lease/Report/Reconsider)"
+    };
+    Ok(PhaseStats {
+        total: stats(name, &all, ok, errors),
+        per_op,
+        elapsed_s: elapsed,
+    })
+}
+
+fn scope_of(scope: u32) -> Option<v1::Scope> {
+    Some(v1::Scope {
+        caller_scope: "bench".to_owned(),
+        route: format!("GET /bench/{scope}"),
+        priority: v1::Priority::Normal.into(),
+    })
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Issues one call; whether it was answered OK.
+async fn call(
+    op: Op,
+    scope: u32,
+    worker_id: &str,
+    budget: &mut BudgetClient<Channel>,
+    health: &mut HealthClient<Channel>,
+) -> bool {
+    match op {
+        Op::Lease => budget
+            .lease(LeaseRequest {
+                scope: scope_of(scope),
+                worker_id: worker_id.to_owned(),
+                want: 1,
+                retry_class: v1::RetryClass::Transient.into(),
+            })
+            .await
+            .is_ok(),
+        Op::Report => budget
+            .report(ReportRequest {
+                scope: scope_of(scope),
+                worker_id: worker_id.to_owned(),
+                first_attempts: 10,
+                successes: 9,
+                evidence: Vec::new(),
+            })
+            .await
+            .is_ok(),
+        Op::Reconsider => {
+            let now = now_ms();
+            budget
+                .reconsider(ReconsiderRequest {
+                    scope: scope_of(scope),
+                    worker_id: worker_id.to_owned(),
+                    intent_id: format!("{worker_id}-{now}"),
+                    not_before_unix_ms: now,
+                    deadline_unix_ms: now + 30_000,
+                    attempt_reserve_ms: 100,
+                })
+                .await
+                .is_ok()
+        }
+        Op::Health => health
+            .check(HealthCheckRequest {
+                service: HEALTH_SERVICE.to_owned(),
+            })
+            .await
+            .is_ok(),
+    }
+}
+
+fn write_row(out: &mut dyn Write, s: &OpStats) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "| {} | {} | {} | {:.0} | {} | {} | {} |",
+        s.name, s.ok, s.errors, s.requests_per_s, s.p50_us, s.p99_us, s.p999_us
+    )
+}
+
+fn write_report(r: &RpcReport, args: &RpcArgs, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "tollgate bench rpc: {} ({}), concurrency {} over {} HTTP/2 connections, {} per phase, {} scopes, mix {}",
+        r.addr,
+        if r.in_process {
+            "in-process coordinator, default config"
+        } else {
+            "external coordinator"
+        },
+        r.concurrency,
+        r.connections,
+        humantime::format_duration(args.duration),
+        args.scopes,
+        r.mix
+    )?;
+    writeln!(
+        out,
+        "ceiling: grpc.health.v1.Health/Check (service \"{HEALTH_SERVICE}\") on the same server and connections, same concurrency and duration"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| rpc | ok | errors | requests/s | p50 µs | p99 µs | p999 µs |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|---:|")?;
+    write_row(out, &r.coordinator.total)?;
+    for op in &r.coordinator.per_op {
+        write_row(out, op)?;
+    }
+    write_row(out, &r.ceiling.total)?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "ratio coordinator/ceiling: {:.3} (target >= 0.85)",
+        r.ratio
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mix_parses_and_picks_by_weight() {
+        let mix: Mix = "lease=60,report=20,reconsider=20".parse().expect("valid");
+        assert_eq!(mix.total(), 100);
+        assert_eq!(mix.pick(0), Op::Lease);
+        assert_eq!(mix.pick(59), Op::Lease);
+        assert_eq!(mix.pick(60), Op::Report);
+        assert_eq!(mix.pick(80), Op::Reconsider);
+        assert_eq!(mix.to_string(), "lease=60,report=20,reconsider=20");
+        assert!("lease=0".parse::<Mix>().is_err());
+        assert!("watch=1".parse::<Mix>().is_err());
+    }
+}

@@ -1,0 +1,88 @@
+//! `tollgate bench rpc` and `tollgate bench memory` with tiny parameters, so
+//! they cannot rot: each runs end to end, prints its fields and counts
+//! something. No timing is asserted.
+
+use clap::Parser;
+use tollgate::bench::{memory, rpc};
+
+#[derive(Parser)]
+struct RpcCli {
+    #[command(flatten)]
+    args: rpc::RpcArgs,
+}
+
+#[derive(Parser)]
+struct MemoryCli {
+    #[command(flatten)]
+    args: memory::MemoryArgs,
+}
+
+#[test]
+fn rpc_bench_runs_against_an_in_process_coordinator() {
+    let args = RpcCli::parse_from([
+        "rpc",
+        "--concurrency",
+        "2",
+        "--connections",
+        "1",
+        "--duration",
+        "200ms",
+        "--scopes",
+        "10",
+    ])
+    .args;
+    let mut out = Vec::new();
+    let report = rpc::run(&args, &mut out).expect("the benchmark runs");
+    let text = String::from_utf8(out).expect("UTF-8 output");
+
+    assert!(report.in_process);
+    assert!(report.coordinator.total.ok > 0, "{text}");
+    assert_eq!(report.coordinator.total.errors, 0, "{text}");
+    assert_eq!(report.coordinator.per_op.len(), 3);
+    for op in &report.coordinator.per_op {
+        assert!(op.ok > 0, "{} never ran:\n{text}", op.name);
+    }
+    assert!(report.ceiling.total.ok > 0, "{text}");
+    assert_eq!(report.ceiling.total.errors, 0, "{text}");
+    assert!(report.ratio > 0.0);
+    for field in [
+        "requests/s",
+        "p50 µs",
+        "p99 µs",
+        "p999 µs",
+        "| Lease |",
+        "| Report |",
+        "| Reconsider |",
+        "grpc.health.v1.Health/Check (ceiling)",
+        "ratio coordinator/ceiling:",
+    ] {
+        assert!(text.contains(field), "no `{field}` in:\n{text}");
+    }
+}
+
+#[test]
+fn rpc_bench_refuses_a_non_loopback_address() {
+    let args = RpcCli::parse_from(["rpc", "--addr", "192.0.2.1:50051", "--duration", "1s"]).args;
+    let err = rpc::run(&args, &mut Vec::new()).expect_err("not loopback");
+    assert!(err.to_string().contains("loopback"), "{err}");
+}
+
+#[test]
+fn memory_bench_fills_the_store_and_reports_rss() {
+    let args = MemoryCli::parse_from(["memory", "--scopes", "1000"]).args;
+    let mut out = Vec::new();
+    let report = memory::run(&args, &mut out).expect("the benchmark runs");
+    let text = String::from_utf8(out).expect("UTF-8 output");
+
+    assert_eq!(report.scopes, 1000);
+    assert!(report.rss_before > 0 && report.rss_after > 0, "{text}");
+    for field in [
+        "1000 scopes",
+        "rss_before:",
+        "rss_after:",
+        "bytes_per_scope:",
+        "projected for 1 000 000 scopes:",
+    ] {
+        assert!(text.contains(field), "no `{field}` in:\n{text}");
+    }
+}
