@@ -30,7 +30,9 @@
 //!   Admin API clients with tables, JSON and documented exit codes.
 //! - [`telemetry`], [`metrics`]: OTLP traces and metrics, W3C trace context
 //!   from the caller, the Prometheus `/metrics` endpoint (docs/telemetry.md).
-//! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark.
+//! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark;
+//!   `bench rpc` (coordinator RPC throughput against the same server's health
+//!   check) and `bench memory` (resident bytes per scope in the in-memory store).
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
