@@ -335,7 +335,7 @@ macro_rules! contract_tests {
         /// The cases, each a function of the store under test.
         mod cases {
         use crate::budget::{GrantAsk, GrantLimit};
-        use crate::evidence::{EvidenceInput, assess};
+        use crate::evidence::{EvidenceInput, Merge, assess};
         use crate::policy::Policy;
         use crate::scope::{EvidenceLevel, Priority, RetryClass, RouteKey, ScopeKey};
         use crate::slots::SlotAsk;
@@ -355,6 +355,19 @@ macro_rules! contract_tests {
                 want,
                 now_ms,
             }
+        }
+
+        /// Merges a 429 with `Retry-After: hint`, received at `T0`, at `level`.
+        async fn merge_429(s: &dyn Store, level: EvidenceLevel, hint: &str, p: &Policy) -> Merge {
+            let input = EvidenceInput {
+                http_status: 429,
+                retry_after: Some(hint),
+                receipt_ms: T0,
+                ..EvidenceInput::default()
+            };
+            s.merge_evidence(&level, &assess(&input, p, T0), p, T0)
+                .await
+                .expect("merge")
         }
 
         fn slot_ask(intent: &str, now_ms: i64) -> SlotAsk<'_> {
@@ -386,17 +399,7 @@ macro_rules! contract_tests {
         pub(super) async fn a_cooldown_reaches_every_priority_and_slots_follow_it(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
-            let input = EvidenceInput {
-                http_status: 429,
-                retry_after: Some("30"),
-                receipt_ms: T0,
-                ..EvidenceInput::default()
-            };
-            let a = assess(&input, &p, T0);
-            let m = s
-                .merge_evidence(&EvidenceLevel::Route(key.route.clone()), &a, &p, T0)
-                .await
-                .expect("merge");
+            let m = merge_429(s, EvidenceLevel::Route(key.route.clone()), "30", &p).await;
             assert!(m.raised);
             let bulk = ScopeKey::new("c", "r", Priority::Bulk);
             let leased = s
@@ -420,16 +423,7 @@ macro_rules! contract_tests {
 
         pub(super) async fn uncertain_evidence_covers_the_whole_caller_scope(s: &dyn Store) {
             let p = Policy::default();
-            let input = EvidenceInput {
-                http_status: 429,
-                retry_after: Some("20"),
-                receipt_ms: T0,
-                ..EvidenceInput::default()
-            };
-            let a = assess(&input, &p, T0);
-            s.merge_evidence(&EvidenceLevel::Caller("c".into()), &a, &p, T0)
-                .await
-                .expect("merge");
+            merge_429(s, EvidenceLevel::Caller("c".into()), "20", &p).await;
             let other_route = RouteKey {
                 caller_scope: "c".into(),
                 route: "other".into(),
@@ -512,20 +506,7 @@ macro_rules! contract_tests {
                 None
             );
             s.lease(&key, ask("w", 30, T0), &p).await.expect("lease");
-            let input = EvidenceInput {
-                http_status: 429,
-                retry_after: Some("30"),
-                receipt_ms: T0,
-                ..EvidenceInput::default()
-            };
-            s.merge_evidence(
-                &EvidenceLevel::Route(key.route.clone()),
-                &assess(&input, &p, T0),
-                &p,
-                T0,
-            )
-            .await
-            .expect("merge");
+            merge_429(s, EvidenceLevel::Route(key.route.clone()), "30", &p).await;
             let d = s
                 .scope_detail(&key.route, &p, T0)
                 .await
@@ -544,20 +525,7 @@ macro_rules! contract_tests {
             let p = Policy::default();
             let key = scope("c", "r");
             let lease = s.lease(&key, ask("w", 50, T0), &p).await.expect("lease");
-            let input = EvidenceInput {
-                http_status: 429,
-                retry_after: Some("30"),
-                receipt_ms: T0,
-                ..EvidenceInput::default()
-            };
-            s.merge_evidence(
-                &EvidenceLevel::Route(key.route.clone()),
-                &assess(&input, &p, T0),
-                &p,
-                T0,
-            )
-            .await
-            .expect("merge");
+            merge_429(s, EvidenceLevel::Route(key.route.clone()), "30", &p).await;
             s.set_freeze(&key.route, Some("incident".into()), T0)
                 .await
                 .expect("freeze");
@@ -586,20 +554,7 @@ macro_rules! contract_tests {
                 .await
                 .expect("freeze");
             let cooling = scope("c", "cooling");
-            let input = EvidenceInput {
-                http_status: 429,
-                retry_after: Some("120"),
-                receipt_ms: T0,
-                ..EvidenceInput::default()
-            };
-            s.merge_evidence(
-                &EvidenceLevel::Route(cooling.route.clone()),
-                &assess(&input, &p, T0),
-                &p,
-                T0,
-            )
-            .await
-            .expect("merge");
+            merge_429(s, EvidenceLevel::Route(cooling.route.clone()), "120", &p).await;
             assert_eq!(
                 s.evict_idle(T0 + 1_000, 60_000).await,
                 Ok(0),
@@ -792,20 +747,7 @@ macro_rules! contract_tests {
                 .await
                 .expect("slot");
             assert_eq!(first, Reconsidered::Slot(T0));
-            let input = EvidenceInput {
-                http_status: 429,
-                retry_after: Some("10"),
-                receipt_ms: T0,
-                ..EvidenceInput::default()
-            };
-            s.merge_evidence(
-                &EvidenceLevel::Caller("c".into()),
-                &assess(&input, &p, T0),
-                &p,
-                T0,
-            )
-            .await
-            .expect("merge");
+            merge_429(s, EvidenceLevel::Caller("c".into()), "10", &p).await;
             let (moved, view) = s
                 .reconsider(&key.route, slot_ask("i", T0), &p)
                 .await
