@@ -146,16 +146,7 @@ async fn a_freeze_reaches_a_watching_worker_and_stops_its_leases() {
     let mut worker = coordinator.client().await;
     let mut admin = coordinator.admin().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
-    let mut events = worker
-        .watch(v1::WatchRequest {
-            worker_id: "w".into(),
-            scopes: vec![s.clone().expect("scope")],
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let snapshot = events.message().await.expect("ok").expect("snapshot");
-    assert_eq!(snapshot.kind(), ScopeEventKind::Snapshot);
+    let (mut events, _) = common::watch(&mut worker, &s, "w").await;
     admin
         .freeze_scope(v1::FreezeScopeRequest {
             caller_scope: "tenant-a".into(),
@@ -222,15 +213,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
     let mut worker = coordinator.client().await;
     let mut admin = coordinator.admin().await;
     let s = scope("tenant-a", ROUTE, Priority::Critical);
-    let mut events = worker
-        .watch(v1::WatchRequest {
-            worker_id: "w".into(),
-            scopes: vec![s.clone().expect("scope")],
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let snapshot = events.message().await.expect("ok").expect("snapshot");
+    let (mut events, snapshot) = common::watch(&mut worker, &s, "w").await;
     worker
         .report(v1::ReportRequest {
             scope: s.clone(),

@@ -541,16 +541,7 @@ async fn watch_delivers_a_cooldown_event() {
     let mut watcher = coordinator.client().await;
     let mut reporter = coordinator.client().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
-    let mut stream = watcher
-        .watch(v1::WatchRequest {
-            scopes: vec![s.clone().expect("scope")],
-            worker_id: "watcher".into(),
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let snapshot = stream.message().await.expect("stream").expect("snapshot");
-    assert_eq!(snapshot.kind(), ScopeEventKind::Snapshot);
+    let (mut stream, snapshot) = common::watch(&mut watcher, &s, "watcher").await;
     assert_eq!(snapshot.cooldown_until_unix_ms, 0);
 
     reporter

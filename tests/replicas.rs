@@ -184,16 +184,7 @@ async fn a_hint_reported_to_replica_1_holds_back_a_worker_on_replica_3() {
     let s = scope("tenant-a", ROUTE, Priority::Normal);
     let mut reporter = fleet.replicas[0].client().await;
     let mut waiter = fleet.replicas[2].client().await;
-    let mut stream = waiter
-        .watch(v1::WatchRequest {
-            scopes: vec![s.clone().expect("scope")],
-            worker_id: "worker-c".into(),
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let snapshot = stream.message().await.expect("stream").expect("snapshot");
-    assert_eq!(snapshot.kind(), ScopeEventKind::Snapshot);
+    let (mut stream, snapshot) = common::watch(&mut waiter, &s, "worker-c").await;
     assert_eq!(snapshot.cooldown_until_unix_ms, 0);
 
     reporter
@@ -307,15 +298,7 @@ async fn losing_redis_answers_unavailable_fast_and_recovery_needs_no_restart() {
 
     // Watch relays resubscribed too: a hint on replica 1 reaches replica 3.
     fleet.wait_for_relays().await;
-    let mut stream = clients[2]
-        .watch(v1::WatchRequest {
-            scopes: vec![s.clone().expect("scope")],
-            worker_id: "worker-c".into(),
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let snapshot = stream.message().await.expect("stream").expect("snapshot");
+    let (mut stream, snapshot) = common::watch(&mut clients[2], &s, "worker-c").await;
     assert_eq!(
         snapshot.cooldown_until_unix_ms, 0,
         "cooldowns are lost with Redis"

@@ -192,3 +192,23 @@ pub(crate) fn reconsider(scope: Option<v1::Scope>, intent: &str) -> v1::Reconsid
         attempt_reserve_ms: 2_000,
     }
 }
+
+/// Opens a Watch on `scope` and returns the stream with its first event,
+/// which must be the scope's snapshot.
+pub(crate) async fn watch(
+    client: &mut BudgetClient<Channel>,
+    scope: &Option<v1::Scope>,
+    worker: &str,
+) -> (tonic::Streaming<v1::ScopeEvent>, v1::ScopeEvent) {
+    let mut stream = client
+        .watch(v1::WatchRequest {
+            scopes: vec![scope.clone().expect("scope")],
+            worker_id: worker.into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let snapshot = stream.message().await.expect("stream").expect("snapshot");
+    assert_eq!(snapshot.kind(), v1::ScopeEventKind::Snapshot);
+    (stream, snapshot)
+}
