@@ -12,6 +12,9 @@
 //! - [`evidence`]: hints read with the client crate's one parser into
 //!   cooldowns and the backoff step (pure).
 //! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
+//! - [`pacing`]: the learned wake rate per route — capacity, spare capacity,
+//!   probing and back-off, penalty-extending limiters — and the slot
+//!   decision at wake time (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes; its in-memory backend, and the Redis backend (one Lua script
 //!   per operation, pub/sub for Watch across replicas, a clock that follows
@@ -53,6 +56,7 @@ pub mod config;
 pub mod evidence;
 pub mod metrics;
 pub mod ops;
+pub mod pacing;
 pub mod policy;
 pub mod scope;
 pub mod server;

@@ -1,0 +1,511 @@
+//! Learned pacing: how fast a route's waiting intents may be woken. Pure.
+//!
+//! A fixed wake rate is right for one fleet shape only: too low and the
+//! backlog left by a cooldown drains past every deadline, too high and the
+//! wake-ups are the next overload. The coordinator sees what no single
+//! worker sees — every worker's first attempts, successes and rejections on
+//! a route — so it learns the rate instead:
+//!
+//! - **capacity** is the most the upstream has served in a one-second
+//!   window without rejecting anything, and what it served in a window that
+//!   did reject (a saturated window measures capacity directly, which is how
+//!   a capacity that came back smaller is learned at once);
+//! - **first-attempt rate** is a moving average of reported first attempts;
+//! - **spare capacity** is the difference, what retries may use;
+//! - the **wake rate** starts at the spare and is probed upward only in
+//!   windows where it was actually used and nothing was rejected: doubling
+//!   (bounded by a quarter above the capacity seen) until the first
+//!   rejection, then halfway back to the rate that last drew rejections, then
+//!   in steps of a sixteenth of capacity (so one probe overshoots the upstream
+//!   by at most ~6 %). A window with rejections cuts it, once, to the spare it
+//!   measured but never below half — multiplicative back-off that trusts a
+//!   saturated sample no further than a halving.
+//!
+//! Rejections that arrive while a hint cooldown is in force, or whose hint
+//! closes the route for longer than two windows (an outage, not an
+//! overload), are explained by the cooldown: the window is frozen, nothing
+//! is learned from it, and when the cooldown ends pacing resumes from what
+//! was learned before it. A limiter that re-arms its full `Retry-After` on
+//! every rejected attempt is detected when successive hints stop counting
+//! down ([`Mode::PenaltyExtending`]): nothing is woken until the latest hint
+//! passes, then exactly one probe, and only a success reopens the route.
+//!
+//! Everything is integer math on milli-units (rates in thousandths of an
+//! event per second) so the Lua port in `store/redis/lua/pacing.lua` agrees
+//! bit for bit; the state is a handful of integers, stored per route in
+//! memory and as Redis hash fields ([`PacingState::to_fields`]).
+
+mod slot;
+
+pub use slot::{SlotDecision, WakeAsk};
+
+/// One observation window. Rates are judged per window and the controller
+/// changes at most once per window, so one burst of 429s is one cut.
+pub const WINDOW_MS: i64 = 1000;
+/// `Retry-After` is whole seconds, so two hints for the same instant may
+/// differ by up to this much; only a larger jump is an extension.
+pub const HINT_GRANULARITY_MS: i64 = 1000;
+/// Hints that move the end later this many times in a row, each received
+/// while the previous one still held, mark a penalty-extending limiter.
+pub const EXTENSIONS_TO_DETECT: i64 = 2;
+/// A gap without reports longer than this many windows is closed as one
+/// empty window: nothing more can be learned from silence.
+const MAX_CATCH_UP: i64 = 16;
+/// Milli-units per unit.
+pub const MILLI: i64 = 1000;
+
+/// What the controller is doing, for operators (GetScope, Watch, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Mode {
+    /// Nothing pushed back and the rate was not used up: held.
+    #[default]
+    Steady = 0,
+    /// The last window used the rate and drew no rejection; it was raised.
+    Probing = 1,
+    /// The last window drew rejections; the rate was cut.
+    BackingOff = 2,
+    /// Hints keep re-arming: nothing is woken until the latest one passes.
+    PenaltyExtending = 3,
+    /// The policy pins a number.
+    Pinned = 4,
+    /// The policy names the upstream's limit; the fleet is paced under it.
+    KnownLimit = 5,
+}
+
+impl Mode {
+    /// The wire/label name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Steady => "steady",
+            Mode::Probing => "probing",
+            Mode::BackingOff => "backing_off",
+            Mode::PenaltyExtending => "penalty_extending",
+            Mode::Pinned => "pinned",
+            Mode::KnownLimit => "known_limit",
+        }
+    }
+
+    fn from_i64(v: i64) -> Mode {
+        match v {
+            1 => Mode::Probing,
+            2 => Mode::BackingOff,
+            3 => Mode::PenaltyExtending,
+            4 => Mode::Pinned,
+            5 => Mode::KnownLimit,
+            _ => Mode::Steady,
+        }
+    }
+}
+
+/// The policy's part in pacing, resolved per route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacingPolicy {
+    /// `wake_rate = <number>`: obeyed as given, in milli-slots per second.
+    pub pinned_m: Option<i64>,
+    /// `upstream_limit × upstream_share`, in milli-attempts per second: the
+    /// whole fleet's attempts are paced under it from the start.
+    pub known_limit_m: Option<i64>,
+    /// Never slower: a route that is paced to nothing never learns that
+    /// the upstream came back.
+    pub floor_m: i64,
+    /// Never faster, whatever was learned.
+    pub ceiling_m: i64,
+    /// A slot further ahead than this is not given; the intent is told to
+    /// ask again, so a rate that rises meanwhile applies to it at once.
+    pub horizon_ms: i64,
+}
+
+impl Default for PacingPolicy {
+    fn default() -> Self {
+        Self {
+            pinned_m: None,
+            known_limit_m: None,
+            floor_m: MILLI,
+            ceiling_m: 100_000 * MILLI,
+            // One window: the rate's own reaction time.
+            horizon_ms: WINDOW_MS,
+        }
+    }
+}
+
+/// What one Report tells the controller.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Observation<'a> {
+    /// The coordinator's clock.
+    pub now_ms: i64,
+    /// First attempts the worker made since its last report.
+    pub first_attempts: u32,
+    /// Attempts that succeeded, first or retry.
+    pub successes: u32,
+    /// Attempts rejected for capacity (429/503/RESOURCE_EXHAUSTED). At least
+    /// `hint_until_ms.len()`; a report's evidence list is bounded, the count
+    /// is not.
+    pub rejections: u32,
+    /// The end instant of each valid hint among those rejections.
+    pub hint_until_ms: &'a [i64],
+    /// The route's cooldown as it was *before* this report's evidence was
+    /// merged: rejections received while it held are explained by it.
+    pub cooldown_until_ms: i64,
+}
+
+/// The controller of one route. Every field is an integer so it maps onto
+/// Redis hash fields and Lua numbers without loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacingState {
+    /// The window being accumulated (`now_ms / WINDOW_MS`).
+    pub win: i64,
+    /// First attempts reported in it.
+    pub w_first: i64,
+    /// Successes reported in it.
+    pub w_ok: i64,
+    /// Rejections in it that the controller must answer for.
+    pub w_rej: i64,
+    /// Slots it granted in it: whether the rate was actually used.
+    pub w_granted: i64,
+    /// 1 when a cooldown or a closing hint explained something in it.
+    pub w_frozen: i64,
+    /// The wake rate, milli-slots per second.
+    pub rate_m: i64,
+    /// The rate in force when rejections last came back (0: never).
+    pub rate_max_m: i64,
+    /// Capacity estimate, milli-attempts per second.
+    pub cap_m: i64,
+    /// First-attempt rate, moving average, milli-attempts per second.
+    pub lam_m: i64,
+    /// The end of the latest hint seen, and how many times in a row it
+    /// jumped later while the previous one still held.
+    pub hint_until: i64,
+    /// See `hint_until`.
+    pub streak: i64,
+    /// The end of the latest hint that closed the route (longer than two
+    /// windows): windows before it are not learned from.
+    pub closed_until: i64,
+    /// While penalty-extending: the instant the latest hint passes.
+    pub penalty_until: i64,
+    /// While penalty-extending: when the one probe was granted (0: none yet).
+    pub probe_at: i64,
+    /// [`Mode`] as an integer.
+    pub mode: i64,
+}
+
+impl PacingState {
+    /// A route seen for the first time: paced at the floor (or the pinned
+    /// number or the known limit) until something is learned.
+    pub fn new(now_ms: i64, policy: &PacingPolicy) -> Self {
+        let mut st = Self {
+            win: now_ms.div_euclid(WINDOW_MS),
+            w_first: 0,
+            w_ok: 0,
+            w_rej: 0,
+            w_granted: 0,
+            w_frozen: 0,
+            rate_m: policy.floor_m,
+            rate_max_m: 0,
+            cap_m: 0,
+            lam_m: 0,
+            hint_until: 0,
+            streak: 0,
+            closed_until: 0,
+            penalty_until: 0,
+            probe_at: 0,
+            mode: Mode::Steady as i64,
+        };
+        st.apply_policy(policy);
+        st
+    }
+
+    /// The current [`Mode`].
+    pub fn mode(&self) -> Mode {
+        Mode::from_i64(self.mode)
+    }
+
+    /// The wake rate in force, milli-slots per second; 0 while a penalty
+    /// holds the route closed.
+    pub fn wake_rate_m(&self) -> i64 {
+        if self.mode() == Mode::PenaltyExtending {
+            0
+        } else {
+            self.rate_m
+        }
+    }
+
+    /// Capacity estimate, milli-attempts per second.
+    pub fn capacity_m(&self) -> i64 {
+        self.cap_m
+    }
+
+    /// What first attempts leave of the capacity, milli-attempts per second.
+    pub fn spare_m(&self) -> i64 {
+        (self.cap_m - self.lam_m).max(0)
+    }
+
+    /// Brings the state to `now_ms` (closing finished windows) and applies a
+    /// policy change. Called before reading the rate.
+    pub fn advance(&mut self, now_ms: i64, policy: &PacingPolicy) {
+        let now_win = now_ms.div_euclid(WINDOW_MS);
+        let mut steps = 0;
+        while self.win < now_win && steps < MAX_CATCH_UP {
+            self.close_window(policy);
+            self.win += 1;
+            steps += 1;
+        }
+        // A long silence: nothing was used or rejected in it.
+        self.win = self.win.max(now_win);
+        self.apply_policy(policy);
+    }
+
+    /// Takes in one report.
+    pub fn observe(&mut self, obs: &Observation<'_>, policy: &PacingPolicy) {
+        self.advance(obs.now_ms, policy);
+        let now = obs.now_ms;
+        self.w_first += i64::from(obs.first_attempts);
+        self.w_ok += i64::from(obs.successes);
+        let rejections = i64::from(obs.rejections).max(obs.hint_until_ms.len() as i64);
+        for &until in obs.hint_until_ms {
+            self.track_hint(now, until);
+        }
+        if self.mode() == Mode::PenaltyExtending {
+            if obs.successes > 0 && now >= self.penalty_until {
+                // The probe (or anything after the penalty) got through.
+                self.leave_penalty(policy);
+            }
+            return;
+        }
+        if obs.successes > 0 && now >= self.hint_until {
+            self.streak = 0;
+        }
+        if now < obs.cooldown_until_ms {
+            if rejections > 0 {
+                self.w_frozen = 1;
+            }
+            return;
+        }
+        // A hint that closes the route for more than two windows says the
+        // upstream is out, not that the fleet is over its capacity.
+        let hints = obs.hint_until_ms.len() as i64;
+        let mut closing = 0;
+        for &until in obs.hint_until_ms {
+            if until - now > 2 * WINDOW_MS {
+                closing += 1;
+                self.closed_until = self.closed_until.max(until);
+            }
+        }
+        if closing > 0 {
+            self.w_frozen = 1;
+        }
+        // The hints are a sample of the rejections (evidence is bounded):
+        // the share they say was closing is explained.
+        let explained = if hints > 0 {
+            rejections * closing / hints
+        } else {
+            0
+        };
+        self.w_rej += rejections - explained;
+    }
+
+    /// Follows the latest hint end; counts jumps that can only be a limiter
+    /// re-arming its window on an attempt made during it.
+    fn track_hint(&mut self, now: i64, until: i64) {
+        if until > self.hint_until + HINT_GRANULARITY_MS {
+            if now < self.hint_until {
+                self.streak += 1;
+            } else {
+                self.streak = 0;
+            }
+            self.hint_until = until;
+        } else {
+            // The same end (a countdown) or an earlier one.
+            self.hint_until = self.hint_until.max(until);
+        }
+        if self.mode() == Mode::PenaltyExtending {
+            // Still rejected: wait for the new end, then probe once more.
+            self.penalty_until = self.penalty_until.max(self.hint_until);
+            self.probe_at = 0;
+        } else if self.streak >= EXTENSIONS_TO_DETECT {
+            self.mode = Mode::PenaltyExtending as i64;
+            self.penalty_until = self.hint_until;
+            self.probe_at = 0;
+        }
+    }
+
+    fn leave_penalty(&mut self, policy: &PacingPolicy) {
+        self.mode = Mode::Steady as i64;
+        self.streak = 0;
+        self.penalty_until = 0;
+        self.probe_at = 0;
+        self.clear_window();
+        self.apply_policy(policy);
+    }
+
+    fn clear_window(&mut self) {
+        self.w_first = 0;
+        self.w_ok = 0;
+        self.w_rej = 0;
+        self.w_granted = 0;
+        self.w_frozen = 0;
+    }
+
+    /// Learns from the window that just ended and sets the next rate.
+    fn close_window(&mut self, policy: &PacingPolicy) {
+        // A window a closing hint covered, even in part, says nothing about
+        // capacity or demand (workers may hold first attempts in it).
+        // Rejections the controller must answer for are answered even in a
+        // window a short cooldown also explained some of.
+        let frozen = (self.w_frozen == 1 && self.w_rej == 0)
+            || self.win * WINDOW_MS < self.closed_until
+            || self.mode() == Mode::PenaltyExtending;
+        if !frozen {
+            self.learn(policy);
+        }
+        self.clear_window();
+    }
+
+    fn learn(&mut self, policy: &PacingPolicy) {
+        if self.cap_m == 0 && self.lam_m == 0 {
+            // The first window learned from: no average to move yet.
+            self.lam_m = self.w_first * MILLI;
+        } else {
+            self.lam_m += (self.w_first * MILLI - self.lam_m).div_euclid(4);
+        }
+        let served_m = self.w_ok * MILLI;
+        // Retries are the attempts beyond the first ones; when nothing was
+        // rejected every attempt was a success, so this is exact then.
+        let retries = (self.w_ok + self.w_rej - self.w_first).max(0);
+        let used = 2 * self.w_granted.max(retries) * MILLI >= self.rate_m;
+        if self.w_rej > 0 {
+            // A saturated window measures what the upstream serves now.
+            self.cap_m = served_m;
+            let measured = (self.cap_m - self.lam_m).max(0);
+            let cut = self.rate_m.min(measured.max(self.rate_m / 2));
+            // Recovery heads halfway back to the rate that drew the
+            // rejections, not all of it: that rate is known to be too much,
+            // and heading for it again repeats the overshoot.
+            self.rate_max_m = cut + (self.rate_m - cut) / 2;
+            self.rate_m = cut;
+            self.mode = Mode::BackingOff as i64;
+        } else {
+            self.cap_m = self.cap_m.max(served_m);
+            let spare = self.spare_m();
+            if used {
+                self.rate_m = spare.max(self.grown());
+                if self.rate_m >= 2 * self.rate_max_m {
+                    // An edge found at half the rate now served cleanly is
+                    // no longer the edge (the upstream grew, or the edge was
+                    // found during a brownout): search from scratch.
+                    self.rate_max_m = 0;
+                }
+                self.mode = Mode::Probing as i64;
+            } else {
+                // Not in use: follow the estimate, down as well as up.
+                self.rate_m = spare;
+                self.mode = Mode::Steady as i64;
+            }
+        }
+        self.rate_m = self
+            .rate_m
+            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+    }
+
+    /// The next rate after a window that used this one and drew nothing.
+    fn grown(&self) -> i64 {
+        let r = self.rate_m;
+        if self.rate_max_m == 0 {
+            // Nothing has pushed back yet: double, but keep the fleet's total
+            // within a quarter above the most the upstream has served.
+            let bound = self.cap_m + self.cap_m / 4 - self.lam_m;
+            (2 * r).max(r + self.cap_m / 8).min(bound.max(r))
+        } else if r < self.rate_max_m {
+            // Back toward the rate that last drew rejections, halfway a
+            // window, and never slower than probing beyond it would be.
+            r + ((self.rate_max_m - r) / 2).max(r / 8).max(MILLI)
+        } else {
+            // Beyond it: an eighth of the rate at a time, so a probe that
+            // finds the edge oversteps the spare by an eighth at most.
+            r + (r / 8).max(MILLI)
+        }
+    }
+
+    /// A pinned number and a known limit override what was learned.
+    fn apply_policy(&mut self, policy: &PacingPolicy) {
+        if self.mode() == Mode::PenaltyExtending {
+            return;
+        }
+        let hi = policy.ceiling_m.max(policy.floor_m);
+        if let Some(pinned) = policy.pinned_m {
+            // Obeyed as given: an operator who pins a number means it.
+            self.rate_m = pinned.max(1);
+            self.mode = Mode::Pinned as i64;
+        } else if let Some(limit) = policy.known_limit_m {
+            // Known in advance: first attempts take their share first. A
+            // cut (the limit was wrong, or shared with someone else) holds
+            // for the window after it, then the limit rules again.
+            self.cap_m = limit;
+            let room = (limit - self.lam_m).max(0).clamp(policy.floor_m, hi);
+            self.rate_m = if self.mode() == Mode::BackingOff {
+                self.rate_m.min(room)
+            } else {
+                room
+            };
+            self.mode = Mode::KnownLimit as i64;
+        } else if matches!(self.mode(), Mode::Pinned | Mode::KnownLimit) {
+            self.mode = Mode::Steady as i64;
+        }
+    }
+
+    /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
+    pub fn to_fields(&self) -> [(&'static str, i64); 16] {
+        [
+            ("win", self.win),
+            ("w_first", self.w_first),
+            ("w_ok", self.w_ok),
+            ("w_rej", self.w_rej),
+            ("w_granted", self.w_granted),
+            ("w_frozen", self.w_frozen),
+            ("rate_m", self.rate_m),
+            ("rate_max_m", self.rate_max_m),
+            ("cap_m", self.cap_m),
+            ("lam_m", self.lam_m),
+            ("hint_until", self.hint_until),
+            ("streak", self.streak),
+            ("closed_until", self.closed_until),
+            ("penalty_until", self.penalty_until),
+            ("probe_at", self.probe_at),
+            ("mode", self.mode),
+        ]
+    }
+
+    /// Rebuilds a state from [`to_fields`](Self::to_fields) output; a
+    /// missing field reads as 0, so an older record still loads.
+    pub fn from_fields<'a>(fields: impl IntoIterator<Item = (&'a str, i64)>) -> Self {
+        let mut st = Self::new(0, &PacingPolicy::default());
+        for (name, v) in fields {
+            let slot = match name {
+                "win" => &mut st.win,
+                "w_first" => &mut st.w_first,
+                "w_ok" => &mut st.w_ok,
+                "w_rej" => &mut st.w_rej,
+                "w_granted" => &mut st.w_granted,
+                "w_frozen" => &mut st.w_frozen,
+                "rate_m" => &mut st.rate_m,
+                "rate_max_m" => &mut st.rate_max_m,
+                "cap_m" => &mut st.cap_m,
+                "lam_m" => &mut st.lam_m,
+                "hint_until" => &mut st.hint_until,
+                "streak" => &mut st.streak,
+                "closed_until" => &mut st.closed_until,
+                "penalty_until" => &mut st.penalty_until,
+                "probe_at" => &mut st.probe_at,
+                "mode" => &mut st.mode,
+                _ => continue,
+            };
+            *slot = v;
+        }
+        st
+    }
+}
+
+#[cfg(test)]
+mod sim_tests;
+#[cfg(test)]
+mod tests;

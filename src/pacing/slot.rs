@@ -1,0 +1,123 @@
+//! The slot decision at wake time.
+//!
+//! Slots are handed out when an intent asks, at the rate learned *then*.
+//! A slot further ahead than the policy's horizon is not given: the intent
+//! is told to ask again. Slots fixed far ahead at the low rate in force
+//! during an outage would lie past most deadlines, and a later rise of the
+//! rate could not pull them back; an intent that asks again gets the new
+//! rate. How soon it asks again grows with its estimated wait (half the
+//! distance to the horizon each time), so a long wait costs a few
+//! coordinator calls, not one per horizon.
+
+use super::{MILLI, Mode, PacingPolicy, PacingState, WINDOW_MS};
+use crate::slots::JITTER_SCALE;
+
+/// One waiting intent asking when to go.
+#[derive(Debug, Clone, Copy)]
+pub struct WakeAsk {
+    /// The coordinator's clock.
+    pub now_ms: i64,
+    /// `max(cooldown, backoff, the worker's not_before)`.
+    pub floor_ms: i64,
+    /// The intent's end-to-end deadline.
+    pub deadline_ms: i64,
+    /// Time the attempt needs after its slot.
+    pub reserve_ms: i64,
+    /// `0..JITTER_SCALE`, drawn by the caller from an injected RNG.
+    pub jitter_ppm: u32,
+    /// Intents on this route told to ask again and still waiting: the
+    /// queue ahead of this one, for the estimate of its wait.
+    pub waiting: i64,
+    /// The route's slot cursor (start of the next free interval, Unix µs).
+    pub cursor_us: i64,
+}
+
+/// The answer to a [`WakeAsk`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotDecision {
+    /// Reconsider at `at_ms`; the route's cursor moves to `cursor_us`.
+    Slot {
+        /// The slot.
+        at_ms: i64,
+        /// The cursor after this slot.
+        cursor_us: i64,
+    },
+    /// Nothing given yet: ask again at `at_ms` (the cursor is untouched).
+    AskAgain {
+        /// When to ask again.
+        at_ms: i64,
+    },
+    /// No slot can fit the deadline plus the reserve; nothing was taken.
+    Infeasible {
+        /// The earliest slot there could have been.
+        at_ms: i64,
+    },
+}
+
+impl PacingState {
+    /// Decides a Reconsider: a slot within the horizon, ask again, or a
+    /// refusal. Brings the state to `ask.now_ms` first.
+    pub fn decide(&mut self, ask: &WakeAsk, policy: &PacingPolicy) -> SlotDecision {
+        self.advance(ask.now_ms, policy);
+        let now = ask.now_ms;
+        let floor = ask.floor_ms.max(now);
+        let jitter = i64::from(ask.jitter_ppm.min(JITTER_SCALE - 1));
+        let spread = |span: i64| span * jitter / i64::from(JITTER_SCALE);
+        if self.mode() == Mode::PenaltyExtending {
+            return self.decide_penalty(ask, floor, spread(WINDOW_MS));
+        }
+        let interval_us = (1_000 * MILLI * MILLI + self.rate_m - 1) / self.rate_m.max(1);
+        let start_us = ask.cursor_us.max(floor * 1000);
+        let slot = (start_us + spread(interval_us)).div_euclid(1000);
+        let horizon = policy.horizon_ms.max(1);
+        if slot <= now + horizon {
+            if slot + ask.reserve_ms > ask.deadline_ms {
+                return SlotDecision::Infeasible { at_ms: slot };
+            }
+            self.w_granted += 1;
+            return SlotDecision::Slot {
+                at_ms: slot,
+                cursor_us: start_us + interval_us,
+            };
+        }
+        // Not even the floor fits: no rate could help.
+        if floor + ask.reserve_ms > ask.deadline_ms {
+            return SlotDecision::Infeasible { at_ms: floor };
+        }
+        let estimate = (slot * 1000 + ask.waiting.max(0) * interval_us).div_euclid(1000);
+        let halfway = now + ((estimate - now - horizon) / 2).max(horizon / 2);
+        let again = halfway.max(floor - horizon) + spread(horizon / 2);
+        // Ask again while a slot can still fit.
+        let last_chance = (ask.deadline_ms - ask.reserve_ms - horizon).max(now + 1);
+        SlotDecision::AskAgain {
+            at_ms: again.min(last_chance),
+        }
+    }
+
+    /// While a penalty holds: nothing until the latest hint passes, then
+    /// one probe; another only if the first was lost (no report in two
+    /// windows).
+    fn decide_penalty(&mut self, ask: &WakeAsk, floor: i64, spread: i64) -> SlotDecision {
+        let now = ask.now_ms;
+        let opens = floor.max(self.penalty_until);
+        if opens + ask.reserve_ms > ask.deadline_ms {
+            return SlotDecision::Infeasible { at_ms: opens };
+        }
+        if now < opens {
+            return SlotDecision::AskAgain {
+                at_ms: opens + spread,
+            };
+        }
+        if self.probe_at == 0 || now - self.probe_at > 2 * WINDOW_MS {
+            self.probe_at = now;
+            self.w_granted += 1;
+            return SlotDecision::Slot {
+                at_ms: now,
+                cursor_us: ask.cursor_us.max(now * 1000),
+            };
+        }
+        SlotDecision::AskAgain {
+            at_ms: now + WINDOW_MS + spread,
+        }
+    }
+}

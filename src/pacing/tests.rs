@@ -1,0 +1,379 @@
+//! The controller on a virtual clock: one behaviour per test.
+
+use super::*;
+
+const T0: i64 = 1_700_000_000_000;
+
+fn policy() -> PacingPolicy {
+    PacingPolicy::default()
+}
+
+/// One report at `at`: `first` first attempts, `ok` successes, `rej`
+/// rejections with these hint ends, under `cooldown`.
+fn report(
+    st: &mut PacingState,
+    p: &PacingPolicy,
+    at: i64,
+    (first, ok, rej): (u32, u32, u32),
+    hints: &[i64],
+    cooldown: i64,
+) {
+    st.observe(
+        &Observation {
+            now_ms: at,
+            first_attempts: first,
+            successes: ok,
+            rejections: rej,
+            hint_until_ms: hints,
+            cooldown_until_ms: cooldown,
+        },
+        p,
+    );
+}
+
+fn ask(now_ms: i64, cursor_us: i64) -> WakeAsk {
+    WakeAsk {
+        now_ms,
+        floor_ms: now_ms,
+        deadline_ms: now_ms + 60_000,
+        reserve_ms: 100,
+        jitter_ppm: 0,
+        waiting: 0,
+        cursor_us,
+    }
+}
+
+/// Grants `n` slots in the window starting at `at`, so the rate counts as used.
+fn use_slots(st: &mut PacingState, p: &PacingPolicy, at: i64, n: usize) {
+    let mut cursor = 0;
+    for _ in 0..n {
+        if let SlotDecision::Slot { cursor_us, .. } = st.decide(&ask(at, cursor), p) {
+            cursor = cursor_us;
+        }
+    }
+}
+
+/// A state that has learned capacity 1000/s with first attempts 800/s and
+/// last drew rejections at 250/s, at the start of window `T0 + 20 s`.
+fn learned() -> PacingState {
+    PacingState {
+        cap_m: 1_000_000,
+        lam_m: 800_000,
+        rate_m: 200_000,
+        rate_max_m: 250_000,
+        ..PacingState::new(T0 + 20_000, &policy())
+    }
+}
+
+#[test]
+fn a_new_route_is_paced_at_the_floor() {
+    let p = policy();
+    let st = PacingState::new(T0, &p);
+    assert_eq!(st.wake_rate_m(), p.floor_m);
+    assert_eq!(st.mode(), Mode::Steady);
+}
+
+#[test]
+fn the_spare_left_by_first_attempts_is_learned() {
+    let p = policy();
+    let mut st = PacingState::new(T0, &p);
+    for s in 0..20 {
+        report(&mut st, &p, T0 + s * 1000, (800, 800, 0), &[], 0);
+    }
+    // One saturated window measures the capacity; the next, unused, paces
+    // at the spare it leaves.
+    report(&mut st, &p, T0 + 20_000, (800, 1000, 40), &[], 0);
+    report(&mut st, &p, T0 + 21_000, (800, 800, 0), &[], 0);
+    st.advance(T0 + 22_000, &p);
+    assert_eq!(st.capacity_m(), 1_000_000);
+    assert!((st.spare_m() - 200_000).abs() < 5_000, "{}", st.spare_m());
+    assert_eq!(st.wake_rate_m(), st.spare_m());
+}
+
+#[test]
+fn a_burst_of_rejections_cuts_once_per_window() {
+    let p = policy();
+    let mut st = learned();
+    let before = st.wake_rate_m();
+    let at = T0 + 20_000;
+    // Fifty reports, each with rejections, all in one window; the upstream
+    // served no less than before, so only the halving bound applies.
+    for i in 0..50 {
+        report(&mut st, &p, at + i * 10, (16, 10, 5), &[at + 1000], 0);
+    }
+    st.advance(at + 1000, &p);
+    assert_eq!(st.mode(), Mode::BackingOff);
+    // Served 500 against first attempts of 800: the measured spare is
+    // nothing, and one cut halves.
+    assert_eq!(st.wake_rate_m(), before / 2);
+}
+
+#[test]
+fn a_capacity_that_came_back_smaller_is_learned_from_one_saturated_window() {
+    let p = policy();
+    let mut st = learned();
+    let at = T0 + 20_000;
+    // Serving 900/s while rejecting: capacity 900, spare ~100.
+    report(&mut st, &p, at, (800, 900, 100), &[], 0);
+    st.advance(at + 1000, &p);
+    assert_eq!(st.capacity_m(), 900_000);
+    assert!(
+        (st.wake_rate_m() - 100_000).abs() < 2_000,
+        "{}",
+        st.wake_rate_m()
+    );
+}
+
+#[test]
+fn rejections_during_a_cooldown_do_not_collapse_the_estimate() {
+    let p = policy();
+    let mut st = learned();
+    let before = (st.wake_rate_m(), st.capacity_m());
+    let start = T0 + 20_000;
+    let end = start + 10_000;
+    // The outage: the first 429 carries a 10 s hint (closing, not overload),
+    // the rest arrive under the cooldown it set. Nothing is served.
+    report(&mut st, &p, start, (80, 0, 80), &[end], 0);
+    for t in (start + 100..end).step_by(100) {
+        report(&mut st, &p, t, (80, 0, 80), &[end], end);
+    }
+    st.advance(end, &p);
+    assert_eq!((st.wake_rate_m(), st.capacity_m()), before);
+}
+
+#[test]
+fn the_rate_grows_only_when_it_was_used() {
+    let p = policy();
+    let mut st = learned();
+    let before = st.wake_rate_m();
+    // Five windows with no retries and no slots asked: nothing to learn.
+    for s in 20..25 {
+        report(&mut st, &p, T0 + s * 1000, (800, 800, 0), &[], 0);
+    }
+    st.advance(T0 + 25_000, &p);
+    assert!(
+        st.wake_rate_m() <= before,
+        "{} > {before}",
+        st.wake_rate_m()
+    );
+    assert_eq!(st.mode(), Mode::Steady);
+    // Now used, and clean: it grows.
+    let at = T0 + 25_000;
+    use_slots(&mut st, &p, at, 400);
+    report(&mut st, &p, at, (800, 1000, 0), &[], 0);
+    st.advance(at + 1000, &p);
+    assert_eq!(st.mode(), Mode::Probing);
+    assert!(st.wake_rate_m() > before);
+}
+
+#[test]
+fn never_below_the_floor_nor_above_the_ceiling() {
+    let p = PacingPolicy {
+        floor_m: 5_000,
+        ceiling_m: 150_000,
+        ..policy()
+    };
+    let mut st = PacingState::new(T0, &p);
+    // Everything rejected for many windows: halving stops at the floor.
+    for s in 0..30 {
+        report(&mut st, &p, T0 + s * 1000, (100, 0, 100), &[], 0);
+    }
+    st.advance(T0 + 30_000, &p);
+    assert_eq!(st.wake_rate_m(), 5_000);
+    // Then a huge, idle upstream and a backlog that uses every slot.
+    for s in 30..60 {
+        let at = T0 + s * 1000;
+        use_slots(&mut st, &p, at, 1000);
+        report(&mut st, &p, at, (100, 10_000, 0), &[], 0);
+    }
+    st.advance(T0 + 60_000, &p);
+    assert_eq!(st.wake_rate_m(), 150_000);
+}
+
+#[test]
+fn a_re_arming_limiter_is_detected_and_released_with_one_probe() {
+    let p = policy();
+    let mut st = learned();
+    let at = T0 + 20_000;
+    // Each rejected attempt, made while the previous 60 s window still
+    // held, resets it to a full 60 s.
+    for i in 0..3 {
+        let t = at + i * 5_000;
+        let cooldown = st.hint_until;
+        report(&mut st, &p, t, (1, 0, 1), &[t + 60_000], cooldown);
+    }
+    assert_eq!(st.mode(), Mode::PenaltyExtending);
+    assert_eq!(st.wake_rate_m(), 0);
+    let opens = at + 10_000 + 60_000;
+    assert_eq!(st.penalty_until, opens);
+    // Before it passes: ask again at the end, nothing granted.
+    match st.decide(&ask(at + 20_000, 0), &p) {
+        SlotDecision::AskAgain { at_ms } => assert_eq!(at_ms, opens),
+        other => panic!("{other:?}"),
+    }
+    // After: exactly one probe, the others wait.
+    assert!(matches!(
+        st.decide(&ask(opens, 0), &p),
+        SlotDecision::Slot { at_ms, .. } if at_ms == opens
+    ));
+    assert!(matches!(
+        st.decide(&ask(opens + 10, 0), &p),
+        SlotDecision::AskAgain { .. }
+    ));
+    // The probe succeeds: the route reopens at what was learned before.
+    report(&mut st, &p, opens + 200, (0, 1, 0), &[], 0);
+    assert_ne!(st.mode(), Mode::PenaltyExtending);
+    assert!(st.wake_rate_m() > 0);
+}
+
+#[test]
+fn a_rejected_probe_waits_for_the_new_end_and_probes_once_more() {
+    let p = policy();
+    let mut st = learned();
+    let at = T0 + 20_000;
+    for i in 0..3 {
+        let t = at + i * 2_000;
+        let cooldown = st.hint_until;
+        report(&mut st, &p, t, (1, 0, 1), &[t + 30_000], cooldown);
+    }
+    let opens = st.penalty_until;
+    assert!(matches!(
+        st.decide(&ask(opens, 0), &p),
+        SlotDecision::Slot { .. }
+    ));
+    report(&mut st, &p, opens + 100, (0, 0, 1), &[opens + 30_100], 0);
+    assert_eq!(st.mode(), Mode::PenaltyExtending);
+    assert_eq!(st.penalty_until, opens + 30_100);
+    assert!(matches!(
+        st.decide(&ask(opens + 30_100, 0), &p),
+        SlotDecision::Slot { .. }
+    ));
+}
+
+#[test]
+fn hints_that_count_down_are_not_a_penalty() {
+    let p = policy();
+    let mut st = learned();
+    let end = T0 + 40_000;
+    // An honest outage: every hint names the same end (rounded up to whole
+    // seconds, so they wobble by up to one second).
+    for i in 0..50 {
+        let t = T0 + 20_000 + i * 300;
+        let wobble = (i % 2) * 900;
+        report(&mut st, &p, t, (10, 0, 10), &[end + wobble], end);
+    }
+    assert_ne!(st.mode(), Mode::PenaltyExtending);
+}
+
+#[test]
+fn a_pinned_number_is_obeyed() {
+    let p = PacingPolicy {
+        pinned_m: Some(50_000),
+        ..policy()
+    };
+    let mut st = learned();
+    st.advance(T0 + 21_000, &p);
+    assert_eq!(st.wake_rate_m(), 50_000);
+    assert_eq!(st.mode(), Mode::Pinned);
+    for s in 21..30 {
+        let at = T0 + s * 1000;
+        use_slots(&mut st, &p, at, 100);
+        report(
+            &mut st,
+            &p,
+            at,
+            (800, 850, if s % 2 == 0 { 30 } else { 0 }),
+            &[],
+            0,
+        );
+    }
+    st.advance(T0 + 30_000, &p);
+    assert_eq!(st.wake_rate_m(), 50_000);
+}
+
+#[test]
+fn a_known_limit_paces_from_the_start() {
+    // 600/min with the default share of a half: 5/s for the whole fleet.
+    let p = PacingPolicy {
+        known_limit_m: Some(5_000),
+        ..policy()
+    };
+    let mut st = PacingState::new(T0, &p);
+    assert_eq!(st.mode(), Mode::KnownLimit);
+    assert_eq!(st.wake_rate_m(), 5_000);
+    // First attempts take their share first.
+    for s in 0..20 {
+        report(&mut st, &p, T0 + s * 1000, (3, 3, 0), &[], 0);
+    }
+    st.advance(T0 + 20_000, &p);
+    assert!(
+        (st.wake_rate_m() - 2_000).abs() <= 20,
+        "{}",
+        st.wake_rate_m()
+    );
+}
+
+#[test]
+fn a_slot_beyond_the_horizon_is_ask_again_and_a_risen_rate_applies_at_once() {
+    let p = policy();
+    let mut st = learned();
+    let now = T0 + 20_000;
+    let cooldown = now + 10_000;
+    // The hint that closed the route.
+    report(&mut st, &p, now, (10, 0, 10), &[cooldown], 0);
+    let waiting = WakeAsk {
+        floor_ms: cooldown,
+        waiting: 4000,
+        ..ask(now, 0)
+    };
+    let SlotDecision::AskAgain { at_ms } = st.decide(&waiting, &p) else {
+        panic!("a slot 10 s ahead is not given");
+    };
+    // Halfway to the estimated wait (10 s + 4000 ahead at ~200/s), and
+    // never before the cooldown is within the horizon.
+    assert!(
+        at_ms >= cooldown - p.horizon_ms && at_ms < now + 20_000,
+        "{at_ms}"
+    );
+    // At the cooldown's end a slot is given at the rate in force then.
+    let mut cursor = 0;
+    let mut given = 0;
+    while let SlotDecision::Slot { cursor_us, .. } = st.decide(
+        &WakeAsk {
+            floor_ms: cooldown,
+            ..ask(cooldown, cursor)
+        },
+        &p,
+    ) {
+        cursor = cursor_us;
+        given += 1;
+    }
+    // One horizon's worth at ~200/s.
+    assert!((195..=202).contains(&given), "{given}");
+}
+
+#[test]
+fn a_deadline_no_rate_can_meet_is_refused_and_takes_nothing() {
+    let p = policy();
+    let mut st = learned();
+    let now = T0 + 20_000;
+    let ask = WakeAsk {
+        floor_ms: now + 10_000,
+        deadline_ms: now + 9_000,
+        ..ask(now, 0)
+    };
+    assert_eq!(
+        st.decide(&ask, &p),
+        SlotDecision::Infeasible {
+            at_ms: now + 10_000
+        }
+    );
+    assert_eq!(st.w_granted, 0);
+}
+
+#[test]
+fn the_state_round_trips_through_hash_fields() {
+    let st = learned();
+    let back = PacingState::from_fields(st.to_fields());
+    assert_eq!(back, st);
+}

@@ -1,0 +1,236 @@
+-- Learned pacing (src/pacing/mod.rs and src/pacing/slot.rs), as functions a
+-- script includes after the prelude: a line-for-line port on integers, so a
+-- route paced by a Redis-backed coordinator and one paced in memory agree
+-- exactly. The Rust module is the reference; change one, change the other.
+--
+-- Rates are milli-units per second. Every value is an integer below 2^53;
+-- divisions are by positive divisors: `idiv` (prelude) for non-negative
+-- numerators, math.floor for the one that can be negative (exact: a power
+-- of two), and Rust's truncating `/` only appears where the operands are
+-- non-negative or the result is clamped from below.
+--
+-- State: a table with the Rust field names (stored as hash fields or in the
+-- route blob). Policy: { pinned_m = n or -1, known_m = n or -1, floor_m,
+-- ceiling_m, horizon_ms }.
+
+local PACE_WINDOW = 1000
+local PACE_GRANULARITY = 1000
+local PACE_EXTENSIONS = 2
+local PACE_CATCH_UP = 16
+local MILLI = 1000
+local M_STEADY, M_PROBING, M_BACKING_OFF = 0, 1, 2
+local M_PENALTY, M_PINNED, M_KNOWN = 3, 4, 5
+local PACE_FIELDS = {
+  'win', 'w_first', 'w_ok', 'w_rej', 'w_granted', 'w_frozen', 'rate_m',
+  'rate_max_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
+  'penalty_until', 'probe_at', 'mode',
+}
+
+local function pace_clear_window(p)
+  p.w_first, p.w_ok, p.w_rej, p.w_granted, p.w_frozen = 0, 0, 0, 0, 0
+end
+
+local function pace_apply_policy(p, P)
+  if p.mode == M_PENALTY then return end
+  local hi = math.max(P.ceiling_m, P.floor_m)
+  if P.pinned_m >= 0 then
+    p.rate_m = math.max(P.pinned_m, 1)
+    p.mode = M_PINNED
+  elseif P.known_m >= 0 then
+    p.cap_m = P.known_m
+    local room = math.min(math.max(math.max(P.known_m - p.lam_m, 0), P.floor_m), hi)
+    if p.mode == M_BACKING_OFF then
+      p.rate_m = math.min(p.rate_m, room)
+    else
+      p.rate_m = room
+    end
+    p.mode = M_KNOWN
+  elseif p.mode == M_PINNED or p.mode == M_KNOWN then
+    p.mode = M_STEADY
+  end
+end
+
+local function pace_new(now, P)
+  local p = { win = math.floor(now / PACE_WINDOW), rate_m = P.floor_m }
+  for _, f in ipairs(PACE_FIELDS) do p[f] = p[f] or 0 end
+  pace_apply_policy(p, P)
+  return p
+end
+
+-- Reads the state from a flat HGETALL reply; missing fields read as 0.
+local function pace_from_hash(flat, now, P)
+  if not flat or #flat == 0 then return pace_new(now, P) end
+  local p = {}
+  for _, f in ipairs(PACE_FIELDS) do p[f] = 0 end
+  for i = 1, #flat, 2 do p[flat[i]] = tonumber(flat[i + 1]) end
+  return p
+end
+
+local function pace_to_hash(p)
+  local out = {}
+  for _, f in ipairs(PACE_FIELDS) do
+    out[#out + 1] = f
+    out[#out + 1] = p[f]
+  end
+  return out
+end
+
+local function pace_spare(p) return math.max(p.cap_m - p.lam_m, 0) end
+
+local function pace_wake_rate(p)
+  if p.mode == M_PENALTY then return 0 end
+  return p.rate_m
+end
+
+local function pace_grown(p)
+  local r = p.rate_m
+  if p.rate_max_m == 0 then
+    local bound = p.cap_m + idiv(p.cap_m, 4) - p.lam_m
+    return math.min(math.max(2 * r, r + idiv(p.cap_m, 8)), math.max(bound, r))
+  elseif r < p.rate_max_m then
+    return r + math.max(idiv(p.rate_max_m - r, 2), idiv(r, 8), MILLI)
+  end
+  return r + math.max(idiv(r, 8), MILLI)
+end
+
+local function pace_learn(p, P)
+  if p.cap_m == 0 and p.lam_m == 0 then
+    p.lam_m = p.w_first * MILLI
+  else
+    p.lam_m = p.lam_m + math.floor((p.w_first * MILLI - p.lam_m) / 4)
+  end
+  local served = p.w_ok * MILLI
+  local retries = math.max(p.w_ok + p.w_rej - p.w_first, 0)
+  local used = 2 * math.max(p.w_granted, retries) * MILLI >= p.rate_m
+  if p.w_rej > 0 then
+    p.cap_m = served
+    local measured = math.max(p.cap_m - p.lam_m, 0)
+    local cut = math.min(p.rate_m, math.max(measured, idiv(p.rate_m, 2)))
+    p.rate_max_m = cut + idiv(p.rate_m - cut, 2)
+    p.rate_m = cut
+    p.mode = M_BACKING_OFF
+  else
+    p.cap_m = math.max(p.cap_m, served)
+    local spare = pace_spare(p)
+    if used then
+      p.rate_m = math.max(spare, pace_grown(p))
+      if p.rate_m >= 2 * p.rate_max_m then p.rate_max_m = 0 end
+      p.mode = M_PROBING
+    else
+      p.rate_m = spare
+      p.mode = M_STEADY
+    end
+  end
+  p.rate_m = math.min(math.max(p.rate_m, P.floor_m), math.max(P.ceiling_m, P.floor_m))
+end
+
+local function pace_close_window(p, P)
+  local frozen = (p.w_frozen == 1 and p.w_rej == 0) or p.win * PACE_WINDOW < p.closed_until
+    or p.mode == M_PENALTY
+  if not frozen then pace_learn(p, P) end
+  pace_clear_window(p)
+end
+
+local function pace_advance(p, now, P)
+  local now_win = math.floor(now / PACE_WINDOW)
+  local steps = 0
+  while p.win < now_win and steps < PACE_CATCH_UP do
+    pace_close_window(p, P)
+    p.win = p.win + 1
+    steps = steps + 1
+  end
+  p.win = math.max(p.win, now_win)
+  pace_apply_policy(p, P)
+end
+
+local function pace_track_hint(p, now, untl)
+  if untl > p.hint_until + PACE_GRANULARITY then
+    if now < p.hint_until then p.streak = p.streak + 1 else p.streak = 0 end
+    p.hint_until = untl
+  else
+    p.hint_until = math.max(p.hint_until, untl)
+  end
+  if p.mode == M_PENALTY then
+    p.penalty_until = math.max(p.penalty_until, p.hint_until)
+    p.probe_at = 0
+  elseif p.streak >= PACE_EXTENSIONS then
+    p.mode = M_PENALTY
+    p.penalty_until = p.hint_until
+    p.probe_at = 0
+  end
+end
+
+local function pace_leave_penalty(p, P)
+  p.mode = M_STEADY
+  p.streak, p.penalty_until, p.probe_at = 0, 0, 0
+  pace_clear_window(p)
+  pace_apply_policy(p, P)
+end
+
+-- One report: first attempts, successes, rejections (>= #hints), the end
+-- instant of each valid hint, and the cooldown before this report merged.
+local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown)
+  pace_advance(p, now, P)
+  p.w_first = p.w_first + first
+  p.w_ok = p.w_ok + ok
+  rejections = math.max(rejections, #hints)
+  for _, u in ipairs(hints) do pace_track_hint(p, now, u) end
+  if p.mode == M_PENALTY then
+    if ok > 0 and now >= p.penalty_until then pace_leave_penalty(p, P) end
+    return
+  end
+  if ok > 0 and now >= p.hint_until then p.streak = 0 end
+  if now < cooldown then
+    if rejections > 0 then p.w_frozen = 1 end
+    return
+  end
+  local closing = 0
+  for _, u in ipairs(hints) do
+    if u - now > 2 * PACE_WINDOW then
+      closing = closing + 1
+      p.closed_until = math.max(p.closed_until, u)
+    end
+  end
+  if closing > 0 then p.w_frozen = 1 end
+  local explained = 0
+  if #hints > 0 then explained = idiv(rejections * closing, #hints) end
+  p.w_rej = p.w_rej + rejections - explained
+end
+
+-- The slot decision at wake time. Returns one of
+--   'slot', at_ms, cursor_us | 'again', at_ms | 'infeasible', at_ms
+local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, waiting, cursor)
+  pace_advance(p, now, P)
+  local floor = math.max(ask_floor, now)
+  jitter = math.min(jitter, JITTER_SCALE - 1)
+  local function spread(span) return idiv(span * jitter, JITTER_SCALE) end
+  if p.mode == M_PENALTY then
+    local opens = math.max(floor, p.penalty_until)
+    if opens + reserve > deadline then return 'infeasible', opens end
+    if now < opens then return 'again', opens + spread(PACE_WINDOW) end
+    if p.probe_at == 0 or now - p.probe_at > 2 * PACE_WINDOW then
+      p.probe_at = now
+      p.w_granted = p.w_granted + 1
+      return 'slot', now, math.max(cursor, now * 1000)
+    end
+    return 'again', now + PACE_WINDOW + spread(PACE_WINDOW)
+  end
+  local interval = idiv(1000 * MILLI * MILLI + p.rate_m - 1, math.max(p.rate_m, 1))
+  local start = math.max(cursor, floor * 1000)
+  local slot = idiv(start + spread(interval), 1000)
+  local horizon = math.max(P.horizon_ms, 1)
+  if slot <= now + horizon then
+    if slot + reserve > deadline then return 'infeasible', slot end
+    p.w_granted = p.w_granted + 1
+    return 'slot', slot, start + interval
+  end
+  if floor + reserve > deadline then return 'infeasible', floor end
+  local estimate = idiv(slot * 1000 + math.max(waiting, 0) * interval, 1000)
+  local gap = estimate - now - horizon
+  -- Rust truncates toward zero; a negative gap is replaced below either way.
+  local half = gap >= 0 and idiv(gap, 2) or -idiv(-gap, 2)
+  local halfway = now + math.max(half, idiv(horizon, 2))
+  local again = math.max(halfway, floor - horizon) + spread(idiv(horizon, 2))
+  local last_chance = math.max(deadline - reserve - horizon, now + 1)
+  return 'again', math.min(again, last_chance)
+end
