@@ -506,6 +506,8 @@ impl PacingState {
 }
 
 #[cfg(test)]
+mod lua_tests;
+#[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
 mod tests;
