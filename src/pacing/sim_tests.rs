@@ -50,9 +50,18 @@ impl Shape {
     }
 }
 
-/// Runs the loop for `secs` and returns the wake rate (per second, whole
-/// slots) at the end of every second.
-fn run(shape: Shape, secs: i64) -> Vec<i64> {
+/// What one run shows, per second.
+#[derive(Debug, Default)]
+struct Run {
+    /// The wake rate at the end of each second, whole slots per second.
+    rates: Vec<i64>,
+    /// Attempts offered to the upstream in each second, in thousandths of
+    /// the capacity in force then.
+    load_permille: Vec<i64>,
+}
+
+/// Runs the loop for `secs`.
+fn run(shape: Shape, secs: i64) -> Run {
     let p = PacingPolicy::default();
     let mut st = PacingState::new(T0, &p);
     let mut cursor = 0;
@@ -61,7 +70,8 @@ fn run(shape: Shape, secs: i64) -> Vec<i64> {
     let mut slots: VecDeque<i64> = VecDeque::new();
     let mut tokens = 0i64;
     let mut seed = 7u64;
-    let mut rates = Vec::new();
+    let mut out = Run::default();
+    let mut offered_this_sec = 0;
     for tick in 0..secs * TICKS_PER_SEC {
         let now = T0 + tick * TICK_MS;
         let sec = tick / TICKS_PER_SEC;
@@ -97,6 +107,7 @@ fn run(shape: Shape, secs: i64) -> Vec<i64> {
         }
         let first = shape.lam / TICKS_PER_SEC;
         let offered = first + retries;
+        offered_this_sec += offered;
         let served = offered.min(tokens.max(0));
         tokens -= served;
         let rejected = offered - served;
@@ -125,16 +136,20 @@ fn run(shape: Shape, secs: i64) -> Vec<i64> {
         }
         if (tick + 1) % TICKS_PER_SEC == 0 {
             st.advance(now + TICK_MS, &p);
-            rates.push(st.wake_rate_m() / MILLI);
+            out.rates.push(st.wake_rate_m() / MILLI);
+            out.load_permille.push(offered_this_sec * 1000 / cap.max(1));
+            offered_this_sec = 0;
         }
     }
-    rates
+    out
 }
 
 /// The rate, from 5 s after recovery while the backlog lasts, within 20 %
-/// of the true spare capacity.
+/// of the true spare capacity; the load offered in any second after
+/// recovery at most 1.1 × the capacity in force.
 fn assert_converges(shape: Shape) {
-    let rates = run(shape, shape.outage_at + shape.outage_len + 15);
+    let run = run(shape, shape.outage_at + shape.outage_len + 15);
+    let rates = &run.rates;
     let spare = shape.true_spare();
     let from = (shape.outage_at + shape.outage_len + 5) as usize;
     for (s, &rate) in rates.iter().enumerate().skip(from) {
@@ -143,6 +158,19 @@ fn assert_converges(shape: Shape) {
             "{shape:?}: at {s} s the rate is {rate}/s, the spare {spare}/s; all: {rates:?}"
         );
     }
+    // After recovery the fleet offers at most a little over the capacity in
+    // force (the probe that finds the edge, an eighth of the spare).
+    let recovered = (shape.outage_at + shape.outage_len) as usize;
+    let peak = run.load_permille[recovered..]
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        peak <= 1100,
+        "{shape:?}: {peak}‰ of capacity offered in one second; {:?}",
+        run.load_permille
+    );
 }
 
 const STORM: Shape = Shape {
