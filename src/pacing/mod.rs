@@ -286,7 +286,7 @@ impl PacingState {
         let hints = obs.hint_until_ms.len() as i64;
         let mut closing = 0;
         for &until in obs.hint_until_ms {
-            if until - now > 2 * WINDOW_MS {
+            if until.saturating_sub(now) > 2 * WINDOW_MS {
                 closing += 1;
                 self.closed_until = self.closed_until.max(until);
             }
@@ -307,7 +307,7 @@ impl PacingState {
     /// Follows the latest hint end; counts jumps that can only be a limiter
     /// re-arming its window on an attempt made during it.
     fn track_hint(&mut self, now: i64, until: i64) {
-        if until > self.hint_until + HINT_GRANULARITY_MS {
+        if until > self.hint_until.saturating_add(HINT_GRANULARITY_MS) {
             if now < self.hint_until {
                 self.streak += 1;
             } else {

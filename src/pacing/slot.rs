@@ -10,7 +10,11 @@
 //! coordinator calls, not one per horizon.
 
 use super::{MILLI, Mode, PacingPolicy, PacingState, WINDOW_MS};
-use crate::slots::JITTER_SCALE;
+use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
+
+/// More waiting intents than a route can hold say nothing more about the
+/// wait; the bound also keeps the estimate's arithmetic far from overflow.
+const MAX_WAITING: i64 = MAX_PENDING_PER_ROUTE as i64;
 
 /// One waiting intent asking when to go.
 #[derive(Debug, Clone, Copy)]
@@ -67,11 +71,13 @@ impl PacingState {
             return self.decide_penalty(ask, floor, spread(WINDOW_MS));
         }
         let interval_us = (1_000 * MILLI * MILLI + self.rate_m - 1) / self.rate_m.max(1);
-        let start_us = ask.cursor_us.max(floor * 1000);
-        let slot = (start_us + spread(interval_us)).div_euclid(1000);
+        let start_us = ask.cursor_us.max(floor.saturating_mul(1000));
+        let slot = start_us
+            .saturating_add(spread(interval_us))
+            .div_euclid(1000);
         let horizon = policy.horizon_ms.max(1);
         if slot <= now + horizon {
-            if slot + ask.reserve_ms > ask.deadline_ms {
+            if slot.saturating_add(ask.reserve_ms) > ask.deadline_ms {
                 return SlotDecision::Infeasible { at_ms: slot };
             }
             self.w_granted += 1;
@@ -81,14 +87,24 @@ impl PacingState {
             };
         }
         // Not even the floor fits: no rate could help.
-        if floor + ask.reserve_ms > ask.deadline_ms {
+        if floor.saturating_add(ask.reserve_ms) > ask.deadline_ms {
             return SlotDecision::Infeasible { at_ms: floor };
         }
-        let estimate = (slot * 1000 + ask.waiting.max(0) * interval_us).div_euclid(1000);
-        let halfway = now + ((estimate - now - horizon) / 2).max(horizon / 2);
+        let queued_us = ask
+            .waiting
+            .clamp(0, MAX_WAITING)
+            .saturating_mul(interval_us);
+        let estimate = slot
+            .saturating_mul(1000)
+            .saturating_add(queued_us)
+            .div_euclid(1000);
+        let halfway = now + (estimate.saturating_sub(now + horizon) / 2).max(horizon / 2);
         let again = halfway.max(floor - horizon) + spread(horizon / 2);
         // Ask again while a slot can still fit.
-        let last_chance = (ask.deadline_ms - ask.reserve_ms - horizon).max(now + 1);
+        let last_chance = ask
+            .deadline_ms
+            .saturating_sub(ask.reserve_ms.saturating_add(horizon))
+            .max(now + 1);
         SlotDecision::AskAgain {
             at_ms: again.min(last_chance),
         }
@@ -100,7 +116,7 @@ impl PacingState {
     fn decide_penalty(&mut self, ask: &WakeAsk, floor: i64, spread: i64) -> SlotDecision {
         let now = ask.now_ms;
         let opens = floor.max(self.penalty_until);
-        if opens + ask.reserve_ms > ask.deadline_ms {
+        if opens.saturating_add(ask.reserve_ms) > ask.deadline_ms {
             return SlotDecision::Infeasible { at_ms: opens };
         }
         if now < opens {
@@ -113,7 +129,7 @@ impl PacingState {
             self.w_granted += 1;
             return SlotDecision::Slot {
                 at_ms: now,
-                cursor_us: ask.cursor_us.max(now * 1000),
+                cursor_us: ask.cursor_us.max(now.saturating_mul(1000)),
             };
         }
         SlotDecision::AskAgain {

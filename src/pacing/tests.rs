@@ -377,3 +377,35 @@ fn the_state_round_trips_through_hash_fields() {
     let back = PacingState::from_fields(st.to_fields());
     assert_eq!(back, st);
 }
+
+#[test]
+fn extreme_inputs_from_a_peer_do_not_panic() {
+    let p = policy();
+    let mut st = learned();
+    let now = T0 + 20_000;
+    for hint in [i64::MIN, -1, i64::MAX] {
+        report(
+            &mut st,
+            &p,
+            now,
+            (u32::MAX, u32::MAX, u32::MAX),
+            &[hint],
+            i64::MAX,
+        );
+        report(&mut st, &p, now, (0, 0, 1), &[hint, hint], 0);
+    }
+    for (floor, deadline, reserve, waiting) in [
+        (i64::MAX, i64::MIN, i64::MAX, i64::MAX),
+        (i64::MIN, i64::MAX, 0, -5),
+        (now, i64::MAX, i64::MAX, i64::MAX),
+    ] {
+        let ask = WakeAsk {
+            floor_ms: floor,
+            deadline_ms: deadline,
+            reserve_ms: reserve,
+            waiting,
+            ..ask(now, i64::MAX)
+        };
+        let _ = st.decide(&ask, &p);
+    }
+}

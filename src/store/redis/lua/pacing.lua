@@ -225,7 +225,7 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
     return 'slot', slot, start + interval
   end
   if floor + reserve > deadline then return 'infeasible', floor end
-  local estimate = idiv(slot * 1000 + math.max(waiting, 0) * interval, 1000)
+  local estimate = idiv(slot * 1000 + math.min(math.max(waiting, 0), MAX_PENDING) * interval, 1000)
   local gap = estimate - now - horizon
   -- Rust truncates toward zero; a negative gap is replaced below either way.
   local half = gap >= 0 and idiv(gap, 2) or -idiv(-gap, 2)
