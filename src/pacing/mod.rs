@@ -12,14 +12,15 @@
 //!   a capacity that came back smaller is learned at once);
 //! - **first-attempt rate** is a moving average of reported first attempts;
 //! - **spare capacity** is the difference, what retries may use;
-//! - the **wake rate** starts at the spare and is probed upward only in
-//!   windows where it was actually used and nothing was rejected: doubling
-//!   (bounded by a quarter above the capacity seen) until the first
-//!   rejection, then halfway back to the rate that last drew rejections, then
-//!   in steps of a sixteenth of capacity (so one probe overshoots the upstream
-//!   by at most ~6 %). A window with rejections cuts it, once, to the spare it
-//!   measured but never below half — multiplicative back-off that trusts a
-//!   saturated sample no further than a halving.
+//! - the **wake rate** follows the spare while nobody waits, and is probed
+//!   upward only in windows where it was actually used and nothing was
+//!   rejected: doubling (keeping the fleet's total within a quarter above the
+//!   most the upstream has served) until the first rejection, then halfway
+//!   back toward the rate that drew it, then an eighth at a time (so a probe
+//!   that finds the edge oversteps the spare by an eighth at most). A window
+//!   with rejections cuts it, once, to the spare it measured but never below
+//!   half — multiplicative back-off that trusts a saturated sample no
+//!   further than a halving.
 //!
 //! Rejections that arrive while a hint cooldown is in force, or whose hint
 //! closes the route for longer than two windows (an outage, not an
