@@ -28,8 +28,10 @@
 //! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with tables, JSON and documented exit codes.
-//! - [`telemetry`], [`metrics`]: OTLP traces and metrics, W3C trace context
-//!   from the caller, the Prometheus `/metrics` endpoint (docs/telemetry.md).
+//! - [`telemetry`]: OTLP traces and metrics (the coordinator's instruments in
+//!   [`telemetry::metrics`], the standard RPC server metrics, freeze gauges),
+//!   W3C trace context from the caller, the Prometheus `/metrics` endpoint
+//!   (docs/telemetry.md).
 //! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark;
 //!   `bench rpc` (coordinator RPC throughput against the same server's health
 //!   check) and `bench memory` (resident bytes per scope in the in-memory store).
@@ -51,7 +53,6 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod evidence;
-pub mod metrics;
 pub mod ops;
 pub mod policy;
 pub mod scope;
@@ -62,5 +63,7 @@ pub mod simulate;
 pub mod slots;
 pub mod store;
 pub mod telemetry;
+// The instruments moved under `telemetry`; the old path stays for callers.
+pub use telemetry::metrics;
 #[doc(hidden)]
 pub mod testing;
