@@ -202,14 +202,18 @@ fn start_coordinator(dir: &Path, grpc: SocketAddr, metrics: SocketAddr) -> Proce
 
 /// The shipped `prometheus.yaml` with this run's targets, a 1 s scrape and
 /// evaluation interval and the alert rules at their path in the repository.
-fn start_prometheus(dir: &Path, web: SocketAddr, coordinator: SocketAddr, worker: SocketAddr) -> Process {
+fn start_prometheus(
+    dir: &Path,
+    web: SocketAddr,
+    coordinator: SocketAddr,
+    worker: SocketAddr,
+) -> Process {
     let mut config = yaml("prometheus.yaml");
     config["global"]["scrape_interval"] = Value::from("1s");
     config["global"]["evaluation_interval"] = Value::from("1s");
     let alerts = deploy().join("alerts.yaml");
-    config["rule_files"] = Value::Sequence(vec![Value::from(
-        alerts.to_str().expect("a UTF-8 path"),
-    )]);
+    config["rule_files"] =
+        Value::Sequence(vec![Value::from(alerts.to_str().expect("a UTF-8 path"))]);
     for job in config["scrape_configs"]
         .as_sequence_mut()
         .expect("scrape configs")
@@ -219,14 +223,18 @@ fn start_prometheus(dir: &Path, web: SocketAddr, coordinator: SocketAddr, worker
             Some("otel-collector") => worker,
             other => panic!("unexpected job {other:?}"),
         };
-        job["static_configs"][0]["targets"] = Value::Sequence(vec![Value::from(target.to_string())]);
+        job["static_configs"][0]["targets"] =
+            Value::Sequence(vec![Value::from(target.to_string())]);
     }
     let path = dir.join("prometheus.yaml");
     std::fs::write(&path, serde_norway::to_string(&config).expect("yaml")).expect("config");
     let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
     let child = Command::new("prometheus")
         .arg(format!("--config.file={}", path.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
         .arg(format!("--web.listen-address={web}"))
         .arg("--log.level=warn")
         .stdout(Stdio::null())
@@ -263,16 +271,18 @@ async fn api(web: SocketAddr, path: &str) -> Option<serde_json::Value> {
 async fn series(web: SocketAddr, expr: &str) -> (usize, serde_json::Value) {
     let path = format!("/api/v1/query?query={}", percent_encode(expr));
     let answer = api(web, &path).await.unwrap_or_default();
-    let count = answer["data"]["result"]
-        .as_array()
-        .map_or(0, Vec::len);
+    let count = answer["data"]["result"].as_array().map_or(0, Vec::len);
     (count, answer)
 }
 
 async fn connect(addr: SocketAddr) -> Channel {
     let url = format!("http://{addr}");
     for _ in 0..200 {
-        if let Ok(channel) = Channel::from_shared(url.clone()).expect("uri").connect().await {
+        if let Ok(channel) = Channel::from_shared(url.clone())
+            .expect("uri")
+            .connect()
+            .await
+        {
             return channel;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

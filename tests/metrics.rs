@@ -227,7 +227,7 @@ async fn rpc_calls_are_recorded_with_their_status(coordinator: &Coordinator, met
     let mut grpc = tonic::client::Grpc::new(coordinator.channel().await);
     grpc.ready().await.expect("ready");
     let status = grpc
-        .unary::<_, LeaseRequest, LeaseRequest>(
+        .unary::<LeaseRequest, LeaseRequest, _>(
             tonic::Request::new(LeaseRequest::default()),
             http::uri::PathAndQuery::from_static("/tollgate.v1.Budget/NoSuchMethod"),
             tonic_prost::ProstCodec::default(),

@@ -265,7 +265,8 @@ where
     F: Future<Output = Result<http::Response<ResBody>, E>>,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Output = Result<http::Response<RecordBody<ResBody>>, Box<dyn std::error::Error + Send + Sync>>;
+    type Output =
+        Result<http::Response<RecordBody<ResBody>>, Box<dyn std::error::Error + Send + Sync>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
