@@ -336,3 +336,59 @@ impl<B: Body> Body for RecordBody<B> {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_is_read_from_headers_and_garbage_is_unknown() {
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(grpc_status(&headers), None);
+        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+        assert_eq!(grpc_status(&headers), Some(3));
+        headers.insert("grpc-status", http::HeaderValue::from_static("three"));
+        assert_eq!(grpc_status(&headers), Some(UNKNOWN));
+    }
+
+    #[test]
+    fn errors_below_the_layer_map_as_tonic_maps_them() {
+        let shed: Box<dyn std::error::Error + Send + Sync> =
+            Box::new(tower::load_shed::error::Overloaded::new());
+        assert_eq!(error_status(&*shed), RESOURCE_EXHAUSTED);
+        let status: Box<dyn std::error::Error + Send + Sync> =
+            Box::new(tonic::Status::unavailable("store down"));
+        assert_eq!(error_status(&*status), 14);
+        let other: Box<dyn std::error::Error + Send + Sync> = "broken".into();
+        assert_eq!(error_status(&*other), UNKNOWN);
+    }
+
+    #[test]
+    fn only_served_methods_become_labels() {
+        let layer = RpcMetricsLayer::new(
+            &opentelemetry::global::meter("test"),
+            &[
+                tollgate_proto::v1::FILE_DESCRIPTOR_SET,
+                b"not a descriptor set",
+            ],
+        );
+        let known = |path: &str| {
+            let recorder = Recorder::start(Arc::clone(&layer.shared), path);
+            (
+                recorder.service.value.to_string(),
+                recorder.method.value.to_string(),
+            )
+        };
+        assert_eq!(
+            known("/tollgate.v1.Budget/Lease"),
+            ("tollgate.v1.Budget".into(), "Lease".into())
+        );
+        assert_eq!(
+            known("/tollgate.v1.Admin/FreezeScope"),
+            ("tollgate.v1.Admin".into(), "FreezeScope".into())
+        );
+        for path in ["/tollgate.v1.Budget/Invented", "/x/y/z", "", "/"] {
+            assert_eq!(known(path), (OTHER.into(), OTHER.into()), "{path}");
+        }
+    }
+}
