@@ -22,7 +22,7 @@ use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
-use tollgate_proto::v1::{LeaseRequest, Priority, RetryClass};
+use tollgate_proto::v1::{self, LeaseRequest, Priority, RetryClass};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -107,6 +107,7 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
     assert!(after["tollgate_tokens_outstanding"] >= 5.0, "{after:?}");
 
     rpc_calls_are_recorded_with_their_status(&coordinator, metrics_addr).await;
+    a_freeze_is_shown_until_it_is_lifted(&coordinator, metrics_addr).await;
 
     // A worker's storm: hints, a slot, retries per intent, retry delay.
     // This test is about metrics, not timeouts: a generous RPC bound keeps
@@ -265,4 +266,40 @@ fn every_metric_has_help_text(body: &str) {
             assert!(!help.trim().is_empty(), "{name} has no help text");
         }
     }
+}
+
+/// The freeze gauges name a frozen scope, with its expiry when it has one,
+/// and drop it when the freeze is lifted.
+async fn a_freeze_is_shown_until_it_is_lifted(coordinator: &Coordinator, metrics: SocketAddr) {
+    let frozen = |body: &str, name: &str| {
+        body.lines().any(|l| {
+            l.starts_with(&format!("{name}{{"))
+                && l.contains("tollgate_caller_scope=\"tenant-f\"")
+                && l.contains("tollgate_route=\"GET /frozen\"")
+        })
+    };
+    let mut admin = coordinator.admin().await;
+    admin
+        .freeze_scope(v1::FreezeScopeRequest {
+            caller_scope: "tenant-f".into(),
+            route: "GET /frozen".into(),
+            reason: "incident".into(),
+            duration_ms: 600_000,
+        })
+        .await
+        .expect("freeze");
+    let body = scrape(metrics).await;
+    assert!(frozen(&body, "tollgate_freeze_since_seconds"), "{body}");
+    assert!(frozen(&body, "tollgate_freeze_expires_seconds"), "{body}");
+    admin
+        .unfreeze_scope(v1::UnfreezeScopeRequest {
+            caller_scope: "tenant-f".into(),
+            route: "GET /frozen".into(),
+            reason: "over".into(),
+        })
+        .await
+        .expect("unfreeze");
+    let body = scrape(metrics).await;
+    assert!(!frozen(&body, "tollgate_freeze_since_seconds"), "{body}");
+    assert!(!frozen(&body, "tollgate_freeze_expires_seconds"), "{body}");
 }
