@@ -31,8 +31,10 @@
 //! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with tables, JSON and documented exit codes.
-//! - [`telemetry`], [`metrics`]: OTLP traces and metrics, W3C trace context
-//!   from the caller, the Prometheus `/metrics` endpoint (docs/telemetry.md).
+//! - [`telemetry`]: OTLP traces and metrics (the coordinator's instruments in
+//!   [`telemetry::metrics`], the standard RPC server metrics, freeze gauges),
+//!   W3C trace context from the caller, the Prometheus `/metrics` endpoint
+//!   (docs/telemetry.md).
 //! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark;
 //!   `bench rpc` (coordinator RPC throughput against the same server's health
 //!   check) and `bench memory` (resident bytes per scope in the in-memory store).
@@ -54,7 +56,6 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod evidence;
-pub mod metrics;
 pub mod ops;
 pub mod pacing;
 pub mod policy;
@@ -66,5 +67,7 @@ pub mod simulate;
 pub mod slots;
 pub mod store;
 pub mod telemetry;
+// The instruments moved under `telemetry`; the old path stays for callers.
+pub use telemetry::metrics;
 #[doc(hidden)]
 pub mod testing;

@@ -277,6 +277,7 @@ where
             ServiceBuilder::new()
                 // The caller's W3C trace context parents each RPC's span.
                 .layer(crate::telemetry::TraceContextLayer)
+                .layer(crate::telemetry::RpcMetricsLayer::coordinator())
                 .load_shed()
                 .layer(GlobalConcurrencyLimitLayer::new(
                     limits.max_concurrent_requests,

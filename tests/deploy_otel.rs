@@ -1,6 +1,7 @@
-//! deploy/otel cannot run here (no collector, Tempo, Prometheus or Grafana):
-//! its files are parsed and checked against each other and against the
-//! metric names the code exports.
+//! deploy/otel's compose stack cannot run here (no collector, Tempo or
+//! Grafana): its files are parsed and checked against each other. The
+//! dashboard's and the alert rules' queries run on a real Prometheus in
+//! tests/dashboards.rs.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -37,24 +38,6 @@ fn strings(value: &Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
-
-/// Every metric the coordinator and the client export, as Prometheus names
-/// (tests/metrics.rs scrapes these).
-const METRICS: &[&str] = &[
-    "tollgate_leases_total",
-    "tollgate_tokens_granted_total",
-    "tollgate_tokens_returned_total",
-    "tollgate_tokens_outstanding",
-    "tollgate_budget_remaining",
-    "tollgate_budget_lowest",
-    "tollgate_cooldowns_active",
-    "tollgate_hints_total",
-    "tollgate_slots_total",
-    "tollgate_slot_delay_seconds_bucket",
-    "tollgate_client_retries_bucket",
-    "tollgate_client_retry_delay_seconds_bucket",
-    "tollgate_client_fallback",
-];
 
 #[test]
 fn the_collector_pipelines_use_only_defined_components() {
@@ -138,46 +121,29 @@ fn compose_brings_up_the_stack_with_existing_files() {
     yaml("grafana/dashboards.yaml");
 }
 
+/// The dashboard's shape. That its queries name metrics and labels the code
+/// really exports is proven on a real Prometheus by tests/dashboards.rs,
+/// which evaluates every one of them.
 #[test]
-fn the_dashboard_queries_only_exported_metrics() {
+fn the_dashboard_has_metric_panels_and_a_trace_panel() {
     let text = std::fs::read_to_string(dir().join("grafana/tollgate.json")).expect("dashboard");
     let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
     assert_eq!(dashboard["uid"], "tollgate");
     let panels = dashboard["panels"].as_array().expect("panels");
     assert!(panels.len() >= 8);
-    let mut used = BTreeSet::new();
     let mut traces = false;
     for panel in panels {
-        for target in panel["targets"].as_array().expect("targets") {
-            if let Some(expr) = target["expr"].as_str() {
-                for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                    if word.starts_with("tollgate_") && !word.starts_with("tollgate_hint_") {
-                        used.insert(word.to_owned());
-                    }
-                }
-            }
-            if let Some(query) = target["query"].as_str() {
-                traces |= query.contains("tollgate.intent");
-            }
-        }
-    }
-    let labels = [
-        "tollgate_decision",
-        "tollgate_reason",
-        "tollgate_priority",
-        "tollgate_caller_scope",
-        "tollgate_route",
-    ];
-    for name in &used {
-        assert!(
-            METRICS.contains(&name.as_str()) || labels.contains(&name.as_str()),
-            "the dashboard queries {name}, which nothing exports"
-        );
-    }
-    for metric in METRICS {
-        if *metric != "tollgate_tokens_returned_total" && *metric != "tollgate_tokens_granted_total"
-        {
-            assert!(used.contains(*metric), "no panel shows {metric}");
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{} has no query", panel["title"]);
+        for target in targets {
+            let expr = target["expr"].as_str();
+            let query = target["query"].as_str();
+            assert!(
+                expr.is_some() || query.is_some(),
+                "{} has a target without a query",
+                panel["title"]
+            );
+            traces |= query.is_some_and(|q| q.contains("tollgate.intent"));
         }
     }
     assert!(traces, "a panel lists tollgate.intent traces");

@@ -1,6 +1,8 @@
 //! The Prometheus `/metrics` endpoint, scraped over HTTP and parsed: the
-//! coordinator's and the client's metric names, and a lease moving the
-//! lease counter.
+//! coordinator's and the client's metric names, a lease moving the lease
+//! counter, help text on every metric, and the standard RPC server metric
+//! with the status of each call — a success, an error from the handler and
+//! a method that does not exist.
 //!
 //! Its own test binary: the meter provider is process-global.
 
@@ -20,7 +22,7 @@ use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
-use tollgate_proto::v1::{LeaseRequest, Priority, RetryClass};
+use tollgate_proto::v1::{self, LeaseRequest, Priority, RetryClass};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -104,6 +106,9 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
     );
     assert!(after["tollgate_tokens_outstanding"] >= 5.0, "{after:?}");
 
+    rpc_calls_are_recorded_with_their_status(&coordinator, metrics_addr).await;
+    a_freeze_is_shown_until_it_is_lifted(&coordinator, metrics_addr).await;
+
     // A worker's storm: hints, a slot, retries per intent, retry delay.
     // This test is about metrics, not timeouts: a generous RPC bound keeps
     // a loaded machine from degrading the link into the local fallback.
@@ -160,6 +165,8 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
         "{body}"
     );
 
+    every_metric_has_help_text(&body);
+
     // Anything but GET /metrics is a 404.
     let mut stream = TcpStream::connect(metrics_addr).await.expect("connect");
     stream
@@ -175,4 +182,124 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
     let _ = stop.send(());
     server.await.expect("join").expect("metrics server");
     let _ = tokio::task::spawn_blocking(move || drop(telemetry)).await;
+}
+
+/// `rpc_server_duration_milliseconds` series of `method` with `code`: their
+/// count of calls.
+fn rpc_calls(series: &HashMap<String, f64>, service: &str, method: &str, code: &str) -> f64 {
+    series
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("rpc_server_duration_milliseconds_count{")
+                && k.contains("rpc_system=\"grpc\"")
+                && k.contains(&format!("rpc_service=\"{service}\""))
+                && k.contains(&format!("rpc_method=\"{method}\""))
+                && k.contains(&format!("rpc_grpc_status_code=\"{code}\""))
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
+async fn rpc_calls_are_recorded_with_their_status(coordinator: &Coordinator, metrics: SocketAddr) {
+    let (series, _) = parse(&scrape(metrics).await);
+    // The leases above, answered OK.
+    assert!(
+        rpc_calls(&series, "tollgate.v1.Budget", "Lease", "0") >= 2.0,
+        "{series:?}"
+    );
+    let invalid_before = rpc_calls(&series, "tollgate.v1.Budget", "Lease", "3");
+    let other_before = rpc_calls(&series, "_OTHER", "_OTHER", "12");
+
+    // The handler refuses: INVALID_ARGUMENT, in the headers (trailers-only).
+    let mut client = coordinator.client().await;
+    let status = client
+        .lease(LeaseRequest {
+            scope: common::scope("tenant-a", "GET /x", Priority::Normal),
+            worker_id: String::new(),
+            want: 1,
+            retry_class: RetryClass::Transient as i32,
+        })
+        .await
+        .expect_err("no worker id");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+
+    // A path nothing serves: UNIMPLEMENTED from the router, before any
+    // handler, and its peer-chosen name never becomes a label.
+    let mut grpc = tonic::client::Grpc::new(coordinator.channel().await);
+    grpc.ready().await.expect("ready");
+    let status = grpc
+        .unary::<LeaseRequest, LeaseRequest, _>(
+            tonic::Request::new(LeaseRequest::default()),
+            http::uri::PathAndQuery::from_static("/tollgate.v1.Budget/NoSuchMethod"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("no such method");
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+
+    let (series, _) = parse(&scrape(metrics).await);
+    assert_eq!(
+        rpc_calls(&series, "tollgate.v1.Budget", "Lease", "3"),
+        invalid_before + 1.0,
+        "{series:?}"
+    );
+    assert_eq!(
+        rpc_calls(&series, "_OTHER", "_OTHER", "12"),
+        other_before + 1.0,
+        "{series:?}"
+    );
+    assert!(
+        !series.keys().any(|k| k.contains("NoSuchMethod")),
+        "{series:?}"
+    );
+}
+
+/// Every metric family has a `# HELP` line with words in it.
+fn every_metric_has_help_text(body: &str) {
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().expect("a name");
+            let help = body
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("# HELP {name} ")))
+                .unwrap_or("");
+            assert!(!help.trim().is_empty(), "{name} has no help text");
+        }
+    }
+}
+
+/// The freeze gauges name a frozen scope, with its expiry when it has one,
+/// and drop it when the freeze is lifted.
+async fn a_freeze_is_shown_until_it_is_lifted(coordinator: &Coordinator, metrics: SocketAddr) {
+    let frozen = |body: &str, name: &str| {
+        body.lines().any(|l| {
+            l.starts_with(&format!("{name}{{"))
+                && l.contains("tollgate_caller_scope=\"tenant-f\"")
+                && l.contains("tollgate_route=\"GET /frozen\"")
+        })
+    };
+    let mut admin = coordinator.admin().await;
+    admin
+        .freeze_scope(v1::FreezeScopeRequest {
+            caller_scope: "tenant-f".into(),
+            route: "GET /frozen".into(),
+            reason: "incident".into(),
+            duration_ms: 600_000,
+        })
+        .await
+        .expect("freeze");
+    let body = scrape(metrics).await;
+    assert!(frozen(&body, "tollgate_freeze_since_seconds"), "{body}");
+    assert!(frozen(&body, "tollgate_freeze_expires_seconds"), "{body}");
+    admin
+        .unfreeze_scope(v1::UnfreezeScopeRequest {
+            caller_scope: "tenant-f".into(),
+            route: "GET /frozen".into(),
+            reason: "over".into(),
+        })
+        .await
+        .expect("unfreeze");
+    let body = scrape(metrics).await;
+    assert!(!frozen(&body, "tollgate_freeze_since_seconds"), "{body}");
+    assert!(!frozen(&body, "tollgate_freeze_expires_seconds"), "{body}");
 }

@@ -344,6 +344,7 @@ impl Control {
                     .await?;
                 st.freezes.insert(key, f);
             }
+            crate::telemetry::freezes::record_freezes(&st.freezes);
             control.policies.replace(st.doc.build()?);
             tracing::info!(
                 rules = st.doc.rules.len(),
@@ -713,6 +714,7 @@ impl Control {
             .set_freeze(route, Some(reason.to_owned()), now)
             .await?;
         st.freezes = freezes;
+        crate::telemetry::freezes::record_freezes(&st.freezes);
         self.hub.publish(StateChange::Freeze {
             route: route.clone(),
             reason: Some(reason.to_owned()),
@@ -743,6 +745,7 @@ impl Control {
         self.save(&st.doc, &freezes, st.file_digest)?;
         self.store.set_freeze(route, None, self.now_ms()).await?;
         st.freezes = freezes;
+        crate::telemetry::freezes::record_freezes(&st.freezes);
         self.hub.publish(StateChange::Freeze {
             route: route.clone(),
             reason: None,

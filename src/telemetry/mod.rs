@@ -20,13 +20,19 @@
 //!   flush-on-drop guard) and [`init`], which `tollgate serve` calls.
 //! - [`propagation`]: the tower layer that makes each RPC's span a child of
 //!   the caller's W3C trace context, and the scope attributes.
+//! - [`rpc`]: the tower layer that records the standard
+//!   `rpc.server.duration` for every call, whatever its status.
+//! - [`metrics`]: the coordinator's own instruments (leases, tokens,
+//!   budgets, hints, slots), and [`freezes`]: the freeze gauges.
 //! - [`metrics_http`]: the Prometheus `/metrics` HTTP endpoint (hyper).
-//! - [`crate::metrics`]: the coordinator's instruments.
 //!
 //! The span and attribute table is in `docs/telemetry.md`.
 
+pub mod freezes;
+pub mod metrics;
 pub mod metrics_http;
 pub mod propagation;
+pub mod rpc;
 
 use std::io::IsTerminal;
 
@@ -43,6 +49,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 pub use self::propagation::{TraceContextLayer, record_scope};
+pub use self::rpc::RpcMetricsLayer;
 
 /// The service name used when `OTEL_SERVICE_NAME` is not set.
 pub const DEFAULT_SERVICE_NAME: &str = "tollgate-coordinator";

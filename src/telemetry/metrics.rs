@@ -11,7 +11,9 @@
 //!
 //! Gauges the service cannot read from one request (tokens outstanding,
 //! balances, active cooldowns) come from small bounded books kept here and
-//! read at collection time; the store is not scanned.
+//! read at collection time; the store is not scanned. Freezes are the
+//! exception to the bounded-label rule: they are operator actions, few by
+//! nature, and an alert needs to name the scope (see [`super::freezes`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -155,6 +157,7 @@ impl CoordinatorMetrics {
                 })
                 .build();
         }
+        super::freezes::register(meter);
         CoordinatorMetrics {
             leases: meter
                 .u64_counter("tollgate.leases")
@@ -162,6 +165,7 @@ impl CoordinatorMetrics {
                 .build(),
             tokens_granted: meter
                 .u64_counter("tollgate.tokens.granted")
+                .with_description("Retry tokens leased out, per priority")
                 .with_unit("{token}")
                 .build(),
             tokens_returned: meter
