@@ -36,7 +36,7 @@ use tollgate_client::clock::{Clock, to_unix_ms};
 use crate::config::{ConfigError, MAX_RULES, PolicyDoc, RuleSpec};
 use crate::policy::{Policy, PolicySpec, SharedPolicies};
 use crate::scope::RouteKey;
-use crate::service::watch::{EventHub, PolicySnapshot, StateChange};
+use crate::events::{EventHub, PolicySnapshot, StateChange};
 use crate::store::{Store, StoreError};
 
 use self::audit::{AuditLog, AuditRecord};
@@ -786,7 +786,18 @@ impl Control {
         reason: &str,
     ) -> Result<bool, AdminError> {
         let _order = self.state.lock().await;
-        let existed = self.store.reset_scope(route, self.now_ms()).await?;
+        let now = self.now_ms();
+        let existed = self.store.reset_scope(route, now).await?;
+        if existed {
+            // Watchers merge cooldowns by `max`, so they must be told the
+            // route's own cooldown is gone; what remains is the caller
+            // scope's, which a route reset leaves alone.
+            let left = self.store.view(route, now).await?;
+            self.hub.publish(StateChange::Reset {
+                route: route.clone(),
+                cooldown_until_ms: left.cooldown_until_ms,
+            });
+        }
         let version = self.policies.current().resolve(route).policy_version;
         self.record(
             who,

@@ -265,11 +265,10 @@ async fn run_async(args: &RpcArgs) -> anyhow::Result<RpcReport> {
                 .context("binding 127.0.0.1:0")?;
             let addr = listener.local_addr()?;
             let shutdown = stop.clone().cancelled_owned();
-            let task = tokio::spawn(crate::server::run(
+            let task = tokio::spawn(crate::server::run_tcp(
                 listener,
                 shutdown,
-                Config::default(),
-                Arc::new(SystemClock),
+                crate::server::Setup::default(),
             ));
             (addr, Some(task))
         }
