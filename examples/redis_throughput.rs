@@ -18,7 +18,6 @@ use tollgate::config::Config;
 use tollgate::server;
 use tollgate::store::{MemoryStore, RedisOptions, RedisStore, RedisTarget, Store};
 use tollgate::testing::RedisServer;
-use tollgate_client::clock::SystemClock;
 use tollgate_proto::v1::{self, budget_client::BudgetClient};
 use tonic::transport::Channel;
 

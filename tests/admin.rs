@@ -410,16 +410,6 @@ async fn a_reset_ends_a_watching_workers_cooldown() {
     let mut admin = coordinator.admin().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
     let (mut events, _) = common::watch(&mut worker, &s, "w").await;
-    let next = |events: &mut tonic::Streaming<v1::ScopeEvent>| {
-        let message = events.message();
-        async move {
-            tokio::time::timeout(Duration::from_secs(5), message)
-                .await
-                .expect("within the watch latency")
-                .expect("ok")
-                .expect("event")
-        }
-    };
     for (hint, certainty) in [
         ("10", ScopeCertainty::Uncertain),
         ("30", ScopeCertainty::Known),
@@ -450,4 +440,12 @@ async fn a_reset_ends_a_watching_workers_cooldown() {
     assert_eq!(caller_wide.kind(), ScopeEventKind::CooldownStarted);
     assert_eq!(caller_wide.cooldown_until_unix_ms, T0 + 10_000);
     coordinator.stop().await;
+}
+
+async fn next(events: &mut tonic::Streaming<v1::ScopeEvent>) -> v1::ScopeEvent {
+    tokio::time::timeout(Duration::from_secs(5), events.message())
+        .await
+        .expect("within the watch latency")
+        .expect("ok")
+        .expect("event")
 }

@@ -34,9 +34,9 @@ use std::sync::Arc;
 use tollgate_client::clock::{Clock, to_unix_ms};
 
 use crate::config::{ConfigError, MAX_RULES, PolicyDoc, RuleSpec};
+use crate::events::{EventHub, PolicySnapshot, StateChange};
 use crate::policy::{Policy, PolicySpec, SharedPolicies};
 use crate::scope::RouteKey;
-use crate::events::{EventHub, PolicySnapshot, StateChange};
 use crate::store::{Store, StoreError};
 
 use self::audit::{AuditLog, AuditRecord};

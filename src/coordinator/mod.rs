@@ -265,8 +265,6 @@ impl Coordinator {
     /// (Admin `GetScope`); `None` when the store holds nothing for it.
     pub async fn scope_detail(&self, route: &RouteKey) -> Result<Option<ScopeDetail>, StoreError> {
         let policy = self.policies.current().resolve(route);
-        self.store
-            .scope_detail(route, &policy, self.now_ms())
-            .await
+        self.store.scope_detail(route, &policy, self.now_ms()).await
     }
 }

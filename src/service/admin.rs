@@ -15,8 +15,8 @@ use crate::admin::persist::FreezeRecord;
 use crate::admin::{Change, ChangeKind, Control, SetRule};
 use crate::auth::Authenticator;
 use crate::config::{PolicyDoc, RuleSpec};
-use crate::hints::HintRecord;
 use crate::coordinator::Coordinator;
+use crate::hints::HintRecord;
 use crate::policy::{Pattern, PolicySpec, Shares};
 use crate::scope::{Priority, RouteKey};
 use crate::store::ScopeFilter;
@@ -395,7 +395,11 @@ impl Admin for AdminService {
         request: Request<v1::DiffPoliciesRequest>,
     ) -> std::result::Result<Response<v1::PolicyChanges>, Status> {
         self.admin(&request)?;
-        let changes = self.control().diff_file().await.map_err(ServiceError::from)?;
+        let changes = self
+            .control()
+            .diff_file()
+            .await
+            .map_err(ServiceError::from)?;
         let file = self
             .control()
             .policy_file()
@@ -552,9 +556,8 @@ impl Admin for AdminService {
             )
             .into());
         }
-        let expires = (req.duration_ms > 0).then(|| {
-            self.core.now_ms() + i64::try_from(req.duration_ms).unwrap_or(i64::MAX)
-        });
+        let expires = (req.duration_ms > 0)
+            .then(|| self.core.now_ms() + i64::try_from(req.duration_ms).unwrap_or(i64::MAX));
         let record = self
             .control()
             .freeze(&who, &key, &req.reason, expires)

@@ -238,7 +238,10 @@ impl Budget for BudgetService {
         }
         span.record("tollgate.first_attempts", first_attempts);
         span.record("tollgate.evidence", req.evidence.len());
-        span.record("tollgate.cooldown_until_unix_ms", out.view.cooldown_until_ms);
+        span.record(
+            "tollgate.cooldown_until_unix_ms",
+            out.view.cooldown_until_ms,
+        );
         span.record("tollgate.policy_version", out.policy_version);
         let verdicts = out
             .assessments
@@ -300,7 +303,10 @@ impl Budget for BudgetService {
         if let Some(delay) = slot_delay {
             span.record("tollgate.slot.delay_ms", delay);
         }
-        span.record("tollgate.cooldown_until_unix_ms", out.view.cooldown_until_ms);
+        span.record(
+            "tollgate.cooldown_until_unix_ms",
+            out.view.cooldown_until_ms,
+        );
         span.record("tollgate.policy_version", out.policy_version);
         self.metrics.slot(label, slot_delay);
         Ok(Response::new(ReconsiderResponse {

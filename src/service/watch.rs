@@ -220,10 +220,7 @@ fn events_for(w: &mut Watched, change: &StateChange, now_ms: i64) -> Vec<ScopeEv
             route,
             cooldown_until_ms,
         } => {
-            if *route != w.key.route
-                || w.ended_sent
-                || *cooldown_until_ms >= w.cooldown_until_ms
-            {
+            if *route != w.key.route || w.ended_sent || *cooldown_until_ms >= w.cooldown_until_ms {
                 return Vec::new();
             }
             w.cooldown_until_ms = *cooldown_until_ms;
@@ -336,13 +333,19 @@ mod tests {
         };
         assert_eq!(
             events_for(&mut w, &reset(T0 + 10_000), T0),
-            [ScopeEventKind::CooldownEnded, ScopeEventKind::CooldownStarted]
+            [
+                ScopeEventKind::CooldownEnded,
+                ScopeEventKind::CooldownStarted
+            ]
         );
         assert_eq!(w.cooldown_until_ms, T0 + 10_000);
         assert_eq!(
             events_for(&mut w, &reset(0), T0),
             [ScopeEventKind::CooldownEnded]
         );
-        assert!(events_for(&mut w, &reset(0), T0).is_empty(), "nothing left to end");
+        assert!(
+            events_for(&mut w, &reset(0), T0).is_empty(),
+            "nothing left to end"
+        );
     }
 }

@@ -436,7 +436,10 @@ mod tests {
     use super::*;
 
     async fn make() -> Option<crate::store::contract::Fixture> {
-        Some(crate::store::contract::Fixture::new(MemoryStore::new(8), ()))
+        Some(crate::store::contract::Fixture::new(
+            MemoryStore::new(8),
+            (),
+        ))
     }
 
     crate::store::contract::contract_tests!(make);
@@ -449,7 +452,6 @@ mod tests {
         use crate::store::contract::deposit;
         const T0: i64 = 1_700_000_000_000;
         let s = MemoryStore::new(8);
-        let p = Policy::default();
         let key = |i: usize| ScopeKey::new("c", &format!("r{i}"), Priority::Critical);
         for i in 0..8 {
             deposit(&s, &key(i), 1, T0).await.expect("room");

@@ -4,6 +4,7 @@
 //! eviction) that a single connection cannot do.
 
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -191,7 +192,6 @@ impl RedisStore {
         }
     }
 
-
     /// Whether Redis answers PING now.
     pub(super) async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
@@ -222,7 +222,9 @@ impl RedisStore {
 
     /// A connection to every healthy primary of a cluster (none for a
     /// single server): SCAN sees one node's keys only.
-    pub(super) async fn primary_nodes(&self) -> Result<Vec<redis::aio::MultiplexedConnection>, StoreError> {
+    pub(super) async fn primary_nodes(
+        &self,
+    ) -> Result<Vec<redis::aio::MultiplexedConnection>, StoreError> {
         let Conn::Cluster(conn) = &self.conn else {
             return Ok(Vec::new());
         };

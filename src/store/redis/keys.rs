@@ -32,7 +32,6 @@ impl RedisStore {
             route: unescape(route)?,
         })
     }
-
 }
 
 /// Percent-encodes the characters that delimit a key's parts or its hash
@@ -95,7 +94,5 @@ mod tests {
     fn names_cannot_collide_or_break_the_hash_tag() {
         assert_eq!(escape("a|b"), "a%7Cb");
         assert_eq!(escape("{x}:%"), "%7Bx%7D%3A%25");
-        assert_eq!(
-            RedisTarget::parse("redis+cluster://a:1, b:2").expect("cluster"),
-            RedisTarget::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
+    }
 }

@@ -74,6 +74,7 @@ mod tests {
     use super::*;
     use crate::store::contract::Fixture;
     use crate::testing::RedisServer;
+
     async fn make() -> Option<Fixture> {
         let server = RedisServer::start()?;
         let store = RedisStore::connect(
@@ -115,4 +116,5 @@ mod tests {
         }
 
         crate::store::contract::contract_tests!(one_fixture make);
+    }
 }

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{RedisSetupError, RedisTarget};
-use crate::scope::{EvidenceLevel, RouteKey};
 use crate::events::{EventHub, StateChange};
+use crate::scope::{EvidenceLevel, RouteKey};
 
 /// Changes waiting to be published before newer ones are dropped.
 const OUTBOX: usize = 1024;

@@ -87,12 +87,23 @@ mod tests {
     fn shared_bounds_have_one_definition() {
         let prelude = include_str!("lua/prelude.lua");
         for name in [
-            "W", "MAX_WORKERS", "MAX_LEASES", "MAX_PENDING", "JITTER_SCALE", "RECENT_HINTS",
+            "W",
+            "MAX_WORKERS",
+            "MAX_LEASES",
+            "MAX_PENDING",
+            "JITTER_SCALE",
+            "RECENT_HINTS",
             "MAX_BACKOFF_STEP",
         ] {
             let definition = format!("local {name} =");
-            assert!(!prelude.contains(&definition), "{name} is defined in prelude.lua");
-            assert!(shared_bounds().contains(&definition), "{name} is not injected");
+            assert!(
+                !prelude.contains(&definition),
+                "{name} is defined in prelude.lua"
+            );
+            assert!(
+                shared_bounds().contains(&definition),
+                "{name} is not injected"
+            );
         }
         assert!(shared_bounds().contains("local W = 60\n"));
     }

@@ -18,7 +18,6 @@ use super::connection::{Conn, RedisTarget};
 use super::reply::{Reply, count, hints_at, merges, summary_of, unsigned, view_at};
 use super::scripts::{SCRIPTS, hint_args};
 
-
 /// The Redis [`Store`].
 pub struct RedisStore {
     pub(super) conn: Conn,
@@ -42,7 +41,6 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-
     /// The keys of a route script and the caller floor to pass: on one node
     /// the script reads the caller key itself; on a cluster it is read
     /// first (another slot).
@@ -270,7 +268,6 @@ impl RedisStore {
         Ok(u32::try_from(reply.int(1)?).unwrap_or(0))
     }
 
-
     /// On one node, one script (`report.lua`) on the route and caller keys:
     /// the whole report is atomic. On a cluster the caller key lives in
     /// another slot, so its half (successes and uncertain hints) runs first
@@ -288,8 +285,8 @@ impl RedisStore {
         let clustered = self.clustered();
         // Which hints the route script merges; on a cluster the
         // caller-wide ones go to the caller's own script.
-        let (caller_hints, route_hints): (Vec<usize>, Vec<usize>) = (0..report.hints.len())
-            .partition(|&i| clustered && report.hints[i].caller_wide);
+        let (caller_hints, route_hints): (Vec<usize>, Vec<usize>) =
+            (0..report.hints.len()).partition(|&i| clustered && report.hints[i].caller_wide);
         let mut merged = vec![None; report.hints.len()];
         let (ccd, cfloor) = if !clustered {
             (0, 0)
@@ -373,10 +370,7 @@ impl RedisStore {
             Some("infeasible") => Reconsidered::DeadlineInfeasible(at),
             _ => Reconsidered::Frozen,
         };
-        Ok((
-            decided,
-            view_at(&reply, 3)?,
-        ))
+        Ok((decided, view_at(&reply, 3)?))
     }
 
     async fn view_now(&self, route: &RouteKey) -> Result<ScopeView, StoreError> {
