@@ -91,7 +91,7 @@ macro_rules! contract_tests {
         }
     };
     (@cases $mode:ident $make:path) => {
-        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze);
+        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze, one_report_deposits_and_merges_every_hint_in_order);
 
         /// The cases, each a function of the store under test.
         mod cases {
@@ -557,6 +557,53 @@ macro_rules! contract_tests {
             let leased = s.lease(&key, ask("w", 1, T0), &p).await.expect("lease");
             assert_eq!(leased.grant.granted, 1);
             assert_eq!(leased.view.frozen, None);
+        }
+
+        pub(super) async fn one_report_deposits_and_merges_every_hint_in_order(s: &dyn Store) {
+            let p = Policy::default();
+            let key = scope("c", "r");
+            let hint = |caller_wide: bool, retry_after: &'static str| {
+                let input = EvidenceInput {
+                    http_status: 429,
+                    retry_after: Some(retry_after),
+                    receipt_ms: T0,
+                    ..EvidenceInput::default()
+                };
+                LevelHint {
+                    caller_wide,
+                    assessment: assess(&input, &p, T0),
+                }
+            };
+            // The third hint asks for less than the route already has.
+            let hints = [hint(false, "30"), hint(true, "50"), hint(false, "20")];
+            let batch = ReportBatch {
+                worker_id: "w",
+                first_attempts: 100,
+                successes: 1,
+                hints: &hints,
+                now_ms: T0,
+            };
+            let reported = s.report(&key, batch, &p).await.expect("report");
+            let merges: Vec<(bool, i64)> = reported
+                .merges
+                .iter()
+                .map(|m| (m.raised, m.cooldown_until_ms))
+                .collect();
+            assert_eq!(
+                merges,
+                [(true, T0 + 30_000), (true, T0 + 50_000), (false, T0 + 30_000)]
+            );
+            assert_eq!(reported.view.cooldown_until_ms, T0 + 50_000);
+            let detail = s
+                .scope_detail(&key.route, &p, T0)
+                .await
+                .expect("detail")
+                .expect("the report created the route");
+            assert_eq!(detail.budget.first_attempts, 100);
+            assert_eq!(detail.route_cooldown_until_ms, T0 + 30_000);
+            assert_eq!(detail.caller_cooldown_until_ms, T0 + 50_000);
+            assert_eq!(detail.route_hints.len(), 2);
+            assert_eq!(detail.caller_hints.len(), 1);
         }
 
         pub(super) async fn the_store_is_healthy_when_it_can_serve(s: &dyn Store) {
