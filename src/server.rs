@@ -218,33 +218,19 @@ where
             None => std::future::pending().await,
         }
     };
-    let audit = match &audit_file {
-        Some(path) => AuditLog::open(path).map_err(|source| ServeError::Audit {
-            path: path.clone(),
-            source,
-        })?,
-        None => AuditLog::in_memory(),
-    };
-    let policies = SharedPolicies::new(config.policies.clone());
-    let control = Control::start(
-        config.doc.clone(),
-        file_text.as_deref(),
-        policies.clone(),
-        Arc::clone(&store),
-        hub.clone(),
-        audit,
-        Arc::clone(&clock),
+    let runtime = RuntimeFiles {
         paths,
+        file_text,
+        audit_file,
+    };
+    let core = start_core(
+        &config,
+        Arc::clone(&store),
+        Arc::clone(&clock),
+        hub,
+        runtime,
     )
     .await?;
-    let core = Arc::new(Coordinator::new(CoreParts {
-        store: Arc::clone(&store),
-        policies,
-        hub,
-        clock: Arc::clone(&clock),
-        rng_seed: limits.rng_seed,
-        control,
-    }));
     let auth = Arc::new(config.auth.clone());
     let budget = BudgetService::new(
         Arc::clone(&core),
@@ -309,6 +295,51 @@ where
     }
     info!("stopped");
     Ok(())
+}
+
+/// Where runtime state is kept, as [`Setup`] names it.
+struct RuntimeFiles {
+    paths: Paths,
+    file_text: Option<String>,
+    audit_file: Option<std::path::PathBuf>,
+}
+
+/// The core over `store`: the policies from `config`, the runtime control
+/// restored from the state file, the audit log opened.
+async fn start_core(
+    config: &Config,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    hub: EventHub,
+    files: RuntimeFiles,
+) -> Result<Arc<Coordinator>, ServeError> {
+    let audit = match &files.audit_file {
+        Some(path) => AuditLog::open(path).map_err(|source| ServeError::Audit {
+            path: path.clone(),
+            source,
+        })?,
+        None => AuditLog::in_memory(),
+    };
+    let policies = SharedPolicies::new(config.policies.clone());
+    let control = Control::start(
+        config.doc.clone(),
+        files.file_text.as_deref(),
+        policies.clone(),
+        Arc::clone(&store),
+        hub.clone(),
+        audit,
+        Arc::clone(&clock),
+        files.paths,
+    )
+    .await?;
+    Ok(Arc::new(Coordinator::new(CoreParts {
+        store,
+        policies,
+        hub,
+        clock,
+        rng_seed: config.limits.rng_seed,
+        control,
+    })))
 }
 
 /// Says at start how open the coordinator is, so a missing token file is
