@@ -15,8 +15,8 @@ use tollgate::policy::Policy;
 use tollgate::scope::{RouteKey, ScopeKey};
 use tollgate::slots::SlotAsk;
 use tollgate::store::{
-    LeaseOutcome, MemoryStore, Reconsidered, ReportBatch, Reported, ScopeDetail, ScopeFilter,
-    ScopePage, ScopeView, Store, StoreFuture,
+    LeaseOutcome, MemoryStore, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail,
+    ScopeFilter, ScopePage, Store, StoreFuture,
 };
 use tollgate_proto::v1::{
     self, LeaseLimit, Priority, ReconsiderDecision, ScopeCertainty, ScopeEventKind,
@@ -630,10 +630,10 @@ impl Store for GatedStore {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, ScopeView)> {
+    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
         self.inner.reconsider(route, ask, policy)
     }
-    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, ScopeView> {
+    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView> {
         self.inner.view(route, now_ms)
     }
     fn set_freeze<'a>(

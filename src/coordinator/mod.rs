@@ -32,7 +32,7 @@ use crate::policy::SharedPolicies;
 use crate::scope::{RetryClass, RouteKey, ScopeKey};
 use crate::slots::{JITTER_SCALE, SlotAsk};
 use crate::store::{
-    LeaseOutcome, Reconsidered, ScopeDetail, ScopeFilter, ScopePage, ScopeView, Store, StoreError,
+    LeaseOutcome, Reconsidered, RouteView, ScopeDetail, ScopeFilter, ScopePage, Store, StoreError,
 };
 
 pub use report::{ReportIn, ReportOut, ReportedResponse};
@@ -93,7 +93,7 @@ pub struct Reconsideration {
     /// A slot, a refusal, or frozen.
     pub decided: Reconsidered,
     /// The route's state at the decision.
-    pub view: ScopeView,
+    pub view: RouteView,
     /// The scope's policy version.
     pub policy_version: u64,
     /// The coordinator's clock at the decision.

@@ -5,7 +5,7 @@
 
 use crate::hints::{Assessment, EvidenceInput, assess};
 use crate::scope::{EvidenceLevel, ScopeKey};
-use crate::store::{LevelHint, ReportBatch, ScopeView, StoreError};
+use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
 
 use super::Coordinator;
 use crate::events::StateChange;
@@ -44,7 +44,7 @@ pub struct ReportOut {
     /// held none.
     pub backoff_ms: u64,
     /// The route's state after the report.
-    pub view: ScopeView,
+    pub view: RouteView,
     /// The scope's policy version.
     pub policy_version: u64,
     /// The coordinator's clock at the report.

@@ -20,8 +20,8 @@ use crate::scope::{RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotCursor, SlotOutcome};
 
 use super::{
-    LeaseOutcome, Reconsidered, ReportBatch, Reported, ScopeDetail, ScopeFilter, ScopePage,
-    ScopeSummary, ScopeView, Store, StoreError, StoreFuture,
+    LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
+    ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
 };
 
 /// State of one `(caller_scope, route)`.
@@ -108,8 +108,8 @@ impl MemoryStore {
             .map_or((0, 0), |c| (c.hints.cooldown_until_ms, c.hints.floor_ms()))
     }
 
-    fn view_of(state: &RouteState, caller: (i64, i64)) -> ScopeView {
-        ScopeView {
+    fn view_of(state: &RouteState, caller: (i64, i64)) -> RouteView {
+        RouteView {
             cooldown_until_ms: state.hints.cooldown_until_ms.max(caller.0),
             floor_ms: state.hints.floor_ms().max(caller.1),
             frozen: state.frozen.clone(),
@@ -218,11 +218,11 @@ impl MemoryStore {
     }
 
     /// A route's effective state; an unknown route has its caller scope's.
-    fn view_now(&self, route: &RouteKey) -> ScopeView {
+    fn view_now(&self, route: &RouteKey) -> RouteView {
         let caller = self.caller_floor(&route.caller_scope);
         match self.routes.get(route) {
             Some(state) => Self::view_of(&state, caller),
-            None => ScopeView {
+            None => RouteView {
                 cooldown_until_ms: caller.0,
                 floor_ms: caller.1,
                 frozen: None,
@@ -292,7 +292,7 @@ impl Store for MemoryStore {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, ScopeView)> {
+    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
         let caller = self.caller_floor(&route.caller_scope);
         let result = self
             .with_route(route, ask.now_ms, |state| {
@@ -314,7 +314,7 @@ impl Store for MemoryStore {
         Box::pin(ready(result))
     }
 
-    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, ScopeView> {
+    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {
         Box::pin(ready(Ok(self.view_now(route))))
     }
 

@@ -64,7 +64,7 @@ impl StoreError {
 
 /// A route's effective state: its own and its caller scope's, merged.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScopeView {
+pub struct RouteView {
     /// `max` of the route's and the caller scope's cooldowns; 0 when none.
     pub cooldown_until_ms: i64,
     /// `max` of cooldowns and backoffs: nothing is reconsidered before it.
@@ -81,7 +81,7 @@ pub struct LeaseOutcome {
     /// What was granted and why not more.
     pub grant: Grant,
     /// The route's state at the time of the grant.
-    pub view: ScopeView,
+    pub view: RouteView,
 }
 
 /// What `Reconsider` decided.
@@ -141,7 +141,7 @@ pub struct Reported {
     /// level's cooldown, the cooldown and backoff after it.
     pub merges: Vec<Merge>,
     /// The route's effective state after the whole report.
-    pub view: ScopeView,
+    pub view: RouteView,
 }
 
 /// Which routes [`Store::list_scopes`] returns.
@@ -171,7 +171,7 @@ pub struct ScopeSummary {
     /// The route.
     pub route: RouteKey,
     /// Its effective state (cooldown, floor, freeze).
-    pub view: ScopeView,
+    pub view: RouteView,
     /// Leases granted and neither released nor expired.
     pub leases_outstanding: usize,
     /// Intents holding a slot still ahead.
@@ -248,11 +248,11 @@ pub trait Store: Send + Sync + 'static {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, ScopeView)>;
+    ) -> StoreFuture<'a, (Reconsidered, RouteView)>;
 
     /// The route's effective state; an unknown route has the empty state
     /// (and reading it creates nothing).
-    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, ScopeView>;
+    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView>;
 
     /// Freezes (`Some(reason)`) or unfreezes a route. For the Admin API.
     fn set_freeze<'a>(

@@ -8,7 +8,7 @@ use crate::budget::BudgetError;
 use crate::hints::{HintRecord, Merge};
 use crate::scope::RouteKey;
 use crate::slots::SlotError;
-use crate::store::{ScopeSummary, ScopeView, StoreError};
+use crate::store::{RouteView, ScopeSummary, StoreError};
 
 pub(super) fn unsigned(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
@@ -22,7 +22,7 @@ pub(super) fn count(n: i64) -> usize {
 pub(super) fn summary_of(route: &RouteKey, r: &Reply) -> Result<ScopeSummary, StoreError> {
     Ok(ScopeSummary {
         route: route.clone(),
-        view: ScopeView {
+        view: RouteView {
             cooldown_until_ms: r.int(2)?,
             floor_ms: r.int(3)?,
             frozen: r.text(4),
@@ -58,10 +58,10 @@ pub(super) fn hints_at(r: &Reply, at: usize) -> Result<Vec<HintRecord>, StoreErr
         .collect()
 }
 
-/// The three fields of a `ScopeView` written from field `at` (cooldown,
+/// The three fields of a `RouteView` written from field `at` (cooldown,
 /// floor, freeze), as every route script ends its answer.
-pub(super) fn view_at(r: &Reply, at: usize) -> Result<ScopeView, StoreError> {
-    Ok(ScopeView {
+pub(super) fn view_at(r: &Reply, at: usize) -> Result<RouteView, StoreError> {
+    Ok(RouteView {
         cooldown_until_ms: r.int(at)?,
         floor_ms: r.int(at + 1)?,
         frozen: r.text(at + 2),

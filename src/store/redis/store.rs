@@ -10,8 +10,8 @@ use crate::policy::Policy;
 use crate::scope::{Priority, RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
 use crate::store::{
-    LeaseOutcome, Reconsidered, ReportBatch, Reported, ScopeDetail, ScopeFilter, ScopePage,
-    ScopeSummary, ScopeView, Store, StoreError, StoreFuture,
+    LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
+    ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
 };
 
 use super::connection::{Conn, RedisTarget};
@@ -347,7 +347,7 @@ impl RedisStore {
         route: &RouteKey,
         ask: SlotAsk<'_>,
         policy: &Policy,
-    ) -> Result<(Reconsidered, ScopeView), StoreError> {
+    ) -> Result<(Reconsidered, RouteView), StoreError> {
         let (keys, ccd, cfloor) = self.route_keys(route).await?;
         let mut inv = SCRIPTS.reconsider.prepare_invoke();
         for k in &keys {
@@ -373,7 +373,7 @@ impl RedisStore {
         Ok((decided, view_at(&reply, 3)?))
     }
 
-    async fn view_now(&self, route: &RouteKey) -> Result<ScopeView, StoreError> {
+    async fn view_now(&self, route: &RouteKey) -> Result<RouteView, StoreError> {
         let (keys, ccd, cfloor) = self.route_keys(route).await?;
         let mut inv = SCRIPTS.view.prepare_invoke();
         for k in &keys {
@@ -445,11 +445,11 @@ impl Store for RedisStore {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, ScopeView)> {
+    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
         Box::pin(self.reconsider_now(route, ask, policy))
     }
 
-    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, ScopeView> {
+    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {
         Box::pin(self.view_now(route))
     }
 
