@@ -1,5 +1,5 @@
 -- Shared by every Tollgate script: the state codec and the budget, hint and
--- slot math. This is a port of src/budget.rs, src/evidence.rs and
+-- slot math. This is a port of src/budget.rs, src/hints.rs and
 -- src/slots.rs, line for line where possible: the Rust modules are the
 -- reference and the store contract suite (run against both stores) is what
 -- proves the two agree. Change one, change the other.
