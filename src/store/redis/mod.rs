@@ -9,6 +9,9 @@
 //! `HintState`, [`crate::slots`] — because a script cannot call Rust. The two
 //! are necessarily parallel; the store contract suite (`contract_tests!`),
 //! run against this store and the in-memory one, is the proof they agree.
+//! The bounds both use (window, worker, lease and waiting limits, the hint
+//! ring, the backoff cap) are written into the scripts from the Rust
+//! constants, so those cannot drift.
 //!
 //! # Keys
 //! - `PREFIX:{CALLER|ROUTE}:r` — one MessagePack blob per route: the budget
@@ -26,7 +29,9 @@
 //! cluster the caller key is in another slot, so it is read by a small
 //! script just before — the same window the memory store has between its
 //! two maps (a caller-wide cooldown merged concurrently may miss that one
-//! answer; the next call and Watch see it).
+//! answer; the next call and Watch see it). For the same reason a report's
+//! caller-scope half (its successes and uncertain hints) runs in its own
+//! script on the caller key just before the route's half.
 //!
 //! # Time
 //! Scripts never read `TIME`: `now_ms` comes from the coordinator's
