@@ -18,7 +18,6 @@ use tollgate::config::Config;
 use tollgate::server;
 use tollgate::store::{MemoryStore, RedisOptions, RedisStore, RedisTarget, Store};
 use tollgate::testing::RedisServer;
-use tollgate_client::clock::SystemClock;
 use tollgate_proto::v1::{self, budget_client::BudgetClient};
 use tonic::transport::Channel;
 
@@ -46,14 +45,12 @@ async fn load(store: Arc<dyn Store>) -> anyhow::Result<Result> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let serving = tokio::spawn(server::run_with_store(
+    let serving = tokio::spawn(server::run_tcp(
         listener,
         async {
             let _ = stopped.await;
         },
-        config,
-        Arc::new(SystemClock),
-        store,
+        server::Setup::new(config).store(store),
     ));
     let mut channels = Vec::new();
     for _ in 0..CHANNELS {

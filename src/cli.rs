@@ -106,7 +106,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => (Config::default(), None),
     };
-    let kept = server::Runtime {
+    let kept = server::Setup {
         paths: crate::admin::Paths {
             policy_file: args.config.clone(),
             state_file: args
@@ -123,7 +123,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.reload_interval
                 .max(std::time::Duration::from_millis(50)),
         ),
-        relay: None,
+        ..server::Setup::new(config)
     };
     if kept.paths.state_file.is_none() {
         tracing::warn!(
@@ -148,14 +148,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let (store, clock, calibrating): (Arc<dyn Store>, Arc<dyn Clock>, _) = if args.store
             == "memory"
         {
-            let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
+            let store = Arc::new(MemoryStore::new(kept.config.limits.max_scopes));
             (store, Arc::new(SystemClock), None)
         } else {
             // Never echo the URL: it may carry a password.
             let target = RedisTarget::parse(&args.store).context("--store")?;
             let options = RedisOptions {
                 prefix: args.redis_prefix.clone(),
-                idle_ttl: config.limits.scope_idle_ttl,
+                idle_ttl: kept.config.limits.scope_idle_ttl,
                 ..RedisOptions::default()
             };
             let store = RedisStore::connect(target.clone(), options)
@@ -183,7 +183,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 None => std::future::pending().await,
             }
         };
-        let serving = server::run_with(listener, signal::shutdown(), config, clock, store, kept);
+        let serving = server::run_tcp(listener, signal::shutdown(), kept.store(store).clock(clock));
         // The calibration loop never ends; it stops with the server.
         tokio::select! {
             result = serving => result?,

@@ -9,25 +9,34 @@
 //! - [`policy`]: validated policies and rules matched by specificity.
 //! - [`budget`]: the sliding-window budget, priority shares, leases and
 //!   max-min fair shares (pure).
-//! - [`evidence`]: hints read with the client crate's one parser into
-//!   cooldowns and the backoff step (pure).
+//! - [`hints`]: wait hints read with the client crate's one parser into
+//!   cooldowns and the backoff step, statuses read with its one
+//!   classification table (pure).
 //! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
 //! - [`pacing`]: the learned wake rate per route — capacity, spare capacity,
 //!   probing and back-off, penalty-extending limiters — and the slot
 //!   decision at wake time (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
-//!   changes; its in-memory backend, and the Redis backend (one Lua script
-//!   per operation, pub/sub for Watch across replicas, a clock that follows
-//!   Redis's `TIME`) that makes replicas stateless.
+//!   changes (a whole worker report is one), its in-memory backend, the
+//!   Redis backend (one Lua script per operation, pub/sub for Watch across
+//!   replicas, a clock that follows Redis's `TIME`), and the contract suite
+//!   both must pass.
+//! - [`events`]: `StateChange`, scope snapshots and the `EventHub` every
+//!   change is published on.
+//! - [`admin`]: runtime control — policy changes with optimistic versions,
+//!   freezes, resets, the audit log, the state file and live reload.
+//! - [`coordinator`]: the core — `Coordinator` owns the store, policies,
+//!   event hub, clock, RNG and the runtime control; lease, release, report,
+//!   reconsider, watch and the admin changes, each one store operation plus
+//!   the events it publishes. No gRPC.
 //! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
 //! - [`auth`]: bearer tokens → the caller scopes they may use; admin tokens.
-//! - [`admin`]: runtime control — policy changes with optimistic versions,
-//!   freezes, resets, the audit log, the state file and live reload (no gRPC).
-//! - [`service`]: the `tollgate.v1.Budget` and `tollgate.v1.Admin` gRPC services — validation,
-//!   identity, the wire ↔ core translation, Watch streams — and the one
-//!   error → `Status` mapping.
-//! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
-//!   reflection behind tower layers, with a graceful drain.
+//! - [`service`]: the `tollgate.v1.Budget` and `tollgate.v1.Admin` gRPC
+//!   services — validation, identity, one call into the core, the wire
+//!   translation, Watch streams — and the one error → `Status` mapping.
+//! - [`server`]: `run(incoming, shutdown, Setup)`: the core, the services,
+//!   health and reflection behind tower layers, background tasks, a
+//!   graceful drain.
 //! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with tables, JSON and documented exit codes.
@@ -41,10 +50,12 @@
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
-//! A request flows `server` → `service` (validate, authorize, resolve the
-//! policy, read the clock) → `store` (one atomic operation applying the pure
-//! `budget` / `evidence` / `slots` math) → back to `service` (reply, publish
-//! Watch events). Only `service` and `server` know gRPC types.
+//! A request flows `server` → `service` (validate, authorize) →
+//! `coordinator` (resolve the policy, read the clock, assess hints) →
+//! `store` (one atomic operation applying the pure `budget` / `hints` /
+//! `slots` math) → `coordinator` (publish on the `events` hub) → `service`
+//! (reply). Only `service` and `server` know gRPC types; nothing below
+//! `service` imports from it.
 //!
 //! `src/main.rs` is a thin clap front end: one enum of subcommands, each
 //! handing off to a module here.
@@ -55,7 +66,9 @@ pub mod bench;
 pub mod budget;
 pub mod cli;
 pub mod config;
-pub mod evidence;
+pub mod coordinator;
+pub mod events;
+pub mod hints;
 pub mod ops;
 pub mod pacing;
 pub mod policy;

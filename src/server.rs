@@ -1,7 +1,8 @@
 //! The coordinator server: Budget + Admin + `grpc.health.v1` + reflection behind
 //! tower layers, run on a listener the caller binds, until a shutdown future
 //! the caller chooses (mini-redis's `run(listener, shutdown)` shape, which is
-//! what lets every test bind `127.0.0.1:0`).
+//! what lets every test bind `127.0.0.1:0`): one entry point, [`run`], with
+//! a [`Setup`] for everything else, and [`run_tcp`] for a bound listener.
 //!
 //! # Shutdown
 //! When `shutdown` completes the server drains: health turns NOT_SERVING,
@@ -24,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tollgate_client::clock::{Clock, to_unix_ms};
+use tollgate_client::clock::{Clock, SystemClock, to_unix_ms};
 use tollgate_proto::v1::{
     FILE_DESCRIPTOR_SET, admin_server::AdminServer, budget_server::BudgetServer,
 };
@@ -37,10 +38,11 @@ use tracing::{info, warn};
 use crate::admin::audit::AuditLog;
 use crate::admin::{AdminError, Control, Paths};
 use crate::config::Config;
+use crate::coordinator::{Coordinator, CoreParts};
+use crate::events::EventHub;
 use crate::policy::SharedPolicies;
 use crate::service::BudgetService;
 use crate::service::admin::{AdminService, MAX_TOML_BYTES};
-use crate::service::watch::EventHub;
 use crate::signal::Hangups;
 use crate::store::redis::EventRelay;
 use crate::store::{MemoryStore, Store};
@@ -53,11 +55,18 @@ const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// How often freezes are checked for expiry: the latency of an expiry.
 const EXPIRE_EVERY: Duration = Duration::from_millis(250);
 
-/// Where runtime changes are kept and how the policy file is followed.
-/// The default keeps everything in memory, never reloads and relays no
-/// Watch events (tests).
-#[derive(Debug, Default)]
-pub struct Runtime {
+/// Everything [`run`] needs besides its connections and its shutdown. The
+/// [`Default`] is what a test wants: the default config, the in-memory
+/// store, the system clock, nothing kept on disk, no reload, no relay.
+pub struct Setup {
+    /// Limits, policies and tokens.
+    pub config: Config,
+    /// Scope state; `None`: the embedded in-memory store, bounded by
+    /// `config.limits.max_scopes`.
+    pub store: Option<Arc<dyn Store>>,
+    /// The coordinator's clock (the authority for cooldowns and slots);
+    /// tests inject a `ManualClock`, replicas a `RedisClock`.
+    pub clock: Arc<dyn Clock>,
     /// The policy file and the state file.
     pub paths: Paths,
     /// The policy file's text as loaded, to tell later whether it changed.
@@ -69,6 +78,55 @@ pub struct Runtime {
     /// With a store shared by several replicas: carries Watch events
     /// between them. `None`: events stay in this process.
     pub relay: Option<EventRelay>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup::new(Config::default())
+    }
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("paths", &self.paths)
+            .field("reload_every", &self.reload_every)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Setup {
+    /// The defaults around `config`.
+    pub fn new(config: Config) -> Self {
+        Setup {
+            config,
+            store: None,
+            clock: Arc::new(SystemClock),
+            paths: Paths::default(),
+            file_text: None,
+            audit_file: None,
+            reload_every: None,
+            relay: None,
+        }
+    }
+
+    /// Serves `store` instead of a fresh in-memory one.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Reads time from `clock`.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Relays Watch events to and from other replicas (`None`: none).
+    pub fn relay(mut self, relay: Option<EventRelay>) -> Self {
+        self.relay = relay;
+        self
+    }
 }
 
 /// How often the store's health is checked.
@@ -99,78 +157,31 @@ pub enum ServeError {
     },
 }
 
-/// Serves on `listener` with the embedded in-memory store until `shutdown`.
-pub async fn run(
+/// [`run`] on a bound TCP listener, logging its address.
+pub async fn run_tcp(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
-    config: Config,
-    clock: Arc<dyn Clock>,
-) -> Result<(), ServeError> {
-    let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
-    run_with_store(listener, shutdown, config, clock, store).await
-}
-
-/// [`run`] over a given store (another backend, or a test double).
-pub async fn run_with_store(
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send,
-    config: Config,
-    clock: Arc<dyn Clock>,
-    store: Arc<dyn Store>,
-) -> Result<(), ServeError> {
-    run_with(listener, shutdown, config, clock, store, Runtime::default()).await
-}
-
-/// [`run_with_store`] with runtime state kept and the policy file followed
-/// as `runtime` says (`tollgate serve`).
-pub async fn run_with(
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send,
-    config: Config,
-    clock: Arc<dyn Clock>,
-    store: Arc<dyn Store>,
-    runtime: Runtime,
+    setup: Setup,
 ) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
-    info!(%address, max_scopes = config.limits.max_scopes, "tollgate coordinator listening");
-    serve(
-        TcpListenerStream::new(listener),
-        shutdown,
-        config,
-        clock,
-        store,
-        runtime,
-    )
-    .await
+    info!(%address, max_scopes = setup.config.limits.max_scopes, "tollgate coordinator listening");
+    run(TcpListenerStream::new(listener), shutdown, setup).await
 }
 
-/// [`run_with_store`] as one of several replicas sharing a store: Watch
-/// events travel between replicas through `relay`. The same setup as
-/// [`run_with`] with only the relay set in its [`Runtime`].
-pub async fn run_replica(
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send,
-    config: Config,
-    clock: Arc<dyn Clock>,
-    store: Arc<dyn Store>,
-    relay: Option<EventRelay>,
-) -> Result<(), ServeError> {
-    let runtime = Runtime {
-        relay,
-        ..Runtime::default()
-    };
-    run_with(listener, shutdown, config, clock, store, runtime).await
-}
-
-/// [`run`] over connections the caller accepts itself: any stream of
-/// byte pipes, such as the server halves of `tokio::io::duplex` pairs. Tests
-/// use it to run the real coordinator on paused tokio time, where loopback
+/// Serves the coordinator on `incoming` until `shutdown` completes, then
+/// drains. `incoming` is any stream of byte pipes: a TCP listener's (see
+/// [`run_tcp`]), or the server halves of `tokio::io::duplex` pairs, which
+/// lets tests run the real coordinator on paused tokio time where loopback
 /// sockets would race the auto-advancing clock.
-pub async fn serve_with_incoming<I, IO, IE>(
+///
+/// Builds the core (store, policies, hub, clock, RNG, runtime control),
+/// the Budget and Admin services over it, health (following the store's)
+/// and reflection behind the shared layers, and runs beside them the Watch
+/// relay between replicas, the sweeper and the policy file follower.
+pub async fn run<I, IO, IE>(
     incoming: I,
     shutdown: impl Future<Output = ()> + Send,
-    config: Config,
-    clock: Arc<dyn Clock>,
+    setup: Setup,
 ) -> Result<(), ServeError>
 where
     I: Stream<Item = Result<IO, IE>> + Send + 'static,
@@ -178,39 +189,23 @@ where
     IO::ConnectInfo: Clone + Send + Sync + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
-    info!(
-        max_scopes = config.limits.max_scopes,
-        "tollgate coordinator serving caller-supplied connections"
-    );
-    serve(incoming, shutdown, config, clock, store, Runtime::default()).await
-}
-
-/// The one setup behind every entry point: the Budget and Admin services,
-/// health (following the store's) and reflection behind the shared layers,
-/// the Watch relay between replicas, the sweeper, the policy file follower,
-/// and the drain.
-async fn serve<I, IO, IE>(
-    incoming: I,
-    shutdown: impl Future<Output = ()> + Send,
-    config: Config,
-    clock: Arc<dyn Clock>,
-    store: Arc<dyn Store>,
-    runtime: Runtime,
-) -> Result<(), ServeError>
-where
-    I: Stream<Item = Result<IO, IE>> + Send + 'static,
-    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
-    IO::ConnectInfo: Clone + Send + Sync + 'static,
-    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+    let Setup {
+        config,
+        store,
+        clock,
+        paths,
+        file_text,
+        audit_file,
+        reload_every,
+        relay,
+    } = setup;
     let limits = config.limits.clone();
+    let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(limits.max_scopes)));
     let drain = CancellationToken::new();
-    let policies = SharedPolicies::new(config.policies.clone());
     // With a relay, the hub's events also reach (and come from) the other
     // replicas; the relay stops with the drain, like the Watch streams it
     // feeds.
-    let (hub, relaying) = match runtime.relay {
+    let (hub, relaying) = match relay {
         Some(relay) => {
             let (hub, task) = relay.start(drain.clone());
             (hub, Some(task))
@@ -223,41 +218,27 @@ where
             None => std::future::pending().await,
         }
     };
-    let audit = match &runtime.audit_file {
-        Some(path) => AuditLog::open(path).map_err(|source| ServeError::Audit {
-            path: path.clone(),
-            source,
-        })?,
-        None => AuditLog::in_memory(),
+    let runtime = RuntimeFiles {
+        paths,
+        file_text,
+        audit_file,
     };
-    let control = Arc::new(
-        Control::start(
-            config.doc.clone(),
-            runtime.file_text.as_deref(),
-            policies.clone(),
-            Arc::clone(&store),
-            hub.clone(),
-            audit,
-            Arc::clone(&clock),
-            runtime.paths.clone(),
-        )
-        .await?,
-    );
-    let budget = BudgetService::with_policies(
-        Arc::clone(&store),
+    let core = start_core(
         &config,
-        policies.clone(),
-        hub,
+        Arc::clone(&store),
         Arc::clone(&clock),
+        hub,
+        runtime,
+    )
+    .await?;
+    let auth = Arc::new(config.auth.clone());
+    let budget = BudgetService::new(
+        Arc::clone(&core),
+        Arc::clone(&auth),
+        limits.watch_buffer,
         drain.clone(),
     );
-    let admin = AdminService::new(
-        Arc::clone(&control),
-        Arc::new(config.auth.clone()),
-        Arc::clone(&store),
-        policies,
-        Arc::clone(&clock),
-    );
+    let admin = AdminService::new(Arc::clone(&core), auth);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BudgetServer<BudgetService>>().await;
@@ -292,21 +273,14 @@ where
         .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
     tokio::pin!(serve);
 
-    if config.auth.is_open() {
-        warn!("no tokens configured: open dev mode, any caller may use any caller scope");
-    }
-    if config.auth.admin_is_open() {
-        warn!("no tokens configured: the Admin API answers loopback peers only");
-    } else if !config.auth.has_admins() {
-        warn!("no [[admin_token]] configured: the Admin API refuses every call");
-    }
+    warn_about_auth(&config);
 
     tokio::select! {
         result = &mut serve => return result.map_err(ServeError::from),
         () = shutdown => {}
         // These never complete; they stop when this select is left.
         () = sweep(Arc::clone(&store), Arc::clone(&clock), limits.scope_idle_ttl) => {}
-        () = follow(Arc::clone(&control), runtime.reload_every) => {}
+        () = follow(Arc::clone(&core), reload_every) => {}
         () = watch_health(Arc::clone(&store), health.clone()) => {}
         () = relaying => {}
     }
@@ -324,10 +298,69 @@ where
     Ok(())
 }
 
+/// Where runtime state is kept, as [`Setup`] names it.
+struct RuntimeFiles {
+    paths: Paths,
+    file_text: Option<String>,
+    audit_file: Option<std::path::PathBuf>,
+}
+
+/// The core over `store`: the policies from `config`, the runtime control
+/// restored from the state file, the audit log opened.
+async fn start_core(
+    config: &Config,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    hub: EventHub,
+    files: RuntimeFiles,
+) -> Result<Arc<Coordinator>, ServeError> {
+    let audit = match &files.audit_file {
+        Some(path) => AuditLog::open(path).map_err(|source| ServeError::Audit {
+            path: path.clone(),
+            source,
+        })?,
+        None => AuditLog::in_memory(),
+    };
+    let policies = SharedPolicies::new(config.policies.clone());
+    let control = Control::start(
+        config.doc.clone(),
+        files.file_text.as_deref(),
+        policies.clone(),
+        Arc::clone(&store),
+        hub.clone(),
+        audit,
+        Arc::clone(&clock),
+        files.paths,
+    )
+    .await?;
+    Ok(Arc::new(Coordinator::new(CoreParts {
+        store,
+        policies,
+        hub,
+        clock,
+        rng_seed: config.limits.rng_seed,
+        control,
+    })))
+}
+
+/// Says at start how open the coordinator is, so a missing token file is
+/// noticed before a worker is.
+fn warn_about_auth(config: &Config) {
+    if config.auth.is_open() {
+        warn!("no tokens configured: open dev mode, any caller may use any caller scope");
+    }
+    if config.auth.admin_is_open() {
+        warn!("no tokens configured: the Admin API answers loopback peers only");
+    } else if !config.auth.has_admins() {
+        warn!("no [[admin_token]] configured: the Admin API refuses every call");
+    }
+}
+
 /// Lifts expired freezes, and reloads the policy file when its content
 /// changes (polled every `reload_every`) or on SIGHUP; runs as long as it
 /// is polled.
-async fn follow(control: Arc<Control>, reload_every: Option<Duration>) {
+async fn follow(core: Arc<Coordinator>, reload_every: Option<Duration>) {
+    let control = core.admin();
     let mut expire = tokio::time::interval(EXPIRE_EVERY);
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut poll = tokio::time::interval(reload_every.unwrap_or(Duration::from_secs(3600)));

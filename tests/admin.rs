@@ -398,3 +398,54 @@ async fn apply_dry_run_shows_changes_and_an_invalid_file_names_its_line() {
     assert!(audit.records.iter().all(|r| r.action == "policy.apply"));
     coordinator.stop().await;
 }
+
+/// A reset clears the route's cooldown for a watching worker too: without an
+/// event its `max`-merged cooldown would outlive the operator's reset. The
+/// caller scope's cooldown, which a route reset leaves alone, is announced
+/// again after the end.
+#[tokio::test]
+async fn a_reset_ends_a_watching_workers_cooldown() {
+    let coordinator = Coordinator::open().await;
+    let mut worker = coordinator.client().await;
+    let mut admin = coordinator.admin().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    let (mut events, _) = common::watch(&mut worker, &s, "w").await;
+    for (hint, certainty) in [
+        ("10", ScopeCertainty::Uncertain),
+        ("30", ScopeCertainty::Known),
+    ] {
+        worker
+            .report(rate_limited(s.clone(), "w", hint, certainty))
+            .await
+            .expect("report");
+        assert_eq!(
+            next(&mut events).await.kind(),
+            ScopeEventKind::CooldownStarted
+        );
+    }
+    let reset = admin
+        .reset_scope(v1::ResetScopeRequest {
+            caller_scope: "tenant-a".into(),
+            route: ROUTE.into(),
+            reason: "stuck cooldown".into(),
+        })
+        .await
+        .expect("reset")
+        .into_inner();
+    assert!(reset.existed);
+    let ended = next(&mut events).await;
+    assert_eq!(ended.kind(), ScopeEventKind::CooldownEnded);
+    assert_eq!(ended.cooldown_until_unix_ms, T0 + 10_000);
+    let caller_wide = next(&mut events).await;
+    assert_eq!(caller_wide.kind(), ScopeEventKind::CooldownStarted);
+    assert_eq!(caller_wide.cooldown_until_unix_ms, T0 + 10_000);
+    coordinator.stop().await;
+}
+
+async fn next(events: &mut tonic::Streaming<v1::ScopeEvent>) -> v1::ScopeEvent {
+    tokio::time::timeout(Duration::from_secs(5), events.message())
+        .await
+        .expect("within the watch latency")
+        .expect("ok")
+        .expect("event")
+}

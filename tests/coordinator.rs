@@ -11,13 +11,12 @@ use common::{Coordinator, T0, config, lease, rate_limited, reconsider, scope, wi
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tollgate::budget::GrantAsk;
-use tollgate::evidence::{Assessment, Merge};
 use tollgate::policy::Policy;
-use tollgate::scope::{EvidenceLevel, RouteKey, ScopeKey};
+use tollgate::scope::{RouteKey, ScopeKey};
 use tollgate::slots::SlotAsk;
 use tollgate::store::{
-    LeaseOutcome, MemoryStore, Reconsidered, ScopeDetail, ScopeFilter, ScopePage, ScopeView, Store,
-    StoreFuture,
+    LeaseOutcome, MemoryStore, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail,
+    ScopeFilter, ScopePage, Store, StoreFuture,
 };
 use tollgate_proto::v1::{
     self, LeaseLimit, Priority, ReconsiderDecision, ScopeCertainty, ScopeEventKind,
@@ -618,36 +617,23 @@ impl Store for GatedStore {
         self.inner
             .release(scope, worker_id, lease_id, spent, now_ms)
     }
-    fn deposit<'a>(
+    fn report<'a>(
         &'a self,
         scope: &'a ScopeKey,
-        worker_id: &'a str,
-        first_attempts: u32,
-        successes: u32,
+        report: ReportBatch<'a>,
         policy: &'a Policy,
-        now_ms: i64,
-    ) -> StoreFuture<'a, ()> {
-        self.inner
-            .deposit(scope, worker_id, first_attempts, successes, policy, now_ms)
-    }
-    fn merge_evidence<'a>(
-        &'a self,
-        level: &'a EvidenceLevel,
-        assessment: &'a Assessment,
-        policy: &'a Policy,
-        now_ms: i64,
-    ) -> StoreFuture<'a, Merge> {
-        self.inner.merge_evidence(level, assessment, policy, now_ms)
+    ) -> StoreFuture<'a, Reported> {
+        self.inner.report(scope, report, policy)
     }
     fn reconsider<'a>(
         &'a self,
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, ScopeView)> {
+    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
         self.inner.reconsider(route, ask, policy)
     }
-    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, ScopeView> {
+    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView> {
         self.inner.view(route, now_ms)
     }
     fn set_freeze<'a>(

@@ -131,13 +131,12 @@ async fn coordinator_killed_mid_run_falls_back_within_one_rpc_timeout_and_recove
     // The coordinator comes back on the same address.
     let listener = TcpListener::bind(addr).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(tollgate::server::run(
+    let server = tokio::spawn(tollgate::server::run_tcp(
         listener,
         async {
             let _ = stopped.await;
         },
-        Config::default(),
-        clock,
+        tollgate::server::Setup::new(Config::default()).clock(clock),
     ));
     let deadline = Instant::now() + Duration::from_secs(5);
     while gate.link_state() != LinkState::Connected && Instant::now() < deadline {

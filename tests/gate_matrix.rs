@@ -1,7 +1,7 @@
 //! The gate against the seed's failure-shaped test matrix, one named test per
 //! client-side row, every row against the real coordinator: the real
 //! `BudgetService` behind the real server setup
-//! (`tollgate::server::serve_with_incoming`), reached by real tonic clients
+//! (`tollgate::server::run`), reached by real tonic clients
 //! over in-memory pipes so the rows run on paused tokio time (see
 //! `in_memory`). The fleet's answers come from its policy file, from what
 //! workers report and lease, and from what an SRE changes through the real

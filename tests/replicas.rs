@@ -177,7 +177,7 @@ async fn thirty_workers_on_three_replicas_share_one_budget() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hint_reported_to_replica_1_holds_back_a_worker_on_replica_3() {
+async fn a_hint_on_replica_1_holds_back_replica_3_until_a_reset_on_replica_2() {
     let Some(fleet) = Fleet::start().await else {
         return;
     };
@@ -214,6 +214,25 @@ async fn a_hint_reported_to_replica_1_holds_back_a_worker_on_replica_3() {
         .into_inner();
     assert_eq!(answer.cooldown_until_unix_ms, T0 + 30_000);
     assert!(answer.slot_unix_ms >= T0 + 30_000);
+
+    // An operator's reset on replica 2 ends the cooldown on replica 3's
+    // Watch too (relayed like every other change).
+    let mut admin = fleet.replicas[1].admin().await;
+    admin
+        .reset_scope(v1::ResetScopeRequest {
+            caller_scope: "tenant-a".into(),
+            route: ROUTE.into(),
+            reason: "stuck cooldown".into(),
+        })
+        .await
+        .expect("reset");
+    let event = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("an event in time")
+        .expect("stream")
+        .expect("event");
+    assert_eq!(event.kind(), ScopeEventKind::CooldownEnded);
+    assert_eq!(event.cooldown_until_unix_ms, 0);
     fleet.stop().await;
 }
 

@@ -26,6 +26,7 @@
 
 pub mod audit;
 pub mod persist;
+mod plan;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,13 +35,15 @@ use std::sync::Arc;
 use tollgate_client::clock::{Clock, to_unix_ms};
 
 use crate::config::{ConfigError, MAX_RULES, PolicyDoc, RuleSpec};
-use crate::policy::{Policy, PolicySpec, SharedPolicies};
+use crate::events::{EventHub, PolicySnapshot, StateChange};
+use crate::policy::{PolicySpec, SharedPolicies};
 use crate::scope::RouteKey;
-use crate::service::watch::{EventHub, PolicySnapshot, StateChange};
 use crate::store::{Store, StoreError};
 
 use self::audit::{AuditLog, AuditRecord};
 use self::persist::{FreezeRecord, PersistError, StateFile};
+
+pub use self::plan::{Change, ChangeKind, plan, spec_fields};
 
 /// Who a policy-file reload is recorded as.
 pub const FILE_ACTOR: &str = "policy-file";
@@ -75,28 +78,6 @@ pub enum AdminError {
     /// No policy file is configured (for diff and reload).
     #[error("the coordinator runs without a policy file")]
     NoPolicyFile,
-}
-
-/// One rule's difference between two documents.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    /// `caller_scope|route`, or `[defaults]`.
-    pub target: String,
-    /// What kind.
-    pub kind: ChangeKind,
-    /// `(field, before, after)` of the effective policy; "" means unset.
-    pub fields: Vec<(String, String, String)>,
-}
-
-/// Added, removed or changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeKind {
-    /// Only in the new document.
-    Added,
-    /// Only in the running one.
-    Removed,
-    /// In both, effectively different.
-    Changed,
 }
 
 /// Where runtime state is kept.
@@ -155,116 +136,6 @@ fn max_version(doc: &PolicyDoc) -> u64 {
         .chain(doc.defaults.policy_version)
         .max()
         .unwrap_or(1)
-}
-
-/// The effective spec of a rule (or of `[defaults]` when `rule` is `None`)
-/// as a field → value map, for diffs and the audit log. The version is left
-/// out: it is not something a file and a running set disagree about.
-fn effective_fields(doc: &PolicyDoc, rule: Option<&PolicySpec>) -> BTreeMap<String, String> {
-    let defaults = doc.defaults.over(&PolicySpec::builtin());
-    let spec = rule.map_or_else(|| defaults.clone(), |r| r.over(&defaults));
-    spec_fields(&spec)
-}
-
-/// A spec's set fields as field → JSON value.
-pub fn spec_fields(spec: &PolicySpec) -> BTreeMap<String, String> {
-    let mut spec = spec.clone();
-    spec.policy_version = None;
-    match serde_json::to_value(&spec) {
-        Ok(serde_json::Value::Object(map)) => map
-            .into_iter()
-            .map(|(k, v)| {
-                let text = match v {
-                    serde_json::Value::String(s) => s,
-                    other => other.to_string(),
-                };
-                (k, text)
-            })
-            .collect(),
-        _ => BTreeMap::new(),
-    }
-}
-
-fn same_policy(a: Result<Policy, impl Sized>, b: Result<Policy, impl Sized>) -> bool {
-    match (a, b) {
-        (Ok(mut a), Ok(mut b)) => {
-            a.policy_version = 0;
-            b.policy_version = 0;
-            a == b
-        }
-        _ => false,
-    }
-}
-
-fn field_diff(
-    before: &BTreeMap<String, String>,
-    after: &BTreeMap<String, String>,
-) -> Vec<(String, String, String)> {
-    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.into_iter()
-        .filter_map(|k| {
-            let b = before.get(k).cloned().unwrap_or_default();
-            let a = after.get(k).cloned().unwrap_or_default();
-            (b != a).then(|| (k.clone(), b, a))
-        })
-        .collect()
-}
-
-/// What changes when `running` becomes `target` (effective policies
-/// compared; versions ignored).
-pub fn plan(running: &PolicyDoc, target: &PolicyDoc) -> Vec<Change> {
-    let mut changes = Vec::new();
-    let defaults_policy = |d: &PolicyDoc| Policy::try_new(&d.defaults.over(&PolicySpec::builtin()));
-    if !same_policy(defaults_policy(running), defaults_policy(target)) {
-        changes.push(Change {
-            target: "[defaults]".into(),
-            kind: ChangeKind::Changed,
-            fields: field_diff(
-                &effective_fields(running, None),
-                &effective_fields(target, None),
-            ),
-        });
-    }
-    for rule in &target.rules {
-        match running.find(&rule.caller_scope, &rule.route) {
-            None => changes.push(Change {
-                target: rule.id(),
-                kind: ChangeKind::Added,
-                fields: field_diff(
-                    &BTreeMap::new(),
-                    &effective_fields(target, Some(&rule.policy)),
-                ),
-            }),
-            Some(i) => {
-                let old = &running.rules[i];
-                if !same_policy(running.rule_policy(old), target.rule_policy(rule)) {
-                    changes.push(Change {
-                        target: rule.id(),
-                        kind: ChangeKind::Changed,
-                        fields: field_diff(
-                            &effective_fields(running, Some(&old.policy)),
-                            &effective_fields(target, Some(&rule.policy)),
-                        ),
-                    });
-                }
-            }
-        }
-    }
-    for rule in &running.rules {
-        if target.find(&rule.caller_scope, &rule.route).is_none() {
-            changes.push(Change {
-                target: rule.id(),
-                kind: ChangeKind::Removed,
-                fields: field_diff(
-                    &effective_fields(running, Some(&rule.policy)),
-                    &BTreeMap::new(),
-                ),
-            });
-        }
-    }
-    changes
 }
 
 /// What the caller asks [`Control::set_rule`] to write.
@@ -789,7 +660,18 @@ impl Control {
         reason: &str,
     ) -> Result<bool, AdminError> {
         let _order = self.state.lock().await;
-        let existed = self.store.reset_scope(route, self.now_ms()).await?;
+        let now = self.now_ms();
+        let existed = self.store.reset_scope(route, now).await?;
+        if existed {
+            // Watchers merge cooldowns by `max`, so they must be told the
+            // route's own cooldown is gone; what remains is the caller
+            // scope's, which a route reset leaves alone.
+            let left = self.store.view(route, now).await?;
+            self.hub.publish(StateChange::Reset {
+                route: route.clone(),
+                cooldown_until_ms: left.cooldown_until_ms,
+            });
+        }
         let version = self.policies.current().resolve(route).policy_version;
         self.record(
             who,

@@ -26,14 +26,11 @@ use anyhow::{Context as _, bail};
 use hdrhistogram::Histogram;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tollgate_client::clock::SystemClock;
 use tollgate_proto::v1::{
     self, LeaseRequest, ReconsiderRequest, ReportRequest, budget_client::BudgetClient,
 };
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-
-use crate::config::Config;
 
 /// Longest phase accepted: a benchmark, not a soak test.
 pub const MAX_DURATION: Duration = Duration::from_secs(300);
@@ -265,11 +262,10 @@ async fn run_async(args: &RpcArgs) -> anyhow::Result<RpcReport> {
                 .context("binding 127.0.0.1:0")?;
             let addr = listener.local_addr()?;
             let shutdown = stop.clone().cancelled_owned();
-            let task = tokio::spawn(crate::server::run(
+            let task = tokio::spawn(crate::server::run_tcp(
                 listener,
                 shutdown,
-                Config::default(),
-                Arc::new(SystemClock),
+                crate::server::Setup::default(),
             ));
             (addr, Some(task))
         }

@@ -1,12 +1,12 @@
 //! The `tollgate.v1.Admin` gRPC service: admin identity, validation and the
-//! wire ↔ [`crate::admin`] translation. The operations themselves (and
-//! their ordering, persistence, audit and Watch events) live in
-//! [`crate::admin::Control`]; errors go through the one mapping in
+//! wire ↔ core translation. The operations themselves (and their ordering,
+//! persistence, audit and Watch events) live in the core: the changes in
+//! [`crate::admin::Control`] (reached through [`Coordinator::admin`]), the
+//! scope reads in [`Coordinator`]; errors go through the one mapping in
 //! [`super::error`].
 
 use std::sync::Arc;
 
-use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_proto::v1::{self, admin_server::Admin};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
@@ -15,10 +15,11 @@ use crate::admin::persist::FreezeRecord;
 use crate::admin::{Change, ChangeKind, Control, SetRule};
 use crate::auth::Authenticator;
 use crate::config::{PolicyDoc, RuleSpec};
-use crate::evidence::HintRecord;
-use crate::policy::{Pattern, PolicySpec, SharedPolicies, Shares};
+use crate::coordinator::Coordinator;
+use crate::hints::HintRecord;
+use crate::policy::{Pattern, PolicySpec, Shares};
 use crate::scope::{Priority, RouteKey};
-use crate::store::{ScopeFilter, Store};
+use crate::store::ScopeFilter;
 
 use super::error::ServiceError;
 use super::validate::{self, MAX_CALLER_SCOPE, MAX_ROUTE};
@@ -41,11 +42,8 @@ type Result<T> = std::result::Result<T, ServiceError>;
 /// The Admin service. Cheap to clone.
 #[derive(Clone)]
 pub struct AdminService {
-    control: Arc<Control>,
+    core: Arc<Coordinator>,
     auth: Arc<Authenticator>,
-    store: Arc<dyn Store>,
-    policies: SharedPolicies,
-    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for AdminService {
@@ -55,21 +53,13 @@ impl std::fmt::Debug for AdminService {
 }
 
 impl AdminService {
-    /// An Admin service over `control`.
-    pub fn new(
-        control: Arc<Control>,
-        auth: Arc<Authenticator>,
-        store: Arc<dyn Store>,
-        policies: SharedPolicies,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
-        AdminService {
-            control,
-            auth,
-            store,
-            policies,
-            clock,
-        }
+    /// An Admin service over `core`, admitting the admins `auth` names.
+    pub fn new(core: Arc<Coordinator>, auth: Arc<Authenticator>) -> Self {
+        AdminService { core, auth }
+    }
+
+    fn control(&self) -> &Control {
+        self.core.admin()
     }
 
     /// The admin's name for the audit log.
@@ -282,9 +272,9 @@ impl Admin for AdminService {
         request: Request<v1::ListPoliciesRequest>,
     ) -> std::result::Result<Response<v1::ListPoliciesResponse>, Status> {
         self.admin(&request)?;
-        let doc = self.control.doc().await;
+        let doc = self.control().doc().await;
         // Most specific first: the order the running set matches in.
-        let set = self.policies.current();
+        let set = self.core.policies().current();
         let mut rules: Vec<v1::PolicyRule> = Vec::with_capacity(doc.rules.len());
         for r in set.rules() {
             let (c, rt) = (r.caller_scope.text(), r.route.text());
@@ -306,7 +296,7 @@ impl Admin for AdminService {
         self.admin(&request)?;
         let req = request.into_inner();
         route_key(&req.caller_scope, &req.route)?;
-        let doc = self.control.doc().await;
+        let doc = self.control().doc().await;
         let i = doc.find(&req.caller_scope, &req.route).ok_or_else(|| {
             ServiceError::from(crate::admin::AdminError::NotFound(format!(
                 "{}|{}",
@@ -327,7 +317,7 @@ impl Admin for AdminService {
         reason(&req.reason)?;
         let spec = spec_of(req.fields)?;
         let rule = self
-            .control
+            .control()
             .set_rule(
                 &who,
                 SetRule {
@@ -341,7 +331,7 @@ impl Admin for AdminService {
             )
             .await
             .map_err(ServiceError::from)?;
-        let doc = self.control.doc().await;
+        let doc = self.control().doc().await;
         Ok(Response::new(rule_of(&doc, Some(&rule))))
     }
 
@@ -355,7 +345,7 @@ impl Admin for AdminService {
         route_key(&req.caller_scope, &req.route)?;
         reason(&req.reason)?;
         let deleted_version = self
-            .control
+            .control()
             .delete_rule(
                 &who,
                 &req.caller_scope,
@@ -386,7 +376,7 @@ impl Admin for AdminService {
         let doc = PolicyDoc::from_toml(&req.toml)
             .map_err(|e| ServiceError::from(crate::admin::AdminError::from(e)))?;
         let (changes, version) = self
-            .control
+            .control()
             .apply(&who, doc, req.dry_run, "policy.apply", &req.reason, None)
             .await
             .map_err(ServiceError::from)?;
@@ -405,9 +395,13 @@ impl Admin for AdminService {
         request: Request<v1::DiffPoliciesRequest>,
     ) -> std::result::Result<Response<v1::PolicyChanges>, Status> {
         self.admin(&request)?;
-        let changes = self.control.diff_file().await.map_err(ServiceError::from)?;
+        let changes = self
+            .control()
+            .diff_file()
+            .await
+            .map_err(ServiceError::from)?;
         let file = self
-            .control
+            .control()
             .policy_file()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
@@ -443,13 +437,12 @@ impl Admin for AdminService {
             }
         };
         let after = parse_page_token(&req.page_token)?;
-        let now = to_unix_ms(self.clock.now());
         let page = self
-            .store
-            .list_scopes(&filter, after.as_ref(), limit, now)
+            .core
+            .list_scopes(&filter, after.as_ref(), limit)
             .await
             .map_err(ServiceError::from)?;
-        let set = self.policies.current();
+        let set = self.core.policies().current();
         Ok(Response::new(v1::ListScopesResponse {
             scopes: page
                 .scopes
@@ -477,19 +470,18 @@ impl Admin for AdminService {
         self.admin(&request)?;
         let req = request.into_inner();
         let key = route_key(&req.caller_scope, &req.route)?;
-        let set = self.policies.current();
+        let set = self.core.policies().current();
         let policy = set.resolve(&key);
         let policy_rule = set.resolve_rule(&key).map_or_else(
             || "[defaults]".to_owned(),
             |r| format!("{}|{}", r.caller_scope.text(), r.route.text()),
         );
-        let now = to_unix_ms(self.clock.now());
         let detail = self
-            .store
-            .scope_detail(&key, &policy, now)
+            .core
+            .scope_detail(&key)
             .await
             .map_err(ServiceError::from)?;
-        let freeze = freeze_of(self.control.freeze_of(&key).await);
+        let freeze = freeze_of(self.control().freeze_of(&key).await);
         let mut state = v1::ScopeState {
             caller_scope: key.caller_scope.clone(),
             route: key.route.clone(),
@@ -564,11 +556,10 @@ impl Admin for AdminService {
             )
             .into());
         }
-        let expires = (req.duration_ms > 0).then(|| {
-            to_unix_ms(self.clock.now()) + i64::try_from(req.duration_ms).unwrap_or(i64::MAX)
-        });
+        let expires = (req.duration_ms > 0)
+            .then(|| self.core.now_ms() + i64::try_from(req.duration_ms).unwrap_or(i64::MAX));
         let record = self
-            .control
+            .control()
             .freeze(&who, &key, &req.reason, expires)
             .await
             .map_err(ServiceError::from)?;
@@ -584,7 +575,7 @@ impl Admin for AdminService {
         let req = request.into_inner();
         let key = route_key(&req.caller_scope, &req.route)?;
         reason(&req.reason)?;
-        self.control
+        self.control()
             .unfreeze(&who, &key, &req.reason)
             .await
             .map_err(ServiceError::from)?;
@@ -601,7 +592,7 @@ impl Admin for AdminService {
         let key = route_key(&req.caller_scope, &req.route)?;
         reason(&req.reason)?;
         let existed = self
-            .control
+            .control()
             .reset(&who, &key, &req.reason)
             .await
             .map_err(ServiceError::from)?;
@@ -627,7 +618,7 @@ impl Admin for AdminService {
             }
         };
         let records = self
-            .control
+            .control()
             .audit()
             .list(req.before_seq, limit)
             .into_iter()

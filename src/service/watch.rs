@@ -21,111 +21,12 @@ use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_proto::v1::{self, ScopeEvent, ScopeEventKind};
 use tonic::Status;
 
-use crate::policy::PolicySet;
-use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
+use crate::events::{PolicySnapshot, ScopeSnapshot, StateChange};
+use crate::scope::{EvidenceLevel, ScopeKey};
 
-/// Changes kept for slow stream tasks before they see `Lagged`.
-const HUB_CAPACITY: usize = 4096;
 /// A cooldown's end is re-checked at least this often, because the wall
 /// clock may jump (or, under test, be moved by hand).
 const RECHECK: Duration = Duration::from_secs(1);
-
-/// A change of scope state, as published by the service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StateChange {
-    /// A cooldown started or was extended at this level.
-    Cooldown {
-        /// A route, or a whole caller scope.
-        level: EvidenceLevel,
-        /// The new cooldown.
-        cooldown_until_ms: i64,
-    },
-    /// An operator froze (`Some(reason)`) or unfroze a route.
-    Freeze {
-        /// The route.
-        route: RouteKey,
-        /// The reason, when frozen.
-        reason: Option<String>,
-    },
-    /// The policy set was replaced (Admin API, reload): each stream
-    /// re-resolves its scopes, because a rule's patterns may cover routes
-    /// no one could list in advance.
-    Policies(PolicySnapshot),
-    /// The policy of a route changed.
-    Policy {
-        /// The route.
-        route: RouteKey,
-        /// Its new version.
-        policy_version: u64,
-    },
-}
-
-/// A policy set as published; equal when it is the same set.
-#[derive(Debug, Clone)]
-pub struct PolicySnapshot(pub Arc<PolicySet>);
-
-impl PartialEq for PolicySnapshot {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for PolicySnapshot {}
-
-/// Where state changes are published; every Watch stream subscribes.
-#[derive(Debug, Clone)]
-pub struct EventHub {
-    tx: broadcast::Sender<StateChange>,
-    /// With a shared store, where this replica's changes leave for the
-    /// others (the Redis relay); `None` for a single coordinator.
-    outbox: Option<mpsc::Sender<StateChange>>,
-}
-
-impl Default for EventHub {
-    fn default() -> Self {
-        EventHub {
-            tx: broadcast::channel(HUB_CAPACITY).0,
-            outbox: None,
-        }
-    }
-}
-
-impl EventHub {
-    /// A hub whose published changes are also queued (up to `capacity`) on
-    /// the returned receiver, for a relay to other replicas.
-    pub fn relayed(capacity: usize) -> (EventHub, mpsc::Receiver<StateChange>) {
-        let (tx, rx) = mpsc::channel(capacity);
-        let hub = EventHub {
-            outbox: Some(tx),
-            ..EventHub::default()
-        };
-        (hub, rx)
-    }
-
-    /// Publishes a change to every current watcher (none is fine), and to
-    /// other replicas when relayed. A full outbox drops the change for the
-    /// other replicas rather than slowing the request: their workers still
-    /// see it in every answer and on their next Watch snapshot.
-    pub fn publish(&self, change: StateChange) {
-        if let Some(outbox) = &self.outbox
-            && outbox.try_send(change.clone()).is_err()
-        {
-            tracing::warn!("relay outbox full: a scope change stays on this replica");
-        }
-        let _ = self.tx.send(change);
-    }
-
-    /// Delivers a change that another replica published, to local
-    /// watchers only (it must not go back out).
-    pub fn publish_remote(&self, change: StateChange) {
-        let _ = self.tx.send(change);
-    }
-
-    /// A receiver of changes published from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<StateChange> {
-        self.tx.subscribe()
-    }
-}
 
 /// One watched scope and what its watcher has been told.
 #[derive(Debug, Clone)]
@@ -145,6 +46,19 @@ pub struct Watched {
 }
 
 impl Watched {
+    /// A watched scope, named by the worker as `scope`, starting from the
+    /// core's snapshot of it at `now_ms`.
+    pub fn new(scope: v1::Scope, snapshot: ScopeSnapshot, now_ms: i64) -> Self {
+        Watched {
+            scope,
+            ended_sent: snapshot.cooldown_until_ms <= now_ms,
+            key: snapshot.key,
+            cooldown_until_ms: snapshot.cooldown_until_ms,
+            policy_version: snapshot.policy_version,
+            frozen: snapshot.frozen,
+        }
+    }
+
     fn event(&self, kind: ScopeEventKind) -> ScopeEvent {
         ScopeEvent {
             scope: Some(self.scope.clone()),
@@ -221,7 +135,7 @@ pub async fn run(
             () = tx.closed() => return,
             change = changes.recv() => match change {
                 Ok(change) => {
-                    if let Flow::Stop = apply(&mut watched, &change, &tx) {
+                    if let Flow::Stop = apply(&mut watched, &change, to_unix_ms(clock.now()), &tx) {
                         return;
                     }
                 }
@@ -238,65 +152,96 @@ pub async fn run(
     }
 }
 
-fn apply(watched: &mut [Watched], change: &StateChange, tx: &Tx) -> Flow {
+/// Applies one change to every watched scope it covers, sending what each
+/// watcher must hear; `now_ms` decides whether a cooldown left after a
+/// reset is still running.
+fn apply(watched: &mut [Watched], change: &StateChange, now_ms: i64, tx: &Tx) -> Flow {
     for w in watched.iter_mut() {
-        let event = match change {
-            StateChange::Cooldown {
-                level,
-                cooldown_until_ms,
-            } => {
-                let covers = match level {
-                    EvidenceLevel::Route(route) => *route == w.key.route,
-                    EvidenceLevel::Caller(caller) => *caller == w.key.route.caller_scope,
-                };
-                if !covers || *cooldown_until_ms <= w.cooldown_until_ms {
-                    continue;
-                }
-                w.cooldown_until_ms = *cooldown_until_ms;
-                w.ended_sent = false;
-                ScopeEventKind::CooldownStarted
+        for kind in events_for(w, change, now_ms) {
+            if let Flow::Stop = send(tx, w.event(kind)) {
+                return Flow::Stop;
             }
-            StateChange::Freeze { route, reason } => {
-                if *route != w.key.route || *reason == w.frozen {
-                    continue;
-                }
-                w.frozen = reason.clone();
-                if reason.is_some() {
-                    ScopeEventKind::Frozen
-                } else {
-                    ScopeEventKind::Unfrozen
-                }
-            }
-            StateChange::Policy {
-                route,
-                policy_version,
-            } => {
-                if *route != w.key.route || *policy_version == w.policy_version {
-                    continue;
-                }
-                w.policy_version = *policy_version;
-                ScopeEventKind::PolicyChanged
-            }
-            StateChange::Policies(PolicySnapshot(set)) => {
-                let version = set.resolve(&w.key.route).policy_version;
-                if version == w.policy_version {
-                    continue;
-                }
-                w.policy_version = version;
-                ScopeEventKind::PolicyChanged
-            }
-        };
-        if let Flow::Stop = send(tx, w.event(event)) {
-            return Flow::Stop;
         }
     }
     Flow::Go
 }
 
+/// What `change` means for one watcher (updating what it has been told):
+/// usually nothing or one event; a reset that lowers a running cooldown is
+/// an end (the client clears its cooldown) and, if the caller scope's
+/// cooldown still runs, a new start.
+fn events_for(w: &mut Watched, change: &StateChange, now_ms: i64) -> Vec<ScopeEventKind> {
+    let kind = match change {
+        StateChange::Cooldown {
+            level,
+            cooldown_until_ms,
+        } => {
+            let covers = match level {
+                EvidenceLevel::Route(route) => *route == w.key.route,
+                EvidenceLevel::Caller(caller) => *caller == w.key.route.caller_scope,
+            };
+            if !covers || *cooldown_until_ms <= w.cooldown_until_ms {
+                return Vec::new();
+            }
+            w.cooldown_until_ms = *cooldown_until_ms;
+            w.ended_sent = false;
+            ScopeEventKind::CooldownStarted
+        }
+        StateChange::Freeze { route, reason } => {
+            if *route != w.key.route || *reason == w.frozen {
+                return Vec::new();
+            }
+            w.frozen = reason.clone();
+            if reason.is_some() {
+                ScopeEventKind::Frozen
+            } else {
+                ScopeEventKind::Unfrozen
+            }
+        }
+        StateChange::Policy {
+            route,
+            policy_version,
+        } => {
+            if *route != w.key.route || *policy_version == w.policy_version {
+                return Vec::new();
+            }
+            w.policy_version = *policy_version;
+            ScopeEventKind::PolicyChanged
+        }
+        StateChange::Policies(PolicySnapshot(set)) => {
+            let version = set.resolve(&w.key.route).policy_version;
+            if version == w.policy_version {
+                return Vec::new();
+            }
+            w.policy_version = version;
+            ScopeEventKind::PolicyChanged
+        }
+        StateChange::Reset {
+            route,
+            cooldown_until_ms,
+        } => {
+            if *route != w.key.route || w.ended_sent || *cooldown_until_ms >= w.cooldown_until_ms {
+                return Vec::new();
+            }
+            w.cooldown_until_ms = *cooldown_until_ms;
+            w.ended_sent = *cooldown_until_ms <= now_ms;
+            if w.ended_sent {
+                return vec![ScopeEventKind::CooldownEnded];
+            }
+            return vec![
+                ScopeEventKind::CooldownEnded,
+                ScopeEventKind::CooldownStarted,
+            ];
+        }
+    };
+    vec![kind]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scope::Priority;
+    use crate::events::EventHub;
+    use crate::scope::{Priority, RouteKey};
     use tollgate_client::clock::{ManualClock, from_unix_ms};
 
     const T0: i64 = 1_700_000_000_000;
@@ -369,5 +314,38 @@ mod tests {
         let last = rx.recv().await.expect("a final status");
         assert_eq!(last.expect_err("status").code(), tonic::Code::Unavailable);
         task.await.expect("the task ends with the stream");
+    }
+
+    #[test]
+    fn a_reset_ends_the_cooldown_and_restarts_the_one_left() {
+        let route = RouteKey {
+            caller_scope: "c".into(),
+            route: "r".into(),
+        };
+        let mut w = watched().remove(0);
+        assert_eq!(
+            events_for(&mut w, &cooldown("c", T0 + 30_000), T0),
+            [ScopeEventKind::CooldownStarted]
+        );
+        let reset = |until| StateChange::Reset {
+            route: route.clone(),
+            cooldown_until_ms: until,
+        };
+        assert_eq!(
+            events_for(&mut w, &reset(T0 + 10_000), T0),
+            [
+                ScopeEventKind::CooldownEnded,
+                ScopeEventKind::CooldownStarted
+            ]
+        );
+        assert_eq!(w.cooldown_until_ms, T0 + 10_000);
+        assert_eq!(
+            events_for(&mut w, &reset(0), T0),
+            [ScopeEventKind::CooldownEnded]
+        );
+        assert!(
+            events_for(&mut w, &reset(0), T0).is_empty(),
+            "nothing left to end"
+        );
     }
 }

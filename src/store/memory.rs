@@ -14,14 +14,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dashmap::DashMap;
 
 use crate::budget::{BudgetLedger, GrantAsk, GrantLimit};
-use crate::evidence::{Assessment, HintState, Merge};
+use crate::hints::{Assessment, HintState, Merge};
 use crate::policy::Policy;
-use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
+use crate::scope::{RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotCursor, SlotOutcome};
 
 use super::{
-    LeaseOutcome, Reconsidered, ScopeDetail, ScopeFilter, ScopePage, ScopeSummary, ScopeView,
-    Store, StoreError, StoreFuture,
+    LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
+    ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
 };
 
 /// State of one `(caller_scope, route)`.
@@ -108,8 +108,8 @@ impl MemoryStore {
             .map_or((0, 0), |c| (c.hints.cooldown_until_ms, c.hints.floor_ms()))
     }
 
-    fn view_of(state: &RouteState, caller: (i64, i64)) -> ScopeView {
-        ScopeView {
+    fn view_of(state: &RouteState, caller: (i64, i64)) -> RouteView {
+        RouteView {
             cooldown_until_ms: state.hints.cooldown_until_ms.max(caller.0),
             floor_ms: state.hints.floor_ms().max(caller.1),
             frozen: state.frozen.clone(),
@@ -171,6 +171,85 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The route's deposit and route-level hints under the route's entry
+    /// lock, then the caller-level hints under the caller's: never both
+    /// locks at once (see the module doc for what that costs).
+    fn report_now(
+        &self,
+        scope: &ScopeKey,
+        report: ReportBatch<'_>,
+        policy: &Policy,
+    ) -> Result<Reported, StoreError> {
+        let now_ms = report.now_ms;
+        if report.successes > 0
+            && let Some(mut caller) = self.callers.get_mut(&scope.route.caller_scope)
+        {
+            caller.hints.decay();
+        }
+        let mut merges: Vec<Option<Merge>> = vec![None; report.hints.len()];
+        self.with_route(&scope.route, now_ms, |state| {
+            state.budget.deposit(
+                policy,
+                report.worker_id,
+                scope.priority,
+                report.first_attempts,
+                now_ms,
+            );
+            if report.successes > 0 {
+                state.hints.decay();
+            }
+            for (merge, hint) in merges.iter_mut().zip(report.hints) {
+                if !hint.caller_wide {
+                    *merge = Some(state.hints.merge(&hint.assessment, policy, now_ms));
+                }
+            }
+        })?;
+        for (merge, hint) in merges.iter_mut().zip(report.hints) {
+            if hint.caller_wide {
+                let caller = &scope.route.caller_scope;
+                *merge = Some(self.merge_caller(caller, &hint.assessment, policy, now_ms)?);
+            }
+        }
+        Ok(Reported {
+            merges: merges.into_iter().flatten().collect(),
+            view: self.view_now(&scope.route),
+        })
+    }
+
+    /// A route's effective state; an unknown route has its caller scope's.
+    fn view_now(&self, route: &RouteKey) -> RouteView {
+        let caller = self.caller_floor(&route.caller_scope);
+        match self.routes.get(route) {
+            Some(state) => Self::view_of(&state, caller),
+            None => RouteView {
+                cooldown_until_ms: caller.0,
+                floor_ms: caller.1,
+                frozen: None,
+            },
+        }
+    }
+
+    /// Merges one hint into a caller scope's state, creating it if there
+    /// is room.
+    fn merge_caller(
+        &self,
+        caller: &str,
+        assessment: &Assessment,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Merge, StoreError> {
+        if !self.callers.contains_key(caller) && self.full() {
+            return Err(StoreError::ScopeLimit {
+                max: self.max_scopes,
+            });
+        }
+        let mut state = self.callers.entry(caller.to_owned()).or_default();
+        state.last_touched_ms = state.last_touched_ms.max(now_ms);
+        Ok(state.hints.merge(assessment, policy, now_ms))
+    }
+}
+
 impl Store for MemoryStore {
     fn lease<'a>(
         &'a self,
@@ -199,55 +278,13 @@ impl Store for MemoryStore {
         Box::pin(ready(result))
     }
 
-    fn deposit<'a>(
+    fn report<'a>(
         &'a self,
         scope: &'a ScopeKey,
-        worker_id: &'a str,
-        first_attempts: u32,
-        successes: u32,
+        report: ReportBatch<'a>,
         policy: &'a Policy,
-        now_ms: i64,
-    ) -> StoreFuture<'a, ()> {
-        if successes > 0
-            && let Some(mut caller) = self.callers.get_mut(&scope.route.caller_scope)
-        {
-            caller.hints.decay();
-        }
-        let result = self.with_route(&scope.route, now_ms, |state| {
-            state
-                .budget
-                .deposit(policy, worker_id, scope.priority, first_attempts, now_ms);
-            if successes > 0 {
-                state.hints.decay();
-            }
-        });
-        Box::pin(ready(result))
-    }
-
-    fn merge_evidence<'a>(
-        &'a self,
-        level: &'a EvidenceLevel,
-        assessment: &'a Assessment,
-        policy: &'a Policy,
-        now_ms: i64,
-    ) -> StoreFuture<'a, Merge> {
-        let result = match level {
-            EvidenceLevel::Route(route) => self.with_route(route, now_ms, |state| {
-                state.hints.merge(assessment, policy, now_ms)
-            }),
-            EvidenceLevel::Caller(caller) => {
-                if !self.callers.contains_key(caller) && self.full() {
-                    Err(StoreError::ScopeLimit {
-                        max: self.max_scopes,
-                    })
-                } else {
-                    let mut state = self.callers.entry(caller.clone()).or_default();
-                    state.last_touched_ms = state.last_touched_ms.max(now_ms);
-                    Ok(state.hints.merge(assessment, policy, now_ms))
-                }
-            }
-        };
-        Box::pin(ready(result))
+    ) -> StoreFuture<'a, Reported> {
+        Box::pin(ready(self.report_now(scope, report, policy)))
     }
 
     fn reconsider<'a>(
@@ -255,7 +292,7 @@ impl Store for MemoryStore {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, ScopeView)> {
+    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
         let caller = self.caller_floor(&route.caller_scope);
         let result = self
             .with_route(route, ask.now_ms, |state| {
@@ -277,17 +314,8 @@ impl Store for MemoryStore {
         Box::pin(ready(result))
     }
 
-    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, ScopeView> {
-        let caller = self.caller_floor(&route.caller_scope);
-        let view = match self.routes.get(route) {
-            Some(state) => Self::view_of(&state, caller),
-            None => ScopeView {
-                cooldown_until_ms: caller.0,
-                floor_ms: caller.1,
-                frozen: None,
-            },
-        };
-        Box::pin(ready(Ok(view)))
+    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {
+        Box::pin(ready(Ok(self.view_now(route))))
     }
 
     fn set_freeze<'a>(
@@ -407,28 +435,31 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
 
-    async fn make() -> Option<crate::store::Fixture> {
-        Some(crate::store::Fixture::new(MemoryStore::new(8), ()))
+    async fn make() -> Option<crate::store::contract::Fixture> {
+        Some(crate::store::contract::Fixture::new(
+            MemoryStore::new(8),
+            (),
+        ))
     }
 
-    crate::store::contract_tests!(make);
+    crate::store::contract::contract_tests!(make);
 
     /// Only the memory store counts scopes: a shared store's bound is the
     /// server's own memory limit plus key expiry (docs/operations.md).
     #[tokio::test]
     async fn scopes_are_bounded_until_idle_ones_are_evicted() {
         use crate::scope::{Priority, ScopeKey};
+        use crate::store::contract::deposit;
         const T0: i64 = 1_700_000_000_000;
         let s = MemoryStore::new(8);
-        let p = Policy::default();
         let key = |i: usize| ScopeKey::new("c", &format!("r{i}"), Priority::Critical);
         for i in 0..8 {
-            s.deposit(&key(i), "w", 1, 0, &p, T0).await.expect("room");
+            deposit(&s, &key(i), 1, T0).await.expect("room");
         }
-        let err = s.deposit(&key(8), "w", 1, 0, &p, T0).await;
+        let err = deposit(&s, &key(8), 1, T0).await;
         assert_eq!(err, Err(StoreError::ScopeLimit { max: 8 }));
         assert_eq!(s.evict_idle(T0 + 61_000, 60_000).await, Ok(8));
-        s.deposit(&key(8), "w", 1, 0, &p, T0 + 61_000)
+        deposit(&s, &key(8), 1, T0 + 61_000)
             .await
             .expect("room again");
     }

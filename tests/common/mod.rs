@@ -40,14 +40,12 @@ impl Coordinator {
         let addr = listener.local_addr().expect("local addr");
         let clock = Arc::new(ManualClock::new(from_unix_ms(T0)));
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::run_with_store(
+        let task = tokio::spawn(server::run_tcp(
             listener,
             async {
                 let _ = stopped.await;
             },
-            config,
-            clock.clone(),
-            store,
+            server::Setup::new(config).clock(clock.clone()).store(store),
         ));
         Coordinator {
             addr,
@@ -70,15 +68,15 @@ impl Coordinator {
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::run_replica(
+        let task = tokio::spawn(server::run_tcp(
             listener,
             async {
                 let _ = stopped.await;
             },
-            config,
-            clock.clone(),
-            store,
-            relay,
+            server::Setup::new(config)
+                .clock(clock.clone())
+                .store(store)
+                .relay(relay),
         ));
         Coordinator {
             addr,

@@ -1,4 +1,4 @@
-//! The real coordinator (`tollgate::server::serve_with_incoming`, so the real
+//! The real coordinator (`tollgate::server::run`, so the real
 //! `BudgetService` behind the real layers) served over in-memory pipes, and a
 //! gate connected to it, for tests on paused tokio time.
 //!
@@ -190,11 +190,10 @@ impl Coordinator {
 
     fn start_server(&mut self) {
         let (conns, incoming) = mpsc::channel::<DuplexStream>(8);
-        let task = tokio::spawn(server::serve_with_incoming(
+        let task = tokio::spawn(server::run(
             ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>),
             std::future::pending::<()>(),
-            self.config.clone(),
-            self.clock.clone(),
+            server::Setup::new(self.config.clone()).clock(self.clock.clone()),
         ));
         self.server = Some(task);
         self.switchboard.board().up = Some(conns);

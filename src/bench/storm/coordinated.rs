@@ -1,7 +1,7 @@
 //! Strategy (e): Tollgate, every retry through the real gate and the real
 //! coordinator.
 //!
-//! The coordinator is the real server (`server::serve_with_incoming`: the
+//! The coordinator is the real server (`server::run`: the
 //! real `BudgetService` behind the real layers, a fresh in-memory store),
 //! reached by real tonic clients over in-memory pipes instead of loopback
 //! TCP. Pipes are driven by tokio itself, so under a paused clock time only
@@ -137,11 +137,10 @@ impl Coordinated {
         let clock = Arc::new(TokioClock::new(config.wall_at_start));
         let (connections, incoming) = mpsc::channel::<DuplexStream>(64);
         let shutdown = CancellationToken::new();
-        let server = tokio::spawn(crate::server::serve_with_incoming(
+        let server = tokio::spawn(crate::server::run(
             ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>),
             shutdown.clone().cancelled_owned(),
-            file,
-            clock.clone(),
+            crate::server::Setup::new(file).clock(clock.clone()),
         ));
         Ok(Coordinated {
             policy,

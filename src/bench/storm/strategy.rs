@@ -13,7 +13,7 @@
 //!
 //! **Strategy (e), Tollgate with a real coordinator**, lives in
 //! `coordinated.rs`: [`StrategyKind::start`] starts the real coordinator
-//! (`server::serve_with_incoming`) over in-memory pipes with the run's
+//! (`server::run`) over in-memory pipes with the run's
 //! policy (its wake rate is reported by [`Strategy::describe`]); each worker
 //! gets its own `CoordinatorLink`, `LeaseCache` and gate, and
 //! [`WorkerRunner::run_intent`] runs the gate with attempts that only call

@@ -13,24 +13,49 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use tollgate_client::clock::{Clock, from_unix_ms, to_unix_ms};
+use tollgate_client::clock::{Clock, SystemClock, from_unix_ms, to_unix_ms};
 use tracing::{info, warn};
 
 /// The local clock plus the last measured offset to Redis's `TIME`.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone)]
 pub struct RedisClock {
     /// Redis time minus local time, in ms; 0 until first measured.
     offset_ms: Arc<AtomicI64>,
+    /// The clock the offset corrects: the system's, or (in tests) one set
+    /// far from Redis's so that an offset left unapplied shows.
+    local: Arc<dyn Clock>,
+}
+
+impl Default for RedisClock {
+    fn default() -> Self {
+        RedisClock::over(Arc::new(SystemClock))
+    }
+}
+
+impl std::fmt::Debug for RedisClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisClock")
+            .field("offset_ms", &self.offset_ms())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Clock for RedisClock {
     fn now(&self) -> SystemTime {
-        let local = to_unix_ms(SystemTime::now());
+        let local = to_unix_ms(self.local.now());
         from_unix_ms(local.saturating_add(self.offset_ms.load(Ordering::Relaxed)))
     }
 }
 
 impl RedisClock {
+    /// A clock correcting `local` (the system clock by [`Default`]).
+    pub fn over(local: Arc<dyn Clock>) -> Self {
+        RedisClock {
+            offset_ms: Arc::new(AtomicI64::new(0)),
+            local,
+        }
+    }
+
     /// The current offset (Redis minus local), in ms.
     pub fn offset_ms(&self) -> i64 {
         self.offset_ms.load(Ordering::Relaxed)
@@ -39,9 +64,9 @@ impl RedisClock {
     /// Measures the offset once.
     pub async fn calibrate(&self, client: &redis::Client) -> redis::RedisResult<i64> {
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let before = to_unix_ms(SystemTime::now());
+        let before = to_unix_ms(self.local.now());
         let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
-        let after = to_unix_ms(SystemTime::now());
+        let after = to_unix_ms(self.local.now());
         let redis_ms = secs * 1000 + micros / 1000;
         let offset = redis_ms - (before + after) / 2;
         self.offset_ms.store(offset, Ordering::Relaxed);
@@ -74,19 +99,37 @@ impl RedisClock {
 mod tests {
     use super::*;
     use crate::testing::RedisServer;
+    use tollgate_client::clock::ManualClock;
 
+    /// The local clock is set a day behind Redis's (same host, so Redis's
+    /// `TIME` is the system's): only an applied offset brings `now` back to
+    /// Redis's time.
     #[tokio::test]
     async fn follows_the_redis_servers_clock() {
         let Some(server) = RedisServer::start() else {
             return;
         };
         let client = redis::Client::open(server.url()).expect("client");
-        let clock = RedisClock::default();
+        const DAY_MS: i64 = 86_400_000;
+        let behind = from_unix_ms(to_unix_ms(SystemTime::now()) - DAY_MS);
+        let local = Arc::new(ManualClock::new(behind));
+        let clock = RedisClock::over(local.clone());
         let offset = clock.calibrate(&client).await.expect("TIME");
-        // Same host, same clock: the offset is the measurement's error only.
-        assert!(offset.abs() < 1_000, "offset {offset} ms");
+        assert!((offset - DAY_MS).abs() < 1_000, "offset {offset} ms");
         assert_eq!(clock.offset_ms(), offset);
-        let drift = to_unix_ms(clock.now()) - to_unix_ms(SystemTime::now());
-        assert!((drift - offset).abs() < 1_000);
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .expect("TIME");
+        let redis_ms = secs * 1000 + micros / 1000;
+        let error = to_unix_ms(clock.now()) - redis_ms;
+        assert!(error.abs() < 1_000, "{error} ms from Redis's TIME");
+        // The local clock moves, the offset stays: `now` moves with it.
+        local.advance(Duration::from_secs(5));
+        assert_eq!(to_unix_ms(clock.now()), to_unix_ms(local.now()) + offset);
     }
 }

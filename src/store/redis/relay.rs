@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{RedisSetupError, RedisTarget};
+use crate::events::{EventHub, StateChange};
 use crate::scope::{EvidenceLevel, RouteKey};
-use crate::service::watch::{EventHub, StateChange};
 
 /// Changes waiting to be published before newer ones are dropped.
 const OUTBOX: usize = 1024;
@@ -169,6 +169,12 @@ fn encode(origin: u64, change: &StateChange) -> Option<Value> {
         } => {
             json!({"o": origin, "k": "policy", "route": route_json(route), "version": policy_version})
         }
+        StateChange::Reset {
+            route,
+            cooldown_until_ms,
+        } => {
+            json!({"o": origin, "k": "reset", "route": route_json(route), "until": cooldown_until_ms})
+        }
         StateChange::Policies(_) => return None,
     })
 }
@@ -198,6 +204,10 @@ fn decode(text: &str) -> Option<(u64, StateChange)> {
         "policy" => StateChange::Policy {
             route: route()?,
             policy_version: v.get("version")?.as_u64()?,
+        },
+        "reset" => StateChange::Reset {
+            route: route()?,
+            cooldown_until_ms: v.get("until")?.as_i64()?,
         },
         _ => return None,
     };
@@ -232,8 +242,12 @@ mod tests {
                 reason: None,
             },
             StateChange::Policy {
-                route,
+                route: route.clone(),
                 policy_version: 7,
+            },
+            StateChange::Reset {
+                route,
+                cooldown_until_ms: 0,
             },
         ];
         for change in changes {

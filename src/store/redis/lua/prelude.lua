@@ -1,5 +1,5 @@
 -- Shared by every Tollgate script: the state codec and the budget, hint and
--- slot math. This is a port of src/budget.rs, src/evidence.rs and
+-- slot math. This is a port of src/budget.rs, src/hints.rs and
 -- src/slots.rs, line for line where possible: the Rust modules are the
 -- reference and the store contract suite (run against both stores) is what
 -- proves the two agree. Change one, change the other.
@@ -18,13 +18,10 @@
 -- (cmsgpack keeps integers as integers; cjson would print 14 digits and lose
 -- the microsecond cursor).
 
-local W = 60                 -- MAX_WINDOW_SECS: buckets kept per series
-local MAX_WORKERS = 1024     -- MAX_WORKERS_PER_CLASS
-local MAX_LEASES = 4096      -- MAX_LEASES_PER_ROUTE
-local MAX_PENDING = 10000    -- MAX_PENDING_PER_ROUTE
-local JITTER_SCALE = 1000000
-local RECENT_HINTS = 16
-local MAX_BACKOFF_STEP = 20
+-- The bounds shared with the Rust modules (W, MAX_WORKERS, MAX_LEASES,
+-- MAX_PENDING, JITTER_SCALE, RECENT_HINTS, MAX_BACKOFF_STEP) are not written
+-- here: RedisStore prepends them from the Rust constants when it loads the
+-- scripts, so the two can never drift apart.
 
 -- Floor division of non-negative integers, exact even where a/b rounds up.
 local function idiv(a, b)
@@ -110,6 +107,65 @@ end
 
 -- A reported success narrows the step; what was imposed stays.
 local function decay(h) h.step = math.max(0, h.step - 1) end
+
+-- Fields per hint in a report's ARGV (RedisStore::hint_args): level (1
+-- route / 0 caller scope), cooldown until (-1 for none), widen (1/0),
+-- anchor, raw (or ''), has_raw, form, valid, capped, clock_skew.
+local HINT_FIELDS = 10
+
+local function hint_at(i)
+  return {
+    route = ARGV[i] == '1', until_ms = tonumber(ARGV[i + 1]),
+    widen = ARGV[i + 2] == '1', anchor = tonumber(ARGV[i + 3]),
+    raw = ARGV[i + 4], has_raw = ARGV[i + 5] == '1', form = ARGV[i + 6],
+    valid = ARGV[i + 7] == '1', capped = ARGV[i + 8] == '1',
+    skew = ARGV[i + 9] == '1',
+  }
+end
+
+-- Merges one assessed hint into `h` (HintState::merge): cooldown =
+-- max(current, hint), a hintless rejection widens the backoff step, the
+-- evidence is kept in a bounded ring either way. Appends the merge (raised
+-- 1/0, cooldown, backoff) to `out`.
+local function merge_hint(out, h, a, now, base, max)
+  local before = h.cd
+  if a.until_ms >= 0 then h.cd = math.max(h.cd, a.until_ms) end
+  if a.widen then
+    h.step = math.min(h.step + 1, MAX_BACKOFF_STEP)
+    h.bo = math.max(h.bo, a.anchor + backoff_ms(h, base, max))
+  end
+  if #h.recent >= RECENT_HINTS then table.remove(h.recent, 1) end
+  local rec = {
+    at = now, raw = a.raw, has_raw = a.has_raw, form = a.form,
+    valid = a.valid, capped = a.capped, skew = a.skew,
+  }
+  -- The cooldown this hint asked for, so an operator can tell which hint a
+  -- scope's cooldown came from.
+  if a.until_ms >= 0 then rec.cd = a.until_ms end
+  h.recent[#h.recent + 1] = rec
+  local raised = 0
+  if h.cd > before and h.cd > now then raised = 1 end
+  out[#out + 1] = raised
+  out[#out + 1] = h.cd
+  out[#out + 1] = backoff_ms(h, base, max)
+end
+
+-- A caller scope's state about to take a hint: created when absent.
+local function caller_for_hint(c, now)
+  c = c or { hints = hints_new(), touched = now }
+  c.touched = math.max(c.touched, now)
+  return c
+end
+
+-- Writes a caller scope's state after a report: with a fresh expiry when a
+-- hint landed on it, keeping its expiry when only a success narrowed it.
+local function caller_save(key, c, merged, now, idle_ms)
+  if merged then
+    save(key, c, hints_floor(c.hints), now, idle_ms)
+  else
+    redis.call('SET', key, cmsgpack.pack(c), 'KEEPTTL')
+  end
+end
 
 ---------------------------------------------------------------- route
 local function route_new(now)

@@ -1,4 +1,4 @@
-//! Rate-limit evidence: reading one response's hints into a cooldown, and the
+//! Hints → cooldowns: reading one response's wait hints into a cooldown, and the
 //! per-scope hint state (cooldown, backoff step, recent hints). Pure.
 //!
 //! Hints are read with the client crate's parser
@@ -23,6 +23,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use tollgate_client::classify::{GrpcCode, Sent, classify_grpc, classify_http};
 use tollgate_client::clock::from_unix_ms;
 use tollgate_client::hint::{
     HintForm, HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after,
@@ -33,7 +34,7 @@ use crate::policy::Policy;
 /// Recent hints kept per scope as evidence (a ring: the oldest falls out).
 pub const RECENT_HINTS: usize = 16;
 /// The backoff step stops widening here (`base × 2^19` exceeds any max).
-const MAX_BACKOFF_STEP: u8 = 20;
+pub const MAX_BACKOFF_STEP: u8 = 20;
 
 /// One response as a worker reported it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,15 +52,27 @@ pub struct EvidenceInput<'a> {
 }
 
 impl EvidenceInput<'_> {
-    /// 408, 429, 5xx, or gRPC DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED /
-    /// UNAVAILABLE: responses that say "not now". Other statuses are kept as
-    /// evidence but move no cooldown or backoff.
+    /// Whether the response says "not now" rather than "no": one the
+    /// client's classification table calls retryable (429, 503, 408, 502,
+    /// 504, 500; gRPC `RESOURCE_EXHAUSTED`, `UNAVAILABLE`,
+    /// `DEADLINE_EXCEEDED`, `INTERNAL`, `UNKNOWN`). The worker and the
+    /// coordinator read a status through that one table, so a response the
+    /// worker retries is the one that widens the scope's backoff. Other
+    /// statuses are kept as evidence but move no cooldown or backoff.
     pub fn is_rejection(&self) -> bool {
-        match self.http_status {
-            0 => matches!(self.grpc_code, 4 | 8 | 14),
-            408 | 429 | 500..=599 => true,
-            _ => false,
-        }
+        let classification = match self.http_status {
+            // The report was already sent, so a deadline means the effect
+            // is unknown; whether it is a rejection does not depend on it.
+            0 => classify_grpc(
+                GrpcCode::from_i32(i32::try_from(self.grpc_code).unwrap_or(-1)),
+                Sent::After,
+            ),
+            status => match u16::try_from(status) {
+                Ok(status) => classify_http(status),
+                Err(_) => return false,
+            },
+        };
+        classification.class.is_retryable()
     }
 }
 

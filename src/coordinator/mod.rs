@@ -1,0 +1,270 @@
+//! The coordinator core: every operation of the coordinator, free of gRPC.
+//!
+//! A [`Coordinator`] owns what the operations share — the store, the
+//! running policies, the [`EventHub`], the clock, the slot-jitter RNG and
+//! the runtime [`Control`] (policy changes, freezes, resets, the audit log).
+//! Each Budget operation here is: resolve the scope's policy, read the clock,
+//! run **one** store operation, and publish what changed. The gRPC services
+//! in [`crate::service`] only validate, authenticate, call one method here
+//! and map the answer (limitador's core/server split); nothing here knows a
+//! wire type, so adaptive pacing, hint corroboration or shared admin state
+//! are added here, behind the same methods, and tested without sockets.
+//!
+//! # Events
+//! Every state change is published by the core: cooldowns raised by a
+//! report (here), freezes, policy changes and resets (in [`Control`], which
+//! publishes on the same hub). Watch streams subscribe with
+//! [`Coordinator::watch`], which subscribes *before* reading snapshots so no
+//! change falls in between.
+
+mod report;
+
+use std::sync::{Arc, Mutex};
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use tokio::sync::broadcast;
+use tollgate_client::clock::{Clock, to_unix_ms};
+
+use crate::admin::Control;
+use crate::budget::GrantAsk;
+use crate::events::{EventHub, ScopeSnapshot, StateChange};
+use crate::policy::SharedPolicies;
+use crate::scope::{RetryClass, RouteKey, ScopeKey};
+use crate::slots::{JITTER_SCALE, SlotAsk};
+use crate::store::{
+    LeaseOutcome, Reconsidered, RouteView, ScopeDetail, ScopeFilter, ScopePage, Store, StoreError,
+};
+
+pub use report::{ReportIn, ReportOut, ReportedResponse};
+
+/// What a [`Coordinator`] is built from. The store, hub and control are
+/// made by the caller (the server) because they outlive or feed other
+/// parts: the relay shares the hub, the health check and the sweeper the
+/// store.
+pub struct CoreParts {
+    /// Scope state; shared with the server's sweeper and health check.
+    pub store: Arc<dyn Store>,
+    /// The running policies; [`Control`] swaps in changed ones.
+    pub policies: SharedPolicies,
+    /// Where every change is published (and, with a relay, shared with
+    /// the other replicas).
+    pub hub: EventHub,
+    /// The coordinator's clock: the authority for cooldowns and slots.
+    pub clock: Arc<dyn Clock>,
+    /// Seeds slot jitter so a run can be replayed; `None`: from the OS.
+    pub rng_seed: Option<u64>,
+    /// Runtime control over the same store, policies and hub.
+    pub control: Control,
+}
+
+/// The coordinator core. Shared (`Arc`) by the Budget and Admin services
+/// and the server's background tasks.
+pub struct Coordinator {
+    store: Arc<dyn Store>,
+    policies: SharedPolicies,
+    hub: EventHub,
+    clock: Arc<dyn Clock>,
+    /// Slot jitter. A mutex, not a per-call RNG: one seeded sequence makes
+    /// a whole run replayable; the lock is held for one draw.
+    rng: Mutex<StdRng>,
+    control: Control,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator").finish_non_exhaustive()
+    }
+}
+
+/// A lease as decided, with the policy version it was decided under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leased {
+    /// What the store granted.
+    pub outcome: LeaseOutcome,
+    /// The scope's policy version at the grant.
+    pub policy_version: u64,
+    /// The coordinator's clock at the grant.
+    pub now_ms: i64,
+}
+
+/// What `Reconsider` decided, with the state it was decided in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconsideration {
+    /// A slot, a refusal, or frozen.
+    pub decided: Reconsidered,
+    /// The route's state at the decision.
+    pub view: RouteView,
+    /// The scope's policy version.
+    pub policy_version: u64,
+    /// The coordinator's clock at the decision.
+    pub now_ms: i64,
+}
+
+/// An intent asking when to try again (the validated `Reconsider` request).
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRequest<'a> {
+    /// The waiting intent: asking again returns its slot.
+    pub intent_id: &'a str,
+    /// The worker's own not-before.
+    pub not_before_ms: i64,
+    /// The intent's deadline.
+    pub deadline_ms: i64,
+    /// Time the intent needs after its slot for one attempt.
+    pub reserve_ms: i64,
+}
+
+impl Coordinator {
+    /// A core from its parts.
+    pub fn new(parts: CoreParts) -> Self {
+        let rng = match parts.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => rand::make_rng::<StdRng>(),
+        };
+        Coordinator {
+            store: parts.store,
+            policies: parts.policies,
+            hub: parts.hub,
+            clock: parts.clock,
+            rng: Mutex::new(rng),
+            control: parts.control,
+        }
+    }
+
+    /// The runtime controls: policy set/delete/apply, freeze, unfreeze,
+    /// reset, reload, the audit log. Each publishes its change on this
+    /// core's hub.
+    pub fn admin(&self) -> &Control {
+        &self.control
+    }
+
+    /// Where every change is published.
+    pub fn hub(&self) -> &EventHub {
+        &self.hub
+    }
+
+    /// The running policies.
+    pub fn policies(&self) -> &SharedPolicies {
+        &self.policies
+    }
+
+    /// The coordinator's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The coordinator's clock, in Unix milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        to_unix_ms(self.clock.now())
+    }
+
+    fn jitter(&self) -> u32 {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        rng.random_range(0..JITTER_SCALE)
+    }
+
+    /// Grants up to `want` retry tokens of `scope` to `worker_id`.
+    pub async fn lease(
+        &self,
+        scope: &ScopeKey,
+        worker_id: &str,
+        want: u32,
+        retry_class: RetryClass,
+    ) -> Result<Leased, StoreError> {
+        let policy = self.policies.current().resolve(&scope.route);
+        let now_ms = self.now_ms();
+        let ask = GrantAsk {
+            worker_id,
+            priority: scope.priority,
+            retry_class,
+            want,
+            now_ms,
+        };
+        let outcome = self.store.lease(scope, ask, &policy).await?;
+        Ok(Leased {
+            outcome,
+            policy_version: policy.policy_version,
+            now_ms,
+        })
+    }
+
+    /// Ends a lease; returns the tokens refunded.
+    pub async fn release(
+        &self,
+        scope: &ScopeKey,
+        worker_id: &str,
+        lease_id: &str,
+        spent: u32,
+    ) -> Result<u32, StoreError> {
+        self.store
+            .release(scope, worker_id, lease_id, spent, self.now_ms())
+            .await
+    }
+
+    /// Gives a waiting intent a jittered slot on `route`'s cursor.
+    pub async fn reconsider(
+        &self,
+        route: &RouteKey,
+        request: SlotRequest<'_>,
+    ) -> Result<Reconsideration, StoreError> {
+        let policy = self.policies.current().resolve(route);
+        let now_ms = self.now_ms();
+        let ask = SlotAsk {
+            intent_id: request.intent_id,
+            floor_ms: request.not_before_ms,
+            deadline_ms: request.deadline_ms,
+            reserve_ms: request.reserve_ms,
+            now_ms,
+            jitter_ppm: self.jitter(),
+        };
+        let (decided, view) = self.store.reconsider(route, ask, &policy).await?;
+        Ok(Reconsideration {
+            decided,
+            view,
+            policy_version: policy.policy_version,
+            now_ms,
+        })
+    }
+
+    /// Opens a watch on `scopes`: a receiver of every change published from
+    /// now on, and each scope's state now. The receiver is taken first, so
+    /// a change made while the snapshots are read is seen in both (harmless:
+    /// applying a change twice is a no-op) rather than in neither.
+    pub async fn watch(
+        &self,
+        scopes: &[ScopeKey],
+    ) -> Result<(broadcast::Receiver<StateChange>, Vec<ScopeSnapshot>), StoreError> {
+        let changes = self.hub.subscribe();
+        let now_ms = self.now_ms();
+        let policies = self.policies.current();
+        let mut snapshots = Vec::with_capacity(scopes.len());
+        for key in scopes {
+            let view = self.store.view(&key.route, now_ms).await?;
+            snapshots.push(ScopeSnapshot {
+                key: key.clone(),
+                cooldown_until_ms: view.cooldown_until_ms,
+                policy_version: policies.resolve(&key.route).policy_version,
+                frozen: view.frozen,
+            });
+        }
+        Ok((changes, snapshots))
+    }
+
+    /// Routes matching `filter`, a page at a time (Admin `ListScopes`).
+    pub async fn list_scopes(
+        &self,
+        filter: &ScopeFilter,
+        after: Option<&RouteKey>,
+        limit: usize,
+    ) -> Result<ScopePage, StoreError> {
+        self.store
+            .list_scopes(filter, after, limit, self.now_ms())
+            .await
+    }
+
+    /// One route's live state with its budget at its current policy
+    /// (Admin `GetScope`); `None` when the store holds nothing for it.
+    pub async fn scope_detail(&self, route: &RouteKey) -> Result<Option<ScopeDetail>, StoreError> {
+        let policy = self.policies.current().resolve(route);
+        self.store.scope_detail(route, &policy, self.now_ms()).await
+    }
+}

@@ -1,0 +1,114 @@
+//! `Report`: a worker's first attempts, successes and rate-limit evidence,
+//! assessed here and applied as **one** store operation
+//! ([`crate::store::Store::report`]), after which the core publishes every
+//! cooldown the report raised.
+
+use crate::hints::{Assessment, EvidenceInput, assess};
+use crate::scope::{EvidenceLevel, ScopeKey};
+use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
+
+use super::Coordinator;
+use crate::events::StateChange;
+
+/// One response a worker reports, validated.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportedResponse<'a> {
+    /// The response and its hints as received.
+    pub input: EvidenceInput<'a>,
+    /// The worker could not tell which scope the response spoke for: the
+    /// evidence then covers the whole caller scope.
+    pub uncertain: bool,
+}
+
+/// A worker's report, validated (the `Report` request without wire types).
+#[derive(Debug, Clone)]
+pub struct ReportIn<'a> {
+    /// The reporting worker.
+    pub worker_id: &'a str,
+    /// First attempts since its last report.
+    pub first_attempts: u32,
+    /// Successes since its last report.
+    pub successes: u32,
+    /// The rate-limit evidence, in the order the worker saw it.
+    pub responses: Vec<ReportedResponse<'a>>,
+}
+
+/// What a report did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportOut {
+    /// How each response's hint was read, in the order reported.
+    pub assessments: Vec<Assessment>,
+    /// Each cooldown the report started or extended (already published).
+    pub raised: Vec<(EvidenceLevel, i64)>,
+    /// The backoff hintless rejections have widened to; 0 when the report
+    /// held none.
+    pub backoff_ms: u64,
+    /// The route's state after the report.
+    pub view: RouteView,
+    /// The scope's policy version.
+    pub policy_version: u64,
+    /// The coordinator's clock at the report.
+    pub now_ms: i64,
+}
+
+impl Coordinator {
+    /// Applies a worker's report to `scope` in one store operation and
+    /// publishes the cooldowns it raised.
+    pub async fn report(
+        &self,
+        scope: &ScopeKey,
+        report: ReportIn<'_>,
+    ) -> Result<ReportOut, StoreError> {
+        let policy = self.policies.current().resolve(&scope.route);
+        let now_ms = self.now_ms();
+        let hints: Vec<LevelHint> = report
+            .responses
+            .iter()
+            .map(|r| LevelHint {
+                caller_wide: r.uncertain,
+                assessment: assess(&r.input, &policy, now_ms),
+            })
+            .collect();
+        for (response, hint) in report.responses.iter().zip(&hints) {
+            if hint.assessment.clock_skew {
+                tracing::warn!(scope = %scope, worker_id = %report.worker_id,
+                    receipt_unix_ms = response.input.receipt_ms, now_unix_ms = now_ms,
+                    "clock_skew: worker receipt time disagrees with the coordinator clock");
+            }
+        }
+        let batch = ReportBatch {
+            worker_id: report.worker_id,
+            first_attempts: report.first_attempts,
+            successes: report.successes,
+            hints: &hints,
+            now_ms,
+        };
+        let reported = self.store.report(scope, batch, &policy).await?;
+        let mut raised = Vec::new();
+        let mut backoff_ms = 0;
+        for (hint, merge) in hints.iter().zip(&reported.merges) {
+            if merge.raised {
+                let level = hint.level(&scope.route);
+                tracing::info!(level = %level, cooldown_until_unix_ms = merge.cooldown_until_ms,
+                    form = hint.assessment.form.as_str(), capped = hint.assessment.capped,
+                    "cooldown started");
+                self.hub.publish(StateChange::Cooldown {
+                    level: level.clone(),
+                    cooldown_until_ms: merge.cooldown_until_ms,
+                });
+                raised.push((level, merge.cooldown_until_ms));
+            }
+            if hint.assessment.widen_backoff {
+                backoff_ms = backoff_ms.max(merge.backoff_ms);
+            }
+        }
+        Ok(ReportOut {
+            assessments: hints.into_iter().map(|h| h.assessment).collect(),
+            raised,
+            backoff_ms,
+            view: reported.view,
+            policy_version: policy.policy_version,
+            now_ms,
+        })
+    }
+}

@@ -1,0 +1,45 @@
+-- One worker report as one state change (Store::report): deposits the
+-- first attempts, narrows the backoff of the route and of its caller scope
+-- on successes, merges every hint in order, and answers the route's state
+-- afterwards. KEYS: route [, caller] (one node). On a cluster the caller key
+-- lives in another slot: its half of the report ran in report_caller.lua
+-- just before, every hint here is the route's, and the caller's cooldown and
+-- floor arrive as ARGV[1..2].
+-- ARGV: caller cooldown, caller floor, now, idle_ms, worker, class (1..3),
+-- first attempts, successes, window seconds, backoff base, backoff max,
+-- hint count, then HINT_FIELDS per hint.
+-- Reply: 'ok', (raised, cooldown, backoff) per hint, then cooldown, floor,
+-- freeze of the route's view.
+local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local wid, p = ARGV[5], tonumber(ARGV[6])
+local first, successes, window = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local base, max, n = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local c, c_merged = nil, false
+if KEYS[2] then c = load(KEYS[2]) end
+if successes > 0 and c then decay(c.hints) end
+local st = route_get(KEYS[1], now)
+s_add(st.fa, sec_of(now), first)
+touch(st.cls[p], wid, now, window * 1000)
+if successes > 0 then decay(st.hints) end
+local out = { 'ok' }
+for i = 1, n do
+  local a = hint_at(13 + (i - 1) * HINT_FIELDS)
+  if a.route then
+    merge_hint(out, st.hints, a, now, base, max)
+  else
+    if not KEYS[2] then return { 'err', 'caller_hint_needs_caller_key' } end
+    c = caller_for_hint(c, now)
+    c_merged = true
+    merge_hint(out, c.hints, a, now, base, max)
+  end
+end
+save(KEYS[1], st, live_until(st, now), now, idle_ms)
+local ccd, cfloor = caller_floor()
+if c then
+  if c_merged or successes > 0 then caller_save(KEYS[2], c, c_merged, now, idle_ms) end
+  ccd, cfloor = c.hints.cd, hints_floor(c.hints)
+end
+out[#out + 1] = math.max(st.hints.cd, ccd)
+out[#out + 1] = math.max(hints_floor(st.hints), cfloor)
+out[#out + 1] = st.frozen or false
+return out

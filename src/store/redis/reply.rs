@@ -1,0 +1,130 @@
+//! Decoding a script's reply (a flat array: `'ok'` or `'err'`, then
+//! positional fields) into the store's types.
+
+use redis::Value;
+use tollgate_client::hint::HintForm;
+
+use crate::budget::BudgetError;
+use crate::hints::{HintRecord, Merge};
+use crate::scope::RouteKey;
+use crate::slots::SlotError;
+use crate::store::{RouteView, ScopeSummary, StoreError};
+
+pub(super) fn unsigned(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+pub(super) fn count(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// The summary fields every `detail.lua` reply opens with.
+pub(super) fn summary_of(route: &RouteKey, r: &Reply) -> Result<ScopeSummary, StoreError> {
+    Ok(ScopeSummary {
+        route: route.clone(),
+        view: RouteView {
+            cooldown_until_ms: r.int(2)?,
+            floor_ms: r.int(3)?,
+            frozen: r.text(4),
+        },
+        leases_outstanding: count(r.int(5)?),
+        waiting: count(r.int(6)?),
+        last_touched_ms: r.int(7)?,
+    })
+}
+
+/// A hint ring written by the prelude's `hints_out` from field `at`.
+pub(super) fn hints_at(r: &Reply, at: usize) -> Result<Vec<HintRecord>, StoreError> {
+    (0..count(r.int(at)?))
+        .map(|i| {
+            let f = at + 1 + 7 * i;
+            let form = match r.text(f + 2).as_deref() {
+                Some("delay") => HintForm::Delay,
+                Some("date") => HintForm::Date,
+                Some("pushback") => HintForm::Pushback,
+                Some("absent") => HintForm::Absent,
+                _ => HintForm::Invalid,
+            };
+            Ok(HintRecord {
+                at_ms: r.int(f)?,
+                raw: r.text(f + 1),
+                form,
+                valid: r.int(f + 3)? == 1,
+                capped: r.int(f + 4)? == 1,
+                clock_skew: r.int(f + 5)? == 1,
+                cooldown_until_ms: Some(r.int(f + 6)?).filter(|&cd| cd >= 0),
+            })
+        })
+        .collect()
+}
+
+/// The three fields of a `RouteView` written from field `at` (cooldown,
+/// floor, freeze), as every route script ends its answer.
+pub(super) fn view_at(r: &Reply, at: usize) -> Result<RouteView, StoreError> {
+    Ok(RouteView {
+        cooldown_until_ms: r.int(at)?,
+        floor_ms: r.int(at + 1)?,
+        frozen: r.text(at + 2),
+    })
+}
+
+/// The `n` merges (raised, cooldown, backoff) the prelude's `merge_hint`
+/// wrote from field 1.
+pub(super) fn merges(r: &Reply, n: usize) -> Result<Vec<Merge>, StoreError> {
+    (0..n)
+        .map(|i| {
+            let at = 1 + 3 * i;
+            Ok(Merge {
+                raised: r.int(at)? == 1,
+                cooldown_until_ms: r.int(at + 1)?,
+                backoff_ms: unsigned(r.int(at + 2)?),
+            })
+        })
+        .collect()
+}
+
+/// A script's reply: `{'ok', …}` or `{'err', reason, …}`.
+pub(super) struct Reply(Vec<Value>);
+
+impl Reply {
+    /// Turns an `err` reply into the refusal it names.
+    pub(super) fn ok(values: Vec<Value>) -> Result<Reply, StoreError> {
+        let reply = Reply(values);
+        match reply.text(0).as_deref() {
+            Some("ok") => Ok(reply),
+            Some("err") => Err(match reply.text(1).as_deref() {
+                Some("lease_not_found") => BudgetError::LeaseNotFound.into(),
+                Some("spent_exceeds_grant") => BudgetError::SpentExceedsGrant {
+                    spent: 0,
+                    granted: u32::try_from(reply.int(2).unwrap_or(0)).unwrap_or(0),
+                }
+                .into(),
+                Some("too_many_leases") => BudgetError::TooManyLeases.into(),
+                Some("too_many_waiting") => SlotError::TooManyWaiting.into(),
+                other => StoreError::Unavailable(format!("redis script refused: {other:?}")),
+            }),
+            _ => Err(StoreError::Unavailable(
+                "redis script gave an unexpected reply".into(),
+            )),
+        }
+    }
+
+    pub(super) fn int(&self, i: usize) -> Result<i64, StoreError> {
+        match self.0.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            Some(Value::Nil) => Ok(0),
+            _ => Err(StoreError::Unavailable(format!(
+                "redis script reply: field {i} is not an integer"
+            ))),
+        }
+    }
+
+    /// A string field; `None` for Lua `false` (a nil reply).
+    pub(super) fn text(&self, i: usize) -> Option<String> {
+        match self.0.get(i) {
+            Some(Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            Some(Value::SimpleString(s)) => Some(s.clone()),
+            _ => None,
+        }
+    }
+}

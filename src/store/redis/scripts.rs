@@ -1,0 +1,110 @@
+//! The Lua scripts, compiled once. Each is `lua/prelude.lua` (the state
+//! codec and the budget, hint and slot math) plus its own body, behind a
+//! header of the bounds it shares with the Rust modules — written here from
+//! the Rust constants, so the port cannot drift from them.
+
+use std::sync::LazyLock;
+
+use redis::{Script, ScriptInvocation};
+
+use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
+use crate::hints::{MAX_BACKOFF_STEP, RECENT_HINTS};
+use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
+use crate::store::LevelHint;
+
+/// The scripts, compiled once; their SHA1 is computed here and each is sent
+/// to Redis only when a node answers NOSCRIPT (after a restart or failover).
+pub(super) struct Scripts {
+    pub(super) lease: Script,
+    pub(super) release: Script,
+    pub(super) report: Script,
+    pub(super) report_caller: Script,
+    pub(super) reconsider: Script,
+    pub(super) view: Script,
+    pub(super) caller: Script,
+    pub(super) freeze: Script,
+    pub(super) evict: Script,
+    pub(super) detail: Script,
+    pub(super) caller_detail: Script,
+    pub(super) reset: Script,
+}
+
+/// The Lua constants the prelude uses, from their Rust definitions.
+fn shared_bounds() -> String {
+    format!(
+        "local W = {MAX_WINDOW_SECS}\n\
+         local MAX_WORKERS = {MAX_WORKERS_PER_CLASS}\n\
+         local MAX_LEASES = {MAX_LEASES_PER_ROUTE}\n\
+         local MAX_PENDING = {MAX_PENDING_PER_ROUTE}\n\
+         local JITTER_SCALE = {JITTER_SCALE}\n\
+         local RECENT_HINTS = {RECENT_HINTS}\n\
+         local MAX_BACKOFF_STEP = {MAX_BACKOFF_STEP}\n"
+    )
+}
+
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+    let prelude = format!("{}{}", shared_bounds(), include_str!("lua/prelude.lua"));
+    let with_prelude = |body: &str| Script::new(&format!("{prelude}\n{body}"));
+    Scripts {
+        lease: with_prelude(include_str!("lua/lease.lua")),
+        release: with_prelude(include_str!("lua/release.lua")),
+        report: with_prelude(include_str!("lua/report.lua")),
+        report_caller: with_prelude(include_str!("lua/report_caller.lua")),
+        reconsider: with_prelude(include_str!("lua/reconsider.lua")),
+        view: with_prelude(include_str!("lua/view.lua")),
+        caller: with_prelude(include_str!("lua/caller.lua")),
+        freeze: with_prelude(include_str!("lua/freeze.lua")),
+        evict: with_prelude(include_str!("lua/evict.lua")),
+        detail: with_prelude(include_str!("lua/detail.lua")),
+        caller_detail: with_prelude(include_str!("lua/caller_detail.lua")),
+        reset: with_prelude(include_str!("lua/reset.lua")),
+    }
+});
+
+/// Appends one hint's `HINT_FIELDS` arguments, in the order the prelude's
+/// `hint_at` reads them.
+pub(super) fn hint_args(inv: &mut ScriptInvocation<'_>, hint: &LevelHint) {
+    let a = &hint.assessment;
+    inv.arg(u8::from(!hint.caller_wide))
+        .arg(a.cooldown_until_ms.unwrap_or(-1))
+        .arg(u8::from(a.widen_backoff))
+        .arg(a.anchor_ms)
+        .arg(a.raw.as_deref().unwrap_or(""))
+        .arg(u8::from(a.raw.is_some()))
+        .arg(a.form.as_str())
+        .arg(u8::from(a.valid))
+        .arg(u8::from(a.capped))
+        .arg(u8::from(a.clock_skew));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prelude defines none of the shared bounds itself: the header
+    /// written from Rust is their only definition.
+    #[test]
+    fn shared_bounds_have_one_definition() {
+        let prelude = include_str!("lua/prelude.lua");
+        for name in [
+            "W",
+            "MAX_WORKERS",
+            "MAX_LEASES",
+            "MAX_PENDING",
+            "JITTER_SCALE",
+            "RECENT_HINTS",
+            "MAX_BACKOFF_STEP",
+        ] {
+            let definition = format!("local {name} =");
+            assert!(
+                !prelude.contains(&definition),
+                "{name} is defined in prelude.lua"
+            );
+            assert!(
+                shared_bounds().contains(&definition),
+                "{name} is not injected"
+            );
+        }
+        assert!(shared_bounds().contains("local W = 60\n"));
+    }
+}

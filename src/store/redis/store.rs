@@ -1,0 +1,513 @@
+//! [`RedisStore`] and its [`Store`] implementation: each operation one
+//! script invocation (on a cluster, plus a read or write of the caller key,
+//! which lives in another slot).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, Grant, GrantAsk, GrantLimit};
+use crate::policy::Policy;
+use crate::scope::{Priority, RouteKey, ScopeKey};
+use crate::slots::SlotAsk;
+use crate::store::{
+    LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
+    ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
+};
+
+use super::connection::{Conn, RedisTarget};
+use super::reply::{Reply, count, hints_at, merges, summary_of, unsigned, view_at};
+use super::scripts::{SCRIPTS, hint_args};
+
+/// The Redis [`Store`].
+pub struct RedisStore {
+    pub(super) conn: Conn,
+    pub(super) target: RedisTarget,
+    pub(super) prefix: String,
+    pub(super) idle_ms: i64,
+    pub(super) op_timeout: Duration,
+    /// Lease ids are `nonce-counter`: unique across replicas (each draws
+    /// its own nonce) and across restarts.
+    pub(super) lease_nonce: u64,
+    pub(super) next_lease: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The target may carry a password: never printed.
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// The keys of a route script and the caller floor to pass: on one node
+    /// the script reads the caller key itself; on a cluster it is read
+    /// first (another slot).
+    async fn route_keys(&self, route: &RouteKey) -> Result<(Vec<String>, i64, i64), StoreError> {
+        let route_key = self.route_key(route);
+        let caller_key = self.caller_key(&route.caller_scope);
+        if !self.clustered() {
+            return Ok((vec![route_key, caller_key], 0, 0));
+        }
+        let mut inv = SCRIPTS.caller.prepare_invoke();
+        inv.key(&caller_key);
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        Ok((vec![route_key], reply.int(1)?, reply.int(2)?))
+    }
+    /// Runs `detail.lua`: the route's summary and, with a policy, its
+    /// budget and hints; `None` when Redis holds nothing for the route.
+    async fn detail_reply(
+        &self,
+        keys: &[String],
+        caller: (i64, i64),
+        policy: Option<&Policy>,
+        now_ms: i64,
+    ) -> Result<Option<Reply>, StoreError> {
+        let mut inv = SCRIPTS.detail.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        inv.arg(caller.0)
+            .arg(caller.1)
+            .arg(now_ms)
+            .arg(u8::from(policy.is_some()));
+        if let Some(policy) = policy {
+            inv.arg(policy.window_secs)
+                .arg(policy.floor_milli_per_sec)
+                .arg(policy.ratio_milli)
+                .arg(
+                    policy
+                        .ceiling_per_window
+                        .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)),
+                );
+            for priority in Priority::ALL {
+                inv.arg(policy.share(priority));
+            }
+        }
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        Ok((reply.int(1)? == 1).then_some(reply))
+    }
+
+    /// Each route key is read by its own script after a SCAN (see
+    /// [`Store::list_scopes`] on this store for what that guarantees).
+    async fn list_now(
+        &self,
+        filter: &ScopeFilter,
+        after: Option<&RouteKey>,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<ScopePage, StoreError> {
+        let pattern = format!("{}:{{*}}:r", self.prefix);
+        let mut routes: Vec<RouteKey> = self
+            .scan(&pattern)
+            .await?
+            .iter()
+            .filter_map(|key| self.route_of(key))
+            .filter(|k| {
+                filter.caller_scope.matches(&k.caller_scope)
+                    && filter.route.matches(&k.route)
+                    && after.is_none_or(|a| k > a)
+            })
+            .collect();
+        // SCAN may return a key more than once.
+        routes.sort_unstable();
+        routes.dedup();
+        let mut scopes = Vec::new();
+        let mut more = false;
+        for route in routes {
+            let (keys, ccd, cfloor) = self.route_keys(&route).await?;
+            // Gone since the scan (expired or evicted): not listed.
+            let Some(reply) = self
+                .detail_reply(&keys, (ccd, cfloor), None, now_ms)
+                .await?
+            else {
+                continue;
+            };
+            let summary = summary_of(&route, &reply)?;
+            if filter.frozen_only && summary.view.frozen.is_none() {
+                continue;
+            }
+            if scopes.len() == limit {
+                more = true;
+                break;
+            }
+            scopes.push(summary);
+        }
+        let next = if more {
+            scopes.last().map(|s: &ScopeSummary| s.route.clone())
+        } else {
+            None
+        };
+        Ok(ScopePage { scopes, next })
+    }
+
+    async fn detail_now(
+        &self,
+        route: &RouteKey,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Option<ScopeDetail>, StoreError> {
+        let mut inv = SCRIPTS.caller_detail.prepare_invoke();
+        inv.key(self.caller_key(&route.caller_scope));
+        let caller = Reply::ok(self.run(&inv).await?)?;
+        let (ccd, cfloor) = (caller.int(1)?, caller.int(2)?);
+        let keys = [self.route_key(route)];
+        let Some(r) = self
+            .detail_reply(&keys, (ccd, cfloor), Some(policy), now_ms)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let summary = summary_of(route, &r)?;
+        let class = |p: usize| -> Result<ClassSnapshot, StoreError> {
+            let at = 10 + 4 * p;
+            Ok(ClassSnapshot {
+                allowance_milli: unsigned(r.int(at)?),
+                spent_milli: unsigned(r.int(at + 1)?),
+                available_milli: unsigned(r.int(at + 2)?),
+                active_workers: count(r.int(at + 3)?),
+            })
+        };
+        let budget = BudgetSnapshot {
+            first_attempts: unsigned(r.int(8)?),
+            allowance_milli: unsigned(r.int(9)?),
+            classes: [class(0)?, class(1)?, class(2)?],
+            leases_outstanding: summary.leases_outstanding,
+            tokens_outstanding: unsigned(r.int(22)?),
+        };
+        Ok(Some(ScopeDetail {
+            summary,
+            budget,
+            route_cooldown_until_ms: r.int(23)?,
+            caller_cooldown_until_ms: ccd,
+            backoff_step: u8::try_from(r.int(24)?).unwrap_or(u8::MAX),
+            route_hints: hints_at(&r, 25)?,
+            caller_hints: hints_at(&caller, 3)?,
+        }))
+    }
+
+    async fn reset_now(&self, route: &RouteKey, now_ms: i64) -> Result<bool, StoreError> {
+        let mut inv = SCRIPTS.reset.prepare_invoke();
+        inv.key(self.route_key(route)).arg(now_ms).arg(self.idle_ms);
+        Ok(Reply::ok(self.run(&inv).await?)?.int(1)? == 1)
+    }
+
+    async fn lease_now(
+        &self,
+        scope: &ScopeKey,
+        ask: GrantAsk<'_>,
+        policy: &Policy,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let (keys, ccd, cfloor) = self.route_keys(&scope.route).await?;
+        let id = format!(
+            "{:016x}-{:x}",
+            self.lease_nonce,
+            self.next_lease.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut inv = SCRIPTS.lease.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        inv.arg(ccd)
+            .arg(cfloor)
+            .arg(ask.now_ms)
+            .arg(self.idle_ms)
+            .arg(ask.worker_id)
+            .arg(ask.priority.index() + 1)
+            .arg(ask.want)
+            .arg(&id)
+            .arg(policy.window_secs)
+            .arg(policy.floor_milli_per_sec)
+            .arg(policy.ratio_milli)
+            .arg(
+                policy
+                    .ceiling_per_window
+                    .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)),
+            )
+            .arg(policy.cost(ask.retry_class).max(1))
+            .arg(policy.share(ask.priority))
+            .arg(policy.lease_ttl_ms);
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        let granted = u32::try_from(reply.int(1)?).unwrap_or(0);
+        let limit = match reply.int(2)? {
+            0 => GrantLimit::None,
+            1 => GrantLimit::BudgetExhausted,
+            2 => GrantLimit::FairShare,
+            _ => GrantLimit::Frozen,
+        };
+        let lease_id = reply.text(5).filter(|id| !id.is_empty());
+        Ok(LeaseOutcome {
+            lease_id,
+            grant: Grant {
+                granted,
+                limit,
+                remaining: u64::try_from(reply.int(3)?).unwrap_or(0),
+                expires_at_ms: reply.int(4)?,
+            },
+            view: view_at(&reply, 6)?,
+        })
+    }
+
+    async fn release_now(
+        &self,
+        scope: &ScopeKey,
+        worker_id: &str,
+        lease_id: &str,
+        spent: u32,
+        now_ms: i64,
+    ) -> Result<u32, StoreError> {
+        let mut inv = SCRIPTS.release.prepare_invoke();
+        inv.key(self.route_key(&scope.route))
+            .arg(now_ms)
+            .arg(self.idle_ms)
+            .arg(worker_id)
+            .arg(lease_id)
+            .arg(spent);
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        Ok(u32::try_from(reply.int(1)?).unwrap_or(0))
+    }
+
+    /// On one node, one script (`report.lua`) on the route and caller keys:
+    /// the whole report is atomic. On a cluster the caller key lives in
+    /// another slot, so its half (successes and uncertain hints) runs first
+    /// in `report_caller.lua`, then the route's half with the caller's
+    /// cooldown as it left it — each half atomic, the pair not (the same
+    /// window the memory store has between its two maps).
+    async fn report_now(
+        &self,
+        scope: &ScopeKey,
+        report: ReportBatch<'_>,
+        policy: &Policy,
+    ) -> Result<Reported, StoreError> {
+        let route_key = self.route_key(&scope.route);
+        let caller_key = self.caller_key(&scope.route.caller_scope);
+        let clustered = self.clustered();
+        // Which hints the route script merges; on a cluster the
+        // caller-wide ones go to the caller's own script.
+        let (caller_hints, route_hints): (Vec<usize>, Vec<usize>) =
+            (0..report.hints.len()).partition(|&i| clustered && report.hints[i].caller_wide);
+        let mut merged = vec![None; report.hints.len()];
+        let (ccd, cfloor) = if !clustered {
+            (0, 0)
+        } else if report.successes > 0 || !caller_hints.is_empty() {
+            let mut inv = SCRIPTS.report_caller.prepare_invoke();
+            inv.key(&caller_key)
+                .arg(report.now_ms)
+                .arg(self.idle_ms)
+                .arg(report.successes)
+                .arg(policy.backoff_base_ms)
+                .arg(policy.backoff_max_ms)
+                .arg(caller_hints.len());
+            for &i in &caller_hints {
+                hint_args(&mut inv, &report.hints[i]);
+            }
+            let reply = Reply::ok(self.run(&inv).await?)?;
+            for (&i, merge) in caller_hints.iter().zip(merges(&reply, caller_hints.len())?) {
+                merged[i] = Some(merge);
+            }
+            let at = 1 + 3 * caller_hints.len();
+            (reply.int(at)?, reply.int(at + 1)?)
+        } else {
+            let (_, ccd, cfloor) = self.route_keys(&scope.route).await?;
+            (ccd, cfloor)
+        };
+        let mut inv = SCRIPTS.report.prepare_invoke();
+        inv.key(&route_key);
+        if !clustered {
+            inv.key(&caller_key);
+        }
+        inv.arg(ccd)
+            .arg(cfloor)
+            .arg(report.now_ms)
+            .arg(self.idle_ms)
+            .arg(report.worker_id)
+            .arg(scope.priority.index() + 1)
+            .arg(report.first_attempts)
+            .arg(report.successes)
+            .arg(policy.window_secs)
+            .arg(policy.backoff_base_ms)
+            .arg(policy.backoff_max_ms)
+            .arg(route_hints.len());
+        for &i in &route_hints {
+            hint_args(&mut inv, &report.hints[i]);
+        }
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        for (&i, merge) in route_hints.iter().zip(merges(&reply, route_hints.len())?) {
+            merged[i] = Some(merge);
+        }
+        Ok(Reported {
+            merges: merged.into_iter().flatten().collect(),
+            view: view_at(&reply, 1 + 3 * route_hints.len())?,
+        })
+    }
+
+    async fn reconsider_now(
+        &self,
+        route: &RouteKey,
+        ask: SlotAsk<'_>,
+        policy: &Policy,
+    ) -> Result<(Reconsidered, RouteView), StoreError> {
+        let (keys, ccd, cfloor) = self.route_keys(route).await?;
+        let mut inv = SCRIPTS.reconsider.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        inv.arg(ccd)
+            .arg(cfloor)
+            .arg(ask.now_ms)
+            .arg(self.idle_ms)
+            .arg(ask.intent_id)
+            .arg(ask.floor_ms)
+            .arg(ask.deadline_ms)
+            .arg(ask.reserve_ms)
+            .arg(ask.jitter_ppm)
+            .arg(policy.wake_rate_per_sec);
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        let at = reply.int(2)?;
+        let decided = match reply.text(1).as_deref() {
+            Some("slot") => Reconsidered::Slot(at),
+            Some("infeasible") => Reconsidered::DeadlineInfeasible(at),
+            _ => Reconsidered::Frozen,
+        };
+        Ok((decided, view_at(&reply, 3)?))
+    }
+
+    async fn view_now(&self, route: &RouteKey) -> Result<RouteView, StoreError> {
+        let (keys, ccd, cfloor) = self.route_keys(route).await?;
+        let mut inv = SCRIPTS.view.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        inv.arg(ccd).arg(cfloor);
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        view_at(&reply, 1)
+    }
+
+    async fn freeze_now(
+        &self,
+        route: &RouteKey,
+        reason: Option<String>,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let mut inv = SCRIPTS.freeze.prepare_invoke();
+        inv.key(self.route_key(route))
+            .arg(now_ms)
+            .arg(self.idle_ms)
+            .arg(u8::from(reason.is_some()))
+            .arg(reason.unwrap_or_default());
+        Reply::ok(self.run(&inv).await?).map(drop)
+    }
+}
+
+impl Store for RedisStore {
+    fn lease<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        ask: GrantAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, LeaseOutcome> {
+        Box::pin(self.lease_now(scope, ask, policy))
+    }
+
+    fn release<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        worker_id: &'a str,
+        lease_id: &'a str,
+        spent: u32,
+        now_ms: i64,
+    ) -> StoreFuture<'a, u32> {
+        Box::pin(async move {
+            self.release_now(scope, worker_id, lease_id, spent, now_ms)
+                .await
+                .map_err(|err| match err {
+                    // The script knows the grant; the service knows `spent`.
+                    StoreError::Budget(BudgetError::SpentExceedsGrant { granted, .. }) => {
+                        BudgetError::SpentExceedsGrant { spent, granted }.into()
+                    }
+                    other => other,
+                })
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        scope: &'a ScopeKey,
+        report: ReportBatch<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, Reported> {
+        Box::pin(self.report_now(scope, report, policy))
+    }
+
+    fn reconsider<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        ask: SlotAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
+        Box::pin(self.reconsider_now(route, ask, policy))
+    }
+
+    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {
+        Box::pin(self.view_now(route))
+    }
+
+    fn set_freeze<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        reason: Option<String>,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(self.freeze_now(route, reason, now_ms))
+    }
+
+    /// SCANs the prefix's route keys (every primary of a cluster), keeps
+    /// those the filter's names match after `after`, sorts them, and reads
+    /// each in key order with one read-only script until `limit` (and one
+    /// more, to know whether a next page exists) have matched.
+    ///
+    /// Consistency: each summary is atomic for its route (and, on one
+    /// node, its caller scope's cooldown), but a page is not a snapshot:
+    /// a route created during the SCAN may be missing, one that expired
+    /// after it is skipped, and summaries are read at slightly different
+    /// instants. Paging by key stays correct across pages (no route is
+    /// listed twice). Every page SCANs the whole prefix: an operator's
+    /// read, never on the request path.
+    fn list_scopes<'a>(
+        &'a self,
+        filter: &'a ScopeFilter,
+        after: Option<&'a RouteKey>,
+        limit: usize,
+        now_ms: i64,
+    ) -> StoreFuture<'a, ScopePage> {
+        Box::pin(self.list_now(filter, after, limit, now_ms))
+    }
+
+    /// Two read-only scripts: the caller scope's hints, then the route's
+    /// state with its budget at `policy` (computed by the prelude's budget
+    /// code on the decoded copy; nothing is written, so looking does not
+    /// keep a route alive). Each is atomic; the pair is not — a caller-wide
+    /// cooldown merged between them shows in one read and not the other.
+    fn scope_detail<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        policy: &'a Policy,
+        now_ms: i64,
+    ) -> StoreFuture<'a, Option<ScopeDetail>> {
+        Box::pin(self.detail_now(route, policy, now_ms))
+    }
+
+    /// One script (`reset.lua`), atomic like every state change.
+    fn reset_scope<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, bool> {
+        Box::pin(self.reset_now(route, now_ms))
+    }
+
+    fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(self.evict(now_ms, idle_ms))
+    }
+
+    fn health(&self) -> StoreFuture<'_, ()> {
+        Box::pin(self.ping())
+    }
+}
