@@ -5,14 +5,14 @@
 //! Its own test binary, with one test: the subscriber and the tracer provider
 //! are process-global, and the tonic exporter lives on this test's runtime.
 
-mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Coordinator;
+use support::Coordinator;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -126,6 +126,30 @@ fn print_tree(spans: &[Span], parent: &[u8], depth: usize) {
     }
 }
 
+/// Flushes `telemetry` to `receiver` until `done` holds for what arrived
+/// (or a generous bound passes; the caller's asserts then say what is
+/// missing), and returns both.
+async fn export_until(
+    mut telemetry: Telemetry,
+    receiver: &Receiver,
+    done: impl Fn(&[Span]) -> bool,
+) -> (Telemetry, Vec<Span>) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        telemetry = tokio::task::spawn_blocking(move || {
+            telemetry.force_flush();
+            telemetry
+        })
+        .await
+        .expect("flush");
+        let spans = receiver.spans.lock().expect("spans").clone();
+        if done(&spans) || tokio::time::Instant::now() >= give_up {
+            return (telemetry, spans);
+        }
+        tokio::time::sleep(ms(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() {
     // The in-process OTLP receiver.
@@ -209,17 +233,16 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
     assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
     assert_eq!(result.attempts.len(), 3);
     gate.cache().flush().await;
-    // Let the background report (if it was the one to send) finish.
-    tokio::time::sleep(ms(300)).await;
     drop(gate);
-    tokio::time::sleep(ms(100)).await;
-
-    let flush = tokio::task::spawn_blocking(move || {
-        telemetry.force_flush();
-        telemetry
-    });
-    let telemetry = flush.await.expect("flush");
-    let spans = receiver.spans.lock().expect("spans").clone();
+    // The report carrying the hint may still be on its way (the cache's
+    // background flush may have been the one to send it): export until its
+    // span has arrived rather than guess how long that takes.
+    let (telemetry, spans) = export_until(telemetry, &receiver, |spans| {
+        spans
+            .iter()
+            .any(|s| s.name == "tollgate.report" && attrs(s).contains_key("tollgate.hint.form"))
+    })
+    .await;
 
     // The intent and its attempts.
     let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };
