@@ -11,7 +11,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::{Coordinator, pipes};
+use support::{Coordinator, ms, pipes};
 use tokio::time::Instant;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{Observation, Policy};
@@ -25,8 +25,6 @@ use tollgate_client::scope::Scope;
 
 const RPC_TIMEOUT: Duration = Duration::from_millis(200);
 const LOCAL_SPREAD: Duration = Duration::from_millis(50);
-
-use support::ms;
 
 /// 5 s end to end, 3 attempts, 500 ms each, backoff 20 ms · 2ⁿ.
 fn policy() -> Policy {

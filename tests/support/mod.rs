@@ -12,7 +12,8 @@
 //! change to those two functions. Used by `tests/*.rs` as `mod support;` and
 //! by `client/tests/*.rs` through `#[path]`, never copied.
 
-#![allow(dead_code)] // Each test binary uses a different subset.
+// Each test binary uses a different subset, re-exports included.
+#![allow(dead_code, unused_imports)]
 
 pub(crate) mod pipes;
 pub(crate) mod tcp;
