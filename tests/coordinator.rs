@@ -519,10 +519,7 @@ async fn another_callers_scope_is_permission_denied() {
         .await;
     assert!(ok.is_ok(), "{ok:?}");
     let denied = client
-        .lease(with_token(
-            lease(other.clone(), "w", 1),
-            TENANT_A_TOKEN,
-        ))
+        .lease(with_token(lease(other.clone(), "w", 1), TENANT_A_TOKEN))
         .await
         .expect_err("another caller's scope");
     assert_eq!(denied.code(), Code::PermissionDenied);

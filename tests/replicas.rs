@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use support::{
-    Coordinator, T0, lease, poll, rate_limited, rate_limited_at, reconsider, scope,
-};
+use support::{Coordinator, T0, lease, poll, rate_limited, rate_limited_at, reconsider, scope};
 use tokio::task::JoinSet;
 use tollgate::config::Config;
 use tollgate::store::redis::{EventRelay, RedisOptions, RedisStore, RedisTarget};

@@ -12,7 +12,6 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::Coordinator;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -21,6 +20,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use support::Coordinator;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tollgate::config::Config;

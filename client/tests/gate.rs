@@ -126,9 +126,9 @@ async fn coordinator_killed_while_intents_wait_for_slots_falls_back_and_recovers
     // given slots after the cooldown; the host dies while they wait.
     let waiting = ["wait-1", "wait-2", "wait-3"].map(|id| {
         let gate = gate.clone();
-        tokio::spawn(async move {
-            once_then_ok(&gate, id, Observation::http(429, Some("1"))).await
-        })
+        tokio::spawn(
+            async move { once_then_ok(&gate, id, Observation::http(429, Some("1"))).await },
+        )
     });
     tokio::time::sleep(ms(500)).await;
     assert!(
@@ -156,7 +156,11 @@ async fn coordinator_killed_while_intents_wait_for_slots_falls_back_and_recovers
         assert!(gap <= bound, "{gap:?} > {bound:?}");
     }
     assert_eq!(gate.link_state(), LinkState::Degraded);
-    assert_eq!(gate.cache().link().degradations(), 1, "degraded once, visibly");
+    assert_eq!(
+        gate.cache().link().degradations(),
+        1,
+        "degraded once, visibly"
+    );
 
     // The host comes back with a fresh coordinator; the cache probes once
     // a second.

@@ -60,7 +60,6 @@ rng_seed = 7
     )
 }
 
-
 /// Starts the real coordinator (empty in-memory store) on the pipe ends
 /// sent to the returned sender, until the task is aborted (a killed host
 /// does not drain). Every in-memory coordinator of the suite starts here.
