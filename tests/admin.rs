@@ -6,22 +6,13 @@ mod support;
 use std::time::Duration;
 
 use support::{
-    Coordinator, T0, TENANT_A_TOKEN, TENANT_A_TOKEN_TOML, config, lease, rate_limited, scope,
-    with_token,
+    ADMIN_TOKEN, Coordinator, POLICY_WITH_TOKENS, T0, TENANT_A_TOKEN, config, lease, rate_limited,
+    scope, with_token,
 };
-use tollgate::config::Config;
 use tollgate_proto::v1::{self, LeaseLimit, Priority, ScopeCertainty, ScopeEventKind};
 use tonic::Code;
 
 const ROUTE: &str = "GET /users/{id}";
-
-/// A rule, `tenant-a`'s caller token and an admin token.
-fn tokens() -> Config {
-    config(&format!(
-        "[[rule]]\nroute = \"GET /users/*\"\nretry_ratio = 0.5\n\n{TENANT_A_TOKEN_TOML}\n\
-         [[admin_token]]\nname = \"oncall\"\ntoken = \"admin-token-123\"\n"
-    ))
-}
 
 fn set(caller: &str, route: &str, expected: u64, ratio: f64, patch: bool) -> v1::SetPolicyRequest {
     v1::SetPolicyRequest {
@@ -39,7 +30,7 @@ fn set(caller: &str, route: &str, expected: u64, ratio: f64, patch: bool) -> v1:
 
 #[tokio::test]
 async fn a_caller_token_or_none_on_admin_is_permission_denied() {
-    let coordinator = Coordinator::start(tokens()).await;
+    let coordinator = Coordinator::start(config(POLICY_WITH_TOKENS)).await;
     let mut admin = coordinator.admin().await;
     for token in [Some(TENANT_A_TOKEN), Some("nope-nope-nope"), None] {
         let request = v1::ListPoliciesRequest {};
@@ -55,7 +46,7 @@ async fn a_caller_token_or_none_on_admin_is_permission_denied() {
         );
     }
     let ok = admin
-        .list_policies(with_token(v1::ListPoliciesRequest {}, "admin-token-123"))
+        .list_policies(with_token(v1::ListPoliciesRequest {}, ADMIN_TOKEN))
         .await
         .expect("admin token works")
         .into_inner();
@@ -65,7 +56,7 @@ async fn a_caller_token_or_none_on_admin_is_permission_denied() {
     let status = budget
         .lease(with_token(
             lease(scope("tenant-a", ROUTE, Priority::Normal), "w", 1),
-            "admin-token-123",
+            ADMIN_TOKEN,
         ))
         .await
         .expect_err("not a caller token");

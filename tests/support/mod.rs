@@ -35,6 +35,25 @@ pub(crate) const TENANT_A_TOKEN: &str = "token-of-tenant-a";
 pub(crate) const TENANT_A_TOKEN_TOML: &str =
     "[[token]]\ntoken = \"token-of-tenant-a\"\ncaller_scopes = [\"tenant-a\"]\n";
 
+/// The on-call SRE's admin token in [`POLICY_WITH_TOKENS`].
+pub(crate) const ADMIN_TOKEN: &str = "admin-token-123";
+/// A policy file with authentication on: one rule (`GET /users/*` may
+/// retry half its first attempts), `tenant-a`'s caller token
+/// ([`TENANT_A_TOKEN`]) and the on-call admin token ([`ADMIN_TOKEN`]).
+pub(crate) const POLICY_WITH_TOKENS: &str = r#"
+[[rule]]
+route = "GET /users/*"
+retry_ratio = 0.5
+
+[[token]]
+token = "token-of-tenant-a"
+caller_scopes = ["tenant-a"]
+
+[[admin_token]]
+name = "oncall"
+token = "admin-token-123"
+"#;
+
 /// How long a test waits for something pushed (a Watch event, a stream's
 /// end) before it fails: far beyond any latency, so only a missing event
 /// fails it, never a loaded machine.
