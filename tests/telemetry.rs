@@ -20,16 +20,14 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use support::Coordinator;
+use support::{Coordinator, ms};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tollgate::config::Config;
 use tollgate::telemetry::{Telemetry, TelemetryConfig};
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{Observation, Policy};
 use tollgate_client::evidence::Outcome;
-use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
+use tollgate_client::gate::{Attempt, GateConfig, GateIntent, Reply};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
 use tracing_subscriber::Layer as _;
@@ -74,10 +72,6 @@ impl Write for Logs {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
 }
 
 fn attrs(span: &Span) -> HashMap<String, String> {
@@ -184,27 +178,18 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
         .expect("the only subscriber in this binary");
 
     // A coordinator that requires the token, and a worker that sends it.
-    let config = Config::from_toml(
-        &format!("[[token]]\ntoken = \"{TOKEN}\"\ncaller_scopes = [\"tenant-a\"]\n"),
-        |_| None,
-    )
-    .expect("config");
+    let config = support::config(&format!(
+        "[[token]]\ntoken = \"{TOKEN}\"\ncaller_scopes = [\"tenant-a\"]\n"
+    ));
     let coordinator = Coordinator::start(config).await;
     let mut link = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-1");
     link.bearer_token = Some(TOKEN.into());
     link.rpc_timeout = ms(500);
     let link = CoordinatorLink::new(&link).expect("link");
-    let cache = LeaseCache::start(
+    let gate = support::gate(
         link,
-        LeaseCacheConfig {
-            seed: Some(1),
-            ..LeaseCacheConfig::default()
-        },
         coordinator.clock.clone(),
-    );
-    let gate = Gate::new(
-        cache,
-        coordinator.clock.clone(),
+        1,
         GateConfig {
             seed: Some(2),
             ..GateConfig::default()

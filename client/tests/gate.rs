@@ -19,7 +19,6 @@ use tollgate_client::evidence::Outcome;
 use tollgate_client::gate::{
     Attempt, Gate, GateConfig, GateIntent, IntentResult, Reply, TokenSource,
 };
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkState};
 use tollgate_client::scope::Scope;
 
@@ -39,21 +38,13 @@ fn policy() -> Policy {
 fn gate_for(coordinator: &Coordinator) -> Gate {
     let mut link = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-gate");
     link.rpc_timeout = RPC_TIMEOUT;
-    let link = CoordinatorLink::new(&link).unwrap();
-    let cache = LeaseCache::start(
-        link,
-        LeaseCacheConfig {
-            seed: Some(3),
-            ..LeaseCacheConfig::default()
-        },
-        coordinator.clock.clone(),
-    );
     let config = GateConfig {
         local_spread: LOCAL_SPREAD,
         seed: Some(5),
         ..GateConfig::default()
     };
-    Gate::new(cache, coordinator.clock.clone(), config)
+    let link = CoordinatorLink::new(&link).unwrap();
+    support::gate(link, coordinator.clock.clone(), 3, config)
 }
 
 /// An upstream answering `first` once and then succeeding. Returns the

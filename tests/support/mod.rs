@@ -18,9 +18,14 @@
 pub(crate) mod pipes;
 pub(crate) mod tcp;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::config::Config;
+use tollgate_client::clock::Clock;
+use tollgate_client::gate::{Gate, GateConfig};
+use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
+use tollgate_client::link::CoordinatorLink;
 use tollgate_proto::v1::{self, budget_client::BudgetClient};
 use tonic::transport::Channel;
 
@@ -70,6 +75,25 @@ pub(crate) fn secs(s: u64) -> Duration {
 
 pub(crate) fn ms(m: u64) -> Duration {
     Duration::from_millis(m)
+}
+
+/// A worker's gate on `link`: its lease cache seeded with `cache_seed` (so
+/// runs repeat), both reading `clock`, tuned by `config`.
+pub(crate) fn gate(
+    link: CoordinatorLink,
+    clock: Arc<dyn Clock>,
+    cache_seed: u64,
+    config: GateConfig,
+) -> Gate {
+    let cache = LeaseCache::start(
+        link,
+        LeaseCacheConfig {
+            seed: Some(cache_seed),
+            ..LeaseCacheConfig::default()
+        },
+        clock.clone(),
+    );
+    Gate::new(cache, clock, config)
 }
 
 /// `message` with `authorization: Bearer <token>`.

@@ -31,7 +31,6 @@ use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::{Clock, TokioClock};
 use tollgate_client::engine::Policy;
 use tollgate_client::gate::{Gate, GateConfig};
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::admin_client::AdminClient;
@@ -280,15 +279,7 @@ pub(crate) fn harness_on(config: Config, gate: GateConfig) -> Harness {
         &link_config,
     )
     .expect("link");
-    let cache = LeaseCache::start(
-        link,
-        LeaseCacheConfig {
-            seed: Some(11),
-            ..LeaseCacheConfig::default()
-        },
-        clock.clone(),
-    );
-    let gate = Gate::new(cache, clock.clone(), gate);
+    let gate = super::gate(link, clock.clone(), 11, gate);
     Harness {
         coordinator,
         gate,
