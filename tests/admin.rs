@@ -1,29 +1,18 @@
 //! End-to-end tests of the Admin service: a real server on loopback, real
 //! tonic clients, a manual clock.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::{Coordinator, T0, config, lease, rate_limited, scope, with_token};
+use support::{
+    ADMIN_TOKEN, Coordinator, POLICY_WITH_TOKENS, T0, TENANT_A_TOKEN, config, lease, rate_limited,
+    scope, with_token,
+};
 use tollgate_proto::v1::{self, LeaseLimit, Priority, ScopeCertainty, ScopeEventKind};
 use tonic::Code;
 
 const ROUTE: &str = "GET /users/{id}";
-
-const TOKENS: &str = r#"
-[[rule]]
-route = "GET /users/*"
-retry_ratio = 0.5
-
-[[token]]
-token = "token-of-tenant-a"
-caller_scopes = ["tenant-a"]
-
-[[admin_token]]
-name = "oncall"
-token = "admin-token-123"
-"#;
 
 fn set(caller: &str, route: &str, expected: u64, ratio: f64, patch: bool) -> v1::SetPolicyRequest {
     v1::SetPolicyRequest {
@@ -41,9 +30,9 @@ fn set(caller: &str, route: &str, expected: u64, ratio: f64, patch: bool) -> v1:
 
 #[tokio::test]
 async fn a_caller_token_or_none_on_admin_is_permission_denied() {
-    let coordinator = Coordinator::start(config(TOKENS)).await;
+    let coordinator = Coordinator::start(config(POLICY_WITH_TOKENS)).await;
     let mut admin = coordinator.admin().await;
-    for token in [Some("token-of-tenant-a"), Some("nope-nope-nope"), None] {
+    for token in [Some(TENANT_A_TOKEN), Some("nope-nope-nope"), None] {
         let request = v1::ListPoliciesRequest {};
         let result = match token {
             Some(t) => admin.list_policies(with_token(request, t)).await,
@@ -57,7 +46,7 @@ async fn a_caller_token_or_none_on_admin_is_permission_denied() {
         );
     }
     let ok = admin
-        .list_policies(with_token(v1::ListPoliciesRequest {}, "admin-token-123"))
+        .list_policies(with_token(v1::ListPoliciesRequest {}, ADMIN_TOKEN))
         .await
         .expect("admin token works")
         .into_inner();
@@ -67,7 +56,7 @@ async fn a_caller_token_or_none_on_admin_is_permission_denied() {
     let status = budget
         .lease(with_token(
             lease(scope("tenant-a", ROUTE, Priority::Normal), "w", 1),
-            "admin-token-123",
+            ADMIN_TOKEN,
         ))
         .await
         .expect_err("not a caller token");
@@ -146,7 +135,7 @@ async fn a_freeze_reaches_a_watching_worker_and_stops_its_leases() {
     let mut worker = coordinator.client().await;
     let mut admin = coordinator.admin().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
-    let (mut events, _) = common::watch(&mut worker, &s, "w").await;
+    let (mut events, _) = support::watch(&mut worker, &s, "w").await;
     admin
         .freeze_scope(v1::FreezeScopeRequest {
             caller_scope: "tenant-a".into(),
@@ -156,11 +145,7 @@ async fn a_freeze_reaches_a_watching_worker_and_stops_its_leases() {
         })
         .await
         .expect("freeze");
-    let event = tokio::time::timeout(Duration::from_secs(5), events.message())
-        .await
-        .expect("within the watch latency")
-        .expect("ok")
-        .expect("event");
+    let event = support::next_event(&mut events, "within the watch latency").await;
     assert_eq!(event.kind(), ScopeEventKind::Frozen);
     assert_eq!(event.reason, "upstream incident");
     let refused = worker
@@ -172,11 +157,7 @@ async fn a_freeze_reaches_a_watching_worker_and_stops_its_leases() {
     assert_eq!(refused.limit(), LeaseLimit::Frozen);
     // The freeze expires on the coordinator's clock.
     coordinator.advance(Duration::from_secs(61));
-    let event = tokio::time::timeout(Duration::from_secs(5), events.message())
-        .await
-        .expect("expiry within its tick")
-        .expect("ok")
-        .expect("event");
+    let event = support::next_event(&mut events, "expiry within its tick").await;
     assert_eq!(event.kind(), ScopeEventKind::Unfrozen);
     let granted = worker
         .lease(lease(s, "w", 5))
@@ -213,7 +194,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
     let mut worker = coordinator.client().await;
     let mut admin = coordinator.admin().await;
     let s = scope("tenant-a", ROUTE, Priority::Critical);
-    let (mut events, snapshot) = common::watch(&mut worker, &s, "w").await;
+    let (mut events, snapshot) = support::watch(&mut worker, &s, "w").await;
     worker
         .report(v1::ReportRequest {
             scope: s.clone(),
@@ -242,11 +223,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
         .set_policy(set("*", "GET /users/*", rule.policy_version, 0.1, true))
         .await
         .expect("tighten");
-    let event = tokio::time::timeout(Duration::from_secs(5), events.message())
-        .await
-        .expect("pushed")
-        .expect("ok")
-        .expect("event");
+    let event = support::next_event(&mut events, "pushed").await;
     assert_eq!(event.kind(), ScopeEventKind::PolicyChanged);
     assert!(event.policy_version > snapshot.policy_version);
     // (10 + 10) × 0.5 = 10 < 20 spent: nothing left, and no refill.

@@ -1,13 +1,16 @@
 //! End-to-end tests of the coordinator: a real server on loopback, real tonic
 //! clients, a manual clock (no sleeps for time to pass).
 
-mod common;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Coordinator, T0, config, lease, rate_limited, reconsider, scope, with_token};
+use support::{
+    Coordinator, T0, TENANT_A_TOKEN, TENANT_A_TOKEN_TOML, config, lease, rate_limited, reconsider,
+    scope, with_token,
+};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tollgate::budget::GrantAsk;
@@ -167,7 +170,20 @@ async fn a_thousand_waiting_intents_wake_at_the_wake_rate() {
         slots.push(answer.slot_unix_ms);
     }
     slots.sort_unstable();
-    assert!(slots[0] >= T0 + 30_000, "none before the cooldown ends");
+    // 50/s is one slot per 20 ms interval from the cooldown's end: the k-th
+    // slot lies in the k-th interval, so every interval wakes exactly one
+    // intent (a fleet woken in bursts, even at the right average, fails).
+    let interval_ms = 1000 / 50;
+    let cooldown_end = T0 + 30_000;
+    for (k, &slot) in slots.iter().enumerate() {
+        let k = i64::try_from(k).expect("k");
+        assert_eq!(
+            (slot - cooldown_end).div_euclid(interval_ms),
+            k,
+            "slot {k} at +{} ms is outside its interval",
+            slot - cooldown_end
+        );
+    }
     let busiest = slots
         .iter()
         .map(|&s| slots.partition_point(|&t| t < s + 1000) - slots.partition_point(|&t| t < s))
@@ -492,23 +508,17 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
 
 #[tokio::test]
 async fn another_callers_scope_is_permission_denied() {
-    let coordinator = Coordinator::start(config(
-        "[[token]]\ntoken = \"token-of-tenant-a\"\ncaller_scopes = [\"tenant-a\"]\n",
-    ))
-    .await;
+    let coordinator = Coordinator::start(config(TENANT_A_TOKEN_TOML)).await;
     let mut client = coordinator.client().await;
     let own = scope("tenant-a", ROUTE, Priority::Normal);
     let other = scope("tenant-b", ROUTE, Priority::Normal);
 
     let ok = client
-        .lease(with_token(lease(own.clone(), "w", 1), "token-of-tenant-a"))
+        .lease(with_token(lease(own.clone(), "w", 1), TENANT_A_TOKEN))
         .await;
     assert!(ok.is_ok(), "{ok:?}");
     let denied = client
-        .lease(with_token(
-            lease(other.clone(), "w", 1),
-            "token-of-tenant-a",
-        ))
+        .lease(with_token(lease(other.clone(), "w", 1), TENANT_A_TOKEN))
         .await
         .expect_err("another caller's scope");
     assert_eq!(denied.code(), Code::PermissionDenied);
@@ -517,7 +527,7 @@ async fn another_callers_scope_is_permission_denied() {
         worker_id: "w".into(),
     };
     let denied = client
-        .watch(with_token(watch, "token-of-tenant-a"))
+        .watch(with_token(watch, TENANT_A_TOKEN))
         .await
         .expect_err("watching another caller's scope");
     assert_eq!(denied.code(), Code::PermissionDenied);
@@ -540,31 +550,21 @@ async fn watch_delivers_a_cooldown_event() {
     let mut watcher = coordinator.client().await;
     let mut reporter = coordinator.client().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
-    let (mut stream, snapshot) = common::watch(&mut watcher, &s, "watcher").await;
+    let (mut stream, snapshot) = support::watch(&mut watcher, &s, "watcher").await;
     assert_eq!(snapshot.cooldown_until_unix_ms, 0);
 
     reporter
         .report(rate_limited(s, "worker-a", "30", ScopeCertainty::Known))
         .await
         .expect("report");
-    let event = tokio::time::timeout(Duration::from_secs(5), stream.message())
-        .await
-        .expect("an event in time")
-        .expect("stream")
-        .expect("event");
+    let event = support::next_event(&mut stream, "an event in time").await;
     assert_eq!(event.kind(), ScopeEventKind::CooldownStarted);
     assert_eq!(event.cooldown_until_unix_ms, T0 + 30_000);
 
     // Shutdown ends the stream with a status instead of hanging the drain.
     let mut coordinator = coordinator;
     coordinator.begin_shutdown();
-    let end = tokio::time::timeout(Duration::from_secs(5), stream.message())
-        .await
-        .expect("the stream ends");
-    assert!(
-        matches!(end, Err(ref s) if s.code() == Code::Unavailable) || matches!(end, Ok(None)),
-        "{end:?}"
-    );
+    support::watch_ends(&mut stream).await;
     coordinator.stop().await;
 }
 
@@ -679,15 +679,16 @@ async fn shutdown_lets_an_in_flight_call_finish_then_stops() {
     let mut coordinator =
         Coordinator::start_with_store(tollgate::config::Config::default(), store.clone()).await;
     let mut client = coordinator.client().await;
-    let in_flight = tokio::spawn(async move {
-        client
-            .lease(lease(scope("tenant-a", ROUTE, Priority::Normal), "w", 5))
-            .await
-    });
+    let mut watcher = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    let (mut stream, _) = support::watch(&mut watcher, &s, "watcher").await;
+    let in_flight = tokio::spawn(async move { client.lease(lease(s, "w", 5)).await });
     store.entered.notified().await;
 
     coordinator.begin_shutdown();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The drain has begun once Watch streams end; the in-flight call keeps
+    // the server running past that point.
+    support::watch_ends(&mut stream).await;
     assert!(
         !coordinator.task.is_finished(),
         "the server waits for the in-flight call"

@@ -6,13 +6,13 @@
 //!
 //! Its own test binary: the meter provider is process-global.
 
-mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::Coordinator;
+use support::Coordinator;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate::telemetry::{Telemetry, TelemetryConfig, metrics_http};
@@ -84,7 +84,7 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
     let coordinator = Coordinator::open().await;
     let mut client = coordinator.client().await;
     let lease = |want| LeaseRequest {
-        scope: common::scope("tenant-a", "GET /x", Priority::Normal),
+        scope: support::scope("tenant-a", "GET /x", Priority::Normal),
         worker_id: "w1".into(),
         want,
         retry_class: RetryClass::Transient as i32,

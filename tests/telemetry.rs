@@ -5,14 +5,13 @@
 //! Its own test binary, with one test: the subscriber and the tracer provider
 //! are process-global, and the tonic exporter lives on this test's runtime.
 
-mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Coordinator;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -21,15 +20,14 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use support::{Coordinator, ms};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tollgate::config::Config;
 use tollgate::telemetry::{Telemetry, TelemetryConfig};
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{Observation, Policy};
 use tollgate_client::evidence::Outcome;
-use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
+use tollgate_client::gate::{Attempt, GateConfig, GateIntent, Reply};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
 use tracing_subscriber::Layer as _;
@@ -74,10 +72,6 @@ impl Write for Logs {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
 }
 
 fn attrs(span: &Span) -> HashMap<String, String> {
@@ -126,6 +120,30 @@ fn print_tree(spans: &[Span], parent: &[u8], depth: usize) {
     }
 }
 
+/// Flushes `telemetry` to `receiver` until `done` holds for what arrived
+/// (or a generous bound passes; the caller's asserts then say what is
+/// missing), and returns both.
+async fn export_until(
+    mut telemetry: Telemetry,
+    receiver: &Receiver,
+    done: impl Fn(&[Span]) -> bool,
+) -> (Telemetry, Vec<Span>) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        telemetry = tokio::task::spawn_blocking(move || {
+            telemetry.force_flush();
+            telemetry
+        })
+        .await
+        .expect("flush");
+        let spans = receiver.spans.lock().expect("spans").clone();
+        if done(&spans) || tokio::time::Instant::now() >= give_up {
+            return (telemetry, spans);
+        }
+        tokio::time::sleep(ms(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() {
     // The in-process OTLP receiver.
@@ -160,27 +178,18 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
         .expect("the only subscriber in this binary");
 
     // A coordinator that requires the token, and a worker that sends it.
-    let config = Config::from_toml(
-        &format!("[[token]]\ntoken = \"{TOKEN}\"\ncaller_scopes = [\"tenant-a\"]\n"),
-        |_| None,
-    )
-    .expect("config");
+    let config = support::config(&format!(
+        "[[token]]\ntoken = \"{TOKEN}\"\ncaller_scopes = [\"tenant-a\"]\n"
+    ));
     let coordinator = Coordinator::start(config).await;
     let mut link = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-1");
     link.bearer_token = Some(TOKEN.into());
     link.rpc_timeout = ms(500);
     let link = CoordinatorLink::new(&link).expect("link");
-    let cache = LeaseCache::start(
+    let gate = support::gate(
         link,
-        LeaseCacheConfig {
-            seed: Some(1),
-            ..LeaseCacheConfig::default()
-        },
         coordinator.clock.clone(),
-    );
-    let gate = Gate::new(
-        cache,
-        coordinator.clock.clone(),
+        1,
         GateConfig {
             seed: Some(2),
             ..GateConfig::default()
@@ -209,17 +218,16 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
     assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
     assert_eq!(result.attempts.len(), 3);
     gate.cache().flush().await;
-    // Let the background report (if it was the one to send) finish.
-    tokio::time::sleep(ms(300)).await;
     drop(gate);
-    tokio::time::sleep(ms(100)).await;
-
-    let flush = tokio::task::spawn_blocking(move || {
-        telemetry.force_flush();
-        telemetry
-    });
-    let telemetry = flush.await.expect("flush");
-    let spans = receiver.spans.lock().expect("spans").clone();
+    // The report carrying the hint may still be on its way (the cache's
+    // background flush may have been the one to send it): export until its
+    // span has arrived rather than guess how long that takes.
+    let (telemetry, spans) = export_until(telemetry, &receiver, |spans| {
+        spans
+            .iter()
+            .any(|s| s.name == "tollgate.report" && attrs(s).contains_key("tollgate.hint.form"))
+    })
+    .await;
 
     // The intent and its attempts.
     let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };

@@ -1,9 +1,10 @@
 //! The tower layer over HTTP services and a real tonic channel, with the
-//! gate's tokens and slots from the real coordinator (see `in_memory`).
+//! gate's tokens and slots from the real coordinator (see `support::pipes`).
 
 #![allow(clippy::unwrap_used)]
 
-mod in_memory;
+#[path = "../../tests/support/mod.rs"]
+mod support;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use in_memory::*;
+use support::pipes::*;
 use tollgate_client::evidence::Outcome;
 use tollgate_client::gate::Repetition;
 use tollgate_client::layer::{GateError, GateReport, LayerConfig, ReplayBody, TollgateLayer};

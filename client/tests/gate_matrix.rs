@@ -1,20 +1,20 @@
-//! The gate against the seed's failure-shaped test matrix, one named test per
+//! The gate against the failure-shaped test matrix, one named test per
 //! client-side row, every row against the real coordinator: the real
-//! `BudgetService` behind the real server setup
-//! (`tollgate::server::run`), reached by real tonic clients
-//! over in-memory pipes so the rows run on paused tokio time (see
-//! `in_memory`). The fleet's answers come from its policy file, from what
+//! `BudgetService` behind the real server setup, reached by real tonic
+//! clients over in-memory pipes so the rows run on paused tokio time (see
+//! `support::pipes`). The fleet's answers come from its policy file, from what
 //! workers report and lease, and from what an SRE changes through the real
 //! Admin API, never from a scripted fake.
 
 #![allow(clippy::unwrap_used)]
 
-mod in_memory;
+#[path = "../../tests/support/mod.rs"]
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use in_memory::*;
+use support::pipes::*;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::classify::{Effect, TransportFailure};

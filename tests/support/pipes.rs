@@ -1,6 +1,6 @@
-//! The real coordinator (`tollgate::server::run`, so the real
-//! `BudgetService` behind the real layers) served over in-memory pipes, and a
-//! gate connected to it, for tests on paused tokio time.
+//! The in-memory transport: the real coordinator (the real `BudgetService`
+//! behind the real server setup) served over in-memory pipes, and a gate
+//! connected to it, for tests on paused tokio time.
 //!
 //! Why pipes and not loopback: with `start_paused` tokio auto-advances the
 //! clock whenever every task is idle, and a task waiting on socket IO counts
@@ -16,8 +16,6 @@
 //! coordinator's host mid-conversation (every connection goes silent) and
 //! bring a fresh one back.
 
-#![allow(dead_code)] // Each test binary uses a different subset.
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -30,15 +28,17 @@ use tokio_util::sync::CancellationToken;
 use tollgate::config::Config;
 use tollgate::server::{self, ServeError};
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::clock::TokioClock;
+use tollgate_client::clock::{Clock, TokioClock};
 use tollgate_client::engine::Policy;
 use tollgate_client::gate::{Gate, GateConfig};
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::admin_client::AdminClient;
 use tollgate_proto::v1::budget_client::BudgetClient;
 use tonic::transport::{Channel, Endpoint};
+
+// The shared helpers, so `use support::pipes::*` is all a pipe test needs.
+pub(crate) use super::{config, ms, secs, with_token};
 
 /// The gate's bound on one coordinator RPC.
 pub(crate) const RPC_TIMEOUT: Duration = Duration::from_millis(250);
@@ -51,7 +51,7 @@ pub(crate) fn noon() -> SystemTime {
 /// The coordinator's configuration for most rows: the built-in policy and a
 /// fixed slot-jitter seed.
 pub(crate) fn coordinator_config() -> Config {
-    config(
+    super::config(
         r#"
 [server]
 rng_seed = 7
@@ -59,9 +59,23 @@ rng_seed = 7
     )
 }
 
-/// A policy file, validated by the real parser.
-pub(crate) fn config(text: &str) -> Config {
-    Config::from_toml(text, |_| None).expect("valid test policy file")
+/// Starts the real coordinator (empty in-memory store) on the pipe ends
+/// sent to the returned sender, until the task is aborted (a killed host
+/// does not drain). Every in-memory coordinator of the suite starts here.
+pub(crate) fn spawn_server(
+    config: Config,
+    clock: Arc<dyn Clock>,
+) -> (
+    mpsc::Sender<DuplexStream>,
+    JoinHandle<Result<(), ServeError>>,
+) {
+    let (conns, incoming) = mpsc::channel::<DuplexStream>(8);
+    let task = tokio::spawn(server::run(
+        ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>),
+        std::future::pending::<()>(),
+        server::Setup::new(config).clock(clock),
+    ));
+    (conns, task)
 }
 
 /// What the switchboard knows; one lock, held only to read or swap.
@@ -189,12 +203,7 @@ impl Coordinator {
     }
 
     fn start_server(&mut self) {
-        let (conns, incoming) = mpsc::channel::<DuplexStream>(8);
-        let task = tokio::spawn(server::run(
-            ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>),
-            std::future::pending::<()>(),
-            server::Setup::new(self.config.clone()).clock(self.clock.clone()),
-        ));
+        let (conns, task) = spawn_server(self.config.clone(), self.clock.clone());
         self.server = Some(task);
         self.switchboard.board().up = Some(conns);
     }
@@ -220,7 +229,7 @@ impl Coordinator {
     }
 
     /// An SRE's Admin client. Every request must carry an admin bearer
-    /// token (see [`with_token`]): in-memory pipes have no peer address, so
+    /// token (see [`with_token`](super::with_token)): in-memory pipes have no peer address, so
     /// open dev mode's loopback-only Admin would refuse them.
     pub(crate) fn admin(&self) -> AdminClient<Channel> {
         AdminClient::new(self.switchboard.channel())
@@ -269,15 +278,7 @@ pub(crate) fn harness_on(config: Config, gate: GateConfig) -> Harness {
         &link_config,
     )
     .expect("link");
-    let cache = LeaseCache::start(
-        link,
-        LeaseCacheConfig {
-            seed: Some(11),
-            ..LeaseCacheConfig::default()
-        },
-        clock.clone(),
-    );
-    let gate = Gate::new(cache, clock.clone(), gate);
+    let gate = super::gate(link, clock.clone(), 11, gate);
     Harness {
         coordinator,
         gate,
@@ -285,26 +286,8 @@ pub(crate) fn harness_on(config: Config, gate: GateConfig) -> Harness {
     }
 }
 
-/// `message` with `authorization: Bearer <token>`.
-pub(crate) fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("ascii token"),
-    );
-    request
-}
-
 pub(crate) fn scope() -> Scope {
     Scope::new("tenant-a", "POST /orders")
-}
-
-pub(crate) fn secs(s: u64) -> Duration {
-    Duration::from_secs(s)
-}
-
-pub(crate) fn ms(m: u64) -> Duration {
-    Duration::from_millis(m)
 }
 
 /// A policy: `total` end to end, `attempts` in all, `cap` per attempt, a

@@ -1,0 +1,125 @@
+//! The loopback transport: a coordinator on `127.0.0.1:0` with a manual
+//! clock, and tonic clients to it. Real sockets, so a test here must not
+//! pause tokio time (auto-advance would fire RPC timeouts while the kernel
+//! still delivers bytes); the coordinator's decisions run on the manual
+//! clock, so nothing sleeps for time to pass.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tollgate::config::Config;
+use tollgate::server::{self, ServeError};
+use tollgate::store::redis::EventRelay;
+use tollgate::store::{MemoryStore, Store};
+use tollgate_client::clock::{Clock, ManualClock, from_unix_ms};
+use tollgate_proto::v1::{admin_client::AdminClient, budget_client::BudgetClient};
+use tonic::transport::Channel;
+
+use super::T0;
+
+/// Starts the real coordinator on `listener` until the returned sender fires
+/// or drops. Every loopback coordinator of the suite starts here.
+pub(crate) fn spawn_server(
+    listener: TcpListener,
+    config: Config,
+    clock: Arc<dyn Clock>,
+    store: Arc<dyn Store>,
+    relay: Option<EventRelay>,
+) -> (oneshot::Sender<()>, JoinHandle<Result<(), ServeError>>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async {
+        let _ = stopped.await;
+    };
+    let setup = server::Setup::new(config)
+        .clock(clock)
+        .store(store)
+        .relay(relay);
+    let task = tokio::spawn(server::run_tcp(listener, shutdown, setup));
+    (stop, task)
+}
+
+pub(crate) struct Coordinator {
+    pub(crate) addr: SocketAddr,
+    pub(crate) clock: Arc<ManualClock>,
+    stop: Option<oneshot::Sender<()>>,
+    pub(crate) task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Coordinator {
+    pub(crate) async fn start(config: Config) -> Coordinator {
+        let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
+        Coordinator::start_with_store(config, store).await
+    }
+
+    pub(crate) async fn start_with_store(config: Config, store: Arc<dyn Store>) -> Coordinator {
+        let clock = Arc::new(ManualClock::new(from_unix_ms(T0)));
+        Coordinator::start_replica(config, store, None, clock.clone(), clock).await
+    }
+
+    /// One of several replicas sharing `store`, relaying Watch through
+    /// `relay`. The server reads `server_clock`; `clock` is the manual clock
+    /// the test advances (the same one, or the one `server_clock` follows).
+    pub(crate) async fn start_replica(
+        config: Config,
+        store: Arc<dyn Store>,
+        relay: Option<EventRelay>,
+        clock: Arc<ManualClock>,
+        server_clock: Arc<dyn Clock>,
+    ) -> Coordinator {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, task) = spawn_server(listener, config, server_clock, store, relay);
+        Coordinator {
+            addr,
+            clock,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    pub(crate) async fn open() -> Coordinator {
+        Coordinator::start(Config::default()).await
+    }
+
+    pub(crate) async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .expect("valid uri")
+            .connect()
+            .await
+            .expect("connect to the coordinator")
+    }
+
+    pub(crate) async fn client(&self) -> BudgetClient<Channel> {
+        BudgetClient::new(self.channel().await)
+    }
+
+    pub(crate) async fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel().await)
+    }
+
+    pub(crate) fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// Starts the drain without waiting for it.
+    pub(crate) fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    pub(crate) async fn stop(mut self) {
+        self.begin_shutdown();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the server stops")
+            .expect("the server task did not panic")
+            .expect("the server ran without error");
+    }
+}
