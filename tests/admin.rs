@@ -386,7 +386,7 @@ async fn a_reset_ends_a_watching_workers_cooldown() {
     let mut worker = coordinator.client().await;
     let mut admin = coordinator.admin().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
-    let (mut events, _) = common::watch(&mut worker, &s, "w").await;
+    let (mut events, _) = support::watch(&mut worker, &s, "w").await;
     for (hint, certainty) in [
         ("10", ScopeCertainty::Uncertain),
         ("30", ScopeCertainty::Known),

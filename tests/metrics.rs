@@ -214,7 +214,7 @@ async fn rpc_calls_are_recorded_with_their_status(coordinator: &Coordinator, met
     let mut client = coordinator.client().await;
     let status = client
         .lease(LeaseRequest {
-            scope: common::scope("tenant-a", "GET /x", Priority::Normal),
+            scope: support::scope("tenant-a", "GET /x", Priority::Normal),
             worker_id: String::new(),
             want: 1,
             retry_class: RetryClass::Transient as i32,
