@@ -396,7 +396,7 @@ async fn a_reset_ends_a_watching_workers_cooldown() {
             .await
             .expect("report");
         assert_eq!(
-            next(&mut events).await.kind(),
+            support::next_event(&mut events, "the reset's watch").await.kind(),
             ScopeEventKind::CooldownStarted
         );
     }
@@ -410,19 +410,11 @@ async fn a_reset_ends_a_watching_workers_cooldown() {
         .expect("reset")
         .into_inner();
     assert!(reset.existed);
-    let ended = next(&mut events).await;
+    let ended = support::next_event(&mut events, "the reset's watch").await;
     assert_eq!(ended.kind(), ScopeEventKind::CooldownEnded);
     assert_eq!(ended.cooldown_until_unix_ms, T0 + 10_000);
-    let caller_wide = next(&mut events).await;
+    let caller_wide = support::next_event(&mut events, "the reset's watch").await;
     assert_eq!(caller_wide.kind(), ScopeEventKind::CooldownStarted);
     assert_eq!(caller_wide.cooldown_until_unix_ms, T0 + 10_000);
     coordinator.stop().await;
-}
-
-async fn next(events: &mut tonic::Streaming<v1::ScopeEvent>) -> v1::ScopeEvent {
-    tokio::time::timeout(Duration::from_secs(5), events.message())
-        .await
-        .expect("within the watch latency")
-        .expect("ok")
-        .expect("event")
 }
