@@ -61,6 +61,44 @@ pub struct ServeArgs {
     /// replicas with skewed clocks agree), `local` trusts this host's clock.
     #[arg(long, value_enum, default_value_t = TimeSource::Redis)]
     pub time_source: TimeSource,
+    /// Serve TLS with this PEM certificate chain (and --tls-key); the files
+    /// are re-read when they change and on SIGHUP. Overrides `[server]
+    /// tls_cert`.
+    #[arg(long, env = "TOLLGATE_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's PEM private key.
+    #[arg(long, env = "TOLLGATE_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this PEM CA (mTLS); bearer
+    /// tokens still apply.
+    #[arg(long, env = "TOLLGATE_CLIENT_CA", value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback address. Without TLS and without
+    /// this flag, only loopback addresses are served: tokens would
+    /// otherwise cross the network in clear.
+    #[arg(long, env = "TOLLGATE_ALLOW_PLAINTEXT")]
+    pub allow_plaintext: bool,
+}
+
+impl ServeArgs {
+    /// The transport flags over the policy file's `[server]` keys.
+    fn apply_transport(&self, transport: &mut crate::config::Transport) -> anyhow::Result<()> {
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            transport.tls = Some(crate::config::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: transport.tls.as_ref().and_then(|t| t.client_ca.clone()),
+            });
+        }
+        if let Some(ca) = &self.client_ca {
+            match &mut transport.tls {
+                Some(tls) => tls.client_ca = Some(ca.clone()),
+                None => anyhow::bail!("--client-ca needs TLS (--tls-cert and --tls-key)"),
+            }
+        }
+        transport.allow_plaintext |= self.allow_plaintext;
+        Ok(())
+    }
 }
 
 /// `<config><suffix>`: where the state file and audit log go by default.
@@ -106,6 +144,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => (Config::default(), None),
     };
+    let mut config = config;
+    args.apply_transport(&mut config.transport)?;
     let kept = server::Setup {
         paths: crate::admin::Paths {
             policy_file: args.config.clone(),

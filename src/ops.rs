@@ -65,6 +65,16 @@ pub struct Connect {
         global = true
     )]
     pub token: Option<String>,
+    /// PEM CA that signed the coordinator's certificate: connect with TLS
+    /// (also implied by an `https://` server, then with the system roots).
+    #[arg(long, env = "TOLLGATE_CA", value_name = "FILE", global = true)]
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for a coordinator that requires mTLS.
+    #[arg(long, env = "TOLLGATE_CLIENT_CERT", value_name = "FILE", global = true, requires = "key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// The client certificate's PEM private key.
+    #[arg(long, env = "TOLLGATE_CLIENT_KEY", value_name = "FILE", global = true, requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub output: Output,
@@ -301,14 +311,29 @@ impl Client {
 }
 
 async fn connect(c: &Connect) -> Result<Client, Failure> {
+    let tls = c.ca.is_some() || c.cert.is_some();
     let uri = if c.server.contains("://") {
         c.server.clone()
+    } else if tls {
+        format!("https://{}", c.server)
     } else {
         format!("http://{}", c.server)
     };
-    let endpoint = Channel::from_shared(uri.clone())
+    let mut endpoint = Channel::from_shared(uri.clone())
         .map_err(|e| Failure::invalid(format!("--server {uri}: {e}")))?
         .connect_timeout(Duration::from_secs(5));
+    if tls || uri.starts_with("https://") {
+        // The worker's TLS options, so the CLI and the client agree.
+        let options = tollgate_client::link::LinkTls::from_files(
+            c.ca.as_deref(),
+            c.cert.as_deref(),
+            c.key.as_deref(),
+        )
+        .map_err(|e| Failure::invalid(e.to_string()))?;
+        endpoint = endpoint
+            .tls_config(options.client_config())
+            .map_err(|e| Failure::invalid(format!("--ca/--cert: {e}")))?;
+    }
     let channel = endpoint.connect().await.map_err(|e| Failure {
         code: EXIT_UNAVAILABLE,
         message: format!("cannot reach the coordinator at {uri}: {e}"),

@@ -15,6 +15,21 @@
 //! `health` is checked every [`HEALTH_EVERY`], so a replica whose Redis is
 //! down reports NOT_SERVING (and load balancers route around it) until it
 //! reconnects by itself.
+//!
+//! # Transport
+//! [`run_tcp`] terminates TLS itself ([`tls`]: the certificate is re-read
+//! when its files change or on SIGHUP, mTLS with a client CA) and applies
+//! the connection limits before a handshake ([`listen`]); it refuses to
+//! serve plaintext on an address other peers can reach unless the
+//! configuration allows it. Every transport gets the per-request guards
+//! ([`guard`]: calls in flight for the idle timeout, slowed-down bad
+//! tokens), the HTTP/2 stream and header limits, a decoding limit per
+//! service and the Watch stream quota; the numbers are in
+//! [`crate::config::Transport`].
+
+mod guard;
+pub mod listen;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +38,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::clock::{Clock, SystemClock, to_unix_ms};
 use tollgate_proto::v1::{
@@ -47,9 +61,10 @@ use crate::signal::Hangups;
 use crate::store::redis::EventRelay;
 use crate::store::{MemoryStore, Store};
 
-/// Largest request accepted: the biggest valid message (64 evidence items
-/// with bounded strings) fits well inside it.
-const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest health or reflection request: a service name or a symbol.
+const MAX_SMALL_MESSAGE_BYTES: usize = 16 * 1024;
+/// How often token files and the TLS certificate are checked for changes.
+pub const SECRETS_EVERY: Duration = Duration::from_secs(1);
 /// How often idle scopes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// How often freezes are checked for expiry: the latency of an expiry.
@@ -78,6 +93,9 @@ pub struct Setup {
     /// With a store shared by several replicas: carries Watch events
     /// between them. `None`: events stay in this process.
     pub relay: Option<EventRelay>,
+    /// How often token files and the TLS certificate are re-read (they are
+    /// also re-read on SIGHUP). Default [`SECRETS_EVERY`].
+    pub secrets_every: Duration,
 }
 
 impl Default for Setup {
@@ -107,6 +125,7 @@ impl Setup {
             audit_file: None,
             reload_every: None,
             relay: None,
+            secrets_every: SECRETS_EVERY,
         }
     }
 
@@ -144,6 +163,15 @@ pub enum ServeError {
     /// The gRPC transport failed.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The certificate, key or client CA could not be loaded.
+    #[error("{0}")]
+    Tls(#[from] tls::TlsError),
+    /// Plaintext on an address other hosts can reach, without consent.
+    #[error(
+        "refusing to serve plaintext on {0}: tokens would cross the network in clear; \
+         configure TLS (--tls-cert/--tls-key) or pass --allow-plaintext"
+    )]
+    Plaintext(std::net::SocketAddr),
     /// The saved runtime state could not be restored.
     #[error("restoring runtime state: {0}")]
     Admin(#[from] AdminError),
@@ -157,15 +185,62 @@ pub enum ServeError {
     },
 }
 
-/// [`run`] on a bound TCP listener, logging its address.
+/// [`run`] on a bound TCP listener, logging its address: TLS when the
+/// configuration names a certificate (re-read every `secrets_every` and
+/// on SIGHUP), the connection limits, and no plaintext off loopback
+/// without `allow_plaintext`.
 pub async fn run_tcp(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
     setup: Setup,
 ) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
-    info!(%address, max_scopes = setup.config.limits.max_scopes, "tollgate coordinator listening");
-    run(TcpListenerStream::new(listener), shutdown, setup).await
+    let transport = setup.config.transport.clone();
+    let tls = match &transport.tls {
+        Some(files) => Some(Arc::new(tls::ServerTls::load(files)?)),
+        None if listen::needs_plaintext_consent(address) && !transport.allow_plaintext => {
+            return Err(ServeError::Plaintext(address));
+        }
+        None if listen::needs_plaintext_consent(address) => {
+            warn!(%address, "serving PLAINTEXT on a non-loopback address (allow_plaintext): tokens cross the network in clear");
+            None
+        }
+        None => None,
+    };
+    let security = match &tls {
+        Some(tls) if tls.mutual() => "mtls",
+        Some(_) => "tls",
+        None => "plaintext",
+    };
+    info!(%address, security, max_scopes = setup.config.limits.max_scopes, "tollgate coordinator listening");
+    let every = setup.secrets_every;
+    let incoming = listen::incoming(listener, transport, tls.clone());
+    let following = async move {
+        match tls {
+            Some(tls) => follow_files(every, || tls.reload_logged()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = run(incoming, shutdown, setup) => result,
+        // Never completes; stops with the server.
+        () = following => Ok(()),
+    }
+}
+
+/// Calls `reload` every `every` and on each SIGHUP; runs as long as it is
+/// polled.
+async fn follow_files(every: Duration, reload: impl Fn()) {
+    let mut poll = tokio::time::interval(every);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hangups = Hangups::listen();
+    loop {
+        tokio::select! {
+            _ = poll.tick() => {}
+            () = hangups.next() => {}
+        }
+        reload();
+    }
 }
 
 /// Serves the coordinator on `incoming` until `shutdown` completes, then
@@ -198,7 +273,9 @@ where
         audit_file,
         reload_every,
         relay,
+        secrets_every,
     } = setup;
+    let transport = config.transport.clone();
     let limits = config.limits.clone();
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(limits.max_scopes)));
     let drain = CancellationToken::new();
@@ -237,17 +314,43 @@ where
         Arc::clone(&auth),
         limits.watch_buffer,
         drain.clone(),
+    )
+    .with_watch_limits(
+        transport.max_watch_streams,
+        transport.max_watch_streams_per_token,
     );
+    let tokens = config.auth.clone();
+    let following_tokens = async move {
+        if tokens.has_files() {
+            follow_files(secrets_every, || {
+                tokens.reload_files();
+            })
+            .await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
     let admin = AdminService::new(Arc::clone(&core), auth);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BudgetServer<BudgetService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Both reflection versions: grpcurl and Postman speak v1, grpcio's
+    // reflection client and older tools v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()?
+        .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES);
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()?
+        .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES);
 
     let serve = Server::builder()
+        .max_concurrent_streams(transport.max_concurrent_streams)
+        .http2_max_header_list_size(transport.max_header_list_size)
         // tonic's own timeout layer (it also honours the client's
         // grpc-timeout) answers with a status instead of an opaque error.
         .timeout(limits.request_timeout)
@@ -256,6 +359,8 @@ where
         // RESOURCE_EXHAUSTED at once and lets the client fall back.
         .layer(
             ServiceBuilder::new()
+                // Outermost, so a held-back refusal holds no request permit.
+                .layer(guard::ConnLayer::default())
                 // The caller's W3C trace context parents each RPC's span.
                 .layer(crate::telemetry::TraceContextLayer)
                 .layer(crate::telemetry::RpcMetricsLayer::coordinator())
@@ -265,9 +370,10 @@ where
                 ))
                 .into_inner(),
         )
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(BudgetServer::new(budget).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(health_service.max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES))
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(BudgetServer::new(budget).max_decoding_message_size(transport.max_budget_message))
         // Room for a whole policy file in ApplyPolicies.
         .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096))
         .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
@@ -283,6 +389,7 @@ where
         () = follow(Arc::clone(&core), reload_every) => {}
         () = watch_health(Arc::clone(&store), health.clone()) => {}
         () = relaying => {}
+        () = following_tokens => {}
     }
 
     info!(grace_period = ?limits.grace_period, "draining");
