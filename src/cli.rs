@@ -78,6 +78,10 @@ pub struct ServeArgs {
     /// otherwise cross the network in clear.
     #[arg(long, env = "TOLLGATE_ALLOW_PLAINTEXT")]
     pub allow_plaintext: bool,
+    /// Also serve `grpc.health.v1` alone, in plaintext, on this address:
+    /// for probes that cannot speak TLS (Kubernetes gRPC probes).
+    #[arg(long, env = "TOLLGATE_HEALTH_LISTEN", value_name = "ADDR")]
+    pub health_listen: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -185,6 +189,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {}", args.listen))?;
         let mut kept = kept;
+        if let Some(addr) = args.health_listen {
+            kept.health_listener = Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding health listener {addr}"))?,
+            );
+        }
         let (store, clock, calibrating): (Arc<dyn Store>, Arc<dyn Clock>, _) = if args.store
             == "memory"
         {

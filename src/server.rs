@@ -96,6 +96,10 @@ pub struct Setup {
     /// How often token files and the TLS certificate are re-read (they are
     /// also re-read on SIGHUP). Default [`SECRETS_EVERY`].
     pub secrets_every: Duration,
+    /// A second listener serving only `grpc.health.v1`, in plaintext: for
+    /// probes that cannot speak TLS (Kubernetes' gRPC probes). Health
+    /// carries no token and changes nothing, so it needs no consent.
+    pub health_listener: Option<TcpListener>,
 }
 
 impl Default for Setup {
@@ -109,6 +113,7 @@ impl std::fmt::Debug for Setup {
         f.debug_struct("Setup")
             .field("paths", &self.paths)
             .field("reload_every", &self.reload_every)
+            .field("secrets_every", &self.secrets_every)
             .finish_non_exhaustive()
     }
 }
@@ -126,6 +131,7 @@ impl Setup {
             reload_every: None,
             relay: None,
             secrets_every: SECRETS_EVERY,
+            health_listener: None,
         }
     }
 
@@ -274,6 +280,7 @@ where
         reload_every,
         relay,
         secrets_every,
+        health_listener,
     } = setup;
     let transport = config.transport.clone();
     let limits = config.limits.clone();
@@ -348,6 +355,7 @@ where
         .build_v1alpha()?
         .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES);
 
+    let health_only = serve_health_only(health_listener, health_service.clone(), drain.clone());
     let serve = Server::builder()
         .max_concurrent_streams(transport.max_concurrent_streams)
         .http2_max_header_list_size(transport.max_header_list_size)
@@ -390,6 +398,7 @@ where
         () = watch_health(Arc::clone(&store), health.clone()) => {}
         () = relaying => {}
         () = following_tokens => {}
+        () = health_only => {}
     }
 
     info!(grace_period = ?limits.grace_period, "draining");
@@ -403,6 +412,29 @@ where
     }
     info!("stopped");
     Ok(())
+}
+
+/// Serves `health` alone on `listener` until `drain`; runs as long as it is
+/// polled (without a listener, or after an error it has logged, it waits).
+async fn serve_health_only<H: tonic_health::pb::health_server::Health>(
+    listener: Option<TcpListener>,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    drain: CancellationToken,
+) {
+    if let Some(listener) = listener {
+        if let Ok(address) = listener.local_addr() {
+            info!(%address, "serving grpc.health.v1 alone, in plaintext");
+        }
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        if let Err(err) = Server::builder()
+            .add_service(health)
+            .serve_with_incoming_shutdown(incoming, drain.cancelled_owned())
+            .await
+        {
+            warn!(cause = %err, "the health listener failed");
+        }
+    }
+    std::future::pending().await
 }
 
 /// Where runtime state is kept, as [`Setup`] names it.

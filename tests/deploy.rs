@@ -13,6 +13,8 @@ use tollgate::config::Config;
 
 const IMAGE: &str = "registry.example.invalid/tollgate:0.1.0";
 const PORT: u64 = 50051;
+/// The plaintext health-only port the probes use.
+const HEALTH_PORT: u64 = 50052;
 /// distroless's `nonroot` user, named by the Dockerfile and the Deployment.
 const NONROOT: u64 = 65532;
 
@@ -79,12 +81,43 @@ fn the_deployment_runs_three_non_root_replicas_probed_over_grpc() {
         .expect("TOLLGATE_LISTEN");
     assert_eq!(listen, format!("0.0.0.0:{PORT}"));
 
+    // Probes use the plaintext health-only port: kubelet's gRPC probes
+    // cannot speak TLS, and the API port serves TLS from a Secret.
+    let env = |name: &str| {
+        container["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        env("TOLLGATE_HEALTH_LISTEN"),
+        Some(format!("0.0.0.0:{HEALTH_PORT}"))
+    );
+    let tls_mount = container["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"].as_str() == Some("tls"))
+        .and_then(|m| m["mountPath"].as_str())
+        .expect("the TLS Secret is mounted");
+    let cert = env("TOLLGATE_TLS_CERT").expect("TOLLGATE_TLS_CERT");
+    assert!(cert.starts_with(tls_mount), "{cert} under {tls_mount}");
+    let volumes = pod["volumes"].as_sequence().expect("volumes");
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["name"].as_str() == Some("tls") && v["secret"]["secretName"].is_string()),
+        "the TLS volume comes from a Secret"
+    );
     let readiness = &container["readinessProbe"]["grpc"];
-    assert_eq!(readiness["port"].as_u64(), Some(PORT));
+    assert_eq!(readiness["port"].as_u64(), Some(HEALTH_PORT));
     // Readiness follows the store (NOT_SERVING while Redis is down) ...
     assert_eq!(readiness["service"].as_str(), Some("tollgate.v1.Budget"));
     let liveness = &container["livenessProbe"]["grpc"];
-    assert_eq!(liveness["port"].as_u64(), Some(PORT));
+    assert_eq!(liveness["port"].as_u64(), Some(HEALTH_PORT));
     // ... liveness does not, or a Redis outage would restart every pod.
     assert!(liveness["service"].is_null());
 
