@@ -25,9 +25,10 @@
 //!   error → `Status` mapping.
 //! - [`server`]: `run(listener, shutdown, config, clock)`: Budget + health +
 //!   reflection behind tower layers, with a graceful drain.
-//! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
+//! - [`signal`], [`serve`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
-//!   Admin API clients with tables, JSON and documented exit codes.
+//!   Admin API clients with one renderer (table, JSON, YAML) and documented
+//!   exit codes.
 //! - [`telemetry`], [`metrics`]: OTLP traces and metrics, W3C trace context
 //!   from the caller, the Prometheus `/metrics` endpoint (docs/telemetry.md).
 //! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark;
@@ -48,13 +49,13 @@ pub mod admin;
 pub mod auth;
 pub mod bench;
 pub mod budget;
-pub mod cli;
 pub mod config;
 pub mod evidence;
 pub mod metrics;
 pub mod ops;
 pub mod policy;
 pub mod scope;
+pub mod serve;
 pub mod server;
 pub mod service;
 pub mod signal;
