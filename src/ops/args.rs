@@ -11,7 +11,8 @@ use std::time::Duration;
 /// list -o json` are the same).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connect {
-    /// The coordinator (`host:port` or `http://host:port`).
+    /// The coordinator to manage (`host:port` or `http://host:port`); used
+    /// by `policy`, `scopes` and `audit`.
     #[arg(
         long,
         env = "TOLLGATE_SERVER",
@@ -19,8 +20,8 @@ pub struct Connect {
         global = true
     )]
     pub server: String,
-    /// An admin token (never a caller token). Prefer the environment
-    /// variable: a flag shows in `ps`.
+    /// An admin token (never a caller token) for `policy`, `scopes` and
+    /// `audit`. Prefer the environment variable: a flag shows in `ps`.
     #[arg(
         long,
         env = "TOLLGATE_ADMIN_TOKEN",
@@ -28,7 +29,7 @@ pub struct Connect {
         global = true
     )]
     pub token: Option<String>,
-    /// Output format.
+    /// Output format (`simulate`: table or json).
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub output: Output,
 }
