@@ -104,10 +104,15 @@ impl Server {
         }
     }
 
+    /// A worker's link to this server; the certificate names `localhost`,
+    /// the endpoint is the address (no resolver in the way).
     fn link(&self, tls: Option<LinkTls>) -> LinkConfig {
-        let mut link = LinkConfig::new(format!("https://localhost:{}", self.addr.port()), "w");
+        let mut link = LinkConfig::new(format!("https://{}", self.addr), "w");
         link.rpc_timeout = Duration::from_secs(5);
-        link.tls = tls;
+        link.tls = tls.map(|mut tls| {
+            tls.domain.get_or_insert_with(|| "localhost".into());
+            tls
+        });
         link
     }
 
@@ -414,10 +419,19 @@ async fn python_grpcio_reflects_and_calls_every_budget_method() {
     let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
     let ca_file = dir.write("ca.crt", &ca.pem);
     let tls = Server::start(tls_config(support::TENANT_A_TOKEN_TOML, &cert, &key, None)).await;
-    let target = format!("localhost:{}", tls.addr.port());
+    let target = tls.addr.to_string();
     let ca_arg = ca_file.display().to_string();
     tokio::task::spawn_blocking(move || {
-        run_python(&["--target", &target, "--token", TENANT_A_TOKEN, "--ca", &ca_arg]);
+        run_python(&[
+            "--target",
+            &target,
+            "--token",
+            TENANT_A_TOKEN,
+            "--ca",
+            &ca_arg,
+            "--server-name",
+            "localhost",
+        ]);
     })
     .await
     .expect("TLS run");

@@ -88,9 +88,9 @@ impl Default for Transport {
     }
 }
 
-/// The transport keys of `[server]` as written.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The transport keys of `[server]` as written (parsed as part of the
+/// `[server]` table, which refuses unknown keys).
+#[derive(Debug, Default)]
 pub(super) struct TransportSpec {
     pub(super) tls_cert: Option<PathBuf>,
     pub(super) tls_key: Option<PathBuf>,

@@ -48,8 +48,11 @@ pub struct ConnGuard<S> {
 
 impl<S, B, ResBody> Service<http::Request<B>> for ConnGuard<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<ResBody>> + Send,
+    S: Service<http::Request<B>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: 'static,
+    B: 'static,
+    ResBody: 'static,
 {
     type Response = http::Response<GuardedBody<ResBody>>;
     type Error = S::Error;

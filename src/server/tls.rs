@@ -48,7 +48,6 @@ pub enum TlsError {
 
 /// The server's TLS state: the rustls configuration new connections are
 /// accepted with, and the certificate it serves.
-#[derive(Debug)]
 pub struct ServerTls {
     files: TlsFiles,
     provider: Arc<CryptoProvider>,
@@ -57,6 +56,14 @@ pub struct ServerTls {
     /// The certificate and key files' bytes as last loaded, to tell whether
     /// a poll found anything new.
     loaded: Mutex<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Serves whatever certificate was loaded last.

@@ -30,13 +30,17 @@ def main() -> int:
     parser.add_argument("--target", required=True, help="host:port")
     parser.add_argument("--token", help="caller bearer token")
     parser.add_argument("--ca", help="PEM CA file: connect with TLS")
+    parser.add_argument("--server-name", help="name the server certificate carries")
     parser.add_argument("--scope", default="tenant-a")
     args = parser.parse_args()
 
     if args.ca:
         with open(args.ca, "rb") as f:
             credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
-        channel = grpc.secure_channel(args.target, credentials)
+        options = []
+        if args.server_name:
+            options.append(("grpc.ssl_target_name_override", args.server_name))
+        channel = grpc.secure_channel(args.target, credentials, options=options)
     else:
         channel = grpc.insecure_channel(args.target)
     grpc.channel_ready_future(channel).result(timeout=10)
