@@ -27,7 +27,7 @@
 //! service and the Watch stream quota; the numbers are in
 //! [`crate::config::Transport`].
 
-mod guard;
+pub mod guard;
 pub mod listen;
 pub mod tls;
 

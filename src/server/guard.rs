@@ -50,9 +50,9 @@ impl<S, B, ResBody> Service<http::Request<B>> for ConnGuard<S>
 where
     S: Service<http::Request<B>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: 'static,
+    S::Error: Send + 'static,
     B: 'static,
-    ResBody: 'static,
+    ResBody: Send + 'static,
 {
     type Response = http::Response<GuardedBody<ResBody>>;
     type Error = S::Error;
