@@ -435,16 +435,34 @@ mod tests {
         ]);
         let shared = auth.clone();
         assert!(auth.has_files());
-        assert_eq!(auth.identify(Some("Bearer first-token-1")), Ok(Identity::Token(0)));
+        assert_eq!(
+            auth.identify(Some("Bearer first-token-1")),
+            Ok(Identity::Token(0))
+        );
         std::fs::write(&file, "second-token-2").expect("rotate");
         assert_eq!(shared.reload_files(), 1);
-        assert_eq!(auth.identify(Some("Bearer first-token-1")), Err(AuthError::Unauthenticated));
-        assert_eq!(auth.identify(Some("Bearer second-token-2")), Ok(Identity::Token(0)));
+        assert_eq!(
+            auth.identify(Some("Bearer first-token-1")),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            auth.identify(Some("Bearer second-token-2")),
+            Ok(Identity::Token(0))
+        );
         std::fs::remove_file(&file).expect("remove");
         assert_eq!(shared.reload_files(), 1);
-        assert_eq!(auth.identify(Some("Bearer second-token-2")), Err(AuthError::Unauthenticated));
-        assert_eq!(auth.identify(Some("Bearer ")), Err(AuthError::Unauthenticated));
-        assert!(auth.check(Identity::Token(0), "a").is_err(), "a revoked entry grants nothing");
+        assert_eq!(
+            auth.identify(Some("Bearer second-token-2")),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            auth.identify(Some("Bearer ")),
+            Err(AuthError::Unauthenticated)
+        );
+        assert!(
+            auth.check(Identity::Token(0), "a").is_err(),
+            "a revoked entry grants nothing"
+        );
         assert!(TokenEntry::from_file(&file, &["a".into()]).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }

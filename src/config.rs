@@ -50,8 +50,8 @@ use std::time::Duration;
 
 mod transport;
 
-pub use transport::{TlsFiles, Transport};
 use transport::TransportSpec;
+pub use transport::{TlsFiles, Transport};
 
 use crate::auth::{AdminEntry, Authenticator, TokenEntry};
 use crate::policy::{Pattern, Policy, PolicyError, PolicyRule, PolicySet, PolicySpec};
@@ -410,32 +410,30 @@ impl Config {
         let policies = doc.build().map_err(|e| with_line(e, text))?;
 
         // The token's value now, and the file it is re-read from, if any.
-        let secret = |place: &str,
-                      token: Option<String>,
-                      var: Option<String>,
-                      file: Option<PathBuf>| {
-            let invalid = |reason: String| ConfigError::Invalid {
-                place: place.to_owned(),
-                reason,
-            };
-            let token = match (token, var, &file) {
-                (Some(token), None, None) => token,
-                (None, Some(var), None) => env(&var)
-                    .ok_or_else(|| invalid(format!("environment variable {var} is not set")))?,
-                (None, None, Some(path)) => crate::auth::read_token_file(path)
-                    .map(|t| String::from_utf8_lossy(&t).into_owned())
-                    .map_err(|e| invalid(format!("{}: {e}", path.display())))?,
-                _ => {
-                    return Err(invalid(
-                        "set exactly one of token, token_env or token_file".into(),
-                    ));
+        let secret =
+            |place: &str, token: Option<String>, var: Option<String>, file: Option<PathBuf>| {
+                let invalid = |reason: String| ConfigError::Invalid {
+                    place: place.to_owned(),
+                    reason,
+                };
+                let token = match (token, var, &file) {
+                    (Some(token), None, None) => token,
+                    (None, Some(var), None) => env(&var)
+                        .ok_or_else(|| invalid(format!("environment variable {var} is not set")))?,
+                    (None, None, Some(path)) => crate::auth::read_token_file(path)
+                        .map(|t| String::from_utf8_lossy(&t).into_owned())
+                        .map_err(|e| invalid(format!("{}: {e}", path.display())))?,
+                    _ => {
+                        return Err(invalid(
+                            "set exactly one of token, token_env or token_file".into(),
+                        ));
+                    }
+                };
+                if token.trim().len() < crate::auth::MIN_TOKEN_LEN {
+                    return Err(invalid("token must be at least 8 characters".into()));
                 }
+                Ok((token.trim().to_owned(), file))
             };
-            if token.trim().len() < crate::auth::MIN_TOKEN_LEN {
-                return Err(invalid("token must be at least 8 characters".into()));
-            }
-            Ok((token.trim().to_owned(), file))
-        };
         let mut entries = Vec::with_capacity(tokens.len());
         let mut caller_secrets = Vec::with_capacity(tokens.len());
         for (i, spec) in tokens.into_iter().enumerate() {

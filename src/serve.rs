@@ -64,10 +64,20 @@ pub struct ServeArgs {
     /// Serve TLS with this PEM certificate chain (and --tls-key); the files
     /// are re-read when they change and on SIGHUP. Overrides `[server]
     /// tls_cert`.
-    #[arg(long, env = "TOLLGATE_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
     pub tls_cert: Option<PathBuf>,
     /// The certificate's PEM private key.
-    #[arg(long, env = "TOLLGATE_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
     pub tls_key: Option<PathBuf>,
     /// Require client certificates signed by this PEM CA (mTLS); bearer
     /// tokens still apply.

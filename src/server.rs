@@ -381,7 +381,9 @@ where
         .add_service(health_service.max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES))
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(BudgetServer::new(budget).max_decoding_message_size(transport.max_budget_message))
+        .add_service(
+            BudgetServer::new(budget).max_decoding_message_size(transport.max_budget_message),
+        )
         // Room for a whole policy file in ApplyPolicies.
         .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096))
         .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());

@@ -6,9 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{
-    Coordinator, PUSH_BOUND, TENANT_A_TOKEN, config, lease, poll, scope, with_token,
-};
+use support::{Coordinator, PUSH_BOUND, TENANT_A_TOKEN, config, lease, poll, scope, with_token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate_proto::v1::{self, Priority};
@@ -28,8 +26,7 @@ async fn health(channel: Channel) -> Result<(), tonic::Status> {
 
 #[tokio::test]
 async fn connections_per_peer_are_capped_and_freed_on_close() {
-    let coordinator =
-        Coordinator::start(with_server_keys("max_connections_per_ip = 2", "")).await;
+    let coordinator = Coordinator::start(with_server_keys("max_connections_per_ip = 2", "")).await;
     let first = coordinator.channel().await;
     let second = coordinator.channel().await;
     health(first.clone()).await.expect("first");
@@ -40,19 +37,26 @@ async fn connections_per_peer_are_capped_and_freed_on_close() {
         .connect()
         .await;
     if let Ok(third) = third {
-        assert!(health(third).await.is_err(), "a third connection is refused");
+        assert!(
+            health(third).await.is_err(),
+            "a third connection is refused"
+        );
     }
     drop(first);
-    poll("a freed connection slot is reusable", PUSH_BOUND, || async {
-        match Channel::from_shared(format!("http://{}", coordinator.addr))
-            .expect("uri")
-            .connect()
-            .await
-        {
-            Ok(channel) => health(channel).await.is_ok(),
-            Err(_) => false,
-        }
-    })
+    poll(
+        "a freed connection slot is reusable",
+        PUSH_BOUND,
+        || async {
+            match Channel::from_shared(format!("http://{}", coordinator.addr))
+                .expect("uri")
+                .connect()
+                .await
+            {
+                Ok(channel) => health(channel).await.is_ok(),
+                Err(_) => false,
+            }
+        },
+    )
     .await;
     coordinator.stop().await;
 }
@@ -102,7 +106,10 @@ async fn streams_and_header_lists_are_bounded_per_connection() {
     request
         .metadata_mut()
         .insert("x-padding", big.parse().expect("ascii"));
-    assert!(client.lease(request).await.is_err(), "an oversized header list is refused");
+    assert!(
+        client.lease(request).await.is_err(),
+        "an oversized header list is refused"
+    );
     let mut client = coordinator.client().await;
     client
         .lease(lease(scope("a", "GET /x", Priority::Normal), "w", 1))
@@ -113,7 +120,8 @@ async fn streams_and_header_lists_are_bounded_per_connection() {
 
 #[tokio::test]
 async fn message_size_is_capped_per_service() {
-    let coordinator = Coordinator::start(with_server_keys("max_budget_message = \"4KiB\"", "")).await;
+    let coordinator =
+        Coordinator::start(with_server_keys("max_budget_message = \"4KiB\"", "")).await;
     let mut client = coordinator.client().await;
     let mut big = lease(scope("a", "GET /x", Priority::Normal), "w", 1);
     big.worker_id = "w".repeat(8 * 1024);
@@ -125,7 +133,10 @@ async fn message_size_is_capped_per_service() {
     // Admin has its own, larger limit: a policy file of 8 KiB is read (and
     // judged on its content, not refused for its size).
     let mut admin = coordinator.admin().await;
-    let toml = format!("# {}\n[defaults]\nretry_ratio = 0.1\n", "p".repeat(8 * 1024));
+    let toml = format!(
+        "# {}\n[defaults]\nretry_ratio = 0.1\n",
+        "p".repeat(8 * 1024)
+    );
     let apply = v1::ApplyPoliciesRequest {
         toml,
         dry_run: true,
@@ -133,9 +144,10 @@ async fn message_size_is_capped_per_service() {
     };
     let answer = admin.apply_policies(apply).await;
     assert!(
-        answer
-            .as_ref()
-            .map_or_else(|s| !matches!(s.code(), Code::OutOfRange | Code::ResourceExhausted), |_| true),
+        answer.as_ref().map_or_else(
+            |s| !matches!(s.code(), Code::OutOfRange | Code::ResourceExhausted),
+            |_| true
+        ),
         "{answer:?}"
     );
     coordinator.stop().await;
@@ -143,8 +155,7 @@ async fn message_size_is_capped_per_service() {
 
 #[tokio::test]
 async fn idle_connections_are_closed_but_a_watch_keeps_its_connection() {
-    let coordinator =
-        Coordinator::start(with_server_keys("idle_timeout = \"300ms\"", "")).await;
+    let coordinator = Coordinator::start(with_server_keys("idle_timeout = \"300ms\"", "")).await;
     let mut raw = TcpStream::connect(coordinator.addr).await.expect("connect");
     server_settings(&mut raw).await;
     let closed = tokio::time::timeout(PUSH_BOUND, async {
@@ -191,18 +202,32 @@ async fn watch_streams_are_capped_per_token() {
         scopes: vec![scope("tenant-a", "GET /x", Priority::Normal).expect("scope")],
         worker_id: "w".into(),
     };
-    let first = client.watch(with_token(request(), TENANT_A_TOKEN)).await.expect("1");
-    let _second = client.watch(with_token(request(), TENANT_A_TOKEN)).await.expect("2");
+    let first = client
+        .watch(with_token(request(), TENANT_A_TOKEN))
+        .await
+        .expect("1");
+    let _second = client
+        .watch(with_token(request(), TENANT_A_TOKEN))
+        .await
+        .expect("2");
     let refused = client
         .watch(with_token(request(), TENANT_A_TOKEN))
         .await
         .expect_err("over the cap");
     assert_eq!(refused.code(), Code::ResourceExhausted);
-    assert!(refused.message().contains("max_watch_streams_per_token"), "{refused}");
+    assert!(
+        refused.message().contains("max_watch_streams_per_token"),
+        "{refused}"
+    );
     drop(first);
     poll("a closed stream frees its place", PUSH_BOUND, || {
         let mut client = client.clone();
-        async move { client.watch(with_token(request(), TENANT_A_TOKEN)).await.is_ok() }
+        async move {
+            client
+                .watch(with_token(request(), TENANT_A_TOKEN))
+                .await
+                .is_ok()
+        }
     })
     .await;
     coordinator.stop().await;
@@ -215,7 +240,10 @@ async fn repeated_bad_tokens_stay_unauthenticated_on_every_service() {
     let mut admin = coordinator.admin().await;
     for _ in 0..3 {
         let status = budget
-            .lease(with_token(lease(scope("tenant-a", "GET /x", Priority::Normal), "w", 1), "not-a-token"))
+            .lease(with_token(
+                lease(scope("tenant-a", "GET /x", Priority::Normal), "w", 1),
+                "not-a-token",
+            ))
             .await
             .expect_err("unknown token");
         assert_eq!(status.code(), Code::Unauthenticated);

@@ -45,7 +45,9 @@ impl Ca {
         let key = KeyPair::generate().expect("leaf key");
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names).expect("params");
-        params.distinguished_name.push(DnType::CommonName, "tollgate test");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "tollgate test");
         let cert = params.signed_by(&key, &self.issuer).expect("signed");
         (cert.pem(), key.serialize_pem())
     }
@@ -151,7 +153,10 @@ fn tls_config(text: &str, cert: &Path, key: &Path, client_ca: Option<&Path>) -> 
     config
 }
 
-async fn a_lease(client: &mut BudgetClient<Channel>, token: Option<&str>) -> Result<(), tonic::Status> {
+async fn a_lease(
+    client: &mut BudgetClient<Channel>,
+    token: Option<&str>,
+) -> Result<(), tonic::Status> {
     let request = lease(scope("tenant-a", "GET /x", Priority::Normal), "w", 1);
     let result = match token {
         Some(t) => client.lease(with_token(request, t)).await,
@@ -168,14 +173,25 @@ async fn tls_needs_the_ca_and_plaintext_clients_are_not_served() {
     let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
     let server = Server::start(tls_config("", &cert, &key, None)).await;
 
-    let mut client = server.connect(Some(ca_only(&ca))).await.expect("TLS with the CA");
-    a_lease(&mut client, None).await.expect("open dev mode over TLS");
+    let mut client = server
+        .connect(Some(ca_only(&ca)))
+        .await
+        .expect("TLS with the CA");
+    a_lease(&mut client, None)
+        .await
+        .expect("open dev mode over TLS");
 
     // The system roots do not know the test CA.
     let without_ca = server.connect(Some(LinkTls::default())).await;
-    assert!(without_ca.is_err(), "a client without the CA cannot connect");
+    assert!(
+        without_ca.is_err(),
+        "a client without the CA cannot connect"
+    );
     let other = Ca::new("someone else");
-    assert!(server.connect(Some(ca_only(&other))).await.is_err(), "a different CA");
+    assert!(
+        server.connect(Some(ca_only(&other))).await.is_err(),
+        "a different CA"
+    );
 
     let plaintext = Channel::from_shared(format!("http://{}", server.addr))
         .expect("uri")
@@ -183,7 +199,10 @@ async fn tls_needs_the_ca_and_plaintext_clients_are_not_served() {
         .await;
     if let Ok(channel) = plaintext {
         let refused = a_lease(&mut BudgetClient::new(channel), None).await;
-        assert!(refused.is_err(), "plaintext HTTP/2 on a TLS port is not served");
+        assert!(
+            refused.is_err(),
+            "plaintext HTTP/2 on a TLS port is not served"
+        );
     }
     server.stop().await;
 }
@@ -196,13 +215,21 @@ async fn mtls_refuses_clients_without_a_certificate_and_tokens_still_apply() {
     let (cert, key) = server_ca.leaf(&["localhost"]);
     let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
     let ca_file = dir.write("client-ca.crt", &client_ca.pem);
-    let server =
-        Server::start(tls_config(support::TENANT_A_TOKEN_TOML, &cert, &key, Some(&ca_file))).await;
+    let server = Server::start(tls_config(
+        support::TENANT_A_TOKEN_TOML,
+        &cert,
+        &key,
+        Some(&ca_file),
+    ))
+    .await;
 
     // Without a client certificate the handshake (or the first call) fails.
     if let Ok(mut anonymous) = server.connect(Some(ca_only(&server_ca))).await {
         let refused = a_lease(&mut anonymous, Some(TENANT_A_TOKEN)).await;
-        assert!(refused.is_err(), "mTLS without a client certificate is refused");
+        assert!(
+            refused.is_err(),
+            "mTLS without a client certificate is refused"
+        );
     }
     // A certificate from another CA is refused too.
     let stranger = Ca::new("stranger");
@@ -219,12 +246,22 @@ async fn mtls_refuses_clients_without_a_certificate_and_tokens_still_apply() {
     let dir_files = (dir.write("w.crt", &c), dir.write("w.key", &k));
     let ca_file_server = dir.write("server-ca.crt", &server_ca.pem);
     // The files path, as the CLI and workers load it.
-    let tls = LinkTls::from_files(Some(&ca_file_server), Some(&dir_files.0), Some(&dir_files.1))
-        .expect("readable");
+    let tls = LinkTls::from_files(
+        Some(&ca_file_server),
+        Some(&dir_files.0),
+        Some(&dir_files.1),
+    )
+    .expect("readable");
     let mut client = server.connect(Some(tls)).await.expect("mTLS");
     let status = a_lease(&mut client, None).await.expect_err("no token");
-    assert_eq!(status.code(), Code::Unauthenticated, "tokens apply on top of mTLS");
-    a_lease(&mut client, Some(TENANT_A_TOKEN)).await.expect("certificate and token");
+    assert_eq!(
+        status.code(),
+        Code::Unauthenticated,
+        "tokens apply on top of mTLS"
+    );
+    a_lease(&mut client, Some(TENANT_A_TOKEN))
+        .await
+        .expect("certificate and token");
     server.stop().await;
 }
 
@@ -236,7 +273,10 @@ async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
     let (cert, key) = old_ca.leaf(&["localhost"]);
     let (cert_file, key_file) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
     let server = Server::start(tls_config("", &cert_file, &key_file, None)).await;
-    let mut before = server.connect(Some(ca_only(&old_ca))).await.expect("old cert");
+    let mut before = server
+        .connect(Some(ca_only(&old_ca)))
+        .await
+        .expect("old cert");
     assert!(server.connect(Some(ca_only(&new_ca))).await.is_err());
 
     let (cert, key) = new_ca.leaf(&["localhost"]);
@@ -244,15 +284,19 @@ async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
     // the server keeps the old one rather than serve a broken pair.
     dir.write("tls.key", &key);
     dir.write("tls.crt", &cert);
-    poll("new connections get the new certificate", PUSH_BOUND, || async {
-        server.connect(Some(ca_only(&new_ca))).await.is_ok()
-    })
+    poll(
+        "new connections get the new certificate",
+        PUSH_BOUND,
+        || async { server.connect(Some(ca_only(&new_ca))).await.is_ok() },
+    )
     .await;
     assert!(
         server.connect(Some(ca_only(&old_ca))).await.is_err(),
         "the old certificate is no longer served"
     );
-    a_lease(&mut before, None).await.expect("an open connection keeps working");
+    a_lease(&mut before, None)
+        .await
+        .expect("an open connection keeps working");
     server.stop().await;
 }
 
@@ -260,13 +304,19 @@ async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
 async fn plaintext_on_a_non_loopback_address_needs_consent() {
     let listener = TcpListener::bind("0.0.0.0:0").await.expect("bind");
     let result = server::run_tcp(listener, async {}, server::Setup::default()).await;
-    assert!(matches!(result, Err(ServeError::Plaintext(_))), "{result:?}");
+    assert!(
+        matches!(result, Err(ServeError::Plaintext(_))),
+        "{result:?}"
+    );
 
     let listener = TcpListener::bind("0.0.0.0:0").await.expect("bind");
     let mut config = Config::default();
     config.transport.allow_plaintext = true;
     let result = server::run_tcp(listener, async {}, server::Setup::new(config)).await;
-    assert!(result.is_ok(), "served (and stopped at once) with consent: {result:?}");
+    assert!(
+        result.is_ok(),
+        "served (and stopped at once) with consent: {result:?}"
+    );
 }
 
 #[tokio::test]
@@ -284,7 +334,9 @@ async fn a_token_file_is_followed_and_a_removed_token_stops_working() {
         .await
         .expect("connect");
     let mut client = BudgetClient::new(channel);
-    a_lease(&mut client, Some("file-token-one")).await.expect("the file's token");
+    a_lease(&mut client, Some("file-token-one"))
+        .await
+        .expect("the file's token");
 
     dir.write("tenant-a", "file-token-two\n");
     poll("the rotated token works", PUSH_BOUND, || {
@@ -292,7 +344,9 @@ async fn a_token_file_is_followed_and_a_removed_token_stops_working() {
         async move { a_lease(&mut client, Some("file-token-two")).await.is_ok() }
     })
     .await;
-    let old = a_lease(&mut client, Some("file-token-one")).await.expect_err("rotated out");
+    let old = a_lease(&mut client, Some("file-token-one"))
+        .await
+        .expect_err("rotated out");
     assert_eq!(old.code(), Code::Unauthenticated);
 
     std::fs::remove_file(&token).expect("remove");

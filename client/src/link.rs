@@ -139,7 +139,8 @@ impl LinkTls {
         key: Option<&std::path::Path>,
     ) -> Result<Self, LinkConfigError> {
         let read = |path: &std::path::Path| {
-            std::fs::read(path).map_err(|e| LinkConfigError::Tls(format!("{}: {e}", path.display())))
+            std::fs::read(path)
+                .map_err(|e| LinkConfigError::Tls(format!("{}: {e}", path.display())))
         };
         let identity_pem = match (cert, key) {
             (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
@@ -201,11 +202,10 @@ impl LinkConfig {
             .http2_keep_alive_interval(self.keep_alive_interval)
             .keep_alive_timeout(self.keep_alive_timeout)
             .keep_alive_while_idle(true);
-        let tls = self.tls.clone().or_else(|| {
-            self.endpoint
-                .starts_with("https://")
-                .then(LinkTls::default)
-        });
+        let tls = self
+            .tls
+            .clone()
+            .or_else(|| self.endpoint.starts_with("https://").then(LinkTls::default));
         Ok(match tls {
             Some(tls) => endpoint.tls_config(tls.client_config())?,
             None => endpoint,

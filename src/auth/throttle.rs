@@ -159,10 +159,11 @@ mod tests {
         assert_eq!(bad.record(other), Duration::ZERO, "per peer");
         tokio::time::advance(FORGET_AFTER).await;
         assert_eq!(bad.record(peer), Duration::ZERO, "forgotten after quiet");
+        // The second and third refusals in a row wait 50 ms and 100 ms.
         let start = Instant::now();
         bad.hold(peer).await;
         bad.hold(peer).await;
-        assert_eq!(start.elapsed(), FIRST_DELAY);
+        assert_eq!(start.elapsed(), FIRST_DELAY * 3);
     }
 
     #[tokio::test(start_paused = true)]

@@ -120,13 +120,20 @@ fn bytes(key: &str, raw: Option<String>, default: usize, max: usize) -> Result<u
         return Ok(default);
     };
     let text = raw.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let scale = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "KB" | "K" => 1024,
         "MiB" | "MB" | "M" => 1024 * 1024,
-        other => return Err(invalid(key, format!("unknown unit {other:?} (B, KiB, MiB)"))),
+        other => {
+            return Err(invalid(
+                key,
+                format!("unknown unit {other:?} (B, KiB, MiB)"),
+            ));
+        }
     };
     let value = digits
         .parse::<usize>()
@@ -142,8 +149,9 @@ fn bytes(key: &str, raw: Option<String>, default: usize, max: usize) -> Result<u
 fn duration(key: &str, raw: Option<String>, default: Duration) -> Result<Duration, ConfigError> {
     let value = match raw {
         None => default,
-        Some(raw) => humantime::parse_duration(&raw)
-            .map_err(|e| invalid(key, format!("{raw:?}: {e}")))?,
+        Some(raw) => {
+            humantime::parse_duration(&raw).map_err(|e| invalid(key, format!("{raw:?}: {e}")))?
+        }
     };
     if !(Duration::from_millis(100)..=Duration::from_secs(86_400)).contains(&value) {
         return Err(invalid(key, "must be 100ms..=24h"));
@@ -172,7 +180,9 @@ pub(super) fn transport(spec: TransportSpec) -> Result<Transport, ConfigError> {
         (None, None) => return Err(invalid("client_ca", "needs tls_cert and tls_key")),
         _ => return Err(invalid("tls_cert", "set both tls_cert and tls_key")),
     };
-    let streams = spec.max_concurrent_streams.unwrap_or(d.max_concurrent_streams);
+    let streams = spec
+        .max_concurrent_streams
+        .unwrap_or(d.max_concurrent_streams);
     if !(1..=10_000).contains(&streams) {
         return Err(invalid("max_concurrent_streams", "must be 1..=10000"));
     }
@@ -205,7 +215,11 @@ pub(super) fn transport(spec: TransportSpec) -> Result<Transport, ConfigError> {
             d.handshake_timeout,
         )?,
         idle_timeout: duration("idle_timeout", spec.idle_timeout, d.idle_timeout)?,
-        max_watch_streams: count("max_watch_streams", spec.max_watch_streams, d.max_watch_streams)?,
+        max_watch_streams: count(
+            "max_watch_streams",
+            spec.max_watch_streams,
+            d.max_watch_streams,
+        )?,
         max_watch_streams_per_token: count(
             "max_watch_streams_per_token",
             spec.max_watch_streams_per_token,
@@ -220,7 +234,10 @@ mod tests {
 
     #[test]
     fn sizes_and_tls_pairs_are_checked() {
-        assert_eq!(bytes("k", Some("16KiB".into()), 0, 1 << 20).ok(), Some(16384));
+        assert_eq!(
+            bytes("k", Some("16KiB".into()), 0, 1 << 20).ok(),
+            Some(16384)
+        );
         assert_eq!(bytes("k", Some("2048".into()), 0, 1 << 20).ok(), Some(2048));
         assert!(bytes("k", Some("16XB".into()), 0, 1 << 20).is_err());
         assert!(bytes("k", Some("8MiB".into()), 0, 1 << 20).is_err());

@@ -63,14 +63,10 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let call = request
-            .extensions()
-            .get::<ConnInfo>()
-            .cloned()
-            .map(|info| {
-                request.extensions_mut().insert(info.tcp.clone());
-                info.activity.start()
-            });
+        let call = request.extensions().get::<ConnInfo>().cloned().map(|info| {
+            request.extensions_mut().insert(info.tcp.clone());
+            info.activity.start()
+        });
         let peer: Option<IpAddr> = request
             .extensions()
             .get::<TcpConnectInfo>()

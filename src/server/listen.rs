@@ -146,7 +146,9 @@ pub struct Conn {
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").field("info", &self.info).finish_non_exhaustive()
+        f.debug_struct("Conn")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
     }
 }
 
@@ -172,10 +174,7 @@ impl AsyncRead for Conn {
                 // End of stream: hyper closes the connection.
                 Some(deadline) if deadline <= Instant::now() => return Poll::Ready(Ok(())),
                 Some(deadline) => this.idle.as_mut().reset(deadline),
-                None => this
-                    .idle
-                    .as_mut()
-                    .reset(Instant::now() + this.idle_timeout),
+                None => this.idle.as_mut().reset(Instant::now() + this.idle_timeout),
             }
         }
         match &mut this.io {
@@ -186,7 +185,11 @@ impl AsyncRead for Conn {
 }
 
 impl AsyncWrite for Conn {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match &mut self.get_mut().io {
             Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -298,7 +301,9 @@ async fn accept_loop(
                         Ok(Ok(stream)) => {
                             let _ = tx.send(Ok(conn(Io::Tls(Box::new(stream))))).await;
                         }
-                        Ok(Err(err)) => tracing::debug!(%peer, cause = %err, "TLS handshake failed"),
+                        Ok(Err(err)) => {
+                            tracing::debug!(%peer, cause = %err, "TLS handshake failed")
+                        }
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 });

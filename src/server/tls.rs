@@ -101,10 +101,12 @@ impl ServerTls {
                         .add(cert)
                         .map_err(|e| TlsError::Rustls(format!("client CA: {e}")))?;
                 }
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
-                        .build()
-                        .map_err(|e| TlsError::Rustls(format!("client CA: {e}")))?;
+                let verifier = WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    Arc::clone(&provider),
+                )
+                .build()
+                .map_err(|e| TlsError::Rustls(format!("client CA: {e}")))?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
