@@ -16,6 +16,7 @@
 
 pub mod throttle;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -45,6 +46,9 @@ struct Secret {
     /// matches nothing (an empty value must never match an empty header).
     value: Option<Vec<u8>>,
     file: Option<PathBuf>,
+    /// Bumped whenever `value` changes, so a stream opened with the old
+    /// value can tell it was revoked.
+    generation: u64,
 }
 
 impl Secret {
@@ -52,6 +56,7 @@ impl Secret {
         Secret {
             value: Some(token.trim().as_bytes().to_vec()),
             file: None,
+            generation: 0,
         }
     }
 
@@ -59,6 +64,7 @@ impl Secret {
         Ok(Secret {
             value: Some(read_token_file(path)?),
             file: Some(path.to_owned()),
+            generation: 0,
         })
     }
 
@@ -83,6 +89,9 @@ impl Secret {
             }
         };
         let changed = fresh != self.value;
+        if changed {
+            self.generation += 1;
+        }
         self.value = fresh;
         changed
     }
@@ -185,6 +194,8 @@ struct Table {
 #[derive(Debug, Clone, Default)]
 pub struct Authenticator {
     table: Arc<RwLock<Arc<Table>>>,
+    /// Signalled after each reload that changed something.
+    reloads: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 /// The admin name recorded when open dev mode lets a loopback peer in.
@@ -200,6 +211,7 @@ impl Authenticator {
     pub fn with_admins(entries: Vec<TokenEntry>, admins: Vec<AdminEntry>) -> Self {
         Authenticator {
             table: Arc::new(RwLock::new(Arc::new(Table { entries, admins }))),
+            reloads: Arc::default(),
         }
     }
 
@@ -234,9 +246,42 @@ impl Authenticator {
             .count();
         if changed > 0 {
             *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+            self.reloads.send_replace(());
             tracing::info!(changed, "token files reloaded");
         }
         changed
+    }
+
+    /// The generation of caller entry `i`'s current value; `None` while
+    /// the entry is disabled.
+    fn generation(&self, i: usize) -> Option<u64> {
+        self.table()
+            .entries
+            .get(i)
+            .filter(|e| e.secret.value.is_some())
+            .map(|e| e.secret.generation)
+    }
+
+    /// Completes when the token `identity` holds now is rotated away or
+    /// removed (never for open dev mode): a long-lived stream opened with
+    /// it ends then instead of outliving the revocation.
+    pub fn revoked(&self, identity: Identity) -> impl Future<Output = ()> + Send + 'static {
+        let watched = match identity {
+            Identity::Token(i) => Some((i, self.generation(i))),
+            Identity::Open => None,
+        };
+        let auth = self.clone();
+        let mut reloads = self.reloads.subscribe();
+        async move {
+            let Some((i, start)) = watched else {
+                return std::future::pending().await;
+            };
+            while auth.generation(i) == start && start.is_some() {
+                if reloads.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
     }
 
     /// Whether no caller tokens are configured.

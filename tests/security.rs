@@ -338,6 +338,17 @@ async fn a_token_file_is_followed_and_a_removed_token_stops_working() {
         .await
         .expect("the file's token");
 
+    let watch = tollgate_proto::v1::WatchRequest {
+        scopes: vec![scope("tenant-a", "GET /x", Priority::Normal).expect("scope")],
+        worker_id: "w".into(),
+    };
+    let mut stream = client
+        .watch(with_token(watch, "file-token-one"))
+        .await
+        .expect("watch")
+        .into_inner();
+    stream.message().await.expect("snapshot").expect("open");
+
     dir.write("tenant-a", "file-token-two\n");
     poll("the rotated token works", PUSH_BOUND, || {
         let mut client = client.clone();
@@ -348,6 +359,14 @@ async fn a_token_file_is_followed_and_a_removed_token_stops_working() {
         .await
         .expect_err("rotated out");
     assert_eq!(old.code(), Code::Unauthenticated);
+    // The stream opened with the old token ends too.
+    let ended = tokio::time::timeout(PUSH_BOUND, stream.message())
+        .await
+        .expect("the stream ends");
+    assert!(
+        matches!(&ended, Err(s) if s.code() == Code::Unauthenticated),
+        "{ended:?}"
+    );
 
     std::fs::remove_file(&token).expect("remove");
     poll("the removed token is refused", PUSH_BOUND, || {
@@ -444,7 +463,8 @@ fn run_python(args: &[&str]) {
         .output()
         .expect("run python3");
     assert!(
-        output.status.success(),
+        output.status.success()
+            && String::from_utf8_lossy(&output.stdout).contains("ok: every Budget method"),
         "{} {args:?} failed:\nstdout:\n{}\nstderr:\n{}",
         script.display(),
         String::from_utf8_lossy(&output.stdout),

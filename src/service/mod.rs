@@ -367,14 +367,25 @@ impl Budget for BudgetService {
         let stream = watch::run(
             watched,
             changes,
-            tx,
+            tx.clone(),
             Arc::clone(self.core.clock()),
             self.shutdown.clone(),
         );
+        let revoked = self.auth.revoked(identity);
+        let refuse = tx.clone();
         tokio::spawn(async move {
             // The stream's place in the quota lasts as long as its task.
             let _permit = permit;
-            stream.await;
+            tokio::select! {
+                () = stream => {}
+                // A removed or rotated token stops working at once, open
+                // streams included.
+                () = revoked => {
+                    let _ = refuse.try_send(Err(Status::unauthenticated(
+                        "the bearer token this stream was opened with was revoked",
+                    )));
+                }
+            }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
