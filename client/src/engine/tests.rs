@@ -182,9 +182,29 @@ fn a_known_absent_effect_may_be_sent_again_even_if_non_repeatable() {
 }
 
 #[test]
+fn a_server_error_is_retried_only_when_repeat_safe() {
+    // A 503 may come from a gateway whose upstream already acted: like 500,
+    // 502 and 504 it is retried only for an operation safe to repeat.
+    for status in [500, 502, 503, 504] {
+        let mut once = Intent::new(spec(Repetition::NonRepeatable), policy());
+        assert_eq!(
+            first(&mut once, s(1), http(status, None)),
+            Decision::Stop(Outcome::Indeterminate),
+            "{status} non-repeatable"
+        );
+        for repetition in [Repetition::Safe, Repetition::IdempotencyKey] {
+            let mut safe = Intent::new(spec(repetition), policy());
+            let d = first(&mut safe, s(1), http(status, Some("1")));
+            assert!(matches!(d, Decision::Wait { .. }), "{status} {repetition:?}");
+        }
+    }
+}
+
+#[test]
 fn a_gateway_error_or_grpc_deadline_after_send_is_an_unknown_effect() {
     for obs in [
         http(502, None),
+        http(503, None),
         http(504, None),
         Observation::grpc(GrpcCode::DeadlineExceeded, Sent::After, None),
         Observation::grpc(GrpcCode::Unavailable, Sent::After, None),
