@@ -27,7 +27,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::SystemClock;
-use tollgate_client::engine::Policy;
+use tollgate_client::engine::IntentPolicy;
 use tollgate_client::gate::{Gate, GateConfig};
 use tollgate_client::layer::{GateError, GateReport, LayerConfig, TollgateLayer};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
@@ -54,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
     let clock = Arc::new(SystemClock);
     let cache = LeaseCache::start(link, LeaseCacheConfig::default(), clock.clone());
     let gate = Gate::new(cache, clock, GateConfig::default());
-    let policy = Policy::try_new(
+    let policy = IntentPolicy::try_new(
         Duration::from_secs(10), // end to end
         4,                       // attempts in all
         Duration::from_secs(2),  // reserved per attempt

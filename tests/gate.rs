@@ -16,8 +16,8 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tollgate::config::Config;
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Observation, Policy};
-use tollgate_client::evidence::Outcome;
+use tollgate_client::engine::{Observation, IntentPolicy};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply, TokenSource};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkState};
@@ -31,13 +31,13 @@ fn ms(n: u64) -> Duration {
 }
 
 /// 5 s end to end, 3 attempts, 500 ms each, backoff 20 ms · 2ⁿ.
-fn policy() -> Policy {
+fn policy() -> IntentPolicy {
     let backoff = Backoff {
         base: ms(20),
         cap: ms(200),
         jitter: Jitter::None,
     };
-    Policy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).unwrap()
+    IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).unwrap()
 }
 
 fn gate_for(coordinator: &Coordinator) -> Gate {

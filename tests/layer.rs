@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use in_memory::*;
-use tollgate_client::evidence::Outcome;
+use tollgate_client::outcome::Outcome;
 use tollgate_client::gate::Repetition;
 use tollgate_client::layer::{GateError, GateReport, LayerConfig, ReplayBody, TollgateLayer};
 use tollgate_client::owner::RETRY_OWNER_HEADER;

@@ -41,16 +41,14 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tollgate_proto::v1::{
-    Evidence, LeaseLimit, LeaseRequest, ReleaseRequest, ReportRequest, RetryClass, ScopeEventKind,
-    WatchRequest,
-};
+use tollgate_proto::v1::{Evidence, LeaseLimit, RetryClass, ScopeEventKind};
 
 use crate::clock::{Clock, from_unix_ms, to_unix_ms};
 use crate::fallback::{AdaptiveThrottle, LocalBudget};
 use crate::link::{CoordinatorLink, LinkState};
 use crate::scope::Scope;
 use crate::telemetry::TraceOrigin;
+use crate::wire;
 
 /// Evidence items kept per scope between two reports; the proto allows 64.
 const MAX_EVIDENCE_PER_REPORT: usize = 64;
@@ -383,7 +381,9 @@ impl LeaseCache {
     /// coordinator had granted it, so the hot path can be measured with
     /// leases already held and no coordinator (`benches/hot_path.rs`).
     ///
-    /// Not for production use: a real lease comes only from `Lease`.
+    /// Not for production use: a real lease comes only from `Lease`, so
+    /// this exists only with the non-default `bench` feature.
+    #[cfg(feature = "bench")]
     #[doc(hidden)]
     pub fn seed_held_lease_for_bench(
         &self,
@@ -549,12 +549,7 @@ impl LeaseCache {
 /// Leases a batch for `key` and adds it to the cache.
 async fn refill(shared: &Shared, key: TokenKey) {
     let (scope, class) = &key;
-    let request = LeaseRequest {
-        scope: Some(scope.to_wire()),
-        worker_id: String::new(),
-        want: shared.config.batch,
-        retry_class: *class as i32,
-    };
+    let request = wire::lease_request(scope, shared.config.batch, *class);
     let result = shared.link.lease(request).await;
     let now = shared.clock.now();
     shared
@@ -618,13 +613,12 @@ async fn flush_reports(shared: &Shared) {
         if report.is_empty() {
             continue;
         }
-        let request = ReportRequest {
-            scope: Some(scope.to_wire()),
-            worker_id: String::new(),
-            first_attempts: report.first_attempts,
-            successes: report.successes,
-            evidence: report.evidence.clone(),
-        };
+        let request = wire::report_request(
+            &scope,
+            report.first_attempts,
+            report.successes,
+            report.evidence.clone(),
+        );
         match report.origin.scope(shared.link.report(request)).await {
             Ok(answer) => merge_view(shared, &scope, |v| {
                 v.policy_version = v.policy_version.max(answer.policy_version);
@@ -679,12 +673,7 @@ async fn tend_leases(shared: &Shared) {
 }
 
 async fn release(shared: &Shared, scope: &Scope, lease_id: String, spent: u32) {
-    let request = ReleaseRequest {
-        scope: Some(scope.to_wire()),
-        worker_id: String::new(),
-        lease_id,
-        spent,
-    };
+    let request = wire::release_request(scope, lease_id, spent);
     // A failed release only means the tokens count as spent at expiry,
     // which is the conservative direction.
     let _ = shared.link.release(request).await;
@@ -717,10 +706,7 @@ fn watched_scopes(shared: &Shared) -> Vec<Scope> {
 }
 
 async fn watch(shared: Arc<Shared>, scopes: Vec<Scope>) {
-    let request = WatchRequest {
-        scopes: scopes.iter().map(Scope::to_wire).collect(),
-        worker_id: String::new(),
-    };
+    let request = wire::watch_request(&scopes);
     let Ok(mut stream) = shared.link.watch(request).await else {
         return;
     };
