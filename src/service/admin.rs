@@ -15,7 +15,7 @@ use crate::admin::persist::FreezeRecord;
 use crate::admin::{Change, ChangeKind, Control, SetRule};
 use crate::auth::Authenticator;
 use crate::config::{PolicyDoc, RuleSpec};
-use crate::outcome::HintRecord;
+use crate::evidence::HintRecord;
 use crate::policy::{Pattern, PolicySpec, SharedPolicies, Shares};
 use crate::scope::{Priority, RouteKey};
 use crate::store::{ScopeFilter, Store};

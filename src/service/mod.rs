@@ -30,7 +30,7 @@ use tracing::{Span, field::Empty, instrument};
 use crate::auth::{Authenticator, Identity};
 use crate::budget::{GrantAsk, GrantLimit};
 use crate::config::Config;
-use crate::outcome::{EvidenceInput, assess};
+use crate::evidence::{EvidenceInput, assess};
 use crate::metrics::CoordinatorMetrics;
 use crate::policy::SharedPolicies;
 use crate::scope::{EvidenceLevel, ScopeKey};

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dashmap::DashMap;
 
 use crate::budget::{BudgetLedger, GrantAsk, GrantLimit};
-use crate::outcome::{Assessment, HintState, Merge};
+use crate::evidence::{Assessment, HintState, Merge};
 use crate::policy::Policy;
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotCursor, SlotOutcome};

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk};
-use crate::outcome::{Assessment, HintRecord, Merge};
+use crate::evidence::{Assessment, HintRecord, Merge};
 use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError};
@@ -335,7 +335,7 @@ macro_rules! contract_tests {
         /// The cases, each a function of the store under test.
         mod cases {
         use crate::budget::{GrantAsk, GrantLimit};
-        use crate::outcome::{EvidenceInput, Merge, assess};
+        use crate::evidence::{EvidenceInput, Merge, assess};
         use crate::policy::Policy;
         use crate::scope::{EvidenceLevel, Priority, RetryClass, RouteKey, ScopeKey};
         use crate::slots::SlotAsk;

@@ -59,7 +59,7 @@ use redis::{Script, ScriptInvocation, Value};
 use tollgate_client::hint::HintForm;
 
 use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, Grant, GrantAsk, GrantLimit};
-use crate::outcome::{Assessment, HintRecord, Merge};
+use crate::evidence::{Assessment, HintRecord, Merge};
 use crate::policy::Policy;
 use crate::scope::{EvidenceLevel, Priority, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError};
