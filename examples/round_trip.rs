@@ -25,9 +25,9 @@ async fn main() -> anyhow::Result<()> {
     let tollgate = Tollgate::connect(format!("http://{address}"), "example-worker").build()?;
 
     let policy = IntentPolicy::try_new(
-        Duration::from_secs(30),   // end-to-end deadline
-        3,                         // attempts in all
-        Duration::from_secs(2),    // reserved per attempt
+        Duration::from_secs(30), // end-to-end deadline
+        3,                       // attempts in all
+        Duration::from_secs(2),  // reserved per attempt
         Duration::from_millis(100),
         Backoff {
             base: Duration::from_millis(250),
@@ -51,7 +51,11 @@ async fn main() -> anyhow::Result<()> {
         })
         .await;
 
-    println!("outcome: {} ({})", result.outcome, result.outcome.describe());
+    println!(
+        "outcome: {} ({})",
+        result.outcome,
+        result.outcome.describe()
+    );
     for evidence in &result.attempts {
         let record = &evidence.record;
         println!(

@@ -33,9 +33,11 @@ use serde_json::Value;
 use thiserror::Error;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::classify::classify_http_listed;
-use tollgate_client::engine::{Intent, IntentSpec, Observation, IntentPolicy, RepetitionKind, RetryOwner};
-use tollgate_client::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
+use tollgate_client::engine::{
+    Intent, IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner,
+};
 use tollgate_client::hint::{HintForm, HintReading, HintVerdict};
+use tollgate_client::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 use tollgate_client::script::{self, Script, ScriptError, ScriptedResponse};
 
 /// The largest number of seconds accepted anywhere in a scenario (about 31

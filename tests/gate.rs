@@ -16,11 +16,11 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tollgate::config::Config;
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Observation, IntentPolicy};
-use tollgate_client::outcome::Outcome;
+use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply, TokenSource};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkState};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
 
 const RPC_TIMEOUT: Duration = Duration::from_millis(200);

@@ -20,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 use tollgate_client::classify::{Effect, TransportFailure};
 use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_client::engine::Observation;
-use tollgate_client::outcome::{Outcome, RecordDecision};
 use tollgate_client::gate::{
     Attempt, GateConfig, GateIntent, IntentResult, Reconciled, Repetition, Reply, TokenSource,
 };
 use tollgate_client::hint::{HintForm, HintVerdict};
 use tollgate_client::link::{LinkConfig, LinkState};
+use tollgate_client::outcome::{Outcome, RecordDecision};
 use tollgate_proto::v1::{GetPolicyRequest, PolicyFields, ReconsiderRequest, SetPolicyRequest};
 
 /// An upstream that answers attempt `n` with `answers[n - 1]` (the last one

@@ -26,11 +26,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tollgate::config::Config;
 use tollgate::telemetry::{Telemetry, TelemetryConfig};
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Observation, IntentPolicy};
-use tollgate_client::outcome::Outcome;
+use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -194,7 +194,8 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
         cap: ms(200),
         jitter: Jitter::None,
     };
-    let policy = IntentPolicy::try_new(ms(5_000), 4, ms(500), ms(10), backoff, None).expect("policy");
+    let policy =
+        IntentPolicy::try_new(ms(5_000), 4, ms(500), ms(10), backoff, None).expect("policy");
     let intent = GateIntent::new("order-42", Scope::new("tenant-a", "POST /orders"), policy);
     let result = gate
         .run(intent, |attempt: Attempt| async move {

@@ -28,7 +28,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::SystemClock;
-use tollgate_client::engine::{Intent, IntentSpec, Observation, IntentPolicy, RepetitionKind, RetryOwner};
+use tollgate_client::engine::{
+    Intent, IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner,
+};
 use tollgate_client::fallback::LocalBudget;
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};

@@ -59,8 +59,8 @@ use crate::classify::{
     Classification, Effect, GrpcCode, ResponseClass, Sent, TransportFailure, classify_grpc,
     classify_http, classify_transport,
 };
-use crate::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 use crate::hint::{HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after};
+use crate::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 
 /// Whether, and how, an operation may be sent more than once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -45,9 +45,9 @@ use http_body_util::{BodyExt, Empty, Full, Limited};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::classify::{GrpcCode, Sent, TransportFailure};
-use crate::engine::{Observation, IntentPolicy};
-use crate::outcome::Outcome;
+use crate::engine::{IntentPolicy, Observation};
 use crate::gate::{AttemptEvidence, BoxFuture, Gate, GateIntent, Repetition};
+use crate::outcome::Outcome;
 use crate::owner::OwnerMark;
 use crate::scope::Scope;
 
@@ -142,7 +142,10 @@ impl fmt::Debug for LayerConfig {
 impl LayerConfig {
     /// For an HTTP client. `scope` names a request's scope: a route template
     /// or operation class, never the raw URL with ids in it.
-    pub fn http(policy: IntentPolicy, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
+    pub fn http(
+        policy: IntentPolicy,
+        scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static,
+    ) -> Self {
         LayerConfig {
             protocol: Protocol::Http,
             policy,
@@ -154,7 +157,10 @@ impl LayerConfig {
 
     /// For a tonic channel. `scope` usually maps the method path
     /// (`/pkg.Service/Method`) to a scope.
-    pub fn grpc(policy: IntentPolicy, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
+    pub fn grpc(
+        policy: IntentPolicy,
+        scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static,
+    ) -> Self {
         LayerConfig {
             protocol: Protocol::Grpc,
             policy,

@@ -117,7 +117,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use engine::{IntentPolicy, Observation, PolicyError};
 pub use gate::{
     Attempt, AttemptEvidence, Gate, GateConfig, GateIntent, IntentResult, ReconcileQuery,
-    Reconciled, Reply, Repetition,
+    Reconciled, Repetition, Reply,
 };
 pub use layer::{GateError, GateReport, LayerConfig, TollgateLayer, TollgateService};
 pub use lease::LeaseCacheConfig;

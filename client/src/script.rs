@@ -102,7 +102,7 @@ mod tests {
 
     use super::*;
     use crate::backoff::{Backoff, Jitter};
-    use crate::engine::{IntentSpec, IntentPolicy, RepetitionKind, RetryOwner};
+    use crate::engine::{IntentPolicy, IntentSpec, RepetitionKind, RetryOwner};
     use crate::outcome::Outcome;
 
     fn s(secs: u64) -> Duration {

@@ -81,7 +81,6 @@ impl From<Tollgate> for Gate {
 }
 
 /// Configures a [`Tollgate`]; every setting has a default.
-#[derive(Debug)]
 pub struct TollgateBuilder {
     link: LinkConfig,
     lease: LeaseCacheConfig,
@@ -91,6 +90,20 @@ pub struct TollgateBuilder {
     clock: Option<Arc<dyn Clock>>,
     /// A caller-built channel replaces the lazy one built from `link`.
     channel: Option<Channel>,
+}
+
+impl std::fmt::Debug for TollgateBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // LinkConfig's Debug would print the bearer token.
+        f.debug_struct("TollgateBuilder")
+            .field("endpoint", &self.link.endpoint)
+            .field("worker_id", &self.link.worker_id)
+            .field("lease", &self.lease)
+            .field("gate", &self.gate)
+            .field("custom_clock", &self.clock.is_some())
+            .field("custom_channel", &self.channel.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl TollgateBuilder {

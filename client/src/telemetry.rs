@@ -70,8 +70,8 @@ fn hashing() -> bool {
 /// hash: it hides names from casual readers of a dashboard and keeps them
 /// joinable across services, nothing more; set a salt if names are guessable.
 pub fn caller_scope_attr(caller_scope: &str) -> String {
-    let salt = hashing()
-        .then(|| SALT.get_or_init(|| std::env::var(HASH_SALT_ENV).unwrap_or_default()));
+    let salt =
+        hashing().then(|| SALT.get_or_init(|| std::env::var(HASH_SALT_ENV).unwrap_or_default()));
     scope_attr(caller_scope, salt.map(String::as_str))
 }
 
@@ -394,7 +394,11 @@ mod tests {
         let hex = hashed.strip_prefix("h:").expect("h: prefix");
         assert_eq!(hex.len(), 16);
         assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{hashed}");
-        assert_ne!(hashed, scope_attr("tenant-b", Some("")), "scopes stay apart");
+        assert_ne!(
+            hashed,
+            scope_attr("tenant-b", Some("")),
+            "scopes stay apart"
+        );
     }
 
     #[test]

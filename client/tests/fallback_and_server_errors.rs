@@ -19,7 +19,7 @@ use tokio::io::DuplexStream;
 use tollgate_client::gate::TokenSource;
 use tollgate_client::{
     Backoff, GateConfig, GateIntent, IntentPolicy, Jitter, LeaseCacheConfig, LinkState,
-    Observation, Outcome, Reply, Repetition, Scope, Tollgate, TokioClock,
+    Observation, Outcome, Repetition, Reply, Scope, TokioClock, Tollgate,
 };
 use tonic::transport::Endpoint;
 

@@ -8,9 +8,11 @@ use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Intent, IntentSpec, Observation, IntentPolicy, RepetitionKind, RetryOwner};
-use tollgate_client::outcome::{Outcome, RecordDecision};
+use tollgate_client::engine::{
+    Intent, IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner,
+};
 use tollgate_client::hint::HintVerdict;
+use tollgate_client::outcome::{Outcome, RecordDecision};
 use tollgate_client::script::{self, Script, ScriptError, ScriptedResponse};
 
 fn noon() -> SystemTime {
@@ -82,7 +84,10 @@ fn case() -> impl Strategy<Value = Case> {
                     responses,
                     proptest::option::of(0u64..70_000), // cancel at, ms
                     prop_oneof![Just(0u64), 0u64..5_000], // wake late, ms
-                    prop_oneof![Just(RepetitionKind::Safe), Just(RepetitionKind::Reconcilable)],
+                    prop_oneof![
+                        Just(RepetitionKind::Safe),
+                        Just(RepetitionKind::Reconcilable)
+                    ],
                 )
                     .prop_map(
                         move |(attempt_cap, responses, cancel_at, wake_late, repetition)| {

@@ -195,7 +195,10 @@ fn a_server_error_is_retried_only_when_repeat_safe() {
         for repetition in [RepetitionKind::Safe, RepetitionKind::IdempotencyKey] {
             let mut safe = Intent::new(spec(repetition), policy());
             let d = first(&mut safe, s(1), http(status, Some("1")));
-            assert!(matches!(d, Decision::Wait { .. }), "{status} {repetition:?}");
+            assert!(
+                matches!(d, Decision::Wait { .. }),
+                "{status} {repetition:?}"
+            );
         }
     }
 }
@@ -402,8 +405,8 @@ fn an_absent_hint_uses_the_backoff_for_the_attempts_completed() {
 #[test]
 fn a_wait_that_cannot_fit_the_reserve_stops_at_receipt() {
     // The seed's example: 12 s left, Retry-After 10, a 3 s reserve.
-    let policy =
-        IntentPolicy::try_new(s(12), 3, s(3), Duration::ZERO, policy().backoff(), None).expect("policy");
+    let policy = IntentPolicy::try_new(s(12), 3, s(3), Duration::ZERO, policy().backoff(), None)
+        .expect("policy");
     let mut intent = Intent::new(spec(RepetitionKind::Safe), policy);
     assert_eq!(
         first(&mut intent, Duration::ZERO, http(429, Some("10"))),

@@ -69,7 +69,7 @@ mod spans;
 use completion::Completion;
 pub use intent::{
     Attempt, AttemptEvidence, BoxFuture, GateIntent, IntentResult, ReconcileHook, ReconcileQuery,
-    Reconciled, Reply, Repetition, TokenSource, WaitEvidence,
+    Reconciled, Repetition, Reply, TokenSource, WaitEvidence,
 };
 
 /// Tuning for a [`Gate`].

@@ -3,8 +3,8 @@
 //! lease cache, the coordinator and the local capacity semaphore.
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use rand::RngExt;
@@ -14,12 +14,12 @@ use tokio_util::sync::CancellationToken;
 use tollgate_proto::v1::{ReconsiderDecision, RetryClass};
 use tracing::Instrument;
 
+use super::Gate;
 use super::intent::{
-    Attempt, AttemptEvidence, GateIntent, IntentResult, ReconcileQuery, Reconciled, Reply,
-    Repetition, TokenSource, WaitEvidence,
+    Attempt, AttemptEvidence, GateIntent, IntentResult, ReconcileQuery, Reconciled, Repetition,
+    Reply, TokenSource, WaitEvidence,
 };
 use super::spans::{attempt_span, record_response};
-use super::Gate;
 use crate::classify::{Classification, Effect, ResponseClass, TransportFailure};
 use crate::engine::{
     AttemptStart, Decision, EngineError, GateRefusal, Intent, IntentSpec, Observation, Phase,
@@ -246,11 +246,7 @@ impl<'g> Run<'g> {
     }
 
     /// Runs one attempt under its reserved cap and the cancellation token.
-    async fn execute<T, F, Fut>(
-        &self,
-        start: AttemptStart,
-        attempt: &mut F,
-    ) -> Executed<T>
+    async fn execute<T, F, Fut>(&self, start: AttemptStart, attempt: &mut F) -> Executed<T>
     where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Reply<T>>,
