@@ -125,18 +125,22 @@ async fn fresh_workers_first_retries_are_not_throttled_without_a_coordinator() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_idle_workers_first_retry_is_not_throttled_either() {
-    let tollgate = unreachable_worker(7);
-    // A burst of refusals: more than enough answers for the throttle to
-    // judge by (its window fills; some retries may be refused).
-    for _ in 0..5 {
-        run_statuses(&tollgate, Repetition::Safe, &[429, 429, 429]).await;
+async fn idle_workers_first_retries_are_not_throttled_either() {
+    let workers: Vec<Tollgate> = (100..120).map(unreachable_worker).collect();
+    // A burst of refusals on each: more than enough answers for the
+    // throttle to judge by (its window fills; some retries may be refused).
+    for tollgate in &workers {
+        for _ in 0..5 {
+            run_statuses(tollgate, Repetition::Safe, &[429, 429, 429]).await;
+        }
     }
-    // Idle past the throttle's window: its evidence has aged out, and the
-    // next refusal alone is not a window of traffic.
+    // Idle past the throttle's window: the burst has aged out, and the next
+    // refusal alone is not a window of traffic.
     tokio::time::advance(Duration::from_secs(600)).await;
-    let (outcome, calls, tokens) = run_statuses(&tollgate, Repetition::Safe, &[429, 200]).await;
-    assert_eq!(outcome, Outcome::Succeeded);
-    assert_eq!(calls, 2);
-    assert_eq!(tokens, [TokenSource::FirstAttempt, TokenSource::Fallback]);
+    for (n, tollgate) in workers.iter().enumerate() {
+        let (outcome, calls, tokens) = run_statuses(tollgate, Repetition::Safe, &[429, 200]).await;
+        assert_eq!(outcome, Outcome::Succeeded, "worker {n}");
+        assert_eq!(calls, 2, "worker {n}");
+        assert_eq!(tokens, [TokenSource::FirstAttempt, TokenSource::Fallback]);
+    }
 }
