@@ -94,10 +94,9 @@ pub struct TollgateBuilder {
 
 impl std::fmt::Debug for TollgateBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // LinkConfig's Debug would print the bearer token.
+        // The clock and channel are trait objects without Debug.
         f.debug_struct("TollgateBuilder")
-            .field("endpoint", &self.link.endpoint)
-            .field("worker_id", &self.link.worker_id)
+            .field("link", &self.link)
             .field("lease", &self.lease)
             .field("gate", &self.gate)
             .field("custom_clock", &self.clock.is_some())
@@ -194,6 +193,15 @@ mod tests {
             bad_token,
             Err(SetupError::Link(LinkConfigError::Token))
         ));
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_token() {
+        let builder =
+            Tollgate::connect("http://127.0.0.1:50051", "worker-1").bearer_token("s3cret");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
     }
 
     #[tokio::test]
