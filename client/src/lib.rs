@@ -68,7 +68,8 @@
 //! - [`link`]: the bounded, health-tracking connection to the coordinator.
 //! - [`lease`]: leased tokens (no RPC on the hot path), batched reports and
 //!   the Watch view of scope state; falls back to [`fallback`] when the
-//!   coordinator is unreachable.
+//!   coordinator is unreachable (its RPCs run in a background task, in a
+//!   submodule).
 //! - `wire` (private): every message sent to the coordinator is built there.
 //!
 //! Observing it:

@@ -16,10 +16,9 @@ use std::time::{Duration, SystemTime};
 
 use hyper_util::rt::TokioIo;
 use tokio::io::DuplexStream;
-use tollgate_client::gate::TokenSource;
 use tollgate_client::{
     Backoff, GateConfig, GateIntent, IntentPolicy, Jitter, LeaseCacheConfig, LinkState,
-    Observation, Outcome, Repetition, Reply, Scope, TokioClock, Tollgate,
+    Observation, Outcome, Repetition, Reply, Scope, TokenSource, TokioClock, Tollgate,
 };
 use tonic::transport::Endpoint;
 
