@@ -43,7 +43,7 @@ use thiserror::Error;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tollgate_client::evidence::Outcome;
+use tollgate_client::outcome::Outcome;
 
 pub use report::{StormReport, StrategyResult};
 pub use strategy::{IntentIo, Strategy, StrategyKind, VirtualWall, WorkerIdentity, WorkerRunner};

@@ -28,11 +28,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::TokioClock;
-use tollgate_client::engine::{Observation, Policy};
-use tollgate_client::evidence::Outcome;
+use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
 use tonic::transport::{Channel, Endpoint};
 
@@ -246,7 +246,7 @@ impl CoordinatedWorker {
         if left < self.attempt_timeout {
             return Outcome::DeadlineInfeasible;
         }
-        let policy = match Policy::try_new(
+        let policy = match IntentPolicy::try_new(
             left,
             self.max_attempts,
             self.attempt_timeout,

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 use serde::Serialize;
-use tollgate_client::evidence::Outcome;
+use tollgate_client::outcome::Outcome;
 
 use super::strategy::StrategyKind;
 use super::upstream::{BUCKET, Observed};

@@ -45,9 +45,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::Clock;
-use tollgate_client::evidence::Outcome;
 use tollgate_client::fallback::LocalBudget;
 use tollgate_client::hint::{HintRules, read_retry_after};
+use tollgate_client::outcome::Outcome;
 
 use super::coordinated::Coordinated;
 pub use super::upstream::Answer;
