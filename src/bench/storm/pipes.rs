@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint};
-use tower::Service as _;
+use tower::{Service as _, ServiceExt as _};
 
 /// Pipe buffer per direction of one connection.
 const PIPE_BYTES: usize = 64 * 1024;
@@ -200,7 +200,10 @@ impl Counted {
         let service = hyper::service::service_fn(move |request: http::Request<_>| {
             counts.count(request.uri().path());
             let mut onward = onward.clone();
-            async move { onward.call(request.map(tonic::body::Body::new)).await }
+            async move {
+                let onward = onward.ready().await?;
+                onward.call(request.map(tonic::body::Body::new)).await
+            }
         });
         // The connection ends when the worker's side closes; a broken
         // connection shows up at the worker as a failed RPC, which is what
