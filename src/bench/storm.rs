@@ -51,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_client::evidence::Outcome;
 
 pub use report::{StormReport, StrategyResult};
-pub use runner::{CoordinatorRecord, RpcSeries};
+pub use runner::{CoordinatorRecord, RpcSeries, ScopeSeries};
 pub use strategy::{IntentIo, Strategy, StrategyKind, VirtualWall, WorkerIdentity, WorkerRunner};
 
 use arrivals::Arrival;
@@ -466,11 +466,13 @@ async fn run_strategy(
         kind,
         description,
         config,
-        intents,
-        &records,
-        unfinished,
-        upstream.observed(),
-        coordinator,
+        report::Measured {
+            intents,
+            records: &records,
+            unfinished,
+            observed: upstream.observed(),
+            coordinator,
+        },
     ))
 }
 

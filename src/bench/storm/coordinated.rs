@@ -26,7 +26,6 @@
 //! Once a second a sampler reads the storm scope through the real Admin
 //! `GetScope` ([`SCOPE_FIELDS`] says which fields, one line each).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -49,7 +48,8 @@ use tonic::transport::Endpoint;
 
 use super::pipes::{Pipes, RpcCounts};
 use super::runner::{
-    Answer, CoordinatorRecord, IntentFuture, IntentIo, Strategy, WorkerIdentity, WorkerRunner,
+    Answer, CoordinatorRecord, IntentFuture, IntentIo, ScopeSeries, Strategy, WorkerIdentity,
+    WorkerRunner,
 };
 use super::{StormConfig, StormError};
 use crate::config::Config;
@@ -75,7 +75,7 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// What the sampler keeps of each `GetScope` answer, one series per entry:
 /// a new field the coordinator learns (capacity, wake rate) is one line
 /// here, and `storm.json` and the chart pick it up by name.
-const SCOPE_FIELDS: &[(&str, fn(&ScopeState, &Sample) -> f64)] = &[
+const SCOPE_FIELDS: &[(&str, ScopeReader)] = &[
     ("cooldown_left_s", |s, at| {
         (s.cooldown_until_unix_ms - at.now_unix_ms).max(0) as f64 / 1000.0
     }),
@@ -85,6 +85,9 @@ const SCOPE_FIELDS: &[(&str, fn(&ScopeState, &Sample) -> f64)] = &[
     // read from the configuration the coordinator was started with.
     ("wake_rate_per_s", |_, at| at.policy_wake_rate),
 ];
+
+/// Reads one sampled value from a `GetScope` answer.
+type ScopeReader = fn(&ScopeState, &Sample) -> f64;
 
 /// What a `SCOPE_FIELDS` reader may use besides the scope itself.
 struct Sample {
@@ -207,7 +210,7 @@ pub(super) struct Coordinated {
     clock: Arc<TokioClock>,
     pipes: Pipes,
     counts: Arc<RpcCounts>,
-    samples: Arc<Mutex<BTreeMap<&'static str, Vec<Option<f64>>>>>,
+    samples: Arc<Mutex<ScopeSeries>>,
     max_attempts: u32,
     attempt_timeout: Duration,
     /// Workers with an index below this report [`LIE`] on every 429.
@@ -247,7 +250,7 @@ impl Coordinated {
             tuning.config.clone(),
             clock.clone(),
         ));
-        let samples = Arc::new(Mutex::new(BTreeMap::new()));
+        let samples = Arc::new(Mutex::new(ScopeSeries::new()));
         let sampler = tokio::spawn(sample_scope(
             pipes.clone(),
             clock.clone(),
@@ -282,7 +285,7 @@ async fn sample_scope(
     pipes: Pipes,
     clock: Arc<TokioClock>,
     policy_wake_rate: f64,
-    samples: Arc<Mutex<BTreeMap<&'static str, Vec<Option<f64>>>>>,
+    samples: Arc<Mutex<ScopeSeries>>,
     stop: CancellationToken,
 ) {
     let endpoint = Endpoint::from_static("http://coordinator.invalid");

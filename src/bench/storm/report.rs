@@ -143,17 +143,34 @@ impl RpcSummary {
     }
 }
 
+/// What the harness gathered while one strategy ran.
+pub(super) struct Measured<'a> {
+    /// Intents offered.
+    pub(super) intents: u64,
+    /// Every intent that ended, with its outcome.
+    pub(super) records: &'a [IntentRecord],
+    /// Intents that had not ended a grace period after their deadline.
+    pub(super) unfinished: u64,
+    /// What the upstream saw.
+    pub(super) observed: Observed,
+    /// What the coordinator was seen doing, for (e) and (f).
+    pub(super) coordinator: Option<CoordinatorRecord>,
+}
+
 impl StrategyResult {
     pub(super) fn new(
         strategy: StrategyKind,
         description: String,
         config: &StormConfig,
-        intents: u64,
-        records: &[IntentRecord],
-        unfinished: u64,
-        observed: Observed,
-        coordinator: Option<CoordinatorRecord>,
+        measured: Measured<'_>,
     ) -> Self {
+        let Measured {
+            intents,
+            records,
+            unfinished,
+            observed,
+            coordinator,
+        } = measured;
         let mut outcomes = BTreeMap::new();
         let mut completion = Vec::new();
         for r in records {

@@ -144,13 +144,17 @@ pub trait Strategy: Send + Sync {
     }
 }
 
+/// Samples of the storm scope: one series per field, by name, one value a
+/// second; `None` where the read failed.
+pub type ScopeSeries = BTreeMap<&'static str, Vec<Option<f64>>>;
+
 /// A coordinated strategy's coordinator, seen from outside during the run.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct CoordinatorRecord {
     /// The storm scope as the Admin API showed it, sampled once a second
     /// from elapsed zero: one series per field, by name; `None` where the
     /// read failed.
-    pub scope_per_s: BTreeMap<&'static str, Vec<Option<f64>>>,
+    pub scope_per_s: ScopeSeries,
     /// The workers' RPCs to the coordinator, by method and second.
     pub rpcs: RpcSeries,
 }
