@@ -2,16 +2,26 @@
 //! without hammering the upstream?
 //!
 //! # Layout
-//! - [`arrivals`](self) (private): the intent stream, generated once from the
+//! Dependencies run one way, from the leaf up:
+//! - `wall` (private): the run's virtual wall clock, for HTTP-date hints.
+//! - `arrivals` (private): the intent stream, generated once from the
 //!   seed and replayed unchanged for every strategy.
-//! - [`upstream`](self) (private): the in-process upstream: a token bucket of
-//!   capacity C requests/s with an outage window, answering 429 with a
-//!   `Retry-After` (delay or HTTP-date) when over capacity; every 429 costs
-//!   a fraction of a request's capacity. It counts what it is offered.
-//! - [`strategy`]: how one worker runs one intent: the [`Strategy`] and
-//!   [`WorkerRunner`] traits (the extension point for strategy (e)), the
-//!   [`IntentIo`] a runner sends attempts through, and baselines (a)–(d).
-//! - [`report`]: metrics, the markdown table, the SVG chart, the JSON.
+//! - `upstream` (private): the in-process upstream: a token bucket refilled
+//!   at the capacity in force (C; a fraction of it in the outage, 0 by
+//!   default; a fraction after it), answering 429 with a `Retry-After`
+//!   (delay or HTTP-date) when over capacity; every 429 costs a fraction of
+//!   a request's capacity. It counts what it is offered, served and refused.
+//! - `runner` (private, re-exported by [`strategy`]): the [`Strategy`] and
+//!   [`WorkerRunner`] traits and the [`IntentIo`] a runner sends attempts
+//!   through.
+//! - `baseline` (private): (a)–(d), one parameterised retry loop.
+//! - `pipes` (private): in-memory connections to the coordinator, and the
+//!   wire-level counter of the workers' RPCs by method.
+//! - `coordinated` (private): (e) and (f), the real gate per worker and the
+//!   real coordinator; the one file using the server's and client's APIs.
+//! - [`strategy`]: [`StrategyKind`], and building one for a run.
+//! - [`report`] and `chart`: metrics, the markdown tables, the SVG chart
+//!   (one panel per strategy), the JSON.
 //!
 //! # How one run goes
 //! ```text
