@@ -14,8 +14,8 @@ struct Cli {
     args: StormArgs,
 }
 
-/// A small fleet through a 3 s outage: a few hundred intents, well under a
-/// second of real time in a debug build.
+/// A small fleet through a 3 s outage: a few hundred intents, seconds of
+/// real time per strategy in a debug build (the coordinated ones dominate).
 fn tiny(out: &Path, extra: &[&str]) -> StormArgs {
     let mut argv = vec![
         "storm",
