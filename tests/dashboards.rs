@@ -423,7 +423,8 @@ async fn worker_intent(coordinator: SocketAddr, worker_id: &str) {
         cap: ms(100),
         jitter: Jitter::None,
     };
-    let policy = IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
+    let policy =
+        IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
     let intent = GateIntent::new(
         format!("{worker_id}-intent"),
         Scope::new("tenant-w", "GET /y"),

@@ -15,11 +15,11 @@ use support::{Coordinator, ms, pipes};
 use tokio::time::Instant;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{IntentPolicy, Observation};
-use tollgate_client::outcome::Outcome;
 use tollgate_client::gate::{
     Attempt, Gate, GateConfig, GateIntent, IntentResult, Reply, TokenSource,
 };
 use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkState};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
 
 const RPC_TIMEOUT: Duration = Duration::from_millis(200);

@@ -10,9 +10,9 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::Clock;
-use tollgate_client::outcome::Outcome;
 use tollgate_client::fallback::LocalBudget;
 use tollgate_client::hint::{HintRules, read_retry_after};
+use tollgate_client::outcome::Outcome;
 
 use super::runner::{Answer, IntentFuture, IntentIo, Strategy, WorkerIdentity, WorkerRunner};
 
