@@ -20,7 +20,9 @@
 //! only needed to convert an HTTP-date hint, and is derived as
 //! `wall_at_start + now`.
 //!
-//! # Decision order at a response (the seed's order, steps 1–10)
+//! # Decision order at a response
+//! The whole order, worker and coordinator, is in `docs/decision-order.md`;
+//! the engine's part of it:
 //! 1. Intent active: a cancelled intent is already ended and takes no response.
 //! 2. Classify ([`crate::classify`]): success → `succeeded`; not retryable →
 //!    `non_retryable`; a second retry-once failure (500) → `non_retryable`.
@@ -38,10 +40,10 @@
 //! 8. Deadline: `next_start + attempt_cap > total_budget` →
 //!    `deadline_infeasible` now, at receipt, not after a pointless wait.
 //!
-//! Scope (the seed's step 6) is not the engine's: the gate names the scope
-//! when it asks the coordinator.
+//! Naming the scope is not the engine's: the gate names it when it asks the
+//! coordinator.
 //!
-//! # At reconsideration (steps 11–13)
+//! # At reconsideration
 //! The gate may insert coordinator steps between `Wait` and the next start:
 //! [`Intent::defer`] to a later slot (re-running the deadline gate),
 //! [`Intent::refuse`] when no token, no capacity or another owner stops it.
@@ -563,7 +565,7 @@ impl Intent {
         Ok(decision)
     }
 
-    /// The decision order (module docs, steps 2–8) for one response, with
+    /// The decision order (module docs, from classification to the deadline gate) for one response, with
     /// the evidence gathered on the way.
     fn decide<R: Rng + ?Sized>(
         &self,
