@@ -301,6 +301,58 @@ async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
 }
 
 #[tokio::test]
+async fn the_cli_connects_with_a_ca_and_a_client_certificate() {
+    let dir = TempDir::new("cli");
+    let server_ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let (cert, key) = server_ca.leaf(&["localhost", "127.0.0.1"]);
+    let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
+    let client_ca_file = dir.write("client-ca.crt", &client_ca.pem);
+    let server = Server::start(tls_config(
+        support::POLICY_WITH_TOKENS,
+        &cert,
+        &key,
+        Some(&client_ca_file),
+    ))
+    .await;
+    let (c, k) = client_ca.leaf(&["operator"]);
+    let ca = dir.write("ca.crt", &server_ca.pem);
+    let (c, k) = (dir.write("op.crt", &c), dir.write("op.key", &k));
+    let path = |p: &Path| p.display().to_string();
+    let base = vec![
+        "--server".to_owned(),
+        server.addr.to_string(),
+        "--ca".to_owned(),
+        path(&ca),
+    ];
+    let run = |extra: Vec<String>| {
+        let args: Vec<String> = base.iter().cloned().chain(extra).collect();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args(&args)
+                .args(["policy", "list"])
+                .env("TOLLGATE_ADMIN_TOKEN", support::ADMIN_TOKEN)
+                .output()
+                .expect("run the CLI")
+        })
+    };
+    let with_cert = run(vec!["--cert".into(), path(&c), "--key".into(), path(&k)])
+        .await
+        .expect("joined");
+    assert!(
+        with_cert.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with_cert.stderr)
+    );
+    let without = run(Vec::new()).await.expect("joined");
+    assert!(
+        !without.status.success(),
+        "mTLS refuses the CLI without a certificate"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn plaintext_on_a_non_loopback_address_needs_consent() {
     let listener = TcpListener::bind("0.0.0.0:0").await.expect("bind");
     let result = server::run_tcp(listener, async {}, server::Setup::default()).await;
