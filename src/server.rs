@@ -286,22 +286,7 @@ where
     let limits = config.limits.clone();
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(limits.max_scopes)));
     let drain = CancellationToken::new();
-    // With a relay, the hub's events also reach (and come from) the other
-    // replicas; the relay stops with the drain, like the Watch streams it
-    // feeds.
-    let (hub, relaying) = match relay {
-        Some(relay) => {
-            let (hub, task) = relay.start(drain.clone());
-            (hub, Some(task))
-        }
-        None => (EventHub::default(), None),
-    };
-    let relaying = async move {
-        match relaying {
-            Some(task) => task.await,
-            None => std::future::pending().await,
-        }
-    };
+    let (hub, relaying) = start_relay(relay, &drain);
     let runtime = RuntimeFiles {
         paths,
         file_text,
@@ -315,47 +300,17 @@ where
         runtime,
     )
     .await?;
-    let auth = Arc::new(config.auth.clone());
-    let budget = BudgetService::new(
-        Arc::clone(&core),
-        Arc::clone(&auth),
-        limits.watch_buffer,
-        drain.clone(),
-    )
-    .with_watch_limits(
-        transport.max_watch_streams,
-        transport.max_watch_streams_per_token,
-    );
-    let tokens = config.auth.clone();
-    let following_tokens = async move {
-        if tokens.has_files() {
-            follow_files(secrets_every, || {
-                tokens.reload_files();
-            })
-            .await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    let admin = AdminService::new(Arc::clone(&core), auth);
-
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BudgetServer<BudgetService>>().await;
-    // Both reflection versions: grpcurl and Postman speak v1, grpcio's
-    // reflection client and older tools v1alpha.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection()
-        .build_v1()?
-        .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES);
-    let reflection_v1alpha = reflection()
-        .build_v1alpha()?
-        .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES);
+    let routes = routes(
+        &config,
+        Arc::clone(&core),
+        health_service.clone(),
+        drain.clone(),
+    )?;
+    let following_tokens = follow_tokens(config.auth.clone(), secrets_every);
 
-    let health_only = serve_health_only(health_listener, health_service.clone(), drain.clone());
+    let health_only = serve_health_only(health_listener, health_service, drain.clone());
     let serve = Server::builder()
         .max_concurrent_streams(transport.max_concurrent_streams)
         .http2_max_header_list_size(transport.max_header_list_size)
@@ -378,14 +333,7 @@ where
                 ))
                 .into_inner(),
         )
-        .add_service(health_service.max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES))
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(
-            BudgetServer::new(budget).max_decoding_message_size(transport.max_budget_message),
-        )
-        // Room for a whole policy file in ApplyPolicies.
-        .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096))
+        .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
     tokio::pin!(serve);
 
@@ -414,6 +362,91 @@ where
     }
     info!("stopped");
     Ok(())
+}
+
+/// The event hub, and the task relaying its events to and from other
+/// replicas (with a relay; otherwise a future that never completes). The
+/// relay stops with the drain, like the Watch streams it feeds.
+fn start_relay(
+    relay: Option<EventRelay>,
+    drain: &CancellationToken,
+) -> (EventHub, impl Future<Output = ()> + use<>) {
+    let (hub, task) = match relay {
+        Some(relay) => {
+            let (hub, task) = relay.start(drain.clone());
+            (hub, Some(task))
+        }
+        None => (EventHub::default(), None),
+    };
+    let relaying = async move {
+        match task {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
+    (hub, relaying)
+}
+
+/// The services behind the shared layers: Budget (with its Watch quota)
+/// and Admin over `core`, `health`, and both reflection versions, each
+/// with its own decoding limit.
+fn routes<H: tonic_health::pb::health_server::Health>(
+    config: &Config,
+    core: Arc<Coordinator>,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    drain: CancellationToken,
+) -> Result<tonic::service::Routes, ServeError> {
+    let transport = &config.transport;
+    let auth = Arc::new(config.auth.clone());
+    let budget = BudgetService::new(
+        Arc::clone(&core),
+        Arc::clone(&auth),
+        config.limits.watch_buffer,
+        drain,
+    )
+    .with_watch_limits(
+        transport.max_watch_streams,
+        transport.max_watch_streams_per_token,
+    );
+    let admin = AdminService::new(core, auth);
+    // Both reflection versions: grpcurl and Postman speak v1, grpcio's
+    // reflection client and older tools v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let mut routes = tonic::service::Routes::builder();
+    routes
+        .add_service(health.max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES))
+        .add_service(
+            reflection()
+                .build_v1()?
+                .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES),
+        )
+        .add_service(
+            reflection()
+                .build_v1alpha()?
+                .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES),
+        )
+        .add_service(
+            BudgetServer::new(budget).max_decoding_message_size(transport.max_budget_message),
+        )
+        // Room for a whole policy file in ApplyPolicies.
+        .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096));
+    Ok(routes.routes())
+}
+
+/// Re-reads token files every `every` and on SIGHUP, when there are any;
+/// runs as long as it is polled.
+async fn follow_tokens(tokens: crate::auth::Authenticator, every: Duration) {
+    if tokens.has_files() {
+        follow_files(every, || {
+            tokens.reload_files();
+        })
+        .await;
+    }
+    std::future::pending().await
 }
 
 /// Serves `health` alone on `listener` until `drain`; runs as long as it is
