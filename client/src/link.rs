@@ -210,10 +210,11 @@ impl LinkConfig {
     /// The endpoint [`CoordinatorLink::new`] connects through: `endpoint`,
     /// a connect timeout of one RPC timeout, and HTTP/2 keepalive.
     ///
-    /// Callers that build their own channel (TLS, a custom connector) should
-    /// start from this endpoint so they get the same keepalive; otherwise a
-    /// coordinator that dies without resetting connections leaves the
-    /// channel on a dead connection.
+    /// With [`LinkConfig::tls`] (or an `https://` endpoint) the endpoint
+    /// speaks TLS. Callers that build their own channel (a custom
+    /// connector) should start from this endpoint so they get the same
+    /// keepalive and TLS; otherwise a coordinator that dies without
+    /// resetting connections leaves the channel on a dead connection.
     pub fn endpoint(&self) -> Result<Endpoint, LinkConfigError> {
         let endpoint = Endpoint::from_shared(self.endpoint.clone())?
             .connect_timeout(self.rpc_timeout)
@@ -276,7 +277,7 @@ impl CoordinatorLink {
     }
 
     /// Creates a link over a channel the caller built (a custom connector,
-    /// TLS, or an in-memory transport in tests); `config.endpoint` and the
+    /// or an in-memory transport in tests); `config.endpoint` and the
     /// keepalive settings are not used, so build the channel from
     /// [`LinkConfig::endpoint`] to keep them.
     pub fn with_channel(channel: Channel, config: &LinkConfig) -> Result<Self, LinkConfigError> {
