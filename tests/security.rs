@@ -319,7 +319,7 @@ async fn the_cli_connects_with_a_ca_and_a_client_certificate() {
     let ca = dir.write("ca.crt", &server_ca.pem);
     let (c, k) = (dir.write("op.crt", &c), dir.write("op.key", &k));
     let path = |p: &Path| p.display().to_string();
-    let base = vec![
+    let base = [
         "--server".to_owned(),
         server.addr.to_string(),
         "--ca".to_owned(),
