@@ -552,6 +552,7 @@ async fn follow(core: Arc<Coordinator>, reload_every: Option<Duration>) {
                     None => std::future::pending().await,
                 }
             } => {
+                info!(signal = "SIGHUP", "reloading the policy file");
                 control.reload_file(true).await;
             }
         }
