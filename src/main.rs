@@ -73,10 +73,14 @@ const EXIT_INVALID: u8 = 2;
 
 fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
-        Command::Serve(args) => {
-            tollgate::cli::serve(args)?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Serve(args) => match tollgate::cli::serve(args) {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            // One line an operator reads in a pod's log, not a chain dump.
+            Err(err) => {
+                eprintln!("tollgate serve: {err:#}");
+                Ok(ExitCode::FAILURE)
+            }
+        },
         Command::Policy { connect, command } => Ok(tollgate::ops::run(
             &connect,
             tollgate::ops::Command::Policy(command),

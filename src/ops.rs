@@ -150,6 +150,16 @@ pub enum PolicyCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Drop a rule's runtime change (set, patch, delete, apply): the rule
+    /// is the policy file's again. The route `[defaults]` names `[defaults]`.
+    Clear {
+        /// The rule.
+        #[command(flatten)]
+        rule: RuleRef,
+        /// Why, for the audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
     /// Where the running policy differs from a file (default: the server's
     /// own policy file). Exit 7 when it does.
     Diff {
@@ -598,6 +608,30 @@ async fn policy(client: &mut Client, command: PolicyCommand, local: Option<Strin
             print_rule(client, &r);
             Ok(EXIT_OK)
         }
+        PolicyCommand::Clear { rule, reason } => {
+            let req = client.request(v1::DeletePolicyRequest {
+                caller_scope: rule.caller_scope.clone(),
+                route: rule.route.clone(),
+                expected_version: 0,
+                reason,
+                clear: true,
+            })?;
+            let r = client
+                .inner
+                .delete_policy(req)
+                .await
+                .map_err(|s| Failure::status("clearing the runtime change", &s))?
+                .into_inner();
+            if client.output == Output::Json {
+                print_json(&json!({"policy_version": r.policy_version}));
+            } else {
+                println!(
+                    "{}|{} follows the policy file again (policy_version {})",
+                    rule.caller_scope, rule.route, r.policy_version
+                );
+            }
+            Ok(EXIT_OK)
+        }
         PolicyCommand::Delete {
             rule,
             version,
@@ -612,6 +646,7 @@ async fn policy(client: &mut Client, command: PolicyCommand, local: Option<Strin
                 route: rule.route.clone(),
                 expected_version: expected,
                 reason,
+                clear: false,
             })?;
             let r = client
                 .inner

@@ -366,8 +366,12 @@ async fn follow(core: Arc<Coordinator>, reload_every: Option<Duration>) {
     let mut poll = tokio::time::interval(reload_every.unwrap_or(Duration::from_secs(3600)));
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hangups = reload_every.map(|_| Hangups::listen());
+    // With replicas, changes made through the others are followed here.
+    let shared = control.follow_shared();
+    tokio::pin!(shared);
     loop {
         tokio::select! {
+            () = &mut shared => {}
             _ = expire.tick() => control.expire_freezes().await,
             _ = poll.tick(), if reload_every.is_some() => {
                 control.reload_file(false).await;

@@ -58,7 +58,10 @@
 //! - `reply`: decoding a script's reply into store types.
 //! - `store`: [`RedisStore`] and its [`Store`] implementation, one script
 //!   invocation per operation.
+//! - `admin_state`: the replicas' shared runtime control state (policies,
+//!   freezes, audit) with compare-and-set commits and change notices.
 
+mod admin_state;
 mod clock;
 mod connection;
 mod keys;
