@@ -1,5 +1,5 @@
 //! `tollgate simulate`: runs the client's decision engine on scenario files
-//! with a virtual clock and a seeded RNG, as `shared/scenarios/README.md`
+//! with a virtual clock and a seeded RNG, as `examples/scenarios/README.md`
 //! specifies.
 //!
 //! ```text

@@ -1,7 +1,8 @@
 //! Telemetry for workers: W3C trace context on every coordinator RPC, the
 //! caller-scope attribute (hashed on request), client metrics, and — with the
-//! `otel` cargo feature — [`init`], the one call a worker makes to export its
-//! spans and metrics over OTLP.
+//! `otel` cargo feature — `init` (not a link: it exists only with the
+//! feature), the one call a worker makes to export its spans and metrics
+//! over OTLP.
 //!
 //! # Why behind a feature
 //! Without `otel` every function here is a no-op and the client depends on
