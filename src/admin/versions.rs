@@ -50,8 +50,7 @@ pub(super) fn named_version(file: &PolicyDoc, id: &str) -> Option<u64> {
 /// Rules (and `[defaults]`) whose written `policy_version` differs between
 /// two files: the file's author changed the rule's version, if nothing else.
 pub(super) fn version_edits(old: &PolicyDoc, new: &PolicyDoc) -> Vec<String> {
-    let ids = std::iter::once(DEFAULTS.to_owned()).chain(new.rules.iter().map(RuleSpec::id));
-    ids.filter(|id| {
+    ids(new).into_iter().filter(|id| {
         let now = named_version(new, id);
         now.is_some() && now != named_version(old, id)
     })
@@ -66,6 +65,13 @@ fn version_of(doc: &PolicyDoc, id: &str) -> Option<u64> {
         .iter()
         .find(|r| r.id() == id)
         .and_then(|r| r.policy.policy_version)
+}
+
+/// `[defaults]` and every rule of `doc`, by id.
+fn ids(doc: &PolicyDoc) -> Vec<String> {
+    std::iter::once(DEFAULTS.to_owned())
+        .chain(doc.rules.iter().map(RuleSpec::id))
+        .collect()
 }
 
 fn set_version(doc: &mut PolicyDoc, id: &str, version: u64) {
@@ -93,8 +99,7 @@ pub(super) fn relayer(
     check_size(&target)?;
     let in_use = max_version(&st.doc);
     let mut changes = plan(&st.doc, &target);
-    let ids = std::iter::once(DEFAULTS.to_owned()).chain(target.rules.iter().map(RuleSpec::id));
-    for id in ids.collect::<Vec<_>>() {
+    for id in ids(&target) {
         let listed = changes.iter().any(|c| c.target == id);
         let renamed = named(&id).is_some_and(|n| n > in_use);
         if !listed && (renamed || forced.contains(&id)) {
@@ -109,7 +114,7 @@ pub(super) fn relayer(
     let next_version = in_use + 1;
     let mut top = 0;
     // Unchanged rules keep the version they run at.
-    for id in std::iter::once(DEFAULTS.to_owned()).chain(target.rules.iter().map(RuleSpec::id)) {
+    for id in ids(&target) {
         let changed = changes.iter().any(|c| c.target == id);
         let version = if changed {
             let version = match named(&id) {
@@ -136,7 +141,7 @@ pub(super) fn relayer(
     // The file layer runs at the versions served, so a rule handed back to
     // it later is compared with what workers were told.
     let mut file = file;
-    for id in std::iter::once(DEFAULTS.to_owned()).chain(file.rules.iter().map(RuleSpec::id)) {
+    for id in ids(&file) {
         let version = if overrides.covers(&id) {
             version_of(&file, &id).or(version_of(&st.file_doc, &id))
         } else {

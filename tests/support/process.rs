@@ -80,7 +80,12 @@ impl Served {
 
     /// The Budget service's health now (`None`: no answer).
     pub(crate) async fn health(&self) -> Option<ServingStatus> {
-        let mut client = HealthClient::connect(self.url()).await.ok()?;
+        let channel = tonic::transport::Endpoint::from_shared(self.url())
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        let mut client = HealthClient::new(channel);
         let reply = client
             .check(HealthCheckRequest {
                 service: "tollgate.v1.Budget".into(),
