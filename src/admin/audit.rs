@@ -125,15 +125,14 @@ impl AuditLog {
             record.seq = inner.next_seq;
             inner.next_seq += 1;
         }
-        self.keep(&record);
+        self.keep(&mut record);
         record
     }
 
-    /// Logs `record` and keeps a copy (in memory and in the file, if any)
-    /// with the sequence number it already has: with replicas the shared
-    /// log in the store assigns it.
-    pub fn keep(&self, record: &AuditRecord) {
-        let mut record = record.clone();
+    /// Bounds `record`'s texts, logs it and keeps a copy (in memory and in
+    /// the file, if any) with the sequence number it already has: with
+    /// replicas the shared log in the store assigns it.
+    pub fn keep(&self, record: &mut AuditRecord) {
         bound(&mut record.before);
         bound(&mut record.after);
         tracing::info!(target: "tollgate::audit", seq = record.seq, who = %record.who,
@@ -151,7 +150,7 @@ impl AuditLog {
         if inner.records.len() >= MEMORY_RECORDS {
             inner.records.pop_front();
         }
-        inner.records.push_back(record);
+        inner.records.push_back(record.clone());
     }
 
     /// Up to `limit` records older than `before_seq` (0: the newest), newest first.
