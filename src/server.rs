@@ -281,6 +281,10 @@ where
         // These never complete; they stop when this select is left.
         () = sweep(Arc::clone(&store), Arc::clone(&clock), limits.scope_idle_ttl) => {}
         () = follow(Arc::clone(&core), reload_every) => {}
+        // With replicas, changes made through the others. Its own branch:
+        // it holds the runtime state's lock while it reads the store, so it
+        // must keep being polled while `follow` waits for that lock.
+        () = core.admin().follow_shared() => {}
         () = watch_health(Arc::clone(&store), health.clone()) => {}
         () = relaying => {}
     }
@@ -366,12 +370,8 @@ async fn follow(core: Arc<Coordinator>, reload_every: Option<Duration>) {
     let mut poll = tokio::time::interval(reload_every.unwrap_or(Duration::from_secs(3600)));
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hangups = reload_every.map(|_| Hangups::listen());
-    // With replicas, changes made through the others are followed here.
-    let shared = control.follow_shared();
-    tokio::pin!(shared);
     loop {
         tokio::select! {
-            () = &mut shared => {}
             _ = expire.tick() => control.expire_freezes().await,
             _ = poll.tick(), if reload_every.is_some() => {
                 control.reload_file(false).await;
