@@ -170,6 +170,7 @@ async fn three_serve_processes_on_one_redis_are_one_coordinator() {
     let version = policy_and_freeze_through_any_replica(&fleet, &workers).await;
     stale_changes_refused_and_audit_complete(&fleet).await;
     redis_lost_and_back(&mut fleet, &workers, version).await;
+    file_edits_keep_runtime_changes_until_cleared(&fleet, &dir, &workers).await;
     drop(fleet);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -370,4 +371,34 @@ async fn redis_lost_and_back(fleet: &mut Fleet, workers: &[BudgetClient<Channel>
     })
     .await;
     assert!(answers.windows(2).all(|w| w[0].policy_version == w[1].policy_version));
+}
+
+/// The ConfigMap gains a rule: every replica serves it, and the SRE's
+/// runtime rule stays in force (shown as drift) until `policy clear`.
+async fn file_edits_keep_runtime_changes_until_cleared(
+    fleet: &Fleet,
+    dir: &Path,
+    workers: &[BudgetClient<Channel>],
+) {
+    let before = lease_as(&mut workers[0].clone(), "GET /sre", "sre", 1)
+        .await
+        .expect("lease")
+        .policy_version;
+    let edited = format!("{}\n[[rule]]\nroute = \"GET /added\"\npolicy_version = 40\n", policy());
+    std::fs::write(dir.join("policy.toml"), edited).expect("edit the policy file");
+    on_every_replica(workers, "GET /added", "the file's new rule", |a| {
+        a.policy_version == 40
+    })
+    .await;
+    on_every_replica(workers, "GET /sre", "the runtime rule kept", |a| {
+        a.policy_version == before
+    })
+    .await;
+    let diff = fleet.cli(2, &["policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(7), "the runtime rule is drift");
+    ok(&fleet.cli(1, &["policy", "clear", "GET /sre", "--reason", "back to Git"]));
+    let diff = fleet.cli(0, &["policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(0), "{}", String::from_utf8_lossy(&diff.stdout));
+    let missing = fleet.cli(2, &["policy", "clear", "GET /sre"]);
+    assert_eq!(missing.status.code(), Some(5), "nothing left to clear");
 }
