@@ -277,7 +277,8 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
     let all = manifests();
     let pod = &get(&all, "Deployment/tollgate")["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let uid = u32::try_from(pod["securityContext"]["runAsUser"].as_u64().expect("uid")).expect("uid");
+    let uid =
+        u32::try_from(pod["securityContext"]["runAsUser"].as_u64().expect("uid")).expect("uid");
     assert_eq!(
         container["securityContext"]["readOnlyRootFilesystem"].as_bool(),
         Some(true)
@@ -291,7 +292,10 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
     }
     let root = process::temp_dir("deployment");
     let mut mounts = Vec::new();
-    for m in container["volumeMounts"].as_sequence().expect("volumeMounts") {
+    for m in container["volumeMounts"]
+        .as_sequence()
+        .expect("volumeMounts")
+    {
         let inside = m["mountPath"].as_str().expect("mountPath").to_owned();
         let name = m["name"].as_str().expect("name");
         let volume = pod["volumes"]
@@ -306,7 +310,12 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
                 .as_mapping()
                 .expect("data")
                 .iter()
-                .map(|(k, v)| (k.as_str().expect("key").to_owned(), v.as_str().expect("value").to_owned()))
+                .map(|(k, v)| {
+                    (
+                        k.as_str().expect("key").to_owned(),
+                        v.as_str().expect("value").to_owned(),
+                    )
+                })
                 .collect(),
             None => Vec::new(),
         };
@@ -342,7 +351,11 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
     // It serves with nothing written anywhere it was given.
     for (_, outside) in &mounts {
         let entries: Vec<_> = std::fs::read_dir(outside).expect("mount").collect();
-        assert!(entries.len() <= 1, "the pod wrote into {}", outside.display());
+        assert!(
+            entries.len() <= 1,
+            "the pod wrote into {}",
+            outside.display()
+        );
     }
     drop(served);
     let _ = std::fs::remove_dir_all(&root);
@@ -381,7 +394,10 @@ async fn the_image_cmd_starts_with_a_read_only_policy_mount() {
     let root = process::temp_dir("image");
     let mounts = vec![
         ("/etc/tollgate".to_owned(), root.join("etc/tollgate")),
-        ("/var/lib/tollgate".to_owned(), root.join("var/lib/tollgate")),
+        (
+            "/var/lib/tollgate".to_owned(),
+            root.join("var/lib/tollgate"),
+        ),
     ];
     mount(&mounts[0].1, &[("policy.toml".into(), policy)], true, uid);
     mount(&mounts[1].1, &[], false, uid);
@@ -421,7 +437,12 @@ async fn a_read_only_policy_folder_without_redis_fails_in_one_line_naming_the_fl
     }
     let root = process::temp_dir("readonly");
     let etc = root.join("etc");
-    mount(&etc, &[("policy.toml".into(), "[defaults]\n".into())], true, 0);
+    mount(
+        &etc,
+        &[("policy.toml".into(), "[defaults]\n".into())],
+        true,
+        0,
+    );
     let port = process::free_port();
     command
         .args(["serve", "--config"])
@@ -435,15 +456,29 @@ async fn a_read_only_policy_folder_without_redis_fails_in_one_line_naming_the_fl
         if let Some(status) = served.exited() {
             break status;
         }
-        assert!(std::time::Instant::now() < give_up, "still running:\n{}", served.log());
+        assert!(
+            std::time::Instant::now() < give_up,
+            "still running:\n{}",
+            served.log()
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert!(!status.success());
     let log = served.log();
-    let last = log.lines().rev().find(|l| !l.trim().is_empty()).expect("an error line");
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .expect("an error line");
     assert!(last.starts_with("tollgate serve: "), "{log}");
-    assert!(last.contains("policy.toml.audit.jsonl"), "names the file: {last}");
+    assert!(
+        last.contains("policy.toml.audit.jsonl"),
+        "names the file: {last}"
+    );
     assert!(last.contains("--audit-log"), "names the flag: {last}");
-    assert!(!log.contains("panicked") && !log.contains("Caused by"), "{log}");
+    assert!(
+        !log.contains("panicked") && !log.contains("Caused by"),
+        "{log}"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }

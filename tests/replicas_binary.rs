@@ -10,9 +10,9 @@
 //! than that are the ones the contract names (a change in force everywhere
 //! within about a second is polled for with a few seconds' slack).
 
-mod support;
 #[path = "support/process.rs"]
 mod process;
+mod support;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -213,7 +213,10 @@ async fn one_budget(workers: &[BudgetClient<Channel>]) {
     let granted: u32 = leases.join_all().await.into_iter().sum();
     // normal share 0.3 × (1/s × 60 s + 0.1 × 300 first attempts) = 27
     assert!(granted <= 27, "granted {granted} > 27 across replicas");
-    assert!(granted >= 24, "granted {granted}: the fleet uses its one budget");
+    assert!(
+        granted >= 24,
+        "granted {granted}: the fleet uses its one budget"
+    );
 }
 
 /// A 429 reported on replica 1 is the cooldown a Lease on replica 2
@@ -236,8 +239,7 @@ async fn one_cooldown_watched_across_replicas(workers: &[BudgetClient<Channel>])
     let snapshot = support::next_event(&mut stream, "the snapshot").await;
     assert_eq!(snapshot.kind(), ScopeEventKind::Snapshot);
     let at = now_ms();
-    let report =
-        support::rate_limited_at(s.clone(), "worker-a", "30", ScopeCertainty::Known, at);
+    let report = support::rate_limited_at(s.clone(), "worker-a", "30", ScopeCertainty::Known, at);
     workers[0]
         .clone()
         .report(with_token(report, CALLER))
@@ -260,7 +262,14 @@ async fn policy_and_freeze_through_any_replica(
 ) -> u64 {
     ok(&fleet.cli(
         0,
-        &["policy", "set", "GET /sre", "min_retries_per_sec=100", "--reason", "INC-1"],
+        &[
+            "policy",
+            "set",
+            "GET /sre",
+            "min_retries_per_sec=100",
+            "--reason",
+            "INC-1",
+        ],
     ));
     let set = lease_as(&mut workers[0].clone(), "GET /sre", "sre", 1)
         .await
@@ -276,7 +285,9 @@ async fn policy_and_freeze_through_any_replica(
     }
     ok(&fleet.cli(
         1,
-        &["scopes", "freeze", "tenant-a", "GET /sre", "--reason", "INC-1", "--for", "10m"],
+        &[
+            "scopes", "freeze", "tenant-a", "GET /sre", "--reason", "INC-1", "--for", "10m",
+        ],
     ));
     on_every_replica(workers, "GET /sre", "the freeze", |a| {
         a.limit() == LeaseLimit::Frozen && a.granted == 0
@@ -285,7 +296,10 @@ async fn policy_and_freeze_through_any_replica(
     // The freeze's record (who, expiry) is on every replica too.
     for i in 0..3 {
         let shown = ok(&fleet.cli(i, &["scopes", "-o", "json", "show", "tenant-a", "GET /sre"]));
-        assert!(shown.contains("INC-1") && shown.contains("oncall"), "replica {i}: {shown}");
+        assert!(
+            shown.contains("INC-1") && shown.contains("oncall"),
+            "replica {i}: {shown}"
+        );
     }
     set.policy_version
 }
@@ -296,7 +310,10 @@ async fn policy_and_freeze_through_any_replica(
 async fn stale_changes_refused_and_audit_complete(fleet: &Fleet) {
     let get = ok(&fleet.cli(2, &["policy", "-o", "json", "get", "GET /sre"]));
     let read: serde_json::Value = serde_json::from_str(&get).expect("json");
-    let version = read["policy_version"].as_u64().expect("policy_version").to_string();
+    let version = read["policy_version"]
+        .as_u64()
+        .expect("policy_version")
+        .to_string();
     let ports = [fleet.replicas[0].port, fleet.replicas[2].port];
     let runs: Vec<_> = ports
         .iter()
@@ -337,7 +354,10 @@ async fn stale_changes_refused_and_audit_complete(fleet: &Fleet) {
         ["policy.patch", "scope.freeze", "policy.patch"],
         "newest first: {records:?}"
     );
-    let seqs: Vec<u64> = records.iter().map(|r| r["seq"].as_u64().expect("seq")).collect();
+    let seqs: Vec<u64> = records
+        .iter()
+        .map(|r| r["seq"].as_u64().expect("seq"))
+        .collect();
     assert!(seqs.windows(2).all(|w| w[0] == w[1] + 1), "{seqs:?}");
 }
 
@@ -370,7 +390,11 @@ async fn redis_lost_and_back(fleet: &mut Fleet, workers: &[BudgetClient<Channel>
         a.policy_version >= version
     })
     .await;
-    assert!(answers.windows(2).all(|w| w[0].policy_version == w[1].policy_version));
+    assert!(
+        answers
+            .windows(2)
+            .all(|w| w[0].policy_version == w[1].policy_version)
+    );
 }
 
 /// The ConfigMap gains a rule: every replica serves it, and the SRE's
@@ -384,7 +408,10 @@ async fn file_edits_keep_runtime_changes_until_cleared(
         .await
         .expect("lease")
         .policy_version;
-    let edited = format!("{}\n[[rule]]\nroute = \"GET /added\"\npolicy_version = 40\n", policy());
+    let edited = format!(
+        "{}\n[[rule]]\nroute = \"GET /added\"\npolicy_version = 40\n",
+        policy()
+    );
     std::fs::write(dir.join("policy.toml"), edited).expect("edit the policy file");
     on_every_replica(workers, "GET /added", "the file's new rule", |a| {
         a.policy_version == 40
@@ -396,9 +423,17 @@ async fn file_edits_keep_runtime_changes_until_cleared(
     .await;
     let diff = fleet.cli(2, &["policy", "diff"]);
     assert_eq!(diff.status.code(), Some(7), "the runtime rule is drift");
-    ok(&fleet.cli(1, &["policy", "clear", "GET /sre", "--reason", "back to Git"]));
+    ok(&fleet.cli(
+        1,
+        &["policy", "clear", "GET /sre", "--reason", "back to Git"],
+    ));
     let diff = fleet.cli(0, &["policy", "diff"]);
-    assert_eq!(diff.status.code(), Some(0), "{}", String::from_utf8_lossy(&diff.stdout));
+    assert_eq!(
+        diff.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
     let missing = fleet.cli(2, &["policy", "clear", "GET /sre"]);
     assert_eq!(missing.status.code(), Some(5), "nothing left to clear");
 }

@@ -142,7 +142,7 @@ impl AuditLog {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.next_seq = inner.next_seq.max(record.seq + 1);
         if let Some((path, file, bytes)) = &mut inner.file
-            && let Err(err) = write_line(path, file, bytes, &record)
+            && let Err(err) = write_line(path, file, bytes, record)
         {
             tracing::error!(cause = %err, path = %path.display(),
                 "writing the audit file failed; the record is kept in memory only");

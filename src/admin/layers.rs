@@ -133,10 +133,8 @@ mod tests {
         sre.policy.retry_ratio = Some(0.5);
         ov.set("*", "GET /a", Some(sre.clone()));
         // The file gains an unrelated rule: the SRE's change stays.
-        let file2 = doc(
-            "[[rule]]\nroute = \"GET /a\"\nretry_ratio = 0.1\n\
-             [[rule]]\nroute = \"GET /b\"\nretry_ratio = 0.3\n",
-        );
+        let file2 = doc("[[rule]]\nroute = \"GET /a\"\nretry_ratio = 0.1\n\
+             [[rule]]\nroute = \"GET /b\"\nretry_ratio = 0.3\n");
         let running = ov.compose(&file2);
         assert_eq!(running.rules.len(), 2);
         assert_eq!(running.rules[0], sre);

@@ -273,8 +273,12 @@ impl Control {
         let mut st = self.state.lock().await;
         match self.refresh_locked(&mut st).await {
             Ok(()) => {
-                tracing::info!(rev = st.rev, rules = st.doc.rules.len(),
-                    freezes = st.freezes.len(), "runtime state shared through the store");
+                tracing::info!(
+                    rev = st.rev,
+                    rules = st.doc.rules.len(),
+                    freezes = st.freezes.len(),
+                    "runtime state shared through the store"
+                );
                 Some(st.file_digest)
             }
             Err(err) => {
@@ -303,7 +307,7 @@ impl Control {
         let now = self.now_ms();
         let mut next = State::from_saved(saved, None, st.local_digest);
         next.freezes
-            .retain(|_, f| !f.expires_at_ms.is_some_and(|at| at <= now));
+            .retain(|_, f| f.expires_at_ms.is_none_or(|at| at > now));
         for (key, f) in &next.freezes {
             self.store
                 .set_freeze(key, Some(f.reason.clone()), now)
@@ -406,7 +410,13 @@ impl Control {
                 };
                 let mut overrides = st.overrides.clone();
                 overrides.set(&req.caller_scope, &req.route, Some(rule));
-                let (next, _, version) = relayer(st, st.file_doc.clone(), overrides, &[target.clone()], |_| None)?;
+                let (next, _, version) = relayer(
+                    st,
+                    st.file_doc.clone(),
+                    overrides,
+                    std::slice::from_ref(&target),
+                    |_| None,
+                )?;
                 let rule = next.doc.rules[next
                     .doc
                     .find(&req.caller_scope, &req.route)
@@ -596,8 +606,7 @@ impl Control {
                 for id in versions::version_edits(&st.file_doc, &raw) {
                     overrides.clear(&id);
                 }
-                let (mut next, changes, version) =
-                    relayer(st, raw.clone(), overrides, &[], named)?;
+                let (mut next, changes, version) = relayer(st, raw.clone(), overrides, &[], named)?;
                 next.file_digest = digest;
                 let note = Note {
                     who: FILE_ACTOR,

@@ -214,23 +214,25 @@ impl Control {
         if st.rev == Some(rev) {
             return Ok(());
         }
-        if rev == 0 {
-            if let Some(done) = shared.commit(Some(0), &to_json(&st.to_file()), &[]).await? {
-                if st.rev.is_some() {
-                    // The store lost its data, route keys with their
-                    // freezes included: put the freezes back in force.
-                    tracing::warn!(freezes = st.freezes.len(),
-                        "the store lost the shared runtime state; restored this replica's");
-                    let now = self.now_ms();
-                    for (route, f) in &st.freezes {
-                        self.store
-                            .set_freeze(route, Some(f.reason.clone()), now)
-                            .await?;
-                    }
+        if rev == 0
+            && let Some(done) = shared.commit(Some(0), &to_json(&st.to_file()), &[]).await?
+        {
+            if st.rev.is_some() {
+                // The store lost its data, route keys with their
+                // freezes included: put the freezes back in force.
+                tracing::warn!(
+                    freezes = st.freezes.len(),
+                    "the store lost the shared runtime state; restored this replica's"
+                );
+                let now = self.now_ms();
+                for (route, f) in &st.freezes {
+                    self.store
+                        .set_freeze(route, Some(f.reason.clone()), now)
+                        .await?;
                 }
-                st.rev = Some(done.rev);
-                return Ok(());
             }
+            st.rev = Some(done.rev);
+            return Ok(());
         }
         let Some(snapshot) = shared.load().await? else {
             return Ok(());

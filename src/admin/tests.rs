@@ -78,7 +78,9 @@ async fn a_runtime_change_outlives_unrelated_file_edits_until_cleared_or_the_fil
     let a = "[[rule]]\nroute = \"GET /a\"\nretry_ratio = 0.1\n";
     let c = control(Arc::new(MemoryStore::new(100)), Some((&path, a))).await;
     let v = version_of(&c.doc().await, "GET /a");
-    c.set_rule("oncall", set("GET /a", v, 0.5)).await.expect("set");
+    c.set_rule("oncall", set("GET /a", v, 0.5))
+        .await
+        .expect("set");
 
     // An unrelated edit: one rule added. The SRE's change stays, as drift.
     let ab = format!("{a}[[rule]]\nroute = \"GET /b\"\nretry_ratio = 0.3\n");
@@ -106,7 +108,9 @@ async fn a_runtime_change_outlives_unrelated_file_edits_until_cleared_or_the_fil
     // Changed at runtime again, then the file changes that same rule: the
     // file's author decided again, and the file wins.
     let v = version_of(&c.doc().await, "GET /a");
-    c.set_rule("oncall", set("GET /a", v, 0.9)).await.expect("set");
+    c.set_rule("oncall", set("GET /a", v, 0.9))
+        .await
+        .expect("set");
     std::fs::write(&path, ab.replace("0.1", "0.2")).expect("edit");
     assert!(c.reload_file(false).await);
     assert_eq!(ratio_of(&c.doc().await, "GET /a"), Some(0.2));
@@ -155,9 +159,14 @@ async fn two_coordinators_on_one_redis_share_policies_freezes_and_audit() {
     let a = control(redis_store(&server).await, None).await;
     let b = control(redis_store(&server).await, None).await;
 
-    let rule = a.set_rule("alice", set("GET /x", 0, 0.4)).await.expect("set");
+    let rule = a
+        .set_rule("alice", set("GET /x", 0, 0.4))
+        .await
+        .expect("set");
     let version = rule.policy.policy_version.expect("version");
-    b.refresh_locked(&mut *b.state.lock().await).await.expect("sync");
+    b.refresh_locked(&mut *b.state.lock().await)
+        .await
+        .expect("sync");
     assert_eq!(version_of(&b.doc().await, "GET /x"), version);
     let key = RouteKey {
         caller_scope: "*".into(),
@@ -170,7 +179,9 @@ async fn two_coordinators_on_one_redis_share_policies_freezes_and_audit() {
     );
 
     // Both SREs read `version`; the one through B is first.
-    b.set_rule("bob", set("GET /x", version, 0.3)).await.expect("bob wins");
+    b.set_rule("bob", set("GET /x", version, 0.3))
+        .await
+        .expect("bob wins");
     let stale = a.set_rule("alice", set("GET /x", version, 0.2)).await;
     assert!(matches!(stale, Err(AdminError::Stale { .. })), "{stale:?}");
 
@@ -181,12 +192,17 @@ async fn two_coordinators_on_one_redis_share_policies_freezes_and_audit() {
     a.freeze("alice", &route, "INC-1", Some(T0 + 60_000))
         .await
         .expect("freeze");
-    b.refresh_locked(&mut *b.state.lock().await).await.expect("sync");
+    b.refresh_locked(&mut *b.state.lock().await)
+        .await
+        .expect("sync");
     assert_eq!(b.freeze_of(&route).await.expect("frozen").by, "alice");
     b.reset("bob", &route, "").await.expect("reset");
 
     let actions = |records: Vec<AuditRecord>| -> Vec<(u64, String, String)> {
-        records.into_iter().map(|r| (r.seq, r.action, r.who)).collect()
+        records
+            .into_iter()
+            .map(|r| (r.seq, r.action, r.who))
+            .collect()
     };
     let from_a = actions(a.audit_page(0, 10).await.expect("audit"));
     let from_b = actions(b.audit_page(0, 10).await.expect("audit"));
@@ -200,15 +216,24 @@ async fn two_coordinators_on_one_redis_share_policies_freezes_and_audit() {
             (1, "policy.patch".into(), "alice".into()),
         ]
     );
-    assert_eq!(actions(b.audit_page(3, 1).await.expect("page")), [from_a[2].clone()]);
+    assert_eq!(
+        actions(b.audit_page(3, 1).await.expect("page")),
+        [from_a[2].clone()]
+    );
 
     // Redis loses everything: the first coordinator to notice writes back
     // the state it runs, so no SRE change is lost.
     server.flush();
-    a.refresh_locked(&mut *a.state.lock().await).await.expect("rewrite");
+    a.refresh_locked(&mut *a.state.lock().await)
+        .await
+        .expect("rewrite");
     let c = control(redis_store(&server).await, None).await;
     assert_eq!(ratio_of(&c.doc().await, "GET /x"), Some(0.3));
     assert!(c.freeze_of(&route).await.is_some());
     let view = c.store.view(&route, T0).await.expect("view");
-    assert_eq!(view.frozen.as_deref(), Some("INC-1"), "the freeze is in force again");
+    assert_eq!(
+        view.frozen.as_deref(),
+        Some("INC-1"),
+        "the freeze is in force again"
+    );
 }

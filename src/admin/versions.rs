@@ -50,11 +50,13 @@ pub(super) fn named_version(file: &PolicyDoc, id: &str) -> Option<u64> {
 /// Rules (and `[defaults]`) whose written `policy_version` differs between
 /// two files: the file's author changed the rule's version, if nothing else.
 pub(super) fn version_edits(old: &PolicyDoc, new: &PolicyDoc) -> Vec<String> {
-    ids(new).into_iter().filter(|id| {
-        let now = named_version(new, id);
-        now.is_some() && now != named_version(old, id)
-    })
-    .collect()
+    ids(new)
+        .into_iter()
+        .filter(|id| {
+            let now = named_version(new, id);
+            now.is_some() && now != named_version(old, id)
+        })
+        .collect()
 }
 
 fn version_of(doc: &PolicyDoc, id: &str) -> Option<u64> {

@@ -19,7 +19,6 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-
 /// The binary under test.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
