@@ -48,8 +48,9 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
     /// Where scope state lives: `memory` (one coordinator), or
-    /// `redis://HOST:PORT[/DB]` / `redis+cluster://HOST:PORT[,HOST:PORT…]`
-    /// shared by stateless replicas. Read from the environment so a
+    /// `redis://HOST:PORT[/DB]` / `redis+cluster://HOST:PORT[,HOST:PORT…]` /
+    /// `redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE` (a primary that
+    /// Sentinels fail over) shared by stateless replicas. Read from the environment so a
     /// password in the URL stays off the command line.
     #[arg(
         long,
@@ -173,7 +174,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 TimeSource::Local => (Arc::new(store), Arc::new(SystemClock), None),
                 TimeSource::Redis => {
                     let clock = RedisClock::default();
-                    let client = store.clock_client().context("Redis clock")?;
+                    let client = store.clock_client().await.context("Redis clock")?;
                     // A first measurement before serving, when Redis is
                     // up; the loop below keeps it fresh (and retries if
                     // not).

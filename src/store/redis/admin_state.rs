@@ -56,6 +56,7 @@ impl RedisStore {
             match &mut conn {
                 Conn::Single(c) => inv.invoke_async::<T>(c).await,
                 Conn::Cluster(c) => inv.invoke_async::<T>(c).await,
+                Conn::Sentinel(c) => inv.invoke_async::<T>(c).await,
             }
         };
         self.bounded(call).await
@@ -69,6 +70,7 @@ impl RedisStore {
             match &mut conn {
                 Conn::Single(c) => cmd.query_async(c).await,
                 Conn::Cluster(c) => cmd.query_async(c).await,
+                Conn::Sentinel(c) => cmd.query_async(c).await,
             }
         };
         self.bounded(call).await
@@ -109,7 +111,7 @@ impl RedisStore {
         let mut wait = Duration::from_millis(50);
         loop {
             let subscribed = async {
-                let client = redis::Client::open(self.target.first_node())?;
+                let client = self.target.primary_client().await?;
                 let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.subscribe(&channel).await?;
                 Ok::<_, redis::RedisError>(pubsub)

@@ -58,6 +58,8 @@
 //! - `reply`: decoding a script's reply into store types.
 //! - `store`: [`RedisStore`] and its [`Store`] implementation, one script
 //!   invocation per operation.
+//! - `sentinel`: a primary behind Redis Sentinel, asked for again after a
+//!   failure.
 //! - `admin_state`: the replicas' shared runtime control state (policies,
 //!   freezes, audit) with compare-and-set commits and change notices.
 
@@ -68,11 +70,13 @@ mod keys;
 mod relay;
 mod reply;
 pub(crate) mod scripts;
+mod sentinel;
 mod store;
 
 pub use clock::RedisClock;
 pub use connection::{RedisOptions, RedisSetupError, RedisTarget};
 pub use relay::EventRelay;
+pub use sentinel::SentinelTarget;
 pub use store::RedisStore;
 
 #[cfg(test)]
