@@ -101,8 +101,7 @@ async fn a_sentinel_failover_is_survived_without_a_restart() {
     assert_eq!(before.policy_version, set.policy_version);
     // What the SRE set reached the replica before the primary dies.
     poll("the write replicated", Duration::from_secs(10), || async {
-        query::<i64>(primary.port(), &mut redis::cmd("WAIT").arg(1).arg(100))
-            .is_some_and(|n| n >= 1)
+        query::<i64>(primary.port(), redis::cmd("WAIT").arg(1).arg(100)).is_some_and(|n| n >= 1)
     })
     .await;
 
