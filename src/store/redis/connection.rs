@@ -191,7 +191,7 @@ impl RedisStore {
         &self.target
     }
 
-    /// A client for the node whose `TIME` the replicas' [`RedisClock`]
+    /// A client for the node whose `TIME` the replicas' [`RedisClock`](super::RedisClock)
     /// follows (on a cluster, the first seed node; behind Sentinels, the
     /// primary at start — after a failover the clock keeps the offset it
     /// last measured, which the Redis hosts' own NTP keeps valid).
