@@ -19,12 +19,14 @@
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes (a whole worker report is one), its in-memory backend, the
 //!   Redis backend (one Lua script per operation, pub/sub for Watch across
-//!   replicas, a clock that follows Redis's `TIME`), and the contract suite
-//!   both must pass.
+//!   replicas, a clock that follows Redis's `TIME`, the replicas' shared
+//!   runtime control state), and the contract suite both must pass.
 //! - [`events`]: `StateChange`, scope snapshots and the `EventHub` every
 //!   change is published on.
 //! - [`admin`]: runtime control — policy changes with optimistic versions,
-//!   freezes, resets, the audit log, the state file and live reload.
+//!   laid over the policy file, freezes, resets, the audit log, kept in the
+//!   state file (one coordinator) or shared through the store (replicas),
+//!   and live reload.
 //! - [`coordinator`]: the core — `Coordinator` owns the store, policies,
 //!   event hub, clock, RNG and the runtime control; lease, release, report,
 //!   reconsider, watch and the admin changes, each one store operation plus

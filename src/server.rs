@@ -345,6 +345,10 @@ where
         // These never complete; they stop when this select is left.
         () = sweep(Arc::clone(&store), Arc::clone(&clock), limits.scope_idle_ttl) => {}
         () = follow(Arc::clone(&core), reload_every) => {}
+        // With replicas, changes made through the others. Its own branch:
+        // it holds the runtime state's lock while it reads the store, so it
+        // must keep being polled while `follow` waits for that lock.
+        () = core.admin().follow_shared() => {}
         () = watch_health(Arc::clone(&store), health.clone()) => {}
         () = relaying => {}
         () = following_tokens => {}

@@ -126,6 +126,7 @@ async fn a_stale_version_is_failed_precondition_and_changes_nothing() {
             route: "GET /users/*".into(),
             expected_version: created.policy_version,
             reason: String::new(),
+            clear: false,
         })
         .await
         .expect_err("stale delete");

@@ -154,6 +154,20 @@ pub enum PolicyCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Drop a rule's runtime change (set, patch, delete, apply): the rule
+    /// is the policy file's again. The route `[defaults]` names `[defaults]`.
+    /// Exit 5 when the rule has no runtime change.
+    #[command(after_help = "Examples:
+  tollgate policy clear 'GET /users/*' --reason 'incident over, back to Git'
+  tollgate policy clear '[defaults]'")]
+    Clear {
+        /// The rule.
+        #[command(flatten)]
+        rule: RuleRef,
+        /// Why, for the audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
     /// Where the running policy differs from a file (default: the server's
     /// own policy file). Exit 7 when it does.
     #[command(after_help = "Examples:
