@@ -292,16 +292,42 @@ fn mount(at: &Path, files: &[(String, String)], read_only: bool, owner: u32) {
 /// `text` with every container path under a mount replaced by the folder
 /// standing in for it.
 fn remap(text: &str, mounts: &[(String, PathBuf)]) -> String {
-    mounts.iter().fold(text.to_owned(), |t, (inside, outside)| {
-        t.replace(inside.as_str(), &outside.display().to_string())
-    })
+    // The longest mount path first, and only at a path boundary, so
+    // `/etc/tollgate` never rewrites `/etc/tollgate-tls/…`.
+    let mut by_length: Vec<_> = mounts.iter().collect();
+    by_length.sort_by_key(|(inside, _)| std::cmp::Reverse(inside.len()));
+    for (inside, outside) in by_length {
+        if let Some(rest) = text.strip_prefix(inside.as_str())
+            && (rest.is_empty() || rest.starts_with('/'))
+        {
+            return format!("{}{rest}", outside.display());
+        }
+    }
+    text.to_owned()
+}
+
+/// A Secret volume's files: the TLS pair the manifest's Secret would hold,
+/// made here (no key is checked in).
+fn secret_files(volume: &serde_norway::Value) -> Vec<(String, String)> {
+    if volume["secret"]["secretName"].as_str() != Some("tollgate-tls") {
+        return Vec::new();
+    }
+    let key = rcgen::KeyPair::generate().expect("key");
+    let params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("certificate params");
+    let cert = params.self_signed(&key).expect("self-signed");
+    vec![
+        ("tls.crt".to_owned(), cert.pem()),
+        ("tls.key".to_owned(), key.serialize_pem()),
+    ]
 }
 
 /// The Deployment's container exactly: its args, its env (and the
 /// Secret's, as `envFrom` gives it), its ConfigMap mounted read-only, run
-/// as its non-root user. Only two things are replaced, because this runs
-/// on a CI host: the Redis URL (the test's own `redis-server`, not the
-/// in-cluster name) and the listen address (loopback, the port kept).
+/// as its non-root user. Only what a CI host needs is replaced: the Redis
+/// URL (the test's own `redis-server`, not the in-cluster name), the listen
+/// and health addresses (loopback, free ports) and the TLS Secret's files
+/// (a certificate made here).
 #[tokio::test]
 async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writable_file() {
     let Some(redis) = tollgate::testing::RedisServer::start() else {
@@ -325,6 +351,7 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
     }
     let root = process::temp_dir("deployment");
     let mut mounts = Vec::new();
+    let mut placed = Vec::new();
     for m in container["volumeMounts"]
         .as_sequence()
         .expect("volumeMounts")
@@ -350,10 +377,11 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
                     )
                 })
                 .collect(),
-            None => Vec::new(),
+            None => secret_files(volume),
         };
         let read_only = m["readOnly"].as_bool() == Some(true) || volume["configMap"].is_mapping();
         mount(&outside, &files, read_only, uid);
+        placed.push(files.len());
         mounts.push((inside, outside));
     }
     let port = process::free_port();
@@ -376,19 +404,19 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
         let value = e["value"].as_str().expect("a literal env value");
         command.env(e["name"].as_str().expect("name"), remap(value, &mounts));
     }
+    // The API port serves TLS; readiness is asked on the plaintext
+    // health-only port, as the manifest's probes do.
+    let health_port = process::free_port();
     command
         .env("TOLLGATE_STORE", redis.url())
-        .env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"));
-    let mut served = process::Served::spawn(command, port, &root.join("serve.log"));
+        .env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("TOLLGATE_HEALTH_LISTEN", format!("127.0.0.1:{health_port}"));
+    let mut served = process::Served::spawn(command, health_port, &root.join("serve.log"));
     served.until_serving().await;
     // It serves with nothing written anywhere it was given.
-    for (_, outside) in &mounts {
-        let entries: Vec<_> = std::fs::read_dir(outside).expect("mount").collect();
-        assert!(
-            entries.len() <= 1,
-            "the pod wrote into {}",
-            outside.display()
-        );
+    for ((_, outside), placed) in mounts.iter().zip(&placed) {
+        let entries = std::fs::read_dir(outside).expect("mount").count();
+        assert_eq!(entries, *placed, "the pod wrote into {}", outside.display());
     }
     drop(served);
     let _ = std::fs::remove_dir_all(&root);
