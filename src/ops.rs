@@ -24,6 +24,8 @@ use tollgate_proto::v1::{self, admin_client::AdminClient};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
+mod evidence;
+
 use crate::config::PolicyDoc;
 use crate::policy::PolicySpec;
 use crate::service::admin::{fields_of, spec_of};
@@ -196,6 +198,34 @@ pub enum ScopesCommand {
         /// The scope.
         #[command(flatten)]
         scope: ScopeRef,
+        /// Why, for the audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Keep one worker's hints on the scope (and its caller scope) as
+    /// evidence only: they move no cooldown until unmuted or expired.
+    Mute {
+        /// The scope.
+        #[command(flatten)]
+        scope: ScopeRef,
+        /// The worker id (never a token).
+        #[arg(long)]
+        worker: String,
+        /// Why (required; recorded in the audit log).
+        #[arg(long)]
+        reason: String,
+        /// Lift it after this long (`1h`); default: until unmuted.
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+    },
+    /// Lift a worker's mute.
+    Unmute {
+        /// The scope.
+        #[command(flatten)]
+        scope: ScopeRef,
+        /// The worker id.
+        #[arg(long)]
+        worker: String,
         /// Why, for the audit log.
         #[arg(long, default_value = "")]
         reason: String,
@@ -837,6 +867,17 @@ async fn scopes(client: &mut Client, command: ScopesCommand) -> Outcome {
             }
             Ok(EXIT_OK)
         }
+        ScopesCommand::Mute {
+            scope,
+            worker,
+            reason,
+            duration,
+        } => evidence::mute(client, scope, worker, reason, duration).await,
+        ScopesCommand::Unmute {
+            scope,
+            worker,
+            reason,
+        } => evidence::unmute(client, scope, worker, reason).await,
         ScopesCommand::Reset { scope, reason } => {
             let req = client.request(v1::ResetScopeRequest {
                 caller_scope: scope.caller_scope.clone(),
@@ -904,6 +945,8 @@ fn print_scope(client: &Client, s: &v1::ScopeState) {
             "recent_hints": s.recent_hints.iter().map(hint_json).collect::<Vec<_>>(),
             "freeze": s.freeze.as_ref().map(freeze_json),
             "last_touched_unix_ms": s.last_touched_unix_ms,
+            "route_evidence": evidence::evidence_json(s.route_evidence.as_ref()),
+            "caller_evidence": evidence::evidence_json(s.caller_evidence.as_ref()),
         }));
         return;
     }
@@ -945,6 +988,7 @@ fn print_scope(client: &Client, s: &v1::ScopeState) {
         time(s.floor_unix_ms),
         s.backoff_step
     );
+    evidence::print_evidence(s);
     println!("slot backlog    {} waiting intents", s.slot_backlog);
     println!(
         "leases          {} outstanding, {} tokens",

@@ -25,6 +25,7 @@
 //! freeze: no new lease or slot, outstanding leases run out.
 
 pub mod audit;
+mod mute;
 pub mod persist;
 mod plan;
 
@@ -43,6 +44,7 @@ use crate::store::{Store, StoreError};
 use self::audit::{AuditLog, AuditRecord};
 use self::persist::{FreezeRecord, PersistError, StateFile};
 
+pub use self::mute::MUTE_FOREVER_MS;
 pub use self::plan::{Change, ChangeKind, plan, spec_fields};
 
 /// Who a policy-file reload is recorded as.
@@ -105,6 +107,9 @@ pub struct Control {
     audit: AuditLog,
     clock: Arc<dyn Clock>,
     paths: Paths,
+    /// Muted workers by scope; written with every save. A std mutex: it is
+    /// only held to copy or swap the map, never across an await.
+    mutes: std::sync::Mutex<mute::Mutes>,
 }
 
 impl std::fmt::Debug for Control {
@@ -196,9 +201,11 @@ impl Control {
             audit,
             clock,
             paths,
+            mutes: std::sync::Mutex::default(),
         };
         if let Some(saved) = saved {
             let now = control.now_ms();
+            control.reapply_mutes(saved.mutes, now).await?;
             let mut st = control.state.lock().await;
             st.doc = saved.doc;
             for f in saved.freezes {
@@ -285,6 +292,7 @@ impl Control {
                 file_digest,
                 doc: doc.clone(),
                 freezes: freezes.values().cloned().collect(),
+                mutes: self.mute_records(),
             },
         )
     }

@@ -130,9 +130,17 @@ pub struct StormArgs {
     /// within the deadline.
     #[arg(long, default_value_t = 0.05)]
     pub cancel_fraction: f64,
+    /// The fraction of workers whose 429s carry a 300 s hint, spread evenly
+    /// over the fleet's indices.
+    pub liar_fraction: f64,
     /// Attempts in all for (b), (c) and (d); (a) always stops at 3.
     #[arg(long, default_value_t = 10)]
     pub max_attempts: u32,
+    /// The fraction of workers that lie: each 429 they see is passed to
+    /// their runner with `Retry-After: 300`, whatever the upstream said
+    /// (a buggy or compromised worker, for the corroboration of hints).
+    #[arg(long, default_value_t = 0.0)]
+    pub liar_fraction: f64,
 }
 
 /// Arguments that cannot describe a run.
@@ -240,6 +248,9 @@ impl StormConfig {
         if !(args.reject_cost.is_finite() && (0.0..=1.0).contains(&args.reject_cost)) {
             return Err(invalid("reject-cost", "must be 0 to 1"));
         }
+        if !(args.liar_fraction.is_finite() && (0.0..=1.0).contains(&args.liar_fraction)) {
+            return Err(invalid("liar-fraction", "must be in 0..=1"));
+        }
         if !(args.cancel_fraction.is_finite() && (0.0..=1.0).contains(&args.cancel_fraction)) {
             return Err(invalid("cancel-fraction", "must be 0 to 1"));
         }
@@ -277,6 +288,7 @@ impl StormConfig {
             mode: args.mode,
             strategies: args.strategies.clone(),
             cancel_fraction: args.cancel_fraction,
+            liar_fraction: args.liar_fraction,
             max_attempts: args.max_attempts,
             service_time: Duration::from_millis(10),
             attempt_timeout,
@@ -364,6 +376,7 @@ async fn run_strategy(
             wall: wall.clone(),
             start,
             deadline: config.deadline,
+            liar: is_liar(index, config.liar_fraction),
         };
         workers.spawn(worker.run(arrivals.clone()));
     }
@@ -402,6 +415,16 @@ struct Worker {
     wall: Arc<VirtualWall>,
     start: Instant,
     deadline: Duration,
+    /// Its 429s reach its runner with a 300 s hint (`--liar-fraction`).
+    liar: bool,
+}
+
+/// Whether worker `index` lies, for `fraction` of the fleet: one whenever
+/// `index × fraction` crosses a whole number, so liars are spread evenly
+/// over the indices (and over the seeds derived from them).
+fn is_liar(index: usize, fraction: f64) -> bool {
+    let at = |i: usize| (i as f64 * fraction).floor();
+    fraction > 0.0 && at(index + 1) > at(index)
 }
 
 /// What one worker task hands back.
@@ -443,6 +466,7 @@ impl Worker {
                 cancel_at,
                 self.upstream.clone(),
                 self.wall.clone(),
+                self.liar,
             );
             let runner = self.runner.clone();
             let start = self.start;

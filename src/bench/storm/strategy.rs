@@ -125,7 +125,13 @@ pub struct IntentIo {
     cancel_at: Option<Instant>,
     upstream: Arc<Upstream>,
     wall: Arc<VirtualWall>,
+    /// The worker lies about every 429's hint (`--liar-fraction`).
+    liar: bool,
 }
+
+/// The hint a lying worker reports on every 429: five minutes, the default
+/// `max_hint`.
+pub const LIAR_HINT: &str = "300";
 
 impl IntentIo {
     pub(super) fn new(
@@ -135,6 +141,7 @@ impl IntentIo {
         cancel_at: Option<Instant>,
         upstream: Arc<Upstream>,
         wall: Arc<VirtualWall>,
+        liar: bool,
     ) -> Self {
         IntentIo {
             id,
@@ -143,6 +150,7 @@ impl IntentIo {
             cancel_at,
             upstream,
             wall,
+            liar,
         }
     }
 
@@ -175,7 +183,12 @@ impl IntentIo {
             cancel_at: self.cancel_at,
             token_cancelled: self.cancel.is_cancelled(),
         };
-        self.upstream.call(truth).await
+        match self.upstream.call(truth).await {
+            Answer::TooManyRequests { .. } if self.liar => Answer::TooManyRequests {
+                retry_after: LIAR_HINT.to_owned(),
+            },
+            answer => answer,
+        }
     }
 }
 
