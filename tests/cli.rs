@@ -436,7 +436,11 @@ async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
         "1h",
     ]);
     assert!(muted.status.success(), "{}", stderr(&muted));
-    assert!(stdout(&muted).contains("muted worker-7"), "{}", stdout(&muted));
+    assert!(
+        stdout(&muted).contains("muted worker-7"),
+        "{}",
+        stdout(&muted)
+    );
     server.kill();
     server.spawn();
 
@@ -456,7 +460,10 @@ async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
         .await
         .expect("report")
         .into_inner();
-    assert_eq!(report.cooldown_until_unix_ms, 0, "a muted worker moves nothing");
+    assert_eq!(
+        report.cooldown_until_unix_ms, 0,
+        "a muted worker moves nothing"
+    );
 
     let scope = json(&server.cli(&[
         "scopes",

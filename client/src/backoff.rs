@@ -66,9 +66,9 @@ impl Backoff {
         let ceiling = self.ceiling(completed).max(floor);
         match self.jitter {
             Jitter::None => ceiling,
-            Jitter::Full => {
-                floor.saturating_add(from_nanos(rng.random_range(0..=(ceiling - floor).as_nanos())))
-            }
+            Jitter::Full => floor.saturating_add(from_nanos(
+                rng.random_range(0..=(ceiling - floor).as_nanos()),
+            )),
         }
     }
 }

@@ -109,7 +109,10 @@ impl Control {
         let previous = next.insert(key, record.clone());
         let before = self.save_mutes(next).await?;
         let until = expires_at_ms.unwrap_or(MUTE_FOREVER_MS);
-        let applied = self.store.set_mute(route, worker_id, Some(until), now).await;
+        let applied = self
+            .store
+            .set_mute(route, worker_id, Some(until), now)
+            .await;
         if !matches!(applied, Ok(true)) {
             self.save_mutes(before).await?;
             applied?;

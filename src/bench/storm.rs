@@ -130,9 +130,6 @@ pub struct StormArgs {
     /// within the deadline.
     #[arg(long, default_value_t = 0.05)]
     pub cancel_fraction: f64,
-    /// The fraction of workers whose 429s carry a 300 s hint, spread evenly
-    /// over the fleet's indices.
-    pub liar_fraction: f64,
     /// Attempts in all for (b), (c) and (d); (a) always stops at 3.
     #[arg(long, default_value_t = 10)]
     pub max_attempts: u32,
@@ -208,6 +205,9 @@ pub struct StormConfig {
     pub strategies: Vec<StrategyKind>,
     /// The fraction of intents cancelled by their caller.
     pub cancel_fraction: f64,
+    /// The fraction of workers whose 429s carry a 300 s hint, spread evenly
+    /// over the fleet's indices.
+    pub liar_fraction: f64,
     /// Attempts in all for the patient baselines.
     pub max_attempts: u32,
     /// How long the upstream takes to answer: long enough that attempts

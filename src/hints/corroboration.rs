@@ -141,7 +141,10 @@ pub fn evaluate(
     let corroborated_until = claims.get(needed - 1).copied().unwrap_or(0);
     let alone_until = live
         .iter()
-        .map(|w| w.claim_until_ms.min(w.since_ms.saturating_add(rules.cap_ms)))
+        .map(|w| {
+            w.claim_until_ms
+                .min(w.since_ms.saturating_add(rules.cap_ms))
+        })
         .max()
         .unwrap_or(0);
     let until_ms = corroborated_until.max(alone_until);
@@ -397,7 +400,10 @@ mod tests {
         let liars = fleet(&claims[..25]);
         let v = evaluate(&liars, RULES, 500, NOW + 11_000);
         assert!(!v.corroborated);
-        assert!(v.until_ms <= NOW + 11_000, "the cap ran out with the streak");
+        assert!(
+            v.until_ms <= NOW + 11_000,
+            "the cap ran out with the streak"
+        );
     }
 
     #[test]
@@ -444,7 +450,10 @@ mod tests {
             claim(&mut m, &format!("w{i}"), t + 1000, t, t);
         }
         assert_eq!(m.len(), MAX_EVIDENCE_WORKERS);
-        assert!(!m.contains_key("w0"), "the longest-silent worker goes first");
+        assert!(
+            !m.contains_key("w0"),
+            "the longest-silent worker goes first"
+        );
         let mut mutes = BTreeMap::new();
         for i in 0..MAX_MUTES {
             assert!(set_mute(&mut mutes, &format!("w{i}"), Some(NOW + 10), NOW));

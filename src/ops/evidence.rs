@@ -65,10 +65,7 @@ pub(super) async fn unmute(
     if client.output == Output::Json {
         print_json(&json!({"muted": false, "worker_id": worker}));
     } else {
-        println!(
-            "unmuted {worker} on {}|{}",
-            scope.caller_scope, scope.route
-        );
+        println!("unmuted {worker} on {}|{}", scope.caller_scope, scope.route);
     }
     Ok(EXIT_OK)
 }
@@ -146,7 +143,14 @@ pub(super) fn print_evidence(s: &v1::ScopeState) {
                 })
                 .collect();
             print_table(
-                &["WORKER", "FLAG", "HINTS", "OUTLIERS", "UNCORROBORATED", "CLAIMS_UNTIL"],
+                &[
+                    "WORKER",
+                    "FLAG",
+                    "HINTS",
+                    "OUTLIERS",
+                    "UNCORROBORATED",
+                    "CLAIMS_UNTIL",
+                ],
                 &rows,
             );
         }

@@ -223,7 +223,8 @@ impl MemoryStore {
         for (merge, hint) in merges.iter_mut().zip(report.hints) {
             if hint.caller_wide {
                 let caller = &scope.route.caller_scope;
-                *merge = Some(self.merge_caller(caller, &hint.assessment, reporter, policy, now_ms)?);
+                *merge =
+                    Some(self.merge_caller(caller, &hint.assessment, reporter, policy, now_ms)?);
             }
         }
         Ok(Reported {

@@ -65,7 +65,10 @@ pub(crate) async fn one_enormous_hint_among_quiet_workers_reaches_only_the_cap(s
         .expect("detail")
         .expect("known");
     let c = d.route_evidence.corroboration;
-    assert_eq!((c.corroborated, c.workers, c.reporters, c.needed), (false, 1, 1, 3));
+    assert_eq!(
+        (c.corroborated, c.workers, c.reporters, c.needed),
+        (false, 1, 1, 3)
+    );
     assert_eq!(d.route_evidence.workers.len(), 1);
     assert_eq!(d.route_evidence.workers[0].0, "w0");
     assert_eq!(d.route_evidence.workers[0].1.uncorroborated, 1);
@@ -116,11 +119,19 @@ pub(crate) async fn uncertain_evidence_from_one_worker_does_not_broaden(s: &dyn 
     };
     report_429(s, "w0", "60", true, &p).await;
     let view = s.view(&other, T0).await.expect("view");
-    assert_eq!(view.cooldown_until_ms, T0 + 5_000, "one worker: the cap only");
+    assert_eq!(
+        view.cooldown_until_ms,
+        T0 + 5_000,
+        "one worker: the cap only"
+    );
     report_429(s, "w1", "60", true, &p).await;
     report_429(s, "w2", "60", true, &p).await;
     let view = s.view(&other, T0).await.expect("view");
-    assert_eq!(view.cooldown_until_ms, T0 + 60_000, "three agree: broadened");
+    assert_eq!(
+        view.cooldown_until_ms,
+        T0 + 60_000,
+        "three agree: broadened"
+    );
     let d = s
         .scope_detail(&key().route, &p, T0)
         .await
@@ -146,7 +157,10 @@ pub(crate) async fn a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged(s: &
     assert_eq!(d.route_evidence.noisy, 1);
     assert!(d.route_evidence.workers[0].1.noisy());
 
-    assert_eq!(s.set_mute(&key().route, "w1", Some(T0 + 60_000), T0).await, Ok(true));
+    assert_eq!(
+        s.set_mute(&key().route, "w1", Some(T0 + 60_000), T0).await,
+        Ok(true)
+    );
     let muted = report_429(s, "w1", "120", false, &p).await;
     assert_eq!(muted.claim, Claim::Muted);
     assert!(!muted.raised);

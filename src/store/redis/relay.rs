@@ -204,7 +204,10 @@ fn decode(text: &str) -> Option<(u64, StateChange)> {
             cooldown_until_ms: v.get("until")?.as_i64()?,
             // Absent from a replica that predates corroboration.
             support: CooldownSupport {
-                corroborated: v.get("corroborated").and_then(Value::as_bool).unwrap_or(false),
+                corroborated: v
+                    .get("corroborated")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
                 workers: v
                     .get("workers")
                     .and_then(Value::as_u64)

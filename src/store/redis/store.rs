@@ -15,7 +15,9 @@ use crate::store::{
 };
 
 use super::connection::{Conn, RedisTarget};
-use super::reply::{MERGE_FIELDS, Reply, count, evidence_after, hints_at, merges, summary_of, unsigned, view_at};
+use super::reply::{
+    MERGE_FIELDS, Reply, count, evidence_after, hints_at, merges, summary_of, unsigned, view_at,
+};
 use super::scripts::{SCRIPTS, corroboration_args, hint_args};
 
 /// The Redis [`Store`].
