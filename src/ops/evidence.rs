@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tollgate_proto::v1;
 
-use super::{Client, EXIT_OK, Failure, Outcome, Output, ScopeRef, print_json, print_table, time};
+use super::args::ScopeRef;
+use super::render::{emit, print_table, time};
+use super::{Client, EXIT_OK, Failure, Outcome};
 
 /// `scopes mute`: keeps `worker`'s hints on the scope as evidence only.
 pub(super) async fn mute(
@@ -30,17 +32,19 @@ pub(super) async fn mute(
         .await
         .map_err(|s| Failure::status("muting the worker", &s))?
         .into_inner();
-    if client.output == Output::Json {
-        print_json(&mute_json(&m));
-    } else {
-        println!(
-            "muted {} on {}|{} until {}",
-            m.worker_id,
-            scope.caller_scope,
-            scope.route,
-            until(m.expires_at_unix_ms)
-        );
-    }
+    emit(
+        client.output,
+        || mute_json(&m),
+        || {
+            println!(
+                "muted {} on {}|{} until {}",
+                m.worker_id,
+                scope.caller_scope,
+                scope.route,
+                until(m.expires_at_unix_ms)
+            );
+        },
+    );
     Ok(EXIT_OK)
 }
 
@@ -62,11 +66,11 @@ pub(super) async fn unmute(
         .unmute_worker(req)
         .await
         .map_err(|s| Failure::status("unmuting the worker", &s))?;
-    if client.output == Output::Json {
-        print_json(&json!({"muted": false, "worker_id": worker}));
-    } else {
-        println!("unmuted {worker} on {}|{}", scope.caller_scope, scope.route);
-    }
+    emit(
+        client.output,
+        || json!({"muted": false, "worker_id": worker}),
+        || println!("unmuted {worker} on {}|{}", scope.caller_scope, scope.route),
+    );
     Ok(EXIT_OK)
 }
 
@@ -85,7 +89,7 @@ fn mute_json(m: &v1::MuteState) -> Value {
     })
 }
 
-/// A level's evidence as JSON (`scopes show --output json`).
+/// A level's evidence as data (`scopes show -o json|yaml`).
 pub(super) fn evidence_json(e: Option<&v1::EvidenceState>) -> Value {
     let Some(e) = e else { return Value::Null };
     json!({

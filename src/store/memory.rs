@@ -495,7 +495,7 @@ mod tests {
     crate::store::contract::contract_tests!(make);
 
     /// Only the memory store counts scopes: a shared store's bound is the
-    /// server's own memory limit plus key expiry (docs/operations.md).
+    /// server's own memory limit plus key expiry (docs/deploying.md).
     #[tokio::test]
     async fn scopes_are_bounded_until_idle_ones_are_evicted() {
         use crate::scope::{Priority, ScopeKey};
