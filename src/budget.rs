@@ -517,6 +517,20 @@ impl BudgetLedger {
         }
     }
 
+    /// Workers seen in the window, over every class: how many must agree
+    /// before one worker's hint holds them all (`hints::corroboration`).
+    pub fn active_workers(&self, now_ms: i64, window_ms: i64) -> usize {
+        self.classes
+            .iter()
+            .map(|c| {
+                c.workers
+                    .values()
+                    .filter(|w| w.last_seen_ms > now_ms - window_ms)
+                    .count()
+            })
+            .sum()
+    }
+
     /// Leases not yet expired, for idle eviction.
     pub fn live_leases(&self, now_ms: i64) -> usize {
         self.leases

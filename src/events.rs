@@ -18,6 +18,17 @@ use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 /// Changes kept for slow stream tasks before they see `Lagged`.
 const HUB_CAPACITY: usize = 4096;
 
+/// How well distinct workers' hints support a cooldown (see
+/// [`crate::hints::corroboration`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CooldownSupport {
+    /// It rests on enough distinct workers; false: it is one worker's
+    /// claim, held to the uncorroborated cap.
+    pub corroborated: bool,
+    /// Distinct workers whose claims reach it.
+    pub workers: u32,
+}
+
 /// A change of scope state, as published by the coordinator core.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateChange {
@@ -27,6 +38,8 @@ pub enum StateChange {
         level: EvidenceLevel,
         /// The new cooldown.
         cooldown_until_ms: i64,
+        /// Whether distinct workers' hints corroborate it, and how many.
+        support: CooldownSupport,
     },
     /// An operator froze (`Some(reason)`) or unfroze a route.
     Freeze {

@@ -15,12 +15,18 @@
 //! delay against the worker's own receipt time: the worker saw the response,
 //! and its clock is the one the date was meant to be read against.
 //!
+//! # One worker does not speak for the fleet
+//! A valid hint is kept as its worker's claim; the fleet-wide cooldown is
+//! what the claims of distinct workers support together ([`corroboration`]).
+//!
 //! # What never happens
 //! An invalid, absent, past or do-not-retry hint never shortens a cooldown or
 //! becomes permission: it is kept as evidence and widens the scope's backoff
 //! step, which decays only on reported successes.
 
-use std::collections::VecDeque;
+pub mod corroboration;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use tollgate_client::classify::{GrpcCode, Sent, classify_grpc, classify_http};
@@ -30,6 +36,7 @@ use tollgate_client::hint::{
 };
 
 use crate::policy::Policy;
+pub use corroboration::{Corroboration, EvidenceDetail, WorkerEvidence};
 
 /// Recent hints kept per scope as evidence (a ring: the oldest falls out).
 pub const RECENT_HINTS: usize = 16;
@@ -227,6 +234,25 @@ pub struct Merge {
     pub cooldown_until_ms: i64,
     /// The current backoff for hintless rejections.
     pub backoff_ms: u64,
+    /// Whether the level's cooldown rests on enough distinct workers (as of
+    /// its last valid hint).
+    pub corroborated: bool,
+    /// Distinct workers whose claims reach it.
+    pub workers: u32,
+    /// How this hint's claim stood against the fleet.
+    pub claim: corroboration::Claim,
+    /// The reporter's evidence now keeps disagreeing with the fleet.
+    pub noisy: bool,
+}
+
+/// Who sent the evidence being merged, and how many workers the route has:
+/// what corroboration is judged against.
+#[derive(Debug, Clone, Copy)]
+pub struct Reporter<'a> {
+    /// The reporting worker.
+    pub worker_id: &'a str,
+    /// Workers active in the route's budget window (the reporter included).
+    pub active: usize,
 }
 
 /// Hint-derived state of one route or of a whole caller scope.
@@ -240,6 +266,14 @@ pub struct HintState {
     pub backoff_until_ms: i64,
     /// Recent hints, newest last, for operators (bounded by [`RECENT_HINTS`]).
     pub recent: VecDeque<HintRecord>,
+    /// Each worker's latest claim and its record of agreeing with the
+    /// fleet (bounded by [`corroboration::MAX_EVIDENCE_WORKERS`]).
+    pub workers: BTreeMap<String, WorkerEvidence>,
+    /// Workers whose evidence an operator muted, until when (bounded by
+    /// [`corroboration::MAX_MUTES`]).
+    pub mutes: BTreeMap<String, i64>,
+    /// How the claims supported the cooldown at the last valid hint.
+    pub corroboration: Corroboration,
 }
 
 impl HintState {
@@ -259,12 +293,38 @@ impl HintState {
         self.cooldown_until_ms.max(self.backoff_until_ms)
     }
 
-    /// Merges one assessment: cooldown `max(current, hint)`, backoff widened
-    /// for a hintless rejection; the evidence is kept either way.
-    pub fn merge(&mut self, a: &Assessment, policy: &Policy, now_ms: i64) -> Merge {
+    /// Merges one assessment from `reporter`: its claim joins the others
+    /// and the cooldown becomes `max(current, what the claims support)`
+    /// (unless the reporter is muted); a hintless rejection widens the
+    /// backoff; the evidence is kept either way.
+    pub fn merge(
+        &mut self,
+        a: &Assessment,
+        reporter: Reporter<'_>,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Merge {
         let before = self.cooldown_until_ms;
+        let id = reporter.worker_id;
+        let mut claim = corroboration::Claim::None;
         if let Some(until) = a.cooldown_until_ms {
-            self.cooldown_until_ms = self.cooldown_until_ms.max(until);
+            if corroboration::is_muted(&self.mutes, id, now_ms) {
+                claim = corroboration::Claim::Muted;
+            } else {
+                let rules = corroboration::Rules::of(policy);
+                corroboration::claim(&mut self.workers, id, until, a.anchor_ms, now_ms);
+                let verdict =
+                    corroboration::evaluate(&self.workers, rules, reporter.active, now_ms);
+                self.cooldown_until_ms = self.cooldown_until_ms.max(verdict.until_ms);
+                claim = corroboration::judge(
+                    &mut self.workers,
+                    id,
+                    &verdict,
+                    self.cooldown_until_ms,
+                    rules,
+                );
+                self.corroboration = verdict;
+            }
         }
         if a.widen_backoff {
             self.backoff_step = (self.backoff_step + 1).min(MAX_BACKOFF_STEP);
@@ -287,7 +347,22 @@ impl HintState {
             raised: self.cooldown_until_ms > before && self.cooldown_until_ms > now_ms,
             cooldown_until_ms: self.cooldown_until_ms,
             backoff_ms: self.backoff_ms(policy),
+            corroborated: self.corroboration.corroborated,
+            workers: self.corroboration.workers,
+            claim,
+            noisy: self.workers.get(id).is_some_and(WorkerEvidence::noisy),
         }
+    }
+
+    /// Until when this state must be kept: its floor, and any mute in
+    /// force (an operator's mute outlives idleness, like a freeze).
+    pub fn live_until_ms(&self) -> i64 {
+        self.mutes.values().copied().fold(self.floor_ms(), i64::max)
+    }
+
+    /// The evidence as an operator sees it at `now_ms`.
+    pub fn evidence(&self, now_ms: i64) -> corroboration::EvidenceDetail {
+        corroboration::EvidenceDetail::of(self.corroboration, &self.workers, &self.mutes, now_ms)
     }
 
     /// A reported success narrows the backoff step by one; what was already
@@ -303,6 +378,11 @@ mod tests {
     use crate::policy::PolicySpec;
 
     const NOW: i64 = 1_704_110_400_000; // Mon, 01 Jan 2024 12:00:00 GMT
+    /// A lone worker: its evidence corroborates itself.
+    const ME: Reporter<'static> = Reporter {
+        worker_id: "w",
+        active: 1,
+    };
 
     fn input(status: u32, retry_after: Option<&str>, receipt_ms: i64) -> EvidenceInput<'_> {
         EvidenceInput {
@@ -411,15 +491,15 @@ mod tests {
         .expect("valid");
         let mut state = HintState::default();
         let long = assess(&input(429, Some("60"), NOW), &p, NOW);
-        assert!(state.merge(&long, &p, NOW).raised);
+        assert!(state.merge(&long, ME, &p, NOW).raised);
         let short = assess(&input(429, Some("5"), NOW), &p, NOW);
-        let m = state.merge(&short, &p, NOW);
+        let m = state.merge(&short, ME, &p, NOW);
         assert!(!m.raised);
         assert_eq!(m.cooldown_until_ms, NOW + 60_000);
 
         let bad = assess(&input(429, Some("junk"), NOW), &p, NOW);
         let steps: Vec<u64> = (0..4)
-            .map(|_| state.merge(&bad, &p, NOW).backoff_ms)
+            .map(|_| state.merge(&bad, ME, &p, NOW).backoff_ms)
             .collect();
         assert_eq!(steps, [1000, 2000, 4000, 4000]);
         assert_eq!(
@@ -441,7 +521,7 @@ mod tests {
         let mut state = HintState::default();
         let a = assess(&input(429, Some("x"), NOW), &p, NOW);
         for _ in 0..100 {
-            state.merge(&a, &p, NOW);
+            state.merge(&a, ME, &p, NOW);
         }
         assert_eq!(state.recent.len(), RECENT_HINTS);
     }

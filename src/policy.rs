@@ -91,6 +91,16 @@ pub struct Policy {
     /// Waiting intents released per second after a cooldown: the peak wake-up
     /// rate is this number, not the size of the fleet.
     pub wake_rate_per_sec: u32,
+    /// Distinct workers whose hints must agree before a cooldown longer
+    /// than `uncorroborated_cap_ms` holds the whole fleet (fewer when the
+    /// route has fewer workers): one faulty worker must not stall a tenant.
+    pub corroborate_workers: u32,
+    /// The part of the route's active workers that must agree, in permille,
+    /// when more than `corroborate_workers`: a few percent of a large fleet
+    /// lying identically must not corroborate each other.
+    pub corroborate_permille: u32,
+    /// How far one worker's uncorroborated hint moves the fleet's cooldown.
+    pub uncorroborated_cap_ms: u64,
 }
 
 impl Policy {
@@ -163,6 +173,21 @@ impl Policy {
                 reason: "must be 1..=100000 per second".into(),
             });
         }
+        let corroborate_workers = spec
+            .corroborate_workers
+            .or(d.corroborate_workers)
+            .unwrap_or(1);
+        if !(1..=1024).contains(&corroborate_workers) {
+            return Err(PolicyError::OutOfRange {
+                field: "corroborate_workers",
+                reason: "must be 1..=1024".into(),
+            });
+        }
+        let fraction = spec
+            .corroborate_fraction
+            .or(d.corroborate_fraction)
+            .unwrap_or_default();
+        let corroborate_permille = milli("corroborate_fraction", fraction, 0.0, 1.0)?;
         let policy_version = spec.policy_version.unwrap_or(1);
         if policy_version == 0 {
             return Err(PolicyError::OutOfRange {
@@ -209,6 +234,15 @@ impl Policy {
             backoff_base_ms,
             backoff_max_ms,
             wake_rate_per_sec: wake_rate,
+            corroborate_workers,
+            // At most 1000 by the range check above.
+            corroborate_permille: u32::try_from(corroborate_permille).unwrap_or(1000),
+            uncorroborated_cap_ms: ms_in(
+                "uncorroborated_cap",
+                pick(&spec.uncorroborated_cap, &d.uncorroborated_cap),
+                0,
+                86_400_000,
+            )?,
         })
     }
 }
@@ -268,6 +302,18 @@ pub struct PolicySpec {
     /// Intents woken per second after a cooldown, 1..=100000. Default 50.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_rate: Option<u32>,
+    /// Distinct workers that must agree before a long cooldown holds the
+    /// fleet, 1..=1024 (fewer when the route has fewer workers). Default 3.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub corroborate_workers: Option<u32>,
+    /// The part of the route's active workers that must agree when that is
+    /// more, 0..=1. Default 0.1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub corroborate_fraction: Option<f64>,
+    /// How far one worker's uncorroborated hint moves the fleet's cooldown,
+    /// 0..=24 h. Default `"5s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncorroborated_cap: Option<String>,
 }
 
 /// Budget shares of the priority classes; they must add up to 1.0.
@@ -310,6 +356,9 @@ impl PolicySpec {
             backoff_base: Some("500ms".into()),
             backoff_max: Some("30s".into()),
             wake_rate: Some(50),
+            corroborate_workers: Some(3),
+            corroborate_fraction: Some(0.1),
+            uncorroborated_cap: Some("5s".into()),
         }
     }
 
@@ -339,6 +388,12 @@ impl PolicySpec {
                 .clone()
                 .or_else(|| under.backoff_max.clone()),
             wake_rate: self.wake_rate.or(under.wake_rate),
+            corroborate_workers: self.corroborate_workers.or(under.corroborate_workers),
+            corroborate_fraction: self.corroborate_fraction.or(under.corroborate_fraction),
+            uncorroborated_cap: self
+                .uncorroborated_cap
+                .clone()
+                .or_else(|| under.uncorroborated_cap.clone()),
         }
     }
 }

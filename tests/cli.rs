@@ -575,3 +575,85 @@ fn every_shipped_scenario_reproduces_its_expected_result() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
+    let mut server = setup("mute");
+    let muted = server.cli(&[
+        "scopes",
+        "mute",
+        "tenant-a",
+        "GET /users/{id}",
+        "--worker",
+        "worker-7",
+        "--reason",
+        "sends 300 s on every 429",
+        "--for",
+        "1h",
+    ]);
+    assert!(muted.status.success(), "{}", stderr(&muted));
+    assert!(
+        stdout(&muted).contains("muted worker-7"),
+        "{}",
+        stdout(&muted)
+    );
+    server.kill();
+    server.spawn();
+
+    // The restarted coordinator still ignores the worker's hints.
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut worker = BudgetClient::new(channel);
+    let s = support::scope("tenant-a", "GET /users/{id}", v1::Priority::Normal);
+    let report = worker
+        .report(with_token(
+            support::rate_limited(s, "worker-7", "60", v1::ScopeCertainty::Known),
+            CALLER,
+        ))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(
+        report.cooldown_until_unix_ms, 0,
+        "a muted worker moves nothing"
+    );
+
+    let scope = json(&server.cli(&[
+        "scopes",
+        "-o",
+        "json",
+        "show",
+        "tenant-a",
+        "GET /users/{id}",
+    ]));
+    let mute = &scope["route_evidence"]["mutes"][0];
+    assert_eq!(mute["worker_id"], "worker-7");
+    assert_eq!(mute["by"], "oncall");
+    assert_eq!(mute["reason"], "sends 300 s on every 429");
+    let table = stdout(&server.cli(&["scopes", "show", "tenant-a", "GET /users/{id}"]));
+    assert!(table.contains("muted worker-7"), "{table}");
+
+    let unmuted = server.cli(&[
+        "scopes",
+        "unmute",
+        "tenant-a",
+        "GET /users/{id}",
+        "--worker",
+        "worker-7",
+        "--reason",
+        "fixed",
+    ]);
+    assert!(unmuted.status.success(), "{}", stderr(&unmuted));
+    let audit = json(&server.cli(&["audit", "-o", "json"]));
+    let actions: Vec<&str> = audit
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["action"].as_str().expect("action"))
+        .collect();
+    assert_eq!(actions, ["scope.unmute", "scope.mute"]);
+    assert!(!server.log().contains(CALLER), "no token in the log");
+}

@@ -644,6 +644,15 @@ impl Store for GatedStore {
     ) -> StoreFuture<'a, ()> {
         self.inner.set_freeze(route, reason, now_ms)
     }
+    fn set_mute<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        worker_id: &'a str,
+        until_ms: Option<i64>,
+        now_ms: i64,
+    ) -> StoreFuture<'a, bool> {
+        self.inner.set_mute(route, worker_id, until_ms, now_ms)
+    }
     fn list_scopes<'a>(
         &'a self,
         filter: &'a ScopeFilter,

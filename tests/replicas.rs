@@ -380,7 +380,9 @@ async fn losing_redis_answers_unavailable_fast_and_recovery_needs_no_restart() {
         .await
         .expect("report");
     let event = support::next_event(&mut stream, "an event in time").await;
-    assert_eq!(event.cooldown_until_unix_ms, T0 + 30_000);
+    // The probes and the greedy worker are active too: one worker's 30 s
+    // is uncorroborated, so the fleet holds only to the 5 s cap.
+    assert_eq!(event.cooldown_until_unix_ms, T0 + 5_000);
     fleet.stop().await;
 }
 

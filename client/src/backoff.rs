@@ -49,10 +49,26 @@ impl Backoff {
     /// The backoff after `completed` attempts, drawing from `rng` only when
     /// jitter is on (so turning jitter off does not shift other draws).
     pub fn delay<R: Rng + ?Sized>(&self, completed: u32, rng: &mut R) -> Duration {
-        let ceiling = self.ceiling(completed);
+        self.delay_at_least(completed, Duration::ZERO, rng)
+    }
+
+    /// [`Backoff::delay`], never below `floor`. The floor is applied to the
+    /// range *before* the draw (uniform in `[floor, max(floor, ceiling)]`):
+    /// raising a drawn value to the floor afterwards would put every client
+    /// whose draw fell below it on the same instant, re-synchronising the
+    /// fleet jitter was meant to spread.
+    pub fn delay_at_least<R: Rng + ?Sized>(
+        &self,
+        completed: u32,
+        floor: Duration,
+        rng: &mut R,
+    ) -> Duration {
+        let ceiling = self.ceiling(completed).max(floor);
         match self.jitter {
             Jitter::None => ceiling,
-            Jitter::Full => from_nanos(rng.random_range(0..=ceiling.as_nanos())),
+            Jitter::Full => floor.saturating_add(from_nanos(
+                rng.random_range(0..=(ceiling - floor).as_nanos()),
+            )),
         }
     }
 }
@@ -117,6 +133,29 @@ mod tests {
             let n = u32::try_from(n).expect("small") % 8;
             assert!(*d <= b.ceiling(n), "{d:?} above ceiling at {n}");
         }
+    }
+
+    #[test]
+    fn a_floor_bounds_the_range_before_the_draw_and_never_piles_draws_on_it() {
+        let b = Backoff {
+            base: Duration::from_millis(50),
+            ..backoff(Jitter::Full)
+        };
+        let floor = Duration::from_millis(60);
+        let mut rng = StdRng::seed_from_u64(3);
+        // Ceiling 100 ms after one attempt: draws spread over [60, 100] ms.
+        let draws: Vec<Duration> = (0..1000)
+            .map(|_| b.delay_at_least(1, floor, &mut rng))
+            .collect();
+        assert!(draws.iter().all(|d| *d >= floor && *d <= b.ceiling(1)));
+        let on_floor = draws.iter().filter(|d| **d == floor).count();
+        assert!(on_floor <= 1, "{on_floor} draws collapsed onto the floor");
+        // A floor above the ceiling is the wait itself.
+        let mut rng = StdRng::seed_from_u64(3);
+        assert_eq!(
+            b.delay_at_least(0, Duration::from_secs(90), &mut rng),
+            Duration::from_secs(90)
+        );
     }
 
     #[test]

@@ -254,9 +254,12 @@ impl Intent {
             HintVerdict::ExceedsCap { .. } => return stop(Outcome::HintExceedsCap, findings),
             HintVerdict::DoNotRetry => return stop(Outcome::NonRetryable, findings),
             HintVerdict::Valid { delay, .. } => delay,
-            HintVerdict::Absent | HintVerdict::Invalid(_) => {
-                self.policy.backoff().delay(self.attempts_started(), rng)
-            }
+            // The floor bounds the jitter's range before the draw.
+            HintVerdict::Absent | HintVerdict::Invalid(_) => self.policy.backoff().delay_at_least(
+                self.attempts_started(),
+                self.policy.min_wait(),
+                rng,
+            ),
         };
         let wait = basis.max(self.policy.min_wait());
         let next_start = now.saturating_add(wait);

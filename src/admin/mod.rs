@@ -38,6 +38,7 @@
 
 pub mod audit;
 pub mod layers;
+mod mute;
 pub mod persist;
 mod plan;
 mod scopes;
@@ -62,6 +63,7 @@ use self::persist::{FreezeRecord, PersistError};
 use self::sync::{Outcome, State, to_json};
 use self::versions::{pin_versions, relayer};
 
+pub use self::mute::MUTE_FOREVER_MS;
 pub use self::plan::{Change, ChangeKind, plan, spec_fields};
 pub use self::sync::RECONCILE_EVERY;
 
@@ -122,6 +124,9 @@ pub struct Control {
     audit: AuditLog,
     clock: Arc<dyn Clock>,
     paths: Paths,
+    /// Muted workers by scope; written with every save. A std mutex: it is
+    /// only held to copy or swap the map, never across an await.
+    mutes: std::sync::Mutex<mute::Mutes>,
 }
 
 impl std::fmt::Debug for Control {
@@ -251,6 +256,7 @@ impl Control {
             audit,
             clock,
             paths,
+            mutes: std::sync::Mutex::default(),
         };
         let known = if shared {
             control.start_shared().await
@@ -306,6 +312,7 @@ impl Control {
         };
         let known = saved.file_digest;
         let now = self.now_ms();
+        self.reapply_mutes(saved.mutes.clone(), now).await?;
         let mut next = State::from_saved(saved, None, st.local_digest);
         next.freezes
             .retain(|_, f| f.expires_at_ms.is_none_or(|at| at > now));

@@ -1,7 +1,7 @@
 //! The state file: runtime changes that must outlive the process.
 //!
 //! With the in-memory store nothing else remembers an SRE's change, so the
-//! running policy document and the freezes are written here on every change,
+//! running policy document, the freezes and the mutes are written here on every change,
 //! *before* the change is put in force (an acknowledged change is a durable
 //! one). The write is atomic: a temporary file in the same directory, fsync,
 //! rename over the old file, fsync of the directory — so a kill at any
@@ -35,6 +35,26 @@ pub struct FreezeRecord {
     pub expires_at_ms: Option<i64>,
 }
 
+/// A muted worker's evidence on one scope, as persisted and as shown to
+/// operators.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MuteRecord {
+    /// The caller scope.
+    pub caller_scope: String,
+    /// The route.
+    pub route: String,
+    /// The worker whose hints no longer move cooldowns there.
+    pub worker_id: String,
+    /// Why.
+    pub reason: String,
+    /// Who (the admin token's name).
+    pub by: String,
+    /// When it started.
+    pub since_ms: i64,
+    /// When it lifts by itself.
+    pub expires_at_ms: Option<i64>,
+}
+
 /// Everything the state file holds.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StateFile {
@@ -56,6 +76,9 @@ pub struct StateFile {
     /// The runtime changes laid over the file's layer.
     #[serde(default)]
     pub overrides: Overrides,
+    /// Mutes in force; absent in files written before mutes existed.
+    #[serde(default)]
+    pub mutes: Vec<MuteRecord>,
 }
 
 /// Why the state file could not be used.

@@ -64,6 +64,9 @@ impl State {
             freezes: self.freezes.values().cloned().collect(),
             file_doc: Some(self.file_doc.clone()),
             overrides: self.overrides.clone(),
+            // Mutes are the Control's, not the shared document's: `save`
+            // fills them in for the state file.
+            mutes: Vec::new(),
         }
     }
 
@@ -180,7 +183,11 @@ impl Control {
 
     pub(super) fn save(&self, st: &State) -> Result<(), PersistError> {
         match &self.paths.state_file {
-            Some(path) => persist::save(path, &st.to_file()),
+            Some(path) => {
+                let mut file = st.to_file();
+                file.mutes = self.mute_records();
+                persist::save(path, &file)
+            }
             None => Ok(()),
         }
     }

@@ -3,12 +3,12 @@
 //! ([`crate::store::Store::report`]), after which the core publishes every
 //! cooldown the report raised.
 
-use crate::hints::{Assessment, EvidenceInput, assess};
+use crate::hints::{Assessment, EvidenceInput, Merge, assess};
 use crate::scope::{EvidenceLevel, ScopeKey};
 use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
 
 use super::Coordinator;
-use crate::events::StateChange;
+use crate::events::{CooldownSupport, StateChange};
 
 /// One response a worker reports, validated.
 #[derive(Debug, Clone, Copy)]
@@ -43,6 +43,9 @@ pub struct ReportOut {
     /// The backoff hintless rejections have widened to; 0 when the report
     /// held none.
     pub backoff_ms: u64,
+    /// One per response, in order: what merging its hint did, with how its
+    /// claim stood against the fleet (corroboration, outlier, muted).
+    pub merges: Vec<Merge>,
     /// The route's state after the report.
     pub view: RouteView,
     /// The scope's policy version.
@@ -91,10 +94,15 @@ impl Coordinator {
                 let level = hint.level(&scope.route);
                 tracing::info!(level = %level, cooldown_until_unix_ms = merge.cooldown_until_ms,
                     form = hint.assessment.form.as_str(), capped = hint.assessment.capped,
+                    corroborated = merge.corroborated, workers = merge.workers,
                     "cooldown started");
                 self.hub.publish(StateChange::Cooldown {
                     level: level.clone(),
                     cooldown_until_ms: merge.cooldown_until_ms,
+                    support: CooldownSupport {
+                        corroborated: merge.corroborated,
+                        workers: merge.workers,
+                    },
                 });
                 raised.push((level, merge.cooldown_until_ms));
             }
@@ -106,6 +114,7 @@ impl Coordinator {
             assessments: hints.into_iter().map(|h| h.assessment).collect(),
             raised,
             backoff_ms,
+            merges: reported.merges,
             view: reported.view,
             policy_version: policy.policy_version,
             now_ms,

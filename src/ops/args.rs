@@ -232,6 +232,38 @@ pub enum ScopesCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Keep one worker's hints on the scope (and its caller scope) as
+    /// evidence only: they move no cooldown until unmuted or expired.
+    #[command(after_help = "Examples:
+  tollgate scopes mute tenant-a 'GET /users/{id}' --worker worker-17 --reason 'INC-123: 300 s on every 429' --for 2h")]
+    Mute {
+        /// The scope.
+        #[command(flatten)]
+        scope: ScopeRef,
+        /// The worker id (never a token).
+        #[arg(long)]
+        worker: String,
+        /// Why (required; recorded in the audit log).
+        #[arg(long)]
+        reason: String,
+        /// Lift it after this long (`2h`); default: until unmuted.
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+    },
+    /// Lift a worker's mute.
+    #[command(after_help = "Examples:
+  tollgate scopes unmute tenant-a 'GET /users/{id}' --worker worker-17 --reason 'fixed in 1.4.2'")]
+    Unmute {
+        /// The scope.
+        #[command(flatten)]
+        scope: ScopeRef,
+        /// The worker id.
+        #[arg(long)]
+        worker: String,
+        /// Why, for the audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
     /// Forget the scope's budget window, leases, cooldown and slots.
     #[command(after_help = "Examples:
   tollgate scopes reset tenant-a 'GET /users/{id}' --reason 'stale cooldown after the fix'")]

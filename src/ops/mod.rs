@@ -21,10 +21,13 @@
 //!   [`ScopesCommand`] — each with an `Examples:` section in its help.
 //! - `policy`, `scopes`, `audit`: one handler per command group; each makes
 //!   its Admin calls and hands its result to the renderer.
+//! - `evidence`: `scopes mute|unmute` and the corroboration lines of
+//!   `scopes show`.
 //! - `render`: the one renderer (table, JSON, YAML) and its cell helpers.
 
 mod args;
 mod audit;
+mod evidence;
 mod policy;
 mod render;
 mod scopes;

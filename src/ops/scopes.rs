@@ -1,11 +1,12 @@
-//! `tollgate scopes …`: list and inspect scopes, freeze, unfreeze, reset.
+//! `tollgate scopes …`: list and inspect scopes, freeze, unfreeze, reset
+//! (mute and unmute are in `evidence`).
 
 use serde_json::{Value, json};
 use tollgate_proto::v1;
 
 use super::args::{ScopeRef, ScopesCommand};
 use super::render::{emit, enum_name, print_table, time};
-use super::{Client, EXIT_OK, Failure, Outcome};
+use super::{Client, EXIT_OK, Failure, Outcome, evidence};
 
 /// Runs one `scopes` command.
 pub(super) async fn run(client: &mut Client, command: ScopesCommand) -> Outcome {
@@ -80,6 +81,17 @@ pub(super) async fn run(client: &mut Client, command: ScopesCommand) -> Outcome 
             );
             Ok(EXIT_OK)
         }
+        ScopesCommand::Mute {
+            scope,
+            worker,
+            reason,
+            duration,
+        } => evidence::mute(client, scope, worker, reason, duration).await,
+        ScopesCommand::Unmute {
+            scope,
+            worker,
+            reason,
+        } => evidence::unmute(client, scope, worker, reason).await,
         ScopesCommand::Reset { scope, reason } => reset(client, scope, reason).await,
     }
 }
@@ -232,6 +244,8 @@ fn scope_json(s: &v1::ScopeState) -> Value {
         "recent_hints": s.recent_hints.iter().map(hint_json).collect::<Vec<_>>(),
         "freeze": s.freeze.as_ref().map(freeze_json),
         "last_touched_unix_ms": s.last_touched_unix_ms,
+        "route_evidence": evidence::evidence_json(s.route_evidence.as_ref()),
+        "caller_evidence": evidence::evidence_json(s.caller_evidence.as_ref()),
     })
 }
 
@@ -270,6 +284,7 @@ fn print_scope(s: &v1::ScopeState) {
         time(s.floor_unix_ms),
         s.backoff_step
     );
+    evidence::print_evidence(s);
     println!("slot backlog    {} waiting intents", s.slot_backlog);
     println!(
         "leases          {} outstanding, {} tokens",

@@ -39,6 +39,8 @@ pub const MAX_FREEZE_MS: u64 = 7 * 24 * 3_600_000;
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
+mod evidence;
+
 /// The Admin service. Cheap to clone.
 #[derive(Clone)]
 pub struct AdminService {
@@ -117,6 +119,9 @@ pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
         backoff_base: duration_text("backoff_base", f.backoff_base)?,
         backoff_max: duration_text("backoff_max", f.backoff_max)?,
         wake_rate: f.wake_rate,
+        corroborate_workers: f.corroborate_workers,
+        corroborate_fraction: f.corroborate_fraction,
+        uncorroborated_cap: duration_text("uncorroborated_cap", f.uncorroborated_cap)?,
     })
 }
 
@@ -140,6 +145,9 @@ pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
         backoff_base: s.backoff_base.clone(),
         backoff_max: s.backoff_max.clone(),
         wake_rate: s.wake_rate,
+        corroborate_workers: s.corroborate_workers,
+        corroborate_fraction: s.corroborate_fraction,
+        uncorroborated_cap: s.uncorroborated_cap.clone(),
     }
 }
 
@@ -556,6 +564,9 @@ impl Admin for AdminService {
         state.slot_backlog = count(d.summary.waiting);
         state.recent_hints = hints;
         state.last_touched_unix_ms = d.summary.last_touched_ms;
+        let recorded = self.control().mutes_of(&key);
+        state.route_evidence = Some(evidence::evidence_of(&d.route_evidence, &recorded));
+        state.caller_evidence = Some(evidence::evidence_of(&d.caller_evidence, &recorded));
         Ok(Response::new(state))
     }
 
@@ -599,6 +610,22 @@ impl Admin for AdminService {
             .await
             .map_err(ServiceError::from)?;
         Ok(Response::new(v1::FreezeState::default()))
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn mute_worker(
+        &self,
+        request: Request<v1::MuteWorkerRequest>,
+    ) -> std::result::Result<Response<v1::MuteState>, Status> {
+        self.mute(request).await
+    }
+
+    #[instrument(skip_all, fields(who = tracing::field::Empty))]
+    async fn unmute_worker(
+        &self,
+        request: Request<v1::UnmuteWorkerRequest>,
+    ) -> std::result::Result<Response<v1::MuteState>, Status> {
+        self.unmute(request).await
     }
 
     #[instrument(skip_all, fields(who = tracing::field::Empty))]

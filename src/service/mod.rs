@@ -31,6 +31,7 @@ use crate::auth::{Authenticator, Identity};
 use crate::budget::GrantLimit;
 use crate::coordinator::{Coordinator, ReportIn, ReportedResponse, SlotRequest};
 use crate::hints::EvidenceInput;
+use crate::hints::corroboration::Claim;
 use crate::metrics::CoordinatorMetrics;
 use crate::scope::ScopeKey;
 use crate::store::Reconsidered;
@@ -187,7 +188,7 @@ impl Budget for BudgetService {
         Ok(Response::new(ReleaseResponse { returned }))
     }
 
-    #[instrument(name = "tollgate.report", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.first_attempts = Empty, tollgate.evidence = Empty, tollgate.hint.form = Empty, tollgate.hint.valid = Empty, tollgate.hint.delay_ms = Empty, tollgate.hint.capped = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty))]
+    #[instrument(name = "tollgate.report", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.first_attempts = Empty, tollgate.evidence = Empty, tollgate.hint.form = Empty, tollgate.hint.valid = Empty, tollgate.hint.delay_ms = Empty, tollgate.hint.capped = Empty, tollgate.hint.claim = Empty, tollgate.cooldown.corroborated = Empty, tollgate.cooldown.workers = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty))]
     async fn report(
         &self,
         request: Request<ReportRequest>,
@@ -247,6 +248,13 @@ impl Budget for BudgetService {
         }
         for (level, until) in &out.raised {
             self.metrics.cooldown(level.to_string(), *until);
+        }
+        for merge in out.merges.iter().filter(|m| m.claim != Claim::None) {
+            self.metrics.claim(merge.claim.as_str(), merge.noisy);
+            // The span keeps the newest claim's standing, like the hint.
+            span.record("tollgate.hint.claim", merge.claim.as_str());
+            span.record("tollgate.cooldown.corroborated", merge.corroborated);
+            span.record("tollgate.cooldown.workers", merge.workers);
         }
         span.record("tollgate.first_attempts", first_attempts);
         span.record("tollgate.evidence", req.evidence.len());

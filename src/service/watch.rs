@@ -21,7 +21,7 @@ use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_proto::v1::{self, ScopeEvent, ScopeEventKind};
 use tonic::Status;
 
-use crate::events::{PolicySnapshot, ScopeSnapshot, StateChange};
+use crate::events::{CooldownSupport, PolicySnapshot, ScopeSnapshot, StateChange};
 use crate::scope::{EvidenceLevel, ScopeKey};
 
 /// A cooldown's end is re-checked at least this often, because the wall
@@ -43,6 +43,9 @@ pub struct Watched {
     pub policy_version: u64,
     /// The freeze last announced.
     pub frozen: Option<String>,
+    /// The corroboration of the cooldown last announced (unknown, so
+    /// uncorroborated, in a snapshot).
+    pub support: CooldownSupport,
 }
 
 impl Watched {
@@ -56,6 +59,7 @@ impl Watched {
             cooldown_until_ms: snapshot.cooldown_until_ms,
             policy_version: snapshot.policy_version,
             frozen: snapshot.frozen,
+            support: CooldownSupport::default(),
         }
     }
 
@@ -67,6 +71,8 @@ impl Watched {
             policy_version: self.policy_version,
             frozen: self.frozen.is_some(),
             reason: self.frozen.clone().unwrap_or_default(),
+            cooldown_corroborated: self.support.corroborated,
+            cooldown_workers: self.support.workers,
         }
     }
 }
@@ -175,6 +181,7 @@ fn events_for(w: &mut Watched, change: &StateChange, now_ms: i64) -> Vec<ScopeEv
         StateChange::Cooldown {
             level,
             cooldown_until_ms,
+            support,
         } => {
             let covers = match level {
                 EvidenceLevel::Route(route) => *route == w.key.route,
@@ -184,6 +191,7 @@ fn events_for(w: &mut Watched, change: &StateChange, now_ms: i64) -> Vec<ScopeEv
                 return Vec::new();
             }
             w.cooldown_until_ms = *cooldown_until_ms;
+            w.support = *support;
             w.ended_sent = false;
             ScopeEventKind::CooldownStarted
         }
@@ -258,6 +266,7 @@ mod tests {
             ended_sent: false,
             policy_version: 1,
             frozen: None,
+            support: CooldownSupport::default(),
         }]
     }
 
@@ -268,6 +277,7 @@ mod tests {
                 route: "r".into(),
             }),
             cooldown_until_ms: until,
+            support: CooldownSupport::default(),
         }
     }
 

@@ -3,6 +3,8 @@
 //! and Redis Cluster run the same cases, which is what proves the Lua port
 //! and the Rust modules agree.
 
+pub(crate) mod corroboration;
+
 use super::{ReportBatch, Store, StoreError};
 use crate::scope::ScopeKey;
 
@@ -91,10 +93,11 @@ macro_rules! contract_tests {
         }
     };
     (@cases $mode:ident $make:path) => {
-        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze, one_report_deposits_and_merges_every_hint_in_order);
+        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze, one_report_deposits_and_merges_every_hint_in_order, one_enormous_hint_among_quiet_workers_reaches_only_the_cap, three_agreeing_workers_corroborate_the_full_cooldown, an_outlier_among_twenty_does_not_set_the_cooldown, uncertain_evidence_from_one_worker_does_not_broaden, a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged);
 
         /// The cases, each a function of the store under test.
         mod cases {
+        pub(super) use crate::store::contract::corroboration::*;
         use crate::budget::{GrantAsk, GrantLimit};
         use crate::hints::{Assessment, EvidenceInput, Merge, assess};
         use crate::policy::Policy;

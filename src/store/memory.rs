@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dashmap::DashMap;
 
 use crate::budget::{BudgetLedger, GrantAsk, GrantLimit};
-use crate::hints::{Assessment, HintState, Merge};
+use crate::hints::{Assessment, EvidenceDetail, HintState, Merge, Reporter};
 use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotCursor, SlotOutcome};
@@ -188,7 +188,7 @@ impl MemoryStore {
             caller.hints.decay();
         }
         let mut merges: Vec<Option<Merge>> = vec![None; report.hints.len()];
-        self.with_route(&scope.route, now_ms, |state| {
+        let active = self.with_route(&scope.route, now_ms, |state| {
             state.budget.deposit(
                 policy,
                 report.worker_id,
@@ -199,16 +199,32 @@ impl MemoryStore {
             if report.successes > 0 {
                 state.hints.decay();
             }
+            let reporter = Reporter {
+                worker_id: report.worker_id,
+                active: state.budget.active_workers(now_ms, policy.window_ms()),
+            };
             for (merge, hint) in merges.iter_mut().zip(report.hints) {
                 if !hint.caller_wide {
-                    *merge = Some(state.hints.merge(&hint.assessment, policy, now_ms));
+                    *merge = Some(
+                        state
+                            .hints
+                            .merge(&hint.assessment, reporter, policy, now_ms),
+                    );
                 }
             }
+            reporter.active
         })?;
+        // Broadening to the caller scope is judged against the reporting
+        // route's workers: the ones whose retries it would hold back first.
+        let reporter = Reporter {
+            worker_id: report.worker_id,
+            active,
+        };
         for (merge, hint) in merges.iter_mut().zip(report.hints) {
             if hint.caller_wide {
                 let caller = &scope.route.caller_scope;
-                *merge = Some(self.merge_caller(caller, &hint.assessment, policy, now_ms)?);
+                *merge =
+                    Some(self.merge_caller(caller, &hint.assessment, reporter, policy, now_ms)?);
             }
         }
         Ok(Reported {
@@ -236,6 +252,7 @@ impl MemoryStore {
         &self,
         caller: &str,
         assessment: &Assessment,
+        reporter: Reporter<'_>,
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Merge, StoreError> {
@@ -246,7 +263,7 @@ impl MemoryStore {
         }
         let mut state = self.callers.entry(caller.to_owned()).or_default();
         state.last_touched_ms = state.last_touched_ms.max(now_ms);
-        Ok(state.hints.merge(assessment, policy, now_ms))
+        Ok(state.hints.merge(assessment, reporter, policy, now_ms))
     }
 }
 
@@ -329,6 +346,32 @@ impl Store for MemoryStore {
         ))
     }
 
+    fn set_mute<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        worker_id: &'a str,
+        until_ms: Option<i64>,
+        now_ms: i64,
+    ) -> StoreFuture<'a, bool> {
+        use crate::hints::corroboration::set_mute;
+        let result = self
+            .with_route(route, now_ms, |state| {
+                set_mute(&mut state.hints.mutes, worker_id, until_ms, now_ms)
+            })
+            .and_then(|on_route| {
+                let caller = &route.caller_scope;
+                if !self.callers.contains_key(caller) && self.full() {
+                    return Err(StoreError::ScopeLimit {
+                        max: self.max_scopes,
+                    });
+                }
+                let mut state = self.callers.entry(caller.clone()).or_default();
+                state.last_touched_ms = state.last_touched_ms.max(now_ms);
+                Ok(on_route & set_mute(&mut state.hints.mutes, worker_id, until_ms, now_ms))
+            });
+        Box::pin(ready(result))
+    }
+
     fn list_scopes<'a>(
         &'a self,
         filter: &'a ScopeFilter,
@@ -372,15 +415,16 @@ impl Store for MemoryStore {
         policy: &'a Policy,
         now_ms: i64,
     ) -> StoreFuture<'a, Option<ScopeDetail>> {
-        let (caller_cooldown, caller_hints) =
-            self.callers
-                .get(&route.caller_scope)
-                .map_or((0, Vec::new()), |c| {
-                    (
-                        c.hints.cooldown_until_ms,
-                        c.hints.recent.iter().cloned().collect(),
-                    )
-                });
+        let (caller_cooldown, caller_hints, caller_evidence) = self
+            .callers
+            .get(&route.caller_scope)
+            .map_or((0, Vec::new(), EvidenceDetail::default()), |c| {
+                (
+                    c.hints.cooldown_until_ms,
+                    c.hints.recent.iter().cloned().collect(),
+                    c.hints.evidence(now_ms),
+                )
+            });
         let caller = self.caller_floor(&route.caller_scope);
         // get_mut only because the budget's series advance when read; the
         // route's last_touched is left alone so looking does not keep a
@@ -395,6 +439,8 @@ impl Store for MemoryStore {
                 backoff_step: state.hints.backoff_step,
                 route_hints: state.hints.recent.iter().cloned().collect(),
                 caller_hints,
+                route_evidence: state.hints.evidence(now_ms),
+                caller_evidence,
             }
         });
         Box::pin(ready(Ok(detail)))
@@ -404,7 +450,11 @@ impl Store for MemoryStore {
         let known = match self.routes.get_mut(route) {
             Some(mut state) => {
                 state.budget = BudgetLedger::new(now_ms);
-                state.hints = HintState::default();
+                // Mutes are an operator's decision, like the freeze.
+                state.hints = HintState {
+                    mutes: std::mem::take(&mut state.hints.mutes),
+                    ..HintState::default()
+                };
                 state.slots = SlotCursor::default();
                 state.last_touched_ms = state.last_touched_ms.max(now_ms);
                 true
@@ -420,12 +470,12 @@ impl Store for MemoryStore {
         self.routes.retain(|_, s| {
             s.last_touched_ms > idle_since
                 || s.frozen.is_some()
-                || s.hints.floor_ms() > now_ms
+                || s.hints.live_until_ms() > now_ms
                 || s.budget.live_leases(now_ms) > 0
                 || s.slots.waiting(now_ms) > 0
         });
         self.callers
-            .retain(|_, c| c.last_touched_ms > idle_since || c.hints.floor_ms() > now_ms);
+            .retain(|_, c| c.last_touched_ms > idle_since || c.hints.live_until_ms() > now_ms);
         let after = self.routes.len() + self.callers.len();
         Box::pin(ready(Ok(before.saturating_sub(after))))
     }

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk};
-use crate::hints::{Assessment, HintRecord, Merge};
+use crate::hints::{Assessment, EvidenceDetail, HintRecord, Merge};
 use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError};
@@ -208,6 +208,11 @@ pub struct ScopeDetail {
     pub route_hints: Vec<HintRecord>,
     /// Recent hints on the whole caller scope, oldest first (bounded).
     pub caller_hints: Vec<HintRecord>,
+    /// Whether the route's cooldown is corroborated, by how many workers,
+    /// which workers disagree and which are muted.
+    pub route_evidence: EvidenceDetail,
+    /// The same for the caller scope's (uncertain) evidence.
+    pub caller_evidence: EvidenceDetail,
 }
 
 /// Scope state, shared by every request of the coordinator.
@@ -263,6 +268,19 @@ pub trait Store: Send + Sync + 'static {
         reason: Option<String>,
         now_ms: i64,
     ) -> StoreFuture<'a, ()>;
+
+    /// Mutes `worker_id`'s evidence on `route` and on its caller scope
+    /// until `until_ms` (`None` lifts the mute): its hints are still
+    /// recorded but move no cooldown. A mute survives a reset and keeps
+    /// the state alive until it lapses. Returns false when a level's mute
+    /// list is full ([`crate::hints::corroboration::MAX_MUTES`]).
+    fn set_mute<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        worker_id: &'a str,
+        until_ms: Option<i64>,
+        now_ms: i64,
+    ) -> StoreFuture<'a, bool>;
 
     /// Routes matching `filter` in key order, strictly after `after`, at
     /// most `limit` of them. For the Admin API; reading creates nothing.

@@ -40,6 +40,7 @@ pub struct CoordinatorMetrics {
     tokens_granted: Counter<u64>,
     tokens_returned: Counter<u64>,
     hints: Counter<u64>,
+    claims: Counter<u64>,
     slots: Counter<u64>,
     slot_delay: Histogram<f64>,
     books: Arc<Books>,
@@ -177,6 +178,14 @@ impl CoordinatorMetrics {
                 .u64_counter("tollgate.hints")
                 .with_description("Reported wait hints, by form and validity")
                 .build(),
+            claims: meter
+                .u64_counter("tollgate.hints.claims")
+                .with_description(
+                    "Valid hints by how their claim stood against the fleet \
+                     (agreed, outlier, uncorroborated, muted) and whether the \
+                     reporter is now flagged noisy",
+                )
+                .build(),
             slots: meter
                 .u64_counter("tollgate.slots")
                 .with_description("Reconsider answers, by decision")
@@ -247,6 +256,18 @@ impl CoordinatorMetrics {
             &[
                 KeyValue::new("tollgate.hint.form", form),
                 KeyValue::new("tollgate.hint.valid", valid),
+            ],
+        );
+    }
+
+    /// A valid hint's claim as judged against the fleet. Labelled by the
+    /// verdict only, never by worker: GetScope names the noisy workers.
+    pub fn claim(&self, claim: &'static str, noisy: bool) {
+        self.claims.add(
+            1,
+            &[
+                KeyValue::new("tollgate.hint.claim", claim),
+                KeyValue::new("tollgate.worker.noisy", noisy),
             ],
         );
     }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{RedisSetupError, RedisTarget};
-use crate::events::{EventHub, StateChange};
+use crate::events::{CooldownSupport, EventHub, StateChange};
 use crate::scope::{EvidenceLevel, RouteKey};
 
 /// Changes waiting to be published before newer ones are dropped.
@@ -158,14 +158,20 @@ fn encode(origin: u64, change: &StateChange) -> Option<Value> {
         StateChange::Cooldown {
             level,
             cooldown_until_ms,
-        } => match level {
-            EvidenceLevel::Route(route) => {
-                json!({"o": origin, "k": "cooldown", "route": route_json(route), "until": cooldown_until_ms})
-            }
-            EvidenceLevel::Caller(caller) => {
-                json!({"o": origin, "k": "cooldown", "caller": caller, "until": cooldown_until_ms})
-            }
-        },
+            support,
+        } => {
+            let mut v = match level {
+                EvidenceLevel::Route(route) => {
+                    json!({"o": origin, "k": "cooldown", "route": route_json(route), "until": cooldown_until_ms})
+                }
+                EvidenceLevel::Caller(caller) => {
+                    json!({"o": origin, "k": "cooldown", "caller": caller, "until": cooldown_until_ms})
+                }
+            };
+            v["corroborated"] = json!(support.corroborated);
+            v["workers"] = json!(support.workers);
+            v
+        }
         StateChange::Freeze { route, reason } => {
             json!({"o": origin, "k": "freeze", "route": route_json(route), "reason": reason})
         }
@@ -202,6 +208,18 @@ fn decode(text: &str) -> Option<(u64, StateChange)> {
                 None => EvidenceLevel::Route(route()?),
             },
             cooldown_until_ms: v.get("until")?.as_i64()?,
+            // Absent from a replica that predates corroboration.
+            support: CooldownSupport {
+                corroborated: v
+                    .get("corroborated")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                workers: v
+                    .get("workers")
+                    .and_then(Value::as_u64)
+                    .and_then(|w| u32::try_from(w).ok())
+                    .unwrap_or(0),
+            },
         },
         "freeze" => StateChange::Freeze {
             route: route()?,
@@ -234,10 +252,15 @@ mod tests {
             StateChange::Cooldown {
                 level: EvidenceLevel::Route(route.clone()),
                 cooldown_until_ms: 1_704_110_430_000,
+                support: CooldownSupport {
+                    corroborated: true,
+                    workers: 3,
+                },
             },
             StateChange::Cooldown {
                 level: EvidenceLevel::Caller("c".into()),
                 cooldown_until_ms: 5,
+                support: CooldownSupport::default(),
             },
             StateChange::Freeze {
                 route: route.clone(),

@@ -5,7 +5,10 @@ use redis::Value;
 use tollgate_client::hint::HintForm;
 
 use crate::budget::BudgetError;
-use crate::hints::{HintRecord, Merge};
+use std::collections::BTreeMap;
+
+use crate::hints::corroboration::Claim;
+use crate::hints::{Corroboration, EvidenceDetail, HintRecord, Merge, WorkerEvidence};
 use crate::scope::RouteKey;
 use crate::slots::SlotError;
 use crate::store::{RouteView, ScopeSummary, StoreError};
@@ -58,6 +61,48 @@ pub(super) fn hints_at(r: &Reply, at: usize) -> Result<Vec<HintRecord>, StoreErr
         .collect()
 }
 
+/// A level's evidence written by the prelude's `evidence_out` right after
+/// the hint ring that starts at field `ring_at`.
+pub(super) fn evidence_after(
+    r: &Reply,
+    ring_at: usize,
+    now_ms: i64,
+) -> Result<EvidenceDetail, StoreError> {
+    let at = ring_at + 1 + 7 * count(r.int(ring_at)?);
+    let corroboration = Corroboration {
+        until_ms: r.int(at)?,
+        corroborated: r.int(at + 1)? == 1,
+        workers: u32::try_from(r.int(at + 2)?).unwrap_or(0),
+        reporters: u32::try_from(r.int(at + 3)?).unwrap_or(0),
+        needed: u32::try_from(r.int(at + 4)?).unwrap_or(0),
+    };
+    let small = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut workers = BTreeMap::new();
+    let listed = count(r.int(at + 5)?);
+    let mut f = at + 6;
+    for _ in 0..listed {
+        let id = r.text(f).unwrap_or_default();
+        workers.insert(
+            id,
+            WorkerEvidence {
+                claim_until_ms: r.int(f + 1)?,
+                since_ms: r.int(f + 2)?,
+                last_ms: r.int(f + 3)?,
+                hints: small(r.int(f + 4)?),
+                outliers: small(r.int(f + 5)?),
+                uncorroborated: small(r.int(f + 6)?),
+            },
+        );
+        f += 7;
+    }
+    let mut mutes = BTreeMap::new();
+    for i in 0..count(r.int(f)?) {
+        let m = f + 1 + 2 * i;
+        mutes.insert(r.text(m).unwrap_or_default(), r.int(m + 1)?);
+    }
+    Ok(EvidenceDetail::of(corroboration, &workers, &mutes, now_ms))
+}
+
 /// The three fields of a `RouteView` written from field `at` (cooldown,
 /// floor, freeze), as every route script ends its answer.
 pub(super) fn view_at(r: &Reply, at: usize) -> Result<RouteView, StoreError> {
@@ -73,15 +118,22 @@ pub(super) fn view_at(r: &Reply, at: usize) -> Result<RouteView, StoreError> {
 pub(super) fn merges(r: &Reply, n: usize) -> Result<Vec<Merge>, StoreError> {
     (0..n)
         .map(|i| {
-            let at = 1 + 3 * i;
+            let at = 1 + MERGE_FIELDS * i;
             Ok(Merge {
                 raised: r.int(at)? == 1,
                 cooldown_until_ms: r.int(at + 1)?,
                 backoff_ms: unsigned(r.int(at + 2)?),
+                corroborated: r.int(at + 3)? == 1,
+                workers: u32::try_from(r.int(at + 4)?).unwrap_or(0),
+                claim: Claim::from_code(r.int(at + 5)?),
+                noisy: r.int(at + 6)? == 1,
             })
         })
         .collect()
 }
+
+/// Fields per merge in a report's reply (the prelude's `merge_hint`).
+pub(super) const MERGE_FIELDS: usize = 7;
 
 /// A script's reply: `{'ok', …}` or `{'err', reason, …}`.
 pub(super) struct Reply(Vec<Value>);

@@ -8,7 +8,9 @@ use std::sync::LazyLock;
 use redis::{Script, ScriptInvocation};
 
 use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
+use crate::hints::corroboration::{MAX_EVIDENCE_WORKERS, MAX_MUTES, NOISY_MIN_DISAGREEMENTS};
 use crate::hints::{MAX_BACKOFF_STEP, RECENT_HINTS};
+use crate::policy::Policy;
 use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 use crate::store::LevelHint;
 
@@ -27,6 +29,8 @@ pub(super) struct Scripts {
     pub(super) detail: Script,
     pub(super) caller_detail: Script,
     pub(super) reset: Script,
+    pub(super) mute: Script,
+    pub(super) active: Script,
 }
 
 /// The Lua constants the prelude uses, from their Rust definitions.
@@ -38,7 +42,10 @@ fn shared_bounds() -> String {
          local MAX_PENDING = {MAX_PENDING_PER_ROUTE}\n\
          local JITTER_SCALE = {JITTER_SCALE}\n\
          local RECENT_HINTS = {RECENT_HINTS}\n\
-         local MAX_BACKOFF_STEP = {MAX_BACKOFF_STEP}\n"
+         local MAX_BACKOFF_STEP = {MAX_BACKOFF_STEP}\n\
+         local MAX_EVIDENCE_WORKERS = {MAX_EVIDENCE_WORKERS}\n\
+         local MAX_MUTES = {MAX_MUTES}\n\
+         local NOISY_MIN_DISAGREEMENTS = {NOISY_MIN_DISAGREEMENTS}\n"
     )
 }
 
@@ -64,6 +71,8 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         detail: with_prelude(include_str!("lua/detail.lua")),
         caller_detail: with_prelude(include_str!("lua/caller_detail.lua")),
         reset: with_prelude(include_str!("lua/reset.lua")),
+        mute: with_prelude(include_str!("lua/mute.lua")),
+        active: with_prelude(include_str!("lua/active.lua")),
     }
 });
 
@@ -81,6 +90,14 @@ pub(super) fn hint_args(inv: &mut ScriptInvocation<'_>, hint: &LevelHint) {
         .arg(u8::from(a.valid))
         .arg(u8::from(a.capped))
         .arg(u8::from(a.clock_skew));
+}
+
+/// Appends the policy's corroboration keys, in the order the prelude's
+/// `corr_rules` reads them (after a report's hints).
+pub(super) fn corroboration_args(inv: &mut ScriptInvocation<'_>, policy: &Policy) {
+    inv.arg(policy.corroborate_workers)
+        .arg(policy.corroborate_permille)
+        .arg(policy.uncorroborated_cap_ms);
 }
 
 #[cfg(test)]

@@ -15,8 +15,10 @@ use crate::store::{
 };
 
 use super::connection::{Conn, RedisTarget};
-use super::reply::{Reply, count, hints_at, merges, summary_of, unsigned, view_at};
-use super::scripts::{SCRIPTS, hint_args};
+use super::reply::{
+    MERGE_FIELDS, Reply, count, evidence_after, hints_at, merges, summary_of, unsigned, view_at,
+};
+use super::scripts::{SCRIPTS, corroboration_args, hint_args};
 
 /// The Redis [`Store`].
 pub struct RedisStore {
@@ -184,6 +186,8 @@ impl RedisStore {
             backoff_step: u8::try_from(r.int(24)?).unwrap_or(u8::MAX),
             route_hints: hints_at(&r, 25)?,
             caller_hints: hints_at(&caller, 3)?,
+            route_evidence: evidence_after(&r, 25, now_ms)?,
+            caller_evidence: evidence_after(&caller, 3, now_ms)?,
         }))
     }
 
@@ -291,6 +295,18 @@ impl RedisStore {
         let (ccd, cfloor) = if !clustered {
             (0, 0)
         } else if report.successes > 0 || !caller_hints.is_empty() {
+            // The route's active workers live in another slot: read them
+            // first, so broadening is judged as on one node.
+            let active = if caller_hints.is_empty() {
+                0
+            } else {
+                let mut inv = SCRIPTS.active.prepare_invoke();
+                inv.key(&route_key)
+                    .arg(report.now_ms)
+                    .arg(policy.window_ms())
+                    .arg(report.worker_id);
+                Reply::ok(self.run(&inv).await?)?.int(1)?
+            };
             let mut inv = SCRIPTS.report_caller.prepare_invoke();
             inv.key(&caller_key)
                 .arg(report.now_ms)
@@ -302,11 +318,13 @@ impl RedisStore {
             for &i in &caller_hints {
                 hint_args(&mut inv, &report.hints[i]);
             }
+            inv.arg(report.worker_id).arg(active);
+            corroboration_args(&mut inv, policy);
             let reply = Reply::ok(self.run(&inv).await?)?;
             for (&i, merge) in caller_hints.iter().zip(merges(&reply, caller_hints.len())?) {
                 merged[i] = Some(merge);
             }
-            let at = 1 + 3 * caller_hints.len();
+            let at = 1 + MERGE_FIELDS * caller_hints.len();
             (reply.int(at)?, reply.int(at + 1)?)
         } else {
             let (_, ccd, cfloor) = self.route_keys(&scope.route).await?;
@@ -332,13 +350,14 @@ impl RedisStore {
         for &i in &route_hints {
             hint_args(&mut inv, &report.hints[i]);
         }
+        corroboration_args(&mut inv, policy);
         let reply = Reply::ok(self.run(&inv).await?)?;
         for (&i, merge) in route_hints.iter().zip(merges(&reply, route_hints.len())?) {
             merged[i] = Some(merge);
         }
         Ok(Reported {
             merges: merged.into_iter().flatten().collect(),
-            view: view_at(&reply, 1 + 3 * route_hints.len())?,
+            view: view_at(&reply, 1 + MERGE_FIELDS * route_hints.len())?,
         })
     }
 
@@ -397,6 +416,34 @@ impl RedisStore {
             .arg(u8::from(reason.is_some()))
             .arg(reason.unwrap_or_default());
         Reply::ok(self.run(&inv).await?).map(drop)
+    }
+}
+
+impl RedisStore {
+    /// One `mute.lua` per key (route, then caller scope): each key is its
+    /// own slot on a cluster.
+    async fn mute_now(
+        &self,
+        route: &RouteKey,
+        worker_id: &str,
+        until_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let mut ok = true;
+        for (kind, key) in [
+            ("route", self.route_key(route)),
+            ("caller", self.caller_key(&route.caller_scope)),
+        ] {
+            let mut inv = SCRIPTS.mute.prepare_invoke();
+            inv.key(key)
+                .arg(kind)
+                .arg(now_ms)
+                .arg(self.idle_ms)
+                .arg(worker_id)
+                .arg(until_ms.unwrap_or(-1));
+            ok &= Reply::ok(self.run(&inv).await?)?.int(1)? == 1;
+        }
+        Ok(ok)
     }
 }
 
@@ -460,6 +507,16 @@ impl Store for RedisStore {
         now_ms: i64,
     ) -> StoreFuture<'a, ()> {
         Box::pin(self.freeze_now(route, reason, now_ms))
+    }
+
+    fn set_mute<'a>(
+        &'a self,
+        route: &'a RouteKey,
+        worker_id: &'a str,
+        until_ms: Option<i64>,
+        now_ms: i64,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(self.mute_now(route, worker_id, until_ms, now_ms))
     }
 
     /// SCANs the prefix's route keys (every primary of a cluster), keeps

@@ -44,4 +44,5 @@ out[#out + 1] = tokens
 out[#out + 1] = st.hints.cd
 out[#out + 1] = st.hints.step
 hints_out(out, st.hints)
+evidence_out(out, st.hints)
 return out

@@ -1,12 +1,13 @@
 -- Deletes one key if it is idle at `now` (the memory store's evict_idle
 -- rule, in the coordinator's time): untouched for idle_ms and holding
--- nothing live. Expiry (PEXPIRE) does the same in Redis's own time; this
--- lets the sweeper apply the rule in the injected clock's time too.
+-- nothing live (a mute in force counts). Expiry (PEXPIRE) does the same in
+-- Redis's own time; this lets the sweeper apply the rule in the injected
+-- clock's time too.
 -- KEYS: one route or caller key. ARGV: now, idle_ms, is_route (1/0).
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local st = load(KEYS[1])
 if not st then return 0 end
-if st.touched > now - idle_ms or hints_floor(st.hints) > now then return 0 end
+if st.touched > now - idle_ms or hints_live(st.hints) > now then return 0 end
 if ARGV[3] == '1' then
   if st.frozen then return 0 end
   for _, l in pairs(st.leases) do if l.exp > now then return 0 end end

@@ -23,6 +23,12 @@
 -- here: RedisStore prepends them from the Rust constants when it loads the
 -- scripts, so the two can never drift apart.
 
+local function count(t)
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n
+end
+
 -- Floor division of non-negative integers, exact even where a/b rounds up.
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -100,6 +106,14 @@ local function hints_new() return { cd = 0, step = 0, bo = 0, recent = {} } end
 
 local function hints_floor(h) return math.max(h.cd, h.bo) end
 
+-- Until when the state must be kept: its floor, and any mute in force (an
+-- operator's mute outlives idleness, like a freeze).
+local function hints_live(h)
+  local t = hints_floor(h)
+  for _, m in pairs(h.mutes or {}) do t = math.max(t, m) end
+  return t
+end
+
 local function backoff_ms(h, base, max)
   if h.step == 0 then return 0 end
   return math.min(base * 2 ^ math.min(h.step - 1, 40), max)
@@ -123,13 +137,114 @@ local function hint_at(i)
   }
 end
 
--- Merges one assessed hint into `h` (HintState::merge): cooldown =
--- max(current, hint), a hintless rejection widens the backoff step, the
--- evidence is kept in a bounded ring either way. Appends the merge (raised
--- 1/0, cooldown, backoff) to `out`.
-local function merge_hint(out, h, a, now, base, max)
+---------------------------------------------------------------- corroboration
+-- A port of src/hints/corroboration.rs. Per worker: c = claim until, s =
+-- streak start, l = last hint, h = hints, o = outliers, u = uncorroborated.
+-- R (corr_rules): m = min workers, p = fraction permille, cap = cap ms.
+
+-- The corroboration keys of a report, appended after its hints at `i`.
+local function corr_rules(i)
+  return { m = tonumber(ARGV[i]), p = tonumber(ARGV[i + 1]), cap = tonumber(ARGV[i + 2]) }
+end
+
+local function corr_needed(R, population)
+  population = math.max(population, 1)
+  local by_fraction = idiv(population * R.p + 999, 1000)
+  return math.max(1, math.min(population, math.max(R.m, by_fraction)))
+end
+
+-- Rules::needed and evaluate: what the live claims support at `now`.
+local function corr_evaluate(workers, R, active, now)
+  local claims, alone = {}, 0
+  for _, w in pairs(workers) do
+    if w.c > now then
+      claims[#claims + 1] = w.c
+      alone = math.max(alone, math.min(w.c, w.s + R.cap))
+    end
+  end
+  table.sort(claims, function(x, y) return x > y end)
+  local needed = corr_needed(R, math.max(active, #claims))
+  local corroborated = claims[needed] or 0
+  local until_ms = math.max(corroborated, alone)
+  local supporting = 0
+  for _, c in ipairs(claims) do if c >= until_ms then supporting = supporting + 1 end end
+  return {
+    u = until_ms, c = (corroborated > 0 and corroborated >= alone) and 1 or 0,
+    w = supporting, r = #claims, n = needed,
+  }
+end
+
+-- claim: records a worker's claim, forgetting the longest-silent worker
+-- (the smallest id among ties, as a BTreeMap's min_by_key) when full.
+local function corr_claim(workers, wid, until_ms, anchor, now)
+  if not workers[wid] and count(workers) >= MAX_EVIDENCE_WORKERS then
+    local oldest, at
+    for id, w in pairs(workers) do
+      if not at or w.l < at or (w.l == at and id < oldest) then oldest, at = id, w.l end
+    end
+    if oldest then workers[oldest] = nil end
+  end
+  local w = workers[wid]
+  if not w then
+    w = { c = 0, s = 0, l = 0, h = 0, o = 0, u = 0 }
+    workers[wid] = w
+  end
+  if w.c <= now then
+    w.s, w.c = anchor, until_ms
+  else
+    w.c = math.max(w.c, until_ms)
+  end
+  w.l = math.max(w.l, now)
+  w.h = w.h + 1
+end
+
+-- judge: counts a claim that outran the cooldown by more than the cap.
+-- Returns the claim code (Claim::from_code): 0 none, 1 agreed, 2 outlier,
+-- 3 uncorroborated, 4 muted.
+local function corr_judge(workers, wid, v, cd, R)
+  local w = workers[wid]
+  if not w then return 0 end
+  if w.c <= cd + R.cap then return 1 end
+  if v.r >= v.n then
+    w.o = w.o + 1
+    return 2
+  end
+  w.u = w.u + 1
+  return 3
+end
+
+-- WorkerEvidence::noisy.
+local function corr_noisy(w)
+  if not w then return false end
+  local disagreed = w.o + w.u
+  return disagreed >= NOISY_MIN_DISAGREEMENTS and disagreed > math.floor(w.h / 2)
+end
+
+local function corr_muted(h, wid, now)
+  local m = h.mutes and h.mutes[wid]
+  return m ~= nil and m > now
+end
+
+-- Merges one assessed hint from worker `wid` (with `active` workers in the
+-- route) into `h` (HintState::merge): the claim joins the others and the
+-- cooldown = max(current, what the claims support) unless the worker is
+-- muted, a hintless rejection widens the backoff step, the evidence is kept
+-- in a bounded ring either way. Appends the merge (MERGE_FIELDS: raised
+-- 1/0, cooldown, backoff, corroborated 1/0, workers, claim code, noisy 1/0)
+-- to `out`.
+local function merge_hint(out, h, a, now, base, max, wid, active, R)
   local before = h.cd
-  if a.until_ms >= 0 then h.cd = math.max(h.cd, a.until_ms) end
+  local claim = 0
+  h.workers = h.workers or {}
+  if a.until_ms >= 0 and corr_muted(h, wid, now) then
+    claim = 4
+  elseif a.until_ms >= 0 then
+    corr_claim(h.workers, wid, a.until_ms, a.anchor, now)
+    local v = corr_evaluate(h.workers, R, active, now)
+    h.cd = math.max(h.cd, v.u)
+    claim = corr_judge(h.workers, wid, v, h.cd, R)
+    h.corr = v
+  end
   if a.widen then
     h.step = math.min(h.step + 1, MAX_BACKOFF_STEP)
     h.bo = math.max(h.bo, a.anchor + backoff_ms(h, base, max))
@@ -148,6 +263,11 @@ local function merge_hint(out, h, a, now, base, max)
   out[#out + 1] = raised
   out[#out + 1] = h.cd
   out[#out + 1] = backoff_ms(h, base, max)
+  local v = h.corr or { c = 0, w = 0 }
+  out[#out + 1] = v.c
+  out[#out + 1] = v.w
+  out[#out + 1] = claim
+  out[#out + 1] = corr_noisy(h.workers[wid]) and 1 or 0
 end
 
 -- A caller scope's state about to take a hint: created when absent.
@@ -161,7 +281,7 @@ end
 -- hint landed on it, keeping its expiry when only a success narrowed it.
 local function caller_save(key, c, merged, now, idle_ms)
   if merged then
-    save(key, c, hints_floor(c.hints), now, idle_ms)
+    save(key, c, hints_live(c.hints), now, idle_ms)
   else
     redis.call('SET', key, cmsgpack.pack(c), 'KEEPTTL')
   end
@@ -188,7 +308,7 @@ end
 
 -- The instant until which something in the route is live.
 local function live_until(st, now)
-  local t = hints_floor(st.hints)
+  local t = hints_live(st.hints)
   for _, l in pairs(st.leases) do t = math.max(t, l.exp) end
   for _, s in pairs(st.slots.pending) do t = math.max(t, s) end
   return t
@@ -234,9 +354,14 @@ local function available(st, P, p, now)
   return math.max(0, class_allowance(st, P, now) - spent)
 end
 
-local function count(t)
+-- Workers seen in the window over every class (BudgetLedger::active_workers).
+local function active_workers(st, now, window_ms)
   local n = 0
-  for _ in pairs(t) do n = n + 1 end
+  for p = 1, 3 do
+    for _, w in pairs(st.cls[p].workers) do
+      if w.seen > now - window_ms then n = n + 1 end
+    end
+  end
   return n
 end
 
@@ -296,6 +421,44 @@ local function max_min_share(capacity, own, others)
     n = n - 1
   end
   return math.min(own, idiv(left, n))
+end
+
+-- Appends a level's evidence (EvidenceDetail's input): the corroboration
+-- (until, corroborated, workers, reporters, needed), the count of workers
+-- that disagreed (a noisy worker always did) then per worker id, claim, since, last, hints, outliers,
+-- uncorroborated; then the count of mutes then per mute id, until. Rust
+-- picks what to show, so the selection is written once.
+local function evidence_out(out, h)
+  local v = h.corr or { u = 0, c = 0, w = 0, r = 0, n = 0 }
+  out[#out + 1] = v.u
+  out[#out + 1] = v.c
+  out[#out + 1] = v.w
+  out[#out + 1] = v.r
+  out[#out + 1] = v.n
+  local ids = {}
+  for id, w in pairs(h.workers or {}) do
+    if w.o + w.u > 0 then ids[#ids + 1] = id end
+  end
+  table.sort(ids)
+  out[#out + 1] = #ids
+  for _, id in ipairs(ids) do
+    local w = h.workers[id]
+    out[#out + 1] = id
+    out[#out + 1] = w.c
+    out[#out + 1] = w.s
+    out[#out + 1] = w.l
+    out[#out + 1] = w.h
+    out[#out + 1] = w.o
+    out[#out + 1] = w.u
+  end
+  local mutes = {}
+  for id, _ in pairs(h.mutes or {}) do mutes[#mutes + 1] = id end
+  table.sort(mutes)
+  out[#out + 1] = #mutes
+  for _, id in ipairs(mutes) do
+    out[#out + 1] = id
+    out[#out + 1] = h.mutes[id]
+  end
 end
 
 -- Appends a hint ring to a reply (the Admin API's HintRecord list): the

@@ -7,8 +7,9 @@
 -- floor arrive as ARGV[1..2].
 -- ARGV: caller cooldown, caller floor, now, idle_ms, worker, class (1..3),
 -- first attempts, successes, window seconds, backoff base, backoff max,
--- hint count, then HINT_FIELDS per hint.
--- Reply: 'ok', (raised, cooldown, backoff) per hint, then cooldown, floor,
+-- hint count, then HINT_FIELDS per hint, then the corroboration keys
+-- (corr_rules).
+-- Reply: 'ok', MERGE_FIELDS per hint (merge_hint), then cooldown, floor,
 -- freeze of the route's view.
 local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local wid, p = ARGV[5], tonumber(ARGV[6])
@@ -21,16 +22,18 @@ local st = route_get(KEYS[1], now)
 s_add(st.fa, sec_of(now), first)
 touch(st.cls[p], wid, now, window * 1000)
 if successes > 0 then decay(st.hints) end
+local R = corr_rules(13 + n * HINT_FIELDS)
+local active = active_workers(st, now, window * 1000)
 local out = { 'ok' }
 for i = 1, n do
   local a = hint_at(13 + (i - 1) * HINT_FIELDS)
   if a.route then
-    merge_hint(out, st.hints, a, now, base, max)
+    merge_hint(out, st.hints, a, now, base, max, wid, active, R)
   else
     if not KEYS[2] then return { 'err', 'caller_hint_needs_caller_key' } end
     c = caller_for_hint(c, now)
     c_merged = true
-    merge_hint(out, c.hints, a, now, base, max)
+    merge_hint(out, c.hints, a, now, base, max, wid, active, R)
   end
 end
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
