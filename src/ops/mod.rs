@@ -21,6 +21,7 @@
 //!   [`ScopesCommand`] — each with an `Examples:` section in its help.
 //! - `policy`, `scopes`, `audit`: one handler per command group; each makes
 //!   its Admin calls and hands its result to the renderer.
+//! - [`top`]: `tollgate top`, the live terminal view of the hottest scopes.
 //! - `render`: the one renderer (table, JSON, YAML) and its cell helpers.
 
 mod args;
@@ -28,6 +29,7 @@ mod audit;
 mod policy;
 mod render;
 mod scopes;
+pub mod top;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -67,6 +69,8 @@ pub enum Command {
         /// Records to show, newest first.
         limit: u32,
     },
+    /// `top`
+    Top(top::TopArgs),
 }
 
 /// A failure, with its exit code.
@@ -127,6 +131,9 @@ pub fn run(connect: &Connect, command: Command) -> ExitCode {
 /// An Admin API client with the caller's token and output format.
 struct Client {
     inner: AdminClient<Channel>,
+    /// The same connection, for commands that need more than Admin
+    /// (`top` also opens a Watch).
+    channel: Channel,
     token: Option<String>,
     output: Output,
 }
@@ -159,7 +166,8 @@ async fn connect(c: &Connect) -> Result<Client, Failure> {
         message: format!("cannot reach the coordinator at {uri}: {e}"),
     })?;
     Ok(Client {
-        inner: AdminClient::new(channel),
+        inner: AdminClient::new(channel.clone()),
+        channel,
         token: c.token.clone(),
         output: c.output,
     })
@@ -176,5 +184,6 @@ async fn dispatch(c: &Connect, command: Command) -> Outcome {
         Command::Policy(p) => policy::run(&mut client, p, local_doc).await,
         Command::Scopes(s) => scopes::run(&mut client, s).await,
         Command::Audit { limit } => audit::run(&mut client, limit).await,
+        Command::Top(args) => top::run(&client, &c.server, args).await,
     }
 }
