@@ -115,7 +115,7 @@ async fn the_hottest_scope_is_first_with_its_countdown_and_a_freeze_reaches_the_
 
     model.update(source.fetch().await.expect("poll"));
     let lines = draw(&model, &addr);
-    assert!(lines[2].contains("(held)"), "the freeze shows: {lines:?}");
+    assert!(lines[2].contains("  yes  "), "the freeze shows: {lines:?}");
     coordinator.stop().await;
 }
 

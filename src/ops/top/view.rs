@@ -34,7 +34,7 @@ pub const COLUMNS: &[Column] = &[
     col("LEFT C/N/B", 14, |r, _| budget_left(&r.state)),
     col("WAITING", 7, |r, _| r.state.slot_backlog.to_string()),
     col("LEASES", 6, |r, _| r.state.leases_outstanding.to_string()),
-    col("FROZEN", 16, frozen),
+    col("FROZEN", 11, frozen),
     col("VER", 4, |r, _| r.state.policy_version.to_string()),
 ];
 
@@ -178,14 +178,14 @@ fn budget_left(s: &v1::ScopeState) -> String {
     )
 }
 
-/// `-`, or who froze the scope and how long is left.
+/// `-`, or `yes` with how long is left (who and why: `scopes show`).
 fn frozen(r: &ScopeRow, now: i64) -> String {
     match r.state.freeze.as_ref().filter(|f| f.frozen) {
         None => "-".into(),
         Some(f) if f.expires_at_unix_ms > 0 => {
-            format!("{} {}", f.by, countdown(f.expires_at_unix_ms - now))
+            format!("yes, {}", countdown(f.expires_at_unix_ms - now))
         }
-        Some(f) => format!("{} (held)", f.by),
+        Some(_) => "yes".into(),
     }
 }
 
