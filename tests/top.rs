@@ -136,3 +136,35 @@ async fn once_prints_a_frame_with_every_scope() {
     assert!(lines[2].starts_with("tenant-a|GET /users/{id}"), "{text}");
     coordinator.stop().await;
 }
+
+#[tokio::test]
+async fn watch_nudges_a_poll_when_a_watched_scope_is_frozen() {
+    let coordinator = Coordinator::open().await;
+    storm(&coordinator).await;
+    let source = Source::new(coordinator.channel().await, None, 100).expect("source");
+    let mut model = Model::new(coordinator.clock.clone());
+    model.update(source.fetch().await.expect("poll"));
+    let (nudge, mut nudged) = tokio::sync::mpsc::channel(4);
+    let watcher = {
+        let (source, scopes) = (source.clone(), model.watch_scopes(1));
+        tokio::spawn(async move { source.watch(scopes, nudge).await })
+    };
+    next(&mut nudged, "the snapshot").await;
+    let freeze = tollgate::ops::top::Action::Freeze {
+        caller_scope: HOT.0.into(),
+        route: HOT.1.into(),
+        reason: "INC-8".into(),
+    };
+    source.apply(&freeze).await.expect("freeze");
+    next(&mut nudged, "the freeze").await;
+    watcher.abort();
+    coordinator.stop().await;
+}
+
+/// The next nudge, waiting at most the suite's push bound.
+async fn next(nudged: &mut tokio::sync::mpsc::Receiver<()>, what: &str) {
+    tokio::time::timeout(support::PUSH_BOUND, nudged.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no nudge for {what}"))
+        .expect("the watcher is alive");
+}

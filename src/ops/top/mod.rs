@@ -201,7 +201,11 @@ impl Source {
     /// Ends when the stream or every receiver does; `Err` when the
     /// coordinator refuses the Watch (it takes a caller token, which an
     /// admin token is not, unless the coordinator runs in open dev mode).
-    async fn watch(&self, scopes: Vec<v1::Scope>, nudge: mpsc::Sender<()>) -> Result<(), Status> {
+    pub async fn watch(
+        &self,
+        scopes: Vec<v1::Scope>,
+        nudge: mpsc::Sender<()>,
+    ) -> Result<(), Status> {
         let mut stream = BudgetClient::new(self.channel.clone())
             .watch(self.request(v1::WatchRequest {
                 scopes,
@@ -277,16 +281,7 @@ async fn interactive(
                 }
             }
         }
-        let wanted: Vec<v1::Scope> = model
-            .visible()
-            .iter()
-            .take(WATCH_SCOPES)
-            .map(|r| v1::Scope {
-                caller_scope: r.state.caller_scope.clone(),
-                route: r.state.route.clone(),
-                priority: v1::Priority::Normal.into(),
-            })
-            .collect();
+        let wanted = model.watch_scopes(WATCH_SCOPES);
         if wanted != watching && !wanted.is_empty() {
             if let Some(old) = watch_task.take() {
                 old.abort();

@@ -233,6 +233,20 @@ impl Model {
         chosen.or(rows.first()).copied()
     }
 
+    /// The first `n` visible scopes, to Watch: state is per route, so the
+    /// priority named is only the one Watch requires.
+    pub fn watch_scopes(&self, n: usize) -> Vec<v1::Scope> {
+        self.visible()
+            .iter()
+            .take(n)
+            .map(|r| v1::Scope {
+                caller_scope: r.state.caller_scope.clone(),
+                route: r.state.route.clone(),
+                priority: v1::Priority::Normal.into(),
+            })
+            .collect()
+    }
+
     /// Feeds one key press; returns what the coordinator should do, if
     /// anything.
     pub fn on_key(&mut self, key: Key) -> Option<Action> {
