@@ -224,6 +224,11 @@ impl Source {
 
 /// `tollgate top`: the terminal view, or one frame with `--once`.
 pub(super) async fn run(client: &Client, server: &str, args: TopArgs) -> Outcome {
+    if client.output != super::Output::Table {
+        return Err(Failure::invalid(
+            "-o: top draws a table; for scripts use `scopes list -o json` or `top --once`",
+        ));
+    }
     let source = Source::new(client.channel.clone(), client.token.as_deref(), args.limit)
         .map_err(|s| Failure::status("--token", &s))?
         .matching(args.caller_scope, args.route);
