@@ -196,8 +196,8 @@ impl Source {
         Ok(view::buffer_text(&buf))
     }
 
-    /// Watches `rows` (the first [`WATCH_SCOPES`]) and sends `()` on `nudge`
-    /// at every change, so a cooldown or freeze shows before the next poll.
+    /// Watches `scopes` (1..=64; `top` passes its first rows) and sends `()`
+    /// on `nudge` at every change, so a cooldown or freeze shows before the next poll.
     /// Ends when the stream or every receiver does; `Err` when the
     /// coordinator refuses the Watch (it takes a caller token, which an
     /// admin token is not, unless the coordinator runs in open dev mode).
