@@ -91,6 +91,10 @@ pub struct Policy {
     /// Waiting intents released per second after a cooldown: the peak wake-up
     /// rate is this number, not the size of the fleet.
     pub wake_rate_per_sec: u32,
+    /// Shadow mode (`mode = "shadow"`): every decision is made and counted as
+    /// usual, but what it would have refused or delayed is let through, so
+    /// a new policy can be rolled out and watched before it bites.
+    pub shadow: bool,
 }
 
 impl Policy {
@@ -163,6 +167,16 @@ impl Policy {
                 reason: "must be 1..=100000 per second".into(),
             });
         }
+        let shadow = match pick(&spec.mode, &d.mode).as_deref() {
+            None | Some("enforce") => false,
+            Some("shadow") => true,
+            Some(_) => {
+                return Err(PolicyError::OutOfRange {
+                    field: "mode",
+                    reason: "must be \"enforce\" or \"shadow\"".into(),
+                });
+            }
+        };
         let policy_version = spec.policy_version.unwrap_or(1);
         if policy_version == 0 {
             return Err(PolicyError::OutOfRange {
@@ -209,6 +223,7 @@ impl Policy {
             backoff_base_ms,
             backoff_max_ms,
             wake_rate_per_sec: wake_rate,
+            shadow,
         })
     }
 }
@@ -268,6 +283,10 @@ pub struct PolicySpec {
     /// Intents woken per second after a cooldown, 1..=100000. Default 50.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_rate: Option<u32>,
+    /// `"enforce"` (default) or `"shadow"`: decide and record, but let
+    /// through what would have been refused or delayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
 
 /// Budget shares of the priority classes; they must add up to 1.0.
@@ -310,6 +329,7 @@ impl PolicySpec {
             backoff_base: Some("500ms".into()),
             backoff_max: Some("30s".into()),
             wake_rate: Some(50),
+            mode: Some("enforce".into()),
         }
     }
 
@@ -339,6 +359,7 @@ impl PolicySpec {
                 .clone()
                 .or_else(|| under.backoff_max.clone()),
             wake_rate: self.wake_rate.or(under.wake_rate),
+            mode: self.mode.clone().or_else(|| under.mode.clone()),
         }
     }
 }

@@ -117,6 +117,8 @@ pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
         backoff_base: duration_text("backoff_base", f.backoff_base)?,
         backoff_max: duration_text("backoff_max", f.backoff_max)?,
         wake_rate: f.wake_rate,
+        // A short word, bounded like the duration texts.
+        mode: duration_text("mode", f.mode)?,
     })
 }
 
@@ -140,6 +142,7 @@ pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
         backoff_base: s.backoff_base.clone(),
         backoff_max: s.backoff_max.clone(),
         wake_rate: s.wake_rate,
+        mode: s.mode.clone(),
     }
 }
 
