@@ -44,7 +44,7 @@
 //! - [`signal`], [`serve`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with one renderer (table, JSON, YAML) and documented
-//!   exit codes.
+//!   exit codes, and `top`, the live terminal view of the hottest scopes.
 //! - [`telemetry`]: OTLP traces and metrics (the coordinator's instruments in
 //!   [`telemetry::metrics`], the standard RPC server metrics, freeze gauges),
 //!   W3C trace context from the caller, the Prometheus `/metrics` endpoint

@@ -67,6 +67,16 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
+    /// Watch the hottest scopes live: rejections, cooldowns, budgets,
+    /// backlog, freezes; freeze from the screen (Admin API).
+    #[command(after_help = "Examples:
+  tollgate top
+  tollgate top --caller-scope 'tenant-a*' --interval 2s
+  tollgate top --once --width 120 > frame.txt
+
+Keys: q quit, j/k move, r/c/b/n sort by rejections/cooldown/backlog/name,
+/ filter, f then y freeze the selected scope (asks for a reason).")]
+    Top(ops::top::TopArgs),
     /// Run the retry decision engine on scenario files with a virtual clock.
     #[command(after_help = "Examples:
   tollgate simulate examples/scenarios/schedule-a.json
@@ -145,6 +155,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Policy { command } => Ok(ops::run(&connect, ops::Command::Policy(command))),
         Command::Scopes { command } => Ok(ops::run(&connect, ops::Command::Scopes(command))),
         Command::Audit { limit } => Ok(ops::run(&connect, ops::Command::Audit { limit })),
+        Command::Top(args) => Ok(ops::run(&connect, ops::Command::Top(args))),
         Command::Simulate { json, files } => simulate(json, connect.output, &files),
         Command::Bench { bench } => {
             self::bench(bench)?;

@@ -101,6 +101,10 @@ pub struct Policy {
     pub corroborate_permille: u32,
     /// How far one worker's uncorroborated hint moves the fleet's cooldown.
     pub uncorroborated_cap_ms: u64,
+    /// Shadow mode (`mode = "shadow"`): every decision is made and counted as
+    /// usual, but what it would have refused or delayed is let through, so
+    /// a new policy can be rolled out and watched before it bites.
+    pub shadow: bool,
 }
 
 impl Policy {
@@ -188,6 +192,16 @@ impl Policy {
             .or(d.corroborate_fraction)
             .unwrap_or_default();
         let corroborate_permille = milli("corroborate_fraction", fraction, 0.0, 1.0)?;
+        let shadow = match pick(&spec.mode, &d.mode).as_deref() {
+            None | Some("enforce") => false,
+            Some("shadow") => true,
+            Some(_) => {
+                return Err(PolicyError::OutOfRange {
+                    field: "mode",
+                    reason: "must be \"enforce\" or \"shadow\"".into(),
+                });
+            }
+        };
         let policy_version = spec.policy_version.unwrap_or(1);
         if policy_version == 0 {
             return Err(PolicyError::OutOfRange {
@@ -243,6 +257,7 @@ impl Policy {
                 0,
                 86_400_000,
             )?,
+            shadow,
         })
     }
 }
@@ -314,6 +329,10 @@ pub struct PolicySpec {
     /// 0..=24 h. Default `"5s"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uncorroborated_cap: Option<String>,
+    /// `"enforce"` (default) or `"shadow"`: decide and record, but let
+    /// through what would have been refused or delayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
 
 /// Budget shares of the priority classes; they must add up to 1.0.
@@ -359,6 +378,7 @@ impl PolicySpec {
             corroborate_workers: Some(3),
             corroborate_fraction: Some(0.1),
             uncorroborated_cap: Some("5s".into()),
+            mode: Some("enforce".into()),
         }
     }
 
@@ -394,6 +414,7 @@ impl PolicySpec {
                 .uncorroborated_cap
                 .clone()
                 .or_else(|| under.uncorroborated_cap.clone()),
+            mode: self.mode.clone().or_else(|| under.mode.clone()),
         }
     }
 }

@@ -418,6 +418,15 @@ async fn a_cli_freeze_stops_a_watching_workers_leases() {
         listed.contains("FROZEN") && listed.contains("tenant-a"),
         "{listed}"
     );
+    // `top --once` takes the same global flags and shows the freeze's time left.
+    let frame = server.cli(&["top", "--once", "--width", "120"]);
+    assert!(frame.status.success(), "{}", stderr(&frame));
+    let frame = stdout(&frame);
+    let row = frame
+        .lines()
+        .find(|l| l.starts_with("tenant-a|GET /users/{id}"))
+        .unwrap_or_else(|| panic!("no row for the scope: {frame}"));
+    assert!(row.contains("yes, "), "{frame}");
 }
 
 /// Runs the binary with no coordinator around (completions, man pages,
@@ -524,6 +533,7 @@ fn every_command_help_has_examples() {
         &["scopes", "unfreeze"],
         &["scopes", "reset"],
         &["audit"],
+        &["top"],
         &["simulate"],
         &["bench"],
         &["bench", "storm"],

@@ -26,7 +26,7 @@ use tokio::sync::broadcast;
 use tollgate_client::clock::{Clock, to_unix_ms};
 
 use crate::admin::Control;
-use crate::budget::GrantAsk;
+use crate::budget::{BudgetError, GrantAsk, GrantLimit};
 use crate::events::{EventHub, ScopeSnapshot, StateChange};
 use crate::policy::SharedPolicies;
 use crate::scope::{RetryClass, RouteKey, ScopeKey};
@@ -79,19 +79,43 @@ impl std::fmt::Debug for Coordinator {
 /// A lease as decided, with the policy version it was decided under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leased {
-    /// What the store granted.
+    /// What the store granted (under a shadow policy: what is let through).
     pub outcome: LeaseOutcome,
+    /// Under a shadow policy, what enforcing would have done instead.
+    pub shadowed: Option<Shadowed>,
     /// The scope's policy version at the grant.
     pub policy_version: u64,
     /// The coordinator's clock at the grant.
     pub now_ms: i64,
 }
 
+/// What a shadow policy let through: what enforcing would have done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shadowed {
+    /// Fewer tokens than wanted (budget or fair share), or a refused slot.
+    WouldRefuse,
+    /// A slot later than the intent asked for.
+    WouldDelay,
+}
+
+impl Shadowed {
+    /// The label in metrics and spans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shadowed::WouldRefuse => "would_refuse",
+            Shadowed::WouldDelay => "would_delay",
+        }
+    }
+}
+
 /// What `Reconsider` decided, with the state it was decided in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reconsideration {
-    /// A slot, a refusal, or frozen.
+    /// A slot, a refusal, or frozen (under a shadow policy: what is let
+    /// through).
     pub decided: Reconsidered,
+    /// Under a shadow policy, what enforcing would have done instead.
+    pub shadowed: Option<Shadowed>,
     /// The route's state at the decision.
     pub view: RouteView,
     /// The scope's policy version.
@@ -179,9 +203,20 @@ impl Coordinator {
             want,
             now_ms,
         };
-        let outcome = self.store.lease(scope, ask, &policy).await?;
+        let mut outcome = self.store.lease(scope, ask, &policy).await?;
+        // A freeze is an operator's brake, not the policy being rolled out:
+        // shadow mode never lifts it.
+        let shadowed = (policy.shadow
+            && outcome.grant.granted < want
+            && outcome.grant.limit != GrantLimit::Frozen)
+            .then(|| {
+                outcome.grant.granted = want;
+                outcome.grant.limit = GrantLimit::None;
+                Shadowed::WouldRefuse
+            });
         Ok(Leased {
             outcome,
+            shadowed,
             policy_version: policy.policy_version,
             now_ms,
         })
@@ -195,9 +230,23 @@ impl Coordinator {
         lease_id: &str,
         spent: u32,
     ) -> Result<u32, StoreError> {
-        self.store
-            .release(scope, worker_id, lease_id, spent, self.now_ms())
+        let now_ms = self.now_ms();
+        match self
+            .store
+            .release(scope, worker_id, lease_id, spent, now_ms)
             .await
+        {
+            // A shadow grant let through more tokens than the lease holds;
+            // the spend beyond it was already counted as shadowed.
+            Err(StoreError::Budget(BudgetError::SpentExceedsGrant { granted, .. }))
+                if self.policies.current().resolve(&scope.route).shadow =>
+            {
+                self.store
+                    .release(scope, worker_id, lease_id, granted, now_ms)
+                    .await
+            }
+            other => other,
+        }
     }
 
     /// Gives a waiting intent a jittered slot on `route`'s cursor.
@@ -217,8 +266,22 @@ impl Coordinator {
             jitter_ppm: self.jitter(),
         };
         let (decided, view) = self.store.reconsider(route, ask, &policy).await?;
+        // Shadow: the cursor moved as enforcing would move it; the intent
+        // goes as soon as it asked to (a freeze still holds it).
+        let through = now_ms.max(request.not_before_ms);
+        let (decided, shadowed) = match decided {
+            _ if !policy.shadow => (decided, None),
+            Reconsidered::Slot(at) if at > through => {
+                (Reconsidered::Slot(through), Some(Shadowed::WouldDelay))
+            }
+            Reconsidered::DeadlineInfeasible(_) => {
+                (Reconsidered::Slot(through), Some(Shadowed::WouldRefuse))
+            }
+            other => (other, None),
+        };
         Ok(Reconsideration {
             decided,
+            shadowed,
             view,
             policy_version: policy.policy_version,
             now_ms,

@@ -23,6 +23,7 @@
 //!   its Admin calls and hands its result to the renderer.
 //! - `evidence`: `scopes mute|unmute` and the corroboration lines of
 //!   `scopes show`.
+//! - [`top`]: `tollgate top`, the live terminal view of the hottest scopes.
 //! - `render`: the one renderer (table, JSON, YAML) and its cell helpers.
 
 mod args;
@@ -31,6 +32,7 @@ mod evidence;
 mod policy;
 mod render;
 mod scopes;
+pub mod top;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -70,6 +72,8 @@ pub enum Command {
         /// Records to show, newest first.
         limit: u32,
     },
+    /// `top`
+    Top(top::TopArgs),
 }
 
 /// A failure, with its exit code.
@@ -130,6 +134,9 @@ pub fn run(connect: &Connect, command: Command) -> ExitCode {
 /// An Admin API client with the caller's token and output format.
 struct Client {
     inner: AdminClient<Channel>,
+    /// The same connection, for commands that need more than Admin
+    /// (`top` also opens a Watch).
+    channel: Channel,
     token: Option<String>,
     output: Output,
 }
@@ -177,7 +184,8 @@ async fn connect(c: &Connect) -> Result<Client, Failure> {
         message: format!("cannot reach the coordinator at {uri}: {e}"),
     })?;
     Ok(Client {
-        inner: AdminClient::new(channel),
+        inner: AdminClient::new(channel.clone()),
+        channel,
         token: c.token.clone(),
         output: c.output,
     })
@@ -194,5 +202,6 @@ async fn dispatch(c: &Connect, command: Command) -> Outcome {
         Command::Policy(p) => policy::run(&mut client, p, local_doc).await,
         Command::Scopes(s) => scopes::run(&mut client, s).await,
         Command::Audit { limit } => audit::run(&mut client, limit).await,
+        Command::Top(args) => top::run(&client, &c.server, args).await,
     }
 }

@@ -122,6 +122,8 @@ pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
         corroborate_workers: f.corroborate_workers,
         corroborate_fraction: f.corroborate_fraction,
         uncorroborated_cap: duration_text("uncorroborated_cap", f.uncorroborated_cap)?,
+        // A short word, bounded like the duration texts.
+        mode: duration_text("mode", f.mode)?,
     })
 }
 
@@ -148,6 +150,7 @@ pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
         corroborate_workers: s.corroborate_workers,
         corroborate_fraction: s.corroborate_fraction,
         uncorroborated_cap: s.uncorroborated_cap.clone(),
+        mode: s.mode.clone(),
     }
 }
 

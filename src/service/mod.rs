@@ -114,7 +114,7 @@ impl BudgetService {
 
 #[tonic::async_trait]
 impl Budget for BudgetService {
-    #[instrument(name = "tollgate.lease", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.want = Empty, tollgate.decision = Empty, tollgate.reason = Empty, tollgate.tokens.granted = Empty, tollgate.tokens.remaining = Empty, tollgate.policy_version = Empty))]
+    #[instrument(name = "tollgate.lease", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.want = Empty, tollgate.decision = Empty, tollgate.reason = Empty, tollgate.tokens.granted = Empty, tollgate.tokens.remaining = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
     async fn lease(
         &self,
         request: Request<LeaseRequest>,
@@ -148,6 +148,10 @@ impl Budget for BudgetService {
         span.record("tollgate.tokens.granted", out.grant.granted);
         span.record("tollgate.tokens.remaining", out.grant.remaining);
         span.record("tollgate.policy_version", policy_version);
+        if let Some(shadowed) = leased.shadowed {
+            span.record("tollgate.shadow", shadowed.as_str());
+            self.metrics.shadow("lease", shadowed);
+        }
         self.metrics
             .lease(&scope, &out.grant, out.lease_id.as_deref(), leased.now_ms);
         Ok(Response::new(LeaseResponse {
@@ -283,7 +287,7 @@ impl Budget for BudgetService {
         }))
     }
 
-    #[instrument(name = "tollgate.reconsider", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.decision = Empty, tollgate.slot_unix_ms = Empty, tollgate.slot.delay_ms = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty))]
+    #[instrument(name = "tollgate.reconsider", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.decision = Empty, tollgate.slot_unix_ms = Empty, tollgate.slot.delay_ms = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
     async fn reconsider(
         &self,
         request: Request<ReconsiderRequest>,
@@ -329,6 +333,10 @@ impl Budget for BudgetService {
         );
         span.record("tollgate.policy_version", out.policy_version);
         self.metrics.slot(label, slot_delay);
+        if let Some(shadowed) = out.shadowed {
+            span.record("tollgate.shadow", shadowed.as_str());
+            self.metrics.shadow("reconsider", shadowed);
+        }
         Ok(Response::new(ReconsiderResponse {
             decision: decision.into(),
             slot_unix_ms: slot,

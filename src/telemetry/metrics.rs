@@ -43,6 +43,7 @@ pub struct CoordinatorMetrics {
     claims: Counter<u64>,
     slots: Counter<u64>,
     slot_delay: Histogram<f64>,
+    shadow: Counter<u64>,
     books: Arc<Books>,
 }
 
@@ -198,8 +199,26 @@ impl CoordinatorMetrics {
                     0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
                 ])
                 .build(),
+            shadow: meter
+                .u64_counter("tollgate.shadow")
+                .with_description(
+                    "Decisions a shadow policy let through, by RPC and what enforcing would have done",
+                )
+                .build(),
             books,
         }
+    }
+
+    /// A decision a shadow policy let through; `rpc` is `lease` or
+    /// `reconsider`.
+    pub fn shadow(&self, rpc: &'static str, shadowed: crate::coordinator::Shadowed) {
+        self.shadow.add(
+            1,
+            &[
+                KeyValue::new("tollgate.rpc", rpc),
+                KeyValue::new("tollgate.decision", shadowed.as_str()),
+            ],
+        );
     }
 
     /// A `Lease` decision.
