@@ -93,7 +93,11 @@ fn any_text() -> impl Strategy<Value = String> {
 /// A caller scope: the fuzzer's own, the canary's (which its token may not
 /// use), or anything.
 fn caller() -> impl Strategy<Value = String> {
-    prop_oneof![Just("fuzz".to_owned()), Just(CANARY_CALLER.to_owned()), any_text()]
+    prop_oneof![
+        Just("fuzz".to_owned()),
+        Just(CANARY_CALLER.to_owned()),
+        any_text()
+    ]
 }
 
 fn route() -> impl Strategy<Value = String> {
@@ -240,12 +244,7 @@ async fn plant_canary(coordinator: &Coordinator) -> v1::ScopeState {
         ))
         .await
         .expect("canary lease");
-    let mut report = support::rate_limited(
-        scope,
-        "canary-worker",
-        "30",
-        v1::ScopeCertainty::Known,
-    );
+    let mut report = support::rate_limited(scope, "canary-worker", "30", v1::ScopeCertainty::Known);
     report.first_attempts = 10;
     client
         .report(with_token(report, CANARY_TOKEN))
@@ -318,7 +317,10 @@ fn check_status(what: &str, status: &tonic::Status) -> Result<(), TestCaseError>
     Ok(())
 }
 
-fn check<T>(what: &str, result: Result<tonic::Response<T>, tonic::Status>) -> Result<(), TestCaseError> {
+fn check<T>(
+    what: &str,
+    result: Result<tonic::Response<T>, tonic::Status>,
+) -> Result<(), TestCaseError> {
     match result {
         Ok(_) => Ok(()),
         Err(status) => check_status(what, &status),
@@ -340,9 +342,10 @@ async fn call_budget(
         BudgetCall::Watch(r) => match client.watch(with_token(r, FUZZ_TOKEN)).await {
             // An accepted Watch opens with a snapshot per scope, or ends.
             Ok(stream) => {
-                let first = tokio::time::timeout(support::PUSH_BOUND, stream.into_inner().message())
-                    .await
-                    .map_err(|_| TestCaseError::fail("Watch: no snapshot"))?;
+                let first =
+                    tokio::time::timeout(support::PUSH_BOUND, stream.into_inner().message())
+                        .await
+                        .map_err(|_| TestCaseError::fail("Watch: no snapshot"))?;
                 match first {
                     Ok(_) => Ok(()),
                     Err(status) => check_status("Watch stream", &status),
@@ -363,10 +366,12 @@ fn budget_rpcs_answer_every_input_and_keep_the_canary() {
         let canary = plant_canary(&coordinator).await;
         (coordinator, canary)
     });
-    let mut client = rt.block_on(coordinator.client());
+    let client = rt.block_on(coordinator.client());
     let calls = prop::collection::vec(budget_call(), 1..6);
     runner()
         .run(&calls, |calls| {
+            // A tonic client is a cheap handle; the runner's closure is `Fn`.
+            let mut client = client.clone();
             rt.block_on(async {
                 for call in calls {
                     call_budget(&mut client, call).await?;
@@ -406,13 +411,22 @@ fn any_f64() -> impl Strategy<Value = f64> {
 fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
     use prop::option::of;
     (
-        (of(duration_text()), of(any_f64()), of(any_f64()), of(any::<u64>())),
+        (
+            of(duration_text()),
+            of(any_f64()),
+            of(any_f64()),
+            of(any::<u64>()),
+        ),
         (
             of(any_f64()),
             of(any_f64()),
             of((any_f64(), any_f64(), any_f64())),
         ),
-        (of(duration_text()), of(duration_text()), of(duration_text())),
+        (
+            of(duration_text()),
+            of(duration_text()),
+            of(duration_text()),
+        ),
         (of(duration_text()), of(duration_text()), of(any_u32())),
     )
         .prop_map(
@@ -482,30 +496,41 @@ fn off_canary(caller: String) -> String {
     }
 }
 
+/// The scope an Admin call names.
+fn target() -> impl Strategy<Value = (String, String)> {
+    (caller(), route())
+}
+
 fn admin_call() -> impl Strategy<Value = AdminCall> {
-    let target = (caller(), route());
     prop_oneof![
         Just(AdminCall::ListPolicies),
         Just(AdminCall::DiffPolicies),
-        target.clone().prop_map(|(caller_scope, route)| AdminCall::GetPolicy(
-            v1::GetPolicyRequest {
+        target().prop_map(
+            |(caller_scope, route)| AdminCall::GetPolicy(v1::GetPolicyRequest {
                 caller_scope,
                 route
-            }
-        )),
-        (target.clone(), any::<u64>(), policy_fields(), any::<bool>(), any_text()).prop_map(
-            |((caller_scope, route), expected_version, fields, patch, reason)| {
-                AdminCall::SetPolicy(v1::SetPolicyRequest {
-                    caller_scope,
-                    route,
-                    expected_version,
-                    fields: Some(fields),
-                    patch,
-                    reason,
-                })
-            }
+            })
         ),
-        (target.clone(), any::<u64>(), any_text()).prop_map(
+        (
+            target(),
+            any::<u64>(),
+            policy_fields(),
+            any::<bool>(),
+            any_text()
+        )
+            .prop_map(
+                |((caller_scope, route), expected_version, fields, patch, reason)| {
+                    AdminCall::SetPolicy(v1::SetPolicyRequest {
+                        caller_scope,
+                        route,
+                        expected_version,
+                        fields: Some(fields),
+                        patch,
+                        reason,
+                    })
+                }
+            ),
+        (target(), any::<u64>(), any_text()).prop_map(
             |((caller_scope, route), expected_version, reason)| {
                 AdminCall::DeletePolicy(v1::DeletePolicyRequest {
                     caller_scope,
@@ -522,7 +547,7 @@ fn admin_call() -> impl Strategy<Value = AdminCall> {
                 reason,
             })
         }),
-        (target.clone(), any::<bool>(), any_u32(), any_text()).prop_map(
+        (target(), any::<bool>(), any_u32(), any_text()).prop_map(
             |((caller_scope, route), frozen_only, page_size, page_token)| {
                 AdminCall::ListScopes(v1::ListScopesRequest {
                     caller_scope,
@@ -533,13 +558,13 @@ fn admin_call() -> impl Strategy<Value = AdminCall> {
                 })
             }
         ),
-        target.clone().prop_map(|(caller_scope, route)| AdminCall::GetScope(
-            v1::GetScopeRequest {
+        target().prop_map(
+            |(caller_scope, route)| AdminCall::GetScope(v1::GetScopeRequest {
                 caller_scope,
                 route
-            }
-        )),
-        (target.clone(), any_text(), any::<u64>()).prop_map(
+            })
+        ),
+        (target(), any_text(), any::<u64>()).prop_map(
             |((caller_scope, route), reason, duration_ms)| AdminCall::Freeze(
                 v1::FreezeScopeRequest {
                     caller_scope: off_canary(caller_scope),
@@ -549,14 +574,14 @@ fn admin_call() -> impl Strategy<Value = AdminCall> {
                 }
             )
         ),
-        (target.clone(), any_text()).prop_map(|((caller_scope, route), reason)| {
+        (target(), any_text()).prop_map(|((caller_scope, route), reason)| {
             AdminCall::Unfreeze(v1::UnfreezeScopeRequest {
                 caller_scope: off_canary(caller_scope),
                 route,
                 reason,
             })
         }),
-        (target, any_text()).prop_map(|((caller_scope, route), reason)| {
+        (target(), any_text()).prop_map(|((caller_scope, route), reason)| {
             AdminCall::Reset(v1::ResetScopeRequest {
                 caller_scope: off_canary(caller_scope),
                 route,
@@ -600,26 +625,32 @@ async fn call_admin(
     match call {
         AdminCall::ListPolicies => check(
             "ListPolicies",
-            admin.list_policies(authorized(v1::ListPoliciesRequest {}, t)).await,
+            admin
+                .list_policies(authorized(v1::ListPoliciesRequest {}, t))
+                .await,
         ),
         AdminCall::DiffPolicies => check(
             "DiffPolicies",
-            admin.diff_policies(authorized(v1::DiffPoliciesRequest {}, t)).await,
+            admin
+                .diff_policies(authorized(v1::DiffPoliciesRequest {}, t))
+                .await,
         ),
         AdminCall::GetPolicy(r) => check("GetPolicy", admin.get_policy(authorized(r, t)).await),
         AdminCall::SetPolicy(r) => check("SetPolicy", admin.set_policy(authorized(r, t)).await),
         AdminCall::DeletePolicy(r) => {
             check("DeletePolicy", admin.delete_policy(authorized(r, t)).await)
         }
-        AdminCall::ApplyPolicies(r) => {
-            check("ApplyPolicies", admin.apply_policies(authorized(r, t)).await)
-        }
+        AdminCall::ApplyPolicies(r) => check(
+            "ApplyPolicies",
+            admin.apply_policies(authorized(r, t)).await,
+        ),
         AdminCall::ListScopes(r) => check("ListScopes", admin.list_scopes(authorized(r, t)).await),
         AdminCall::GetScope(r) => check("GetScope", admin.get_scope(authorized(r, t)).await),
         AdminCall::Freeze(r) => check("FreezeScope", admin.freeze_scope(authorized(r, t)).await),
-        AdminCall::Unfreeze(r) => {
-            check("UnfreezeScope", admin.unfreeze_scope(authorized(r, t)).await)
-        }
+        AdminCall::Unfreeze(r) => check(
+            "UnfreezeScope",
+            admin.unfreeze_scope(authorized(r, t)).await,
+        ),
         AdminCall::Reset(r) => check("ResetScope", admin.reset_scope(authorized(r, t)).await),
         AdminCall::ListAudit(r) => check("ListAudit", admin.list_audit(authorized(r, t)).await),
     }
@@ -636,10 +667,11 @@ fn admin_rpcs_answer_every_input_and_keep_the_canary() {
         let canary = plant_canary(&coordinator).await;
         (coordinator, scope_state_only(canary))
     });
-    let mut admin = rt.block_on(coordinator.admin());
+    let admin = rt.block_on(coordinator.admin());
     let calls = prop::collection::vec((admin_call(), credential()), 1..6);
     runner()
         .run(&calls, |calls| {
+            let mut admin = admin.clone();
             rt.block_on(async {
                 for (call, token) in calls {
                     call_admin(&mut admin, call, &token).await?;
@@ -702,7 +734,11 @@ async fn raw_call(
     path: &str,
     body: Bytes,
 ) -> Result<Option<Code>, TestCaseError> {
-    let token = if path.contains("Admin") { ADMIN_TOKEN } else { FUZZ_TOKEN };
+    let token = if path.contains("Admin") {
+        ADMIN_TOKEN
+    } else {
+        FUZZ_TOKEN
+    };
     let request = http::Request::builder()
         .method("POST")
         .uri(format!("http://tollgate{path}"))
@@ -771,10 +807,11 @@ fn raw_bytes_to_every_method_are_answered_and_keep_the_canary() {
         let canary = plant_canary(&coordinator).await;
         (coordinator, scope_state_only(canary))
     });
-    let mut channel = rt.block_on(coordinator.channel());
+    let channel = rt.block_on(coordinator.channel());
     let calls = prop::collection::vec((prop::sample::select(METHODS), raw_body()), 1..6);
     runner()
         .run(&calls, |calls| {
+            let mut channel = channel.clone();
             rt.block_on(async {
                 for (path, body) in calls {
                     raw_call(&mut channel, path, body).await?;

@@ -30,14 +30,23 @@ pub(crate) fn spawn_server(
     store: Arc<dyn Store>,
     relay: Option<EventRelay>,
 ) -> (oneshot::Sender<()>, JoinHandle<Result<(), ServeError>>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let shutdown = async {
-        let _ = stopped.await;
-    };
     let setup = server::Setup::new(config)
         .clock(clock)
         .store(store)
         .relay(relay);
+    spawn_setup(listener, setup)
+}
+
+/// [`spawn_server`] with a whole [`server::Setup`], for a test that needs
+/// more than the config, clock and store (a state file, say).
+pub(crate) fn spawn_setup(
+    listener: TcpListener,
+    setup: server::Setup,
+) -> (oneshot::Sender<()>, JoinHandle<Result<(), ServeError>>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async {
+        let _ = stopped.await;
+    };
     let task = tokio::spawn(server::run_tcp(listener, shutdown, setup));
     (stop, task)
 }
@@ -75,6 +84,22 @@ impl Coordinator {
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let (stop, task) = spawn_server(listener, config, server_clock, store, relay);
+        Coordinator {
+            addr,
+            clock,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// The coordinator of `setup` (its clock must be `clock`, which the
+    /// test advances).
+    pub(crate) async fn start_setup(setup: server::Setup, clock: Arc<ManualClock>) -> Coordinator {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, task) = spawn_setup(listener, setup.clock(clock.clone()));
         Coordinator {
             addr,
             clock,
