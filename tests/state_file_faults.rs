@@ -96,7 +96,14 @@ async fn start(dir: &Dir) -> Coordinator {
     let mut setup = Setup::new(support::config(POLICY_WITH_TOKENS));
     setup.paths.state_file = Some(dir.state_file());
     let clock = Arc::new(ManualClock::new(from_unix_ms(support::T0)));
-    Coordinator::start_setup(setup, clock).await
+    let coordinator = Coordinator::start_setup(setup, clock).await;
+    // A server that could not start (say, its state file unwritable at
+    // start) ends its task; say why instead of failing to connect.
+    tokio::task::yield_now().await;
+    if coordinator.task.is_finished() {
+        panic!("the coordinator did not start: {:?}", coordinator.task.await);
+    }
+    coordinator
 }
 
 /// What an operator sees of the runtime state: the rules and the freeze
