@@ -7,7 +7,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::*;
-use crate::backoff::Jitter;
+use crate::backoff::{Backoff, Jitter};
+use crate::classify::{GrpcCode, Sent, TransportFailure};
 use crate::hint::{HintForm, InvalidHint};
 
 const NOON: &str = "Mon, 01 Jan 2024 12:00:00 GMT";
@@ -92,7 +93,7 @@ fn wake_and_start(intent: &mut Intent, decision: Decision) -> Duration {
     next_start
 }
 
-// --- Step 2: classification -------------------------------------------------
+// --- Classification -------------------------------------------------
 
 #[test]
 fn success_ends_the_intent() {
@@ -142,7 +143,7 @@ fn a_500_after_other_failures_still_gets_its_one_retry() {
     assert!(matches!(d, Decision::Wait { .. }));
 }
 
-// --- Steps 3-4: effect and repetition ----------------------------------------
+// --- Effect and repetition ----------------------------------------
 
 #[test]
 fn an_unknown_effect_needs_a_repeat_safe_operation() {
@@ -221,7 +222,7 @@ fn a_gateway_error_or_grpc_deadline_after_send_is_an_unknown_effect() {
     }
 }
 
-// --- Step 4: owner -----------------------------------------------------------
+// --- Owner -----------------------------------------------------------
 
 #[test]
 fn another_owner_means_propagate_not_retry() {
@@ -242,7 +243,7 @@ fn another_owner_means_propagate_not_retry() {
     );
 }
 
-// --- Step 5: attempt cap -----------------------------------------------------
+// --- Attempt cap -----------------------------------------------------
 
 #[test]
 fn the_attempt_cap_stops_and_keeps_the_hint_as_evidence() {
@@ -261,7 +262,7 @@ fn the_attempt_cap_stops_and_keeps_the_hint_as_evidence() {
     assert_eq!(last.wait, None, "no wait was planned");
 }
 
-// --- Step 6: hints, every form, at engine level -------------------------------
+// --- Hints, every form, at engine level -------------------------------
 
 /// The decision for one 429 received at elapsed 2 s (12:00:02 wall).
 fn decide_hint(raw: &str, max_hint: Option<Duration>, clock_trusted: bool) -> (Decision, Intent) {
@@ -400,11 +401,12 @@ fn an_absent_hint_uses_the_backoff_for_the_attempts_completed() {
     assert_eq!(wait_of(d), s(4));
 }
 
-// --- Step 8: the deadline gate at receipt ------------------------------------
+// --- The deadline gate at receipt ------------------------------------
 
 #[test]
 fn a_wait_that_cannot_fit_the_reserve_stops_at_receipt() {
-    // The seed's example: 12 s left, Retry-After 10, a 3 s reserve.
+    // The worked example in docs/decision-order.md: 12 s left, Retry-After 10,
+    // a 3 s reserve.
     let policy = IntentPolicy::try_new(s(12), 3, s(3), Duration::ZERO, policy().backoff(), None)
         .expect("policy");
     let mut intent = Intent::new(spec(RepetitionKind::Safe), policy);
@@ -435,7 +437,7 @@ fn a_start_exactly_at_the_limit_fits() {
     assert!(!intent.fits(Duration::MAX));
 }
 
-// --- Steps 11-13: reconsideration ---------------------------------------------
+// --- Reconsideration ---------------------------------------------
 
 #[test]
 fn a_late_wake_re_checks_the_deadline_at_the_current_time() {

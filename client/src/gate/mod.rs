@@ -27,7 +27,7 @@
 //! 9. **wait** on tokio time; cancellation and completion evidence end the
 //!    wait at once.
 //! 10. **re-check** cancellation, the deadline at the *current* time and the
-//!     scope's policy version (a changed version re-runs steps 5–9).
+//!     scope's policy version (a changed version re-runs scope, `Reconsider` and wait).
 //! 11. **admit**: a local capacity permit, then a leased token
 //!     ([`LeaseCache::take`](crate::lease::LeaseCache::take)), then exactly one attempt under
 //!     `tokio::time::timeout` of its reserved cap. The permit comes first

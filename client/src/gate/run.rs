@@ -302,9 +302,8 @@ impl<'g> Run<'g> {
             _ => cache.record_upstream_answer(true),
         }
     }
-    /// any replay. Returns the observation to decide on, reclassified by the
-    /// lookup's answer, or `None` if the intent was cancelled meanwhile.
-    /// Step 2: an unknown effect on a reconcilable intent is looked up before
+
+    /// Effect known? An unknown effect on a reconcilable intent is looked up before
     /// any replay. Returns the observation to decide on, reclassified by the
     /// lookup's answer, or `None` if the intent was cancelled meanwhile.
     async fn reconcile(&mut self, observation: Observation, number: u32) -> Option<Observation> {
@@ -343,7 +342,7 @@ impl<'g> Run<'g> {
         })
     }
 
-    /// Steps 5–11 after a `Wait` decision.
+    /// After a `Wait` decision: scope, `Reconsider`, wait, re-check, admit.
     async fn wait(&mut self, completion: &CancellationToken) -> Admitted {
         let view = self.gate.inner.cache.view(&self.scope);
         let mut evidence = WaitEvidence {
@@ -421,7 +420,7 @@ impl<'g> Run<'g> {
         }
     }
 
-    /// Steps 5–8: floor, scope state, coordinator slot or local spread.
+    /// Before the wait: floor, scope state, coordinator slot or local spread.
     /// Returns false if the intent ended.
     async fn plan(&mut self, view: &ScopeView, evidence: &mut WaitEvidence) -> bool {
         let Phase::Waiting { since, next_start } = self.engine.phase() else {
@@ -505,7 +504,7 @@ impl<'g> Run<'g> {
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
-    /// Step 8: asks the coordinator for a slot. `None` when it could not be
+    /// `Reconsider`: asks the coordinator for a slot. `None` when it could not be
     /// asked or gave no usable answer.
     async fn reconsider(&self, not_before: Duration) -> Option<Slot> {
         let policy = self.engine.policy();
@@ -533,7 +532,7 @@ impl<'g> Run<'g> {
         }
     }
 
-    /// Steps 10–11 at the wake-up: re-check, then capacity, then a token,
+    /// Re-check and admit at the wake-up: re-check, then capacity, then a token,
     /// then the engine's own re-check at the current time.
     async fn admit(&mut self, view: &ScopeView) -> Admitted {
         let now = self.now();
