@@ -47,7 +47,10 @@ async fn a_restarted_coordinator_grants_the_floor_until_reports_arrive() {
     let before = Coordinator::start(support::config(POLICY)).await;
     busy_report(&before, &scope).await;
     let granted_before = lease_all(&before, &scope).await;
-    assert!(granted_before > 100, "a busy scope's budget: {granted_before}");
+    assert!(
+        granted_before > 100,
+        "a busy scope's budget: {granted_before}"
+    );
     before.stop().await;
 
     // The same fleet, a coordinator that remembers nothing of it.

@@ -101,7 +101,10 @@ async fn start(dir: &Dir) -> Coordinator {
     // start) ends its task; say why instead of failing to connect.
     tokio::task::yield_now().await;
     if coordinator.task.is_finished() {
-        panic!("the coordinator did not start: {:?}", coordinator.task.await);
+        panic!(
+            "the coordinator did not start: {:?}",
+            coordinator.task.await
+        );
     }
     coordinator
 }

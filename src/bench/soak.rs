@@ -384,7 +384,10 @@ fn write_report(r: &SoakReport, out: &mut dyn Write) -> std::io::Result<()> {
         )?;
     }
     if r.verdicts.is_empty() {
-        writeln!(out, "too few samples after the warm-up for a verdict (need 3): FAIL")?;
+        writeln!(
+            out,
+            "too few samples after the warm-up for a verdict (need 3): FAIL"
+        )?;
     }
     writeln!(out, "soak: {}", if r.pass { "PASS" } else { "FAIL" })
 }
