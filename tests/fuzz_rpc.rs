@@ -474,7 +474,8 @@ fn policy_toml() -> impl Strategy<Value = String> {
 enum AdminCall {
     ListPolicies,
     GetPolicy(v1::GetPolicyRequest),
-    SetPolicy(v1::SetPolicyRequest),
+    // Boxed: the largest request by far.
+    SetPolicy(Box<v1::SetPolicyRequest>),
     DeletePolicy(v1::DeletePolicyRequest),
     ApplyPolicies(v1::ApplyPoliciesRequest),
     DiffPolicies,
@@ -520,14 +521,14 @@ fn admin_call() -> impl Strategy<Value = AdminCall> {
         )
             .prop_map(
                 |((caller_scope, route), expected_version, fields, patch, reason)| {
-                    AdminCall::SetPolicy(v1::SetPolicyRequest {
+                    AdminCall::SetPolicy(Box::new(v1::SetPolicyRequest {
                         caller_scope,
                         route,
                         expected_version,
                         fields: Some(fields),
                         patch,
                         reason,
-                    })
+                    }))
                 }
             ),
         (target(), any::<u64>(), any_text()).prop_map(
@@ -636,7 +637,7 @@ async fn call_admin(
                 .await,
         ),
         AdminCall::GetPolicy(r) => check("GetPolicy", admin.get_policy(authorized(r, t)).await),
-        AdminCall::SetPolicy(r) => check("SetPolicy", admin.set_policy(authorized(r, t)).await),
+        AdminCall::SetPolicy(r) => check("SetPolicy", admin.set_policy(authorized(*r, t)).await),
         AdminCall::DeletePolicy(r) => {
             check("DeletePolicy", admin.delete_policy(authorized(r, t)).await)
         }

@@ -321,18 +321,21 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> bool {
     }
 }
 
+/// Reads one metric of a sample.
+type Metric = fn(&Sample) -> u64;
+
 /// The first third of `steady` against its last third.
 pub fn verdicts(steady: &[Sample], tolerance: f64) -> Vec<Verdict> {
     let third = steady.len() / 3;
     if third == 0 {
         return Vec::new();
     }
-    let median = |xs: &[Sample], f: fn(&Sample) -> u64| {
+    let median = |xs: &[Sample], f: Metric| {
         let mut v: Vec<u64> = xs.iter().map(f).collect();
         v.sort_unstable();
         v[v.len() / 2] as f64
     };
-    let metrics: [(&'static str, fn(&Sample) -> u64); 3] = [
+    let metrics: [(&'static str, Metric); 3] = [
         ("rss_bytes", |s| s.rss_bytes),
         ("open_fds", |s| s.open_fds),
         ("p99_us", |s| s.p99_us),
