@@ -825,3 +825,34 @@ fn raw_bytes_to_every_method_are_answered_and_keep_the_canary() {
         .expect("the property holds");
     rt.block_on(coordinator.stop());
 }
+
+/// Found by the admin property: a TOML error quotes the offending line and
+/// puts a caret under it, so a long line made a status message past the
+/// client's header limit — an HTTP/2 protocol error, not INVALID_ARGUMENT.
+#[test]
+fn a_long_invalid_policy_document_is_invalid_argument_naming_toml() {
+    let rt = runtime();
+    rt.block_on(async {
+        let coordinator = Coordinator::start(support::config(POLICY)).await;
+        let status = coordinator
+            .admin()
+            .await
+            .apply_policies(with_token(
+                v1::ApplyPoliciesRequest {
+                    toml: "x".repeat(4100),
+                    dry_run: false,
+                    reason: String::new(),
+                },
+                ADMIN_TOKEN,
+            ))
+            .await
+            .expect_err("not a policy document");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().starts_with("toml: "),
+            "{}",
+            status.message()
+        );
+        coordinator.stop().await;
+    });
+}
