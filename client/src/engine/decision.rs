@@ -95,7 +95,7 @@ pub struct WakeCheck {
 /// What to do at reconsideration time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WakeDecision {
-    /// Every engine gate passes now: call [`Intent::start_attempt`] with the
+    /// Every engine gate passes now: call [`Intent::start_attempt`](super::Intent::start_attempt) with the
     /// same `now`.
     Start,
     /// The intent ended.

@@ -150,7 +150,7 @@ impl RedisStore {
         &self.target
     }
 
-    /// A client for the node whose `TIME` the replicas' [`RedisClock`]
+    /// A client for the node whose `TIME` the replicas' [`RedisClock`](super::RedisClock)
     /// follows (on a cluster, the first seed node).
     pub fn clock_client(&self) -> Result<redis::Client, RedisSetupError> {
         Ok(redis::Client::open(self.target.first_node())?)

@@ -2,7 +2,7 @@
 //! replicas are stateless and share one budget exactly.
 //!
 //! # One script per state change
-//! Every [`Store`] operation is one server-side Lua script (EVALSHA, loaded
+//! Every [`Store`](crate::store::Store) operation is one server-side Lua script (EVALSHA, loaded
 //! again on NOSCRIPT by [`redis::Script`]), so it is atomic without locks or
 //! WATCH loops. The scripts (`lua/*.lua`, each prefixed by `lua/prelude.lua`)
 //! are a port of the pure modules — [`crate::budget`], [`crate::hints`]'s
@@ -44,7 +44,7 @@
 //!
 //! # Faults
 //! Each operation is bounded by `op_timeout` (connect and response timeouts
-//! under it); any failure is [`StoreError::Unavailable`], which the service
+//! under it); any failure is [`StoreError::Unavailable`](crate::store::StoreError::Unavailable), which the service
 //! answers as UNAVAILABLE so workers fall back to their local budget. The
 //! connection reconnects by itself in the background.
 
@@ -56,7 +56,7 @@
 //! - `scripts`: the Lua scripts, with the bounds they share with the Rust
 //!   modules injected from the Rust constants.
 //! - `reply`: decoding a script's reply into store types.
-//! - `store`: [`RedisStore`] and its [`Store`] implementation, one script
+//! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one script
 //!   invocation per operation.
 
 mod clock;
