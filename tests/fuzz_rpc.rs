@@ -1,8 +1,8 @@
 //! Property-based fuzzing of every Budget and Admin RPC through the real
-//! server on loopback: arbitrary field values (strings of any length and
-//! character, huge and negative counts, unknown enum values, oversized
-//! repeated fields) through real tonic clients, and arbitrary bytes as the
-//! request body of a raw HTTP/2 gRPC call.
+//! server on loopback, with arbitrary field values (strings of any length
+//! and character, huge and negative counts, unknown enum values, oversized
+//! repeated fields) through real tonic clients. `tests/fuzz_raw.rs` sends
+//! arbitrary bytes instead; the harness is `tests/support/fuzz.rs`.
 //!
 //! Whatever arrives, the coordinator answers a status (never a reset
 //! connection, never INTERNAL or UNKNOWN, which is what a panicking handler
@@ -14,114 +14,15 @@
 
 mod support;
 
-use std::time::Duration;
-
-use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::BodyExt as _;
 use proptest::prelude::*;
-use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use tollgate_proto::v1;
 use tonic::Code;
-use tower::Service as _;
 
+use support::fuzz::*;
 use support::{Coordinator, with_token};
 
-/// The canary's owner; the fuzzer never holds this token.
-const CANARY_TOKEN: &str = "token-of-the-canary";
-const CANARY_CALLER: &str = "tenant-canary";
-const CANARY_ROUTE: &str = "GET /canary";
-/// The fuzzer's caller token: it may use caller scope `fuzz` only.
-const FUZZ_TOKEN: &str = "token-of-the-fuzzer";
-const ADMIN_TOKEN: &str = "admin-token-of-the-fuzzer";
-
-const POLICY: &str = r#"
-[[token]]
-token = "token-of-the-canary"
-caller_scopes = ["tenant-canary"]
-
-[[token]]
-token = "token-of-the-fuzzer"
-caller_scopes = ["fuzz"]
-
-[[admin_token]]
-name = "fuzzer"
-token = "admin-token-of-the-fuzzer"
-"#;
-
-/// Cases per property: 64 by default (a few seconds), `TOLLGATE_FUZZ_CASES`
-/// for a long run.
-fn cases() -> u32 {
-    std::env::var("TOLLGATE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
-
-fn runner() -> TestRunner {
-    TestRunner::new(RunnerConfig {
-        cases: cases(),
-        // Each case is several RPCs; shrinking stays useful but bounded.
-        max_shrink_iters: 256,
-        failure_persistence: None,
-        ..RunnerConfig::default()
-    })
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-// ---- strategies --------------------------------------------------------
-
-/// Any string: empty, short printable, any Unicode (NUL and controls
-/// included), or far longer than every bound.
-fn any_text() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just(String::new()),
-        "[ -~]{1,40}",
-        prop::collection::vec(any::<char>(), 0..64).prop_map(String::from_iter),
-        (1usize..5000).prop_map(|n| "x".repeat(n)),
-        Just("\0".into()),
-        Just("*".into()),
-    ]
-}
-
-/// A caller scope: the fuzzer's own, the canary's (which its token may not
-/// use), or anything.
-fn caller() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just("fuzz".to_owned()),
-        Just(CANARY_CALLER.to_owned()),
-        any_text()
-    ]
-}
-
-fn route() -> impl Strategy<Value = String> {
-    prop_oneof![Just(CANARY_ROUTE.to_owned()), "GET /[a-z]{1,8}", any_text()]
-}
-
-/// An enum field: a known value or any other number.
-fn any_enum() -> impl Strategy<Value = i32> {
-    prop_oneof![0..4i32, any::<i32>()]
-}
-
-fn any_u32() -> impl Strategy<Value = u32> {
-    prop_oneof![0..20u32, Just(u32::MAX), any::<u32>()]
-}
-
-fn any_i64() -> impl Strategy<Value = i64> {
-    prop_oneof![
-        Just(0i64),
-        Just(support::T0),
-        Just(i64::MIN),
-        Just(i64::MAX),
-        any::<i64>()
-    ]
-}
+// ---- Budget ------------------------------------------------------------
 
 fn scope() -> impl Strategy<Value = Option<v1::Scope>> {
     prop::option::weighted(
@@ -228,103 +129,6 @@ fn budget_call() -> impl Strategy<Value = BudgetCall> {
             })
         }),
     ]
-}
-
-// ---- the canary and the checks -----------------------------------------
-
-/// Gives the canary a state worth keeping: a lease outstanding, first
-/// attempts counted, a cooldown from a valid hint.
-async fn plant_canary(coordinator: &Coordinator) -> v1::ScopeState {
-    let mut client = coordinator.client().await;
-    let scope = support::scope(CANARY_CALLER, CANARY_ROUTE, v1::Priority::Normal);
-    client
-        .lease(with_token(
-            support::lease(scope.clone(), "canary-worker", 3),
-            CANARY_TOKEN,
-        ))
-        .await
-        .expect("canary lease");
-    let mut report = support::rate_limited(scope, "canary-worker", "30", v1::ScopeCertainty::Known);
-    report.first_attempts = 10;
-    client
-        .report(with_token(report, CANARY_TOKEN))
-        .await
-        .expect("canary report");
-    canary_state(coordinator).await
-}
-
-async fn canary_state(coordinator: &Coordinator) -> v1::ScopeState {
-    coordinator
-        .admin()
-        .await
-        .get_scope(with_token(
-            v1::GetScopeRequest {
-                caller_scope: CANARY_CALLER.into(),
-                route: CANARY_ROUTE.into(),
-            },
-            ADMIN_TOKEN,
-        ))
-        .await
-        .expect("the canary is readable: the server is alive")
-        .into_inner()
-}
-
-/// The canary's state that only its own calls may change. Policy fields
-/// (allowance, version, rule) are left out where the fuzzer holds an admin
-/// token: changing policies for every scope is what an admin may do.
-fn scope_state_only(mut state: v1::ScopeState) -> v1::ScopeState {
-    state.policy_version = 0;
-    state.policy_rule.clear();
-    state.allowance = 0.0;
-    for class in &mut state.classes {
-        class.allowance = 0.0;
-        class.available = 0.0;
-    }
-    state
-}
-
-/// The status of a call that was answered: never a transport failure or a
-/// panic's INTERNAL/UNKNOWN, and an INVALID_ARGUMENT names its field
-/// (`field: reason`, the field a path such as `evidence[3].retry_after`).
-fn check_status(what: &str, status: &tonic::Status) -> Result<(), TestCaseError> {
-    let allowed = [
-        Code::InvalidArgument,
-        Code::Unauthenticated,
-        Code::PermissionDenied,
-        Code::NotFound,
-        Code::ResourceExhausted,
-        Code::FailedPrecondition,
-        Code::OutOfRange,
-    ];
-    prop_assert!(
-        allowed.contains(&status.code()),
-        "{what}: unexpected {:?}: {}",
-        status.code(),
-        status.message()
-    );
-    if status.code() == Code::InvalidArgument {
-        let field = status.message().split(':').next().unwrap_or_default();
-        prop_assert!(
-            !field.is_empty()
-                && field.len() < status.message().len()
-                && field
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_.[]-* /".contains(c)),
-            "{what}: INVALID_ARGUMENT does not name a field: {}",
-            status.message()
-        );
-    }
-    Ok(())
-}
-
-fn check<T>(
-    what: &str,
-    result: Result<tonic::Response<T>, tonic::Status>,
-) -> Result<(), TestCaseError> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(status) => check_status(what, &status),
-    }
 }
 
 async fn call_budget(
@@ -676,146 +480,6 @@ fn admin_rpcs_answer_every_input_and_keep_the_canary() {
             rt.block_on(async {
                 for (call, token) in calls {
                     call_admin(&mut admin, call, &token).await?;
-                }
-                let now = scope_state_only(canary_state(&coordinator).await);
-                prop_assert_eq!(&now, &canary);
-                Ok(())
-            })
-        })
-        .expect("the property holds");
-    rt.block_on(coordinator.stop());
-}
-
-// ---- raw bytes ---------------------------------------------------------
-
-const METHODS: &[&str] = &[
-    "/tollgate.v1.Budget/Lease",
-    "/tollgate.v1.Budget/Release",
-    "/tollgate.v1.Budget/Report",
-    "/tollgate.v1.Budget/Reconsider",
-    "/tollgate.v1.Budget/Watch",
-    "/tollgate.v1.Admin/ListPolicies",
-    "/tollgate.v1.Admin/GetPolicy",
-    "/tollgate.v1.Admin/SetPolicy",
-    "/tollgate.v1.Admin/DeletePolicy",
-    "/tollgate.v1.Admin/ApplyPolicies",
-    "/tollgate.v1.Admin/DiffPolicies",
-    "/tollgate.v1.Admin/ListScopes",
-    "/tollgate.v1.Admin/GetScope",
-    "/tollgate.v1.Admin/FreezeScope",
-    "/tollgate.v1.Admin/UnfreezeScope",
-    "/tollgate.v1.Admin/ResetScope",
-    "/tollgate.v1.Admin/ListAudit",
-];
-
-/// A request body: one well-framed message of arbitrary bytes (what a
-/// protobuf decoder sees), a frame whose declared length or compression
-/// flag lies, or bytes with no framing at all.
-fn raw_body() -> impl Strategy<Value = Bytes> {
-    let payload = prop::collection::vec(any::<u8>(), 0..2048);
-    prop_oneof![
-        3 => payload.clone().prop_map(|p| frame(0, p.len() as u32, &p)),
-        1 => (any::<u8>(), any::<u32>(), payload.clone()).prop_map(|(flag, len, p)| frame(flag, len, &p)),
-        1 => payload.prop_map(Bytes::from),
-    ]
-}
-
-fn frame(flag: u8, declared_len: u32, payload: &[u8]) -> Bytes {
-    let mut buf = BytesMut::with_capacity(5 + payload.len());
-    buf.put_u8(flag);
-    buf.put_u32(declared_len);
-    buf.put_slice(payload);
-    buf.freeze()
-}
-
-/// One raw HTTP/2 gRPC call; the gRPC status it was answered with, or
-/// `None` when a Watch stream stayed open (an answer too).
-async fn raw_call(
-    channel: &mut tonic::transport::Channel,
-    path: &str,
-    body: Bytes,
-) -> Result<Option<Code>, TestCaseError> {
-    let token = if path.contains("Admin") {
-        ADMIN_TOKEN
-    } else {
-        FUZZ_TOKEN
-    };
-    let request = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://tollgate{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {token}"))
-        .body(tonic::body::Body::new(http_body_util::Full::new(body)))
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    std::future::poll_fn(|cx| channel.poll_ready(cx))
-        .await
-        .map_err(|e| TestCaseError::fail(format!("{path}: channel: {e}")))?;
-    let response = channel
-        .call(request)
-        .await
-        .map_err(|e| TestCaseError::fail(format!("{path}: no response: {e}")))?;
-    prop_assert_eq!(response.status(), http::StatusCode::OK, "{}", path);
-    let (parts, body) = response.into_parts();
-    if let Some(code) = parts.headers.get("grpc-status") {
-        // Trailers-only: the status came with the headers.
-        return Ok(Some(parse_code(path, code)?));
-    }
-    match tokio::time::timeout(Duration::from_secs(2), body.collect()).await {
-        Err(_) if path.ends_with("/Watch") => Ok(None),
-        Err(_) => Err(TestCaseError::fail(format!("{path}: no status"))),
-        Ok(Err(e)) => Err(TestCaseError::fail(format!("{path}: body failed: {e}"))),
-        Ok(Ok(collected)) => {
-            let trailers = collected
-                .trailers()
-                .cloned()
-                .ok_or_else(|| TestCaseError::fail(format!("{path}: no trailers")))?;
-            let code = trailers
-                .get("grpc-status")
-                .ok_or_else(|| TestCaseError::fail(format!("{path}: no grpc-status")))?;
-            Ok(Some(parse_code(path, code)?))
-        }
-    }
-}
-
-fn parse_code(path: &str, value: &http::HeaderValue) -> Result<Code, TestCaseError> {
-    let n: i32 = value
-        .to_str()
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| TestCaseError::fail(format!("{path}: grpc-status {value:?}")))?;
-    let code = Code::from_i32(n);
-    // tonic answers a malformed frame or message itself (INTERNAL for a
-    // body it cannot decode, UNIMPLEMENTED for compression it does not
-    // speak); a handler never does, so anything else is a handler's answer.
-    prop_assert!(
-        code != Code::Unknown && code != Code::Unavailable,
-        "{}: {:?}",
-        path,
-        code
-    );
-    Ok(code)
-}
-
-/// Arbitrary bytes as the body of every method, through the real HTTP/2
-/// server: every call is answered with a gRPC status, and the canary's
-/// state is exactly as it was.
-#[test]
-fn raw_bytes_to_every_method_are_answered_and_keep_the_canary() {
-    let rt = runtime();
-    let (coordinator, canary) = rt.block_on(async {
-        let coordinator = Coordinator::start(support::config(POLICY)).await;
-        let canary = plant_canary(&coordinator).await;
-        (coordinator, scope_state_only(canary))
-    });
-    let channel = rt.block_on(coordinator.channel());
-    let calls = prop::collection::vec((prop::sample::select(METHODS), raw_body()), 1..6);
-    runner()
-        .run(&calls, |calls| {
-            let mut channel = channel.clone();
-            rt.block_on(async {
-                for (path, body) in calls {
-                    raw_call(&mut channel, path, body).await?;
                 }
                 let now = scope_state_only(canary_state(&coordinator).await);
                 prop_assert_eq!(&now, &canary);
