@@ -84,9 +84,10 @@ pub struct Sample {
     pub open_fds: u64,
     /// p99 latency of the calls answered in this interval, µs.
     pub p99_us: u64,
-    /// Calls answered OK / with an error in this interval.
+    /// Calls answered OK in this interval.
     pub ok: u64,
-    /// Calls answered with an error in this interval.
+    /// Calls answered with an error, or not offered because too many were
+    /// in flight, in this interval.
     pub errors: u64,
 }
 
