@@ -37,8 +37,8 @@ pub(crate) fn spawn_server(
     spawn_setup(listener, setup)
 }
 
-/// [`spawn_server`] with a whole [`server::Setup`], for a test that needs
-/// more than the config, clock and store (a state file, say).
+/// [`spawn_server`] with a whole `Setup` (TLS and file-reload tests set
+/// how often secrets are re-read).
 pub(crate) fn spawn_setup(
     listener: TcpListener,
     setup: server::Setup,

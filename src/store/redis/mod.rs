@@ -58,18 +58,25 @@
 //! - `reply`: decoding a script's reply into store types.
 //! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one script
 //!   invocation per operation.
+//! - `sentinel`: a primary behind Redis Sentinel, asked for again after a
+//!   failure.
+//! - `admin_state`: the replicas' shared runtime control state (policies,
+//!   freezes, audit) with compare-and-set commits and change notices.
 
+mod admin_state;
 mod clock;
 mod connection;
 mod keys;
 mod relay;
 mod reply;
 pub(crate) mod scripts;
+mod sentinel;
 mod store;
 
 pub use clock::RedisClock;
 pub use connection::{RedisOptions, RedisSetupError, RedisTarget};
 pub use relay::EventRelay;
+pub use sentinel::SentinelTarget;
 pub use store::RedisStore;
 
 #[cfg(test)]
