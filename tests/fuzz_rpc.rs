@@ -335,13 +335,14 @@ fn admin_call() -> impl Strategy<Value = AdminCall> {
                     }))
                 }
             ),
-        (target(), any::<u64>(), any_text()).prop_map(
-            |((caller_scope, route), expected_version, reason)| {
+        (target(), any::<u64>(), any_text(), any::<bool>()).prop_map(
+            |((caller_scope, route), expected_version, reason, clear)| {
                 AdminCall::DeletePolicy(v1::DeletePolicyRequest {
                     caller_scope,
                     route,
                     expected_version,
                     reason,
+                    clear,
                 })
             }
         ),
