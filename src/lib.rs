@@ -51,7 +51,8 @@
 //!   (docs/telemetry.md).
 //! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark;
 //!   `bench rpc` (coordinator RPC throughput against the same server's health
-//!   check) and `bench memory` (resident bytes per scope in the in-memory store).
+//!   check), `bench memory` (resident bytes per scope in the in-memory store)
+//!   and `bench soak` (RSS, file descriptors and p99 kept flat over a long run).
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!

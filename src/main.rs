@@ -139,6 +139,12 @@ enum BenchCommand {
     #[command(after_help = "Examples:
   tollgate bench memory --scopes 1000000")]
     Memory(tollgate::bench::memory::MemoryArgs),
+    /// A long open-loop run with scope churn: RSS, open file descriptors and
+    /// p99 sampled and judged flat (PASS/FAIL; exit status 1 on FAIL).
+    #[command(after_help = "Examples:
+  tollgate bench soak                              # 10 minutes at half the measured max
+  tollgate bench soak --duration 3m --rate 2000 --json soak.json")]
+    Soak(tollgate::bench::soak::SoakArgs),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -218,6 +224,11 @@ fn bench(bench: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Memory(args) => {
             tollgate::bench::memory::run(&args, stdout)?;
+        }
+        BenchCommand::Soak(args) => {
+            if !tollgate::bench::soak::run(&args, stdout)?.pass {
+                anyhow::bail!("soak: FAIL (see the verdicts above)");
+            }
         }
     }
     Ok(())

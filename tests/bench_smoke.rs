@@ -1,14 +1,20 @@
-//! `tollgate bench rpc` and `tollgate bench memory` with tiny parameters, so
+//! `tollgate bench rpc`, `bench memory` and `bench soak` with tiny parameters, so
 //! they cannot rot: each runs end to end, prints its fields and counts
 //! something. No timing is asserted.
 
 use clap::Parser;
-use tollgate::bench::{memory, rpc};
+use tollgate::bench::{memory, rpc, soak};
 
 #[derive(Parser)]
 struct RpcCli {
     #[command(flatten)]
     args: rpc::RpcArgs,
+}
+
+#[derive(Parser)]
+struct SoakCli {
+    #[command(flatten)]
+    args: soak::SoakArgs,
 }
 
 #[derive(Parser)]
@@ -85,4 +91,44 @@ fn memory_bench_fills_the_store_and_reports_rss() {
     ] {
         assert!(text.contains(field), "no `{field}` in:\n{text}");
     }
+}
+
+/// A 1.5 s soak sampled every 100 ms: a table, every verdict, PASS or FAIL
+/// (not asserted: a shared machine's p99 over 100 ms decides nothing).
+#[test]
+fn soak_bench_samples_and_judges() {
+    let args = SoakCli::parse_from([
+        "soak",
+        "--duration",
+        "1500ms",
+        "--rate",
+        "100",
+        "--sample-every",
+        "100ms",
+        "--warmup",
+        "0s",
+        "--scopes",
+        "10",
+    ])
+    .args;
+    let mut out = Vec::new();
+    let report = soak::run(&args, &mut out).expect("the soak runs");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(report.samples.len() >= 10, "{text}");
+    assert!(
+        report.samples.iter().map(|s| s.ok).sum::<u64>() > 0,
+        "{text}"
+    );
+    assert!(
+        report
+            .samples
+            .iter()
+            .all(|s| s.open_fds > 0 && s.rss_bytes > 0)
+    );
+    let metrics: Vec<_> = report.verdicts.iter().map(|v| v.metric).collect();
+    assert_eq!(metrics, ["rss_bytes", "open_fds", "p99_us"], "{text}");
+    assert!(
+        text.contains("soak: PASS") || text.contains("soak: FAIL"),
+        "{text}"
+    );
 }

@@ -6,6 +6,8 @@
 //!   coordinator, with `grpc.health.v1.Health/Check` on the same server as
 //!   the ceiling, in one run.
 //! - [`memory`]: resident memory of the in-memory store per scope.
+//! - [`soak`]: a long open-loop run with scope churn; RSS, open file
+//!   descriptors and p99 must stay flat.
 //!
 //! The client's hot-path micro-benchmarks are criterion benches in
 //! `client/benches/hot_path.rs`; `docs/benchmarks.md` has the commands and
@@ -13,4 +15,5 @@
 
 pub mod memory;
 pub mod rpc;
+pub mod soak;
 pub mod storm;

@@ -403,13 +403,19 @@ impl Admin for AdminService {
             )
             .into());
         }
+        // The document is one field of the request: its errors name the
+        // field first, then the place inside the document.
+        let in_toml = |e: crate::admin::AdminError| match e {
+            crate::admin::AdminError::Invalid(e) => ServiceError::invalid("toml", e.to_string()),
+            other => ServiceError::from(other),
+        };
         let doc = PolicyDoc::from_toml(&req.toml)
-            .map_err(|e| ServiceError::from(crate::admin::AdminError::from(e)))?;
+            .map_err(|e| in_toml(crate::admin::AdminError::from(e)))?;
         let (changes, version) = self
             .control()
             .apply(&who, doc, req.dry_run, "policy.apply", &req.reason)
             .await
-            .map_err(ServiceError::from)?;
+            .map_err(in_toml)?;
         let applied = !req.dry_run && !changes.is_empty();
         Ok(Response::new(changes_of(
             changes,

@@ -42,9 +42,29 @@ impl ServiceError {
     }
 }
 
+/// Longest status message sent, in bytes. A message can quote the peer's
+/// input (a TOML parse error shows the offending line and a caret under
+/// it); unbounded, it became a `grpc-message` header past the client's
+/// header-list limit, and the caller saw an HTTP/2 protocol error instead of
+/// INVALID_ARGUMENT.
+pub const MAX_STATUS_MESSAGE: usize = 1024;
+
+/// `message` cut to [`MAX_STATUS_MESSAGE`] bytes on a character boundary.
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_STATUS_MESSAGE {
+        let mut end = MAX_STATUS_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(" …");
+    }
+    message
+}
+
 impl From<ServiceError> for Status {
     fn from(err: ServiceError) -> Status {
-        let message = err.to_string();
+        let message = bounded(err.to_string());
         match err {
             // The message names the field, so the caller can fix its request.
             ServiceError::InvalidArgument { .. } => Status::invalid_argument(message),

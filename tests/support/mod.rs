@@ -15,6 +15,7 @@
 // Each test binary uses a different subset, re-exports included.
 #![allow(dead_code, unused_imports)]
 
+pub(crate) mod fuzz;
 pub(crate) mod pipes;
 pub(crate) mod tcp;
 

@@ -92,6 +92,22 @@ impl Coordinator {
         }
     }
 
+    /// The coordinator of `setup` (its clock must be `clock`, which the
+    /// test advances).
+    pub(crate) async fn start_setup(setup: server::Setup, clock: Arc<ManualClock>) -> Coordinator {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, task) = spawn_setup(listener, setup.clock(clock.clone()));
+        Coordinator {
+            addr,
+            clock,
+            stop: Some(stop),
+            task,
+        }
+    }
+
     pub(crate) async fn open() -> Coordinator {
         Coordinator::start(Config::default()).await
     }
