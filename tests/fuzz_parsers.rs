@@ -192,6 +192,9 @@ fn state_file_loader_reads_any_bytes() {
         doc: PolicyDoc::from_toml("[[rule]]\nroute = \"GET /x\"\nretry_ratio = 0.5\n")
             .expect("valid doc"),
         freezes: Vec::new(),
+        file_doc: None,
+        overrides: Default::default(),
+        mutes: Vec::new(),
     })
     .expect("serializable");
     let len = valid.len();

@@ -232,6 +232,12 @@ fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
             of(duration_text()),
         ),
         (of(duration_text()), of(duration_text()), of(any_u32())),
+        (
+            of(any_u32()),
+            of(any_f64()),
+            of(duration_text()),
+            of(any_text()),
+        ),
     )
         .prop_map(
             |(
@@ -239,6 +245,7 @@ fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
                 (cost_transient, cost_throttled, shares),
                 (lease_ttl, max_hint, clock_skew_tolerance),
                 (backoff_base, backoff_max, wake_rate),
+                (corroborate_workers, corroborate_fraction, uncorroborated_cap, mode),
             )| v1::PolicyFields {
                 window,
                 min_retries_per_sec,
@@ -257,6 +264,10 @@ fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
                 backoff_base,
                 backoff_max,
                 wake_rate,
+                corroborate_workers,
+                corroborate_fraction,
+                uncorroborated_cap,
+                mode,
             },
         )
 }
