@@ -64,7 +64,8 @@ enum BenchCommand {
     /// Lease/Report/Reconsider throughput and latency against a coordinator,
     /// with the same server's health check as the ceiling.
     Rpc(tollgate::bench::rpc::RpcArgs),
-    /// Resident memory of the in-memory store with N scopes.
+    /// Resident memory of the in-memory store with N scopes (live and idle),
+    /// or, with `--traffic`, what reaching `max_scopes` does to traffic.
     Memory(tollgate::bench::memory::MemoryArgs),
 }
 
@@ -123,7 +124,12 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Bench {
             bench: BenchCommand::Memory(args),
         } => {
-            tollgate::bench::memory::run(&args, &mut std::io::stdout().lock())?;
+            let out = &mut std::io::stdout().lock();
+            if args.traffic.is_some() {
+                tollgate::bench::memory::run_traffic(&args, out)?;
+            } else {
+                tollgate::bench::memory::run(&args, out)?;
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -307,6 +307,7 @@ async fn release_returns_tokens_and_expiry_counts_them_spent() {
             worker_id: "w".into(),
             lease_id: all.lease_id.clone(),
             spent: 20,
+            retry_successes: 0,
         })
         .await
         .expect("release")
@@ -328,6 +329,7 @@ async fn release_returns_tokens_and_expiry_counts_them_spent() {
             worker_id: "w".into(),
             lease_id: back.lease_id.clone(),
             spent: 0,
+            retry_successes: 0,
         })
         .await
         .expect_err("expired");
@@ -501,8 +503,28 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
             .into_inner()
             .lease_id,
         spent: 3,
+        retry_successes: 0,
     };
     expect_field(client.release(spend_more).await.map(|_| ()), "spent");
+    let more_successes_than_spent = v1::ReleaseRequest {
+        scope: good.clone(),
+        worker_id: "w".into(),
+        lease_id: client
+            .lease(lease(good, "w", 2))
+            .await
+            .expect("lease")
+            .into_inner()
+            .lease_id,
+        spent: 1,
+        retry_successes: 2,
+    };
+    expect_field(
+        client
+            .release(more_successes_than_spent)
+            .await
+            .map(|_| ()),
+        "retry_successes",
+    );
     coordinator.stop().await;
 }
 

@@ -684,6 +684,9 @@ async fn release(shared: &Shared, scope: &Scope, lease_id: String, spent: u32) {
         worker_id: String::new(),
         lease_id,
         spent,
+        // The lease cache does not yet count which of its retries
+        // succeeded, so it claims no refund (the conservative direction).
+        retry_successes: 0,
     };
     // A failed release only means the tokens count as spent at expiry,
     // which is the conservative direction.

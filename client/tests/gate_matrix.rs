@@ -371,6 +371,7 @@ async fn tokens_exhausted_before_wake_are_not_admitted() {
             worker_id: "worker-2".into(),
             lease_id: lease.lease_id,
             spent: 0,
+            retry_successes: 0,
         })
         .await
         .unwrap()

@@ -26,7 +26,7 @@ use tokio::sync::broadcast;
 use tollgate_client::clock::{Clock, to_unix_ms};
 
 use crate::admin::Control;
-use crate::budget::GrantAsk;
+use crate::budget::{GrantAsk, LeaseEnd};
 use crate::events::{EventHub, ScopeSnapshot, StateChange};
 use crate::policy::SharedPolicies;
 use crate::scope::{RetryClass, RouteKey, ScopeKey};
@@ -147,6 +147,12 @@ impl Coordinator {
         &self.policies
     }
 
+    /// The store, for what reads it apart from the operations (the
+    /// scope-table metrics).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     /// The coordinator's clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
@@ -187,17 +193,24 @@ impl Coordinator {
         })
     }
 
-    /// Ends a lease; returns the tokens refunded.
+    /// Ends a lease; returns the tokens refunded: the unspent ones and
+    /// those of retries that succeeded.
     pub async fn release(
         &self,
         scope: &ScopeKey,
         worker_id: &str,
         lease_id: &str,
         spent: u32,
+        retry_successes: u32,
     ) -> Result<u32, StoreError> {
-        self.store
-            .release(scope, worker_id, lease_id, spent, self.now_ms())
-            .await
+        let end = LeaseEnd {
+            worker_id,
+            lease_id,
+            spent,
+            retry_successes,
+            now_ms: self.now_ms(),
+        };
+        self.store.release(scope, end).await
     }
 
     /// Gives a waiting intent a jittered slot on `route`'s cursor.

@@ -7,33 +7,49 @@
 //! wrong. The price: a caller-wide cooldown merged concurrently with a
 //! `Reconsider` may miss that one slot — the worker still sees the cooldown
 //! on its next call or on `Watch`.
+//!
+//! # Reaching `max_scopes`
+//! The bound keeps a flood of invented scope names from growing memory
+//! without end. When an operation needs a new scope and the store is full,
+//! the store makes room at once instead of refusing: it evicts the coldest
+//! scopes (least recently touched) that hold nothing live — never one with
+//! an unexpired lease, a cooldown or backoff ahead, a freeze or a waiting
+//! intent — in one batch of [`ROOM_BATCH_PERMILLE`] of the bound, so the
+//! pass over the map is paid once per batch, not per new scope. Only when
+//! every scope is live is the operation refused (`ScopeLimit`, which the
+//! service answers RESOURCE_EXHAUSTED and the client's link treats as "the
+//! coordinator is unusable": the worker falls back to its local budget). A
+//! flood of invented names therefore pushes out cold scopes, whose loss
+//! costs their first-attempt count (the next window rebuilds it), never a
+//! live lease or cooldown. Occupancy, evictions and refusals are counted
+//! in [`ScopeCounts`] for the `tollgate.scopes.*` metrics.
+//!
+//! Route state is kept compact (`route`): see there for what a scope costs.
 
+mod route;
+
+use std::collections::BinaryHeap;
 use std::future::ready;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
-use crate::budget::{BudgetLedger, GrantAsk, GrantLimit};
+use crate::budget::{BudgetLedger, GrantAsk, GrantLimit, LeaseEnd, MAX_WINDOW_SECS};
 use crate::hints::{Assessment, HintState, Merge};
 use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
-use crate::slots::{SlotAsk, SlotCursor, SlotOutcome};
+use crate::slots::{SlotAsk, SlotOutcome};
 
 use super::{
-    LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
-    ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
+    LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeCounts, ScopeDetail,
+    ScopeFilter, ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
 };
+use route::{RouteName, RouteState};
 
-/// State of one `(caller_scope, route)`.
-#[derive(Debug)]
-struct RouteState {
-    budget: BudgetLedger,
-    hints: HintState,
-    slots: SlotCursor,
-    frozen: Option<String>,
-    /// For idle eviction.
-    last_touched_ms: i64,
-}
+/// The share of `max_scopes` (permille) one room-making pass evicts: 1/64
+/// of the bound, at least one scope.
+pub const ROOM_BATCH_PERMILLE: usize = 16;
 
 /// State of a whole caller scope: only evidence from uncertain scopes.
 #[derive(Debug, Default)]
@@ -45,11 +61,17 @@ struct CallerState {
 /// The in-memory [`Store`].
 #[derive(Debug)]
 pub struct MemoryStore {
-    routes: DashMap<RouteKey, RouteState>,
+    routes: DashMap<RouteName, RouteState>,
     callers: DashMap<String, CallerState>,
     /// Routes plus caller scopes kept at most; a bound on memory that a
     /// stream of invented scope names cannot lift.
     max_scopes: usize,
+    /// One room-making pass at a time: the others wait for its result
+    /// instead of scanning the same map again.
+    making_room: Mutex<()>,
+    evicted_idle: AtomicU64,
+    evicted_for_room: AtomicU64,
+    refused: AtomicU64,
     next_lease: AtomicU64,
     /// Makes lease ids from before a restart unrecognisable after it.
     lease_nonce: u32,
@@ -62,42 +84,106 @@ impl MemoryStore {
             routes: DashMap::new(),
             callers: DashMap::new(),
             max_scopes,
+            making_room: Mutex::new(()),
+            evicted_idle: AtomicU64::new(0),
+            evicted_for_room: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             next_lease: AtomicU64::new(1),
             lease_nonce: rand::random(),
         }
     }
 
-    fn full(&self) -> bool {
-        self.routes.len() + self.callers.len() >= self.max_scopes
+    fn live(&self) -> usize {
+        self.routes.len() + self.callers.len()
+    }
+
+    /// Room for one more scope, evicting the coldest unpinned ones if the
+    /// store is full; `ScopeLimit` when every scope is live.
+    fn ensure_room(&self, now_ms: i64) -> Result<(), StoreError> {
+        if self.live() < self.max_scopes {
+            return Ok(());
+        }
+        let _one_pass = self
+            .making_room
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Another pass may have made room while this one waited.
+        if self.live() < self.max_scopes || self.make_room(now_ms) > 0 {
+            return Ok(());
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Err(StoreError::ScopeLimit {
+            max: self.max_scopes,
+        })
+    }
+
+    /// Evicts up to one batch of the coldest unpinned scopes; returns how
+    /// many. One pass over both maps, keeping the coldest candidates in a
+    /// bounded heap (no copy of the whole map), then each is removed only
+    /// if it is still cold and unpinned under its own entry lock.
+    fn make_room(&self, now_ms: i64) -> usize {
+        let batch = (self.max_scopes * ROOM_BATCH_PERMILLE / 1000).max(1);
+        // Max-heap on last touch: the top is the warmest of the coldest.
+        let mut coldest: BinaryHeap<(i64, Victim)> = BinaryHeap::with_capacity(batch + 1);
+        let mut offer = |touched: i64, victim: &dyn Fn() -> Victim| {
+            if coldest.len() < batch {
+                coldest.push((touched, victim()));
+            } else if coldest.peek().is_some_and(|(t, _)| touched < *t) {
+                coldest.pop();
+                coldest.push((touched, victim()));
+            }
+        };
+        for e in self.routes.iter() {
+            if !e.value().pinned(now_ms) {
+                offer(e.value().last_touched_ms, &|| Victim::Route(e.key().clone()));
+            }
+        }
+        for e in self.callers.iter() {
+            if e.value().hints.floor_ms() <= now_ms {
+                offer(e.value().last_touched_ms, &|| Victim::Caller(e.key().clone()));
+            }
+        }
+        let evicted = coldest
+            .into_iter()
+            .filter(|(touched, victim)| match victim {
+                Victim::Route(name) => self
+                    .routes
+                    .remove_if(name, |_, s| {
+                        s.last_touched_ms <= *touched && !s.pinned(now_ms)
+                    })
+                    .is_some(),
+                Victim::Caller(name) => self
+                    .callers
+                    .remove_if(name, |_, c| {
+                        c.last_touched_ms <= *touched && c.hints.floor_ms() <= now_ms
+                    })
+                    .is_some(),
+            })
+            .count();
+        self.evicted_for_room
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+        evicted
     }
 
     /// Runs `f` on the route's state under its entry lock, creating the
-    /// state if there is room.
+    /// state if there is room (or room can be made).
     fn with_route<T>(
         &self,
         key: &RouteKey,
         now_ms: i64,
         f: impl FnOnce(&mut RouteState) -> T,
     ) -> Result<T, StoreError> {
-        if let Some(mut state) = self.routes.get_mut(key) {
+        let name = RouteName::of(key);
+        if let Some(mut state) = self.routes.get_mut(&name) {
             state.last_touched_ms = state.last_touched_ms.max(now_ms);
             return Ok(f(&mut state));
         }
-        if self.full() {
-            return Err(StoreError::ScopeLimit {
-                max: self.max_scopes,
-            });
-        }
+        self.ensure_room(now_ms)?;
         let mut state = self
             .routes
-            .entry(key.clone())
-            .or_insert_with(|| RouteState {
-                budget: BudgetLedger::new(now_ms),
-                hints: HintState::default(),
-                slots: SlotCursor::default(),
-                frozen: None,
-                last_touched_ms: now_ms,
-            });
+            .entry(name)
+            .or_insert_with(|| RouteState::new(now_ms));
+        state.last_touched_ms = state.last_touched_ms.max(now_ms);
         Ok(f(&mut state))
     }
 
@@ -110,9 +196,9 @@ impl MemoryStore {
 
     fn view_of(state: &RouteState, caller: (i64, i64)) -> RouteView {
         RouteView {
-            cooldown_until_ms: state.hints.cooldown_until_ms.max(caller.0),
-            floor_ms: state.hints.floor_ms().max(caller.1),
-            frozen: state.frozen.clone(),
+            cooldown_until_ms: state.hints().cooldown_until_ms.max(caller.0),
+            floor_ms: state.hints().floor_ms().max(caller.1),
+            frozen: state.frozen().cloned(),
         }
     }
 
@@ -125,8 +211,8 @@ impl MemoryStore {
         ScopeSummary {
             route: key.clone(),
             view: Self::view_of(state, caller),
-            leases_outstanding: state.budget.live_leases(now_ms),
-            waiting: state.slots.waiting(now_ms),
+            leases_outstanding: state.live_leases(now_ms),
+            waiting: state.waiting(now_ms),
             last_touched_ms: state.last_touched_ms,
         }
     }
@@ -147,7 +233,7 @@ impl MemoryStore {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {
                 let remaining = state
-                    .budget
+                    .budget(ask.now_ms)
                     .available_milli(policy, ask.priority, ask.now_ms)
                     / policy.cost(ask.retry_class).max(1);
                 return Ok(LeaseOutcome {
@@ -161,7 +247,7 @@ impl MemoryStore {
                     view,
                 });
             }
-            let grant = state.budget.grant(policy, ask, &id)?;
+            let grant = state.budget(ask.now_ms).grant(policy, ask, &id)?;
             Ok(LeaseOutcome {
                 lease_id: (grant.granted > 0).then_some(id),
                 grant,
@@ -169,6 +255,24 @@ impl MemoryStore {
             })
         })?
     }
+
+    /// Occupancy and eviction counts, for the `tollgate.scopes.*` metrics.
+    pub fn counts(&self) -> ScopeCounts {
+        ScopeCounts {
+            live: self.live(),
+            limit: self.max_scopes,
+            evicted_idle: self.evicted_idle.load(Ordering::Relaxed),
+            evicted_for_room: self.evicted_for_room.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A scope a room-making pass may evict.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Victim {
+    Route(RouteName),
+    Caller(String),
 }
 
 impl MemoryStore {
@@ -189,19 +293,19 @@ impl MemoryStore {
         }
         let mut merges: Vec<Option<Merge>> = vec![None; report.hints.len()];
         self.with_route(&scope.route, now_ms, |state| {
-            state.budget.deposit(
+            state.budget(now_ms).deposit(
                 policy,
                 report.worker_id,
                 scope.priority,
                 report.first_attempts,
                 now_ms,
             );
-            if report.successes > 0 {
-                state.hints.decay();
+            if report.successes > 0 && state.hints().backoff_step > 0 {
+                state.hints_mut().decay();
             }
             for (merge, hint) in merges.iter_mut().zip(report.hints) {
                 if !hint.caller_wide {
-                    *merge = Some(state.hints.merge(&hint.assessment, policy, now_ms));
+                    *merge = Some(state.hints_mut().merge(&hint.assessment, policy, now_ms));
                 }
             }
         })?;
@@ -220,7 +324,7 @@ impl MemoryStore {
     /// A route's effective state; an unknown route has its caller scope's.
     fn view_now(&self, route: &RouteKey) -> RouteView {
         let caller = self.caller_floor(&route.caller_scope);
-        match self.routes.get(route) {
+        match self.routes.get(&RouteName::of(route)) {
             Some(state) => Self::view_of(&state, caller),
             None => RouteView {
                 cooldown_until_ms: caller.0,
@@ -239,10 +343,8 @@ impl MemoryStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Merge, StoreError> {
-        if !self.callers.contains_key(caller) && self.full() {
-            return Err(StoreError::ScopeLimit {
-                max: self.max_scopes,
-            });
+        if !self.callers.contains_key(caller) {
+            self.ensure_room(now_ms)?;
         }
         let mut state = self.callers.entry(caller.to_owned()).or_default();
         state.last_touched_ms = state.last_touched_ms.max(now_ms);
@@ -260,18 +362,11 @@ impl Store for MemoryStore {
         Box::pin(ready(self.lease_now(scope, ask, policy)))
     }
 
-    fn release<'a>(
-        &'a self,
-        scope: &'a ScopeKey,
-        worker_id: &'a str,
-        lease_id: &'a str,
-        spent: u32,
-        now_ms: i64,
-    ) -> StoreFuture<'a, u32> {
-        let result = match self.routes.get_mut(&scope.route) {
+    fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
+        let result = match self.routes.get_mut(&RouteName::of(&scope.route)) {
             Some(mut state) => state
-                .budget
-                .release(worker_id, lease_id, spent, now_ms)
+                .budget(end.now_ms)
+                .release(end)
                 .map_err(StoreError::from),
             None => Err(crate::budget::BudgetError::LeaseNotFound.into()),
         };
@@ -304,7 +399,7 @@ impl Store for MemoryStore {
                     floor_ms: ask.floor_ms.max(view.floor_ms),
                     ..ask
                 };
-                let decided = match state.slots.assign(ask, policy.wake_rate_per_sec)? {
+                let decided = match state.slots_mut().assign(ask, policy.wake_rate_per_sec)? {
                     SlotOutcome::Slot(at) => Reconsidered::Slot(at),
                     SlotOutcome::DeadlineInfeasible(at) => Reconsidered::DeadlineInfeasible(at),
                 };
@@ -325,7 +420,7 @@ impl Store for MemoryStore {
         now_ms: i64,
     ) -> StoreFuture<'a, ()> {
         Box::pin(ready(
-            self.with_route(route, now_ms, |state| state.frozen = reason),
+            self.with_route(route, now_ms, |state| state.set_frozen(reason)),
         ))
     }
 
@@ -343,12 +438,12 @@ impl Store for MemoryStore {
             .iter()
             .filter(|e| {
                 let k = e.key();
-                filter.caller_scope.matches(&k.caller_scope)
-                    && filter.route.matches(&k.route)
-                    && (!filter.frozen_only || e.value().frozen.is_some())
-                    && after.is_none_or(|a| k > a)
+                filter.caller_scope.matches(k.caller_scope())
+                    && filter.route.matches(k.route())
+                    && (!filter.frozen_only || e.value().frozen().is_some())
             })
-            .map(|e| e.key().clone())
+            .map(|e| e.key().key())
+            .filter(|k| after.is_none_or(|a| k > a))
             .collect();
         keys.sort_unstable();
         let more = keys.len() > limit;
@@ -358,7 +453,7 @@ impl Store for MemoryStore {
             .filter_map(|k| {
                 let caller = self.caller_floor(&k.caller_scope);
                 self.routes
-                    .get(k)
+                    .get(&RouteName::of(k))
                     .map(|state| Self::summary(k, &state, caller, now_ms))
             })
             .collect();
@@ -382,18 +477,22 @@ impl Store for MemoryStore {
                     )
                 });
         let caller = self.caller_floor(&route.caller_scope);
-        // get_mut only because the budget's series advance when read; the
-        // route's last_touched is left alone so looking does not keep a
-        // scope from being evicted.
-        let detail = self.routes.get_mut(route).map(|mut state| {
+        // The route's last_touched is left alone so looking does not keep
+        // a scope from being evicted.
+        let detail = self.routes.get(&RouteName::of(route)).map(|state| {
             let summary = Self::summary(route, &state, caller, now_ms);
+            // A copy, so a quiet route's ledger is not rebuilt by looking.
+            let mut budget = state
+                .budget_if_any()
+                .cloned()
+                .unwrap_or_else(|| BudgetLedger::new(now_ms));
             ScopeDetail {
                 summary,
-                budget: state.budget.snapshot(policy, now_ms),
-                route_cooldown_until_ms: state.hints.cooldown_until_ms,
+                budget: budget.snapshot(policy, now_ms),
+                route_cooldown_until_ms: state.hints().cooldown_until_ms,
                 caller_cooldown_until_ms: caller_cooldown,
-                backoff_step: state.hints.backoff_step,
-                route_hints: state.hints.recent.iter().cloned().collect(),
+                backoff_step: state.hints().backoff_step,
+                route_hints: state.recent_hints(),
                 caller_hints,
             }
         });
@@ -401,12 +500,9 @@ impl Store for MemoryStore {
     }
 
     fn reset_scope<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, bool> {
-        let known = match self.routes.get_mut(route) {
+        let known = match self.routes.get_mut(&RouteName::of(route)) {
             Some(mut state) => {
-                state.budget = BudgetLedger::new(now_ms);
-                state.hints = HintState::default();
-                state.slots = SlotCursor::default();
-                state.last_touched_ms = state.last_touched_ms.max(now_ms);
+                state.reset(now_ms);
                 true
             }
             None => false,
@@ -414,20 +510,33 @@ impl Store for MemoryStore {
         Box::pin(ready(Ok(known)))
     }
 
+    /// Also compacts the routes it keeps that have been untouched for the
+    /// longest window: their quiet ledgers and inert hints are dropped
+    /// (`route::RouteState::compact`), which is what keeps an idle scope
+    /// small until it is evicted.
     fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {
-        let before = self.routes.len() + self.callers.len();
+        let before = self.live();
         let idle_since = now_ms.saturating_sub(idle_ms);
+        let quiet_since = now_ms.saturating_sub(MAX_WINDOW_SECS as i64 * 1000);
         self.routes.retain(|_, s| {
-            s.last_touched_ms > idle_since
-                || s.frozen.is_some()
-                || s.hints.floor_ms() > now_ms
-                || s.budget.live_leases(now_ms) > 0
-                || s.slots.waiting(now_ms) > 0
+            if s.last_touched_ms > idle_since || s.pinned(now_ms) {
+                if s.last_touched_ms <= quiet_since {
+                    s.compact(now_ms);
+                }
+                return true;
+            }
+            false
         });
         self.callers
             .retain(|_, c| c.last_touched_ms > idle_since || c.hints.floor_ms() > now_ms);
-        let after = self.routes.len() + self.callers.len();
-        Box::pin(ready(Ok(before.saturating_sub(after))))
+        let evicted = before.saturating_sub(self.live());
+        self.evicted_idle
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+        Box::pin(ready(Ok(evicted)))
+    }
+
+    fn counts(&self) -> Option<ScopeCounts> {
+        Some(MemoryStore::counts(self))
     }
 }
 
