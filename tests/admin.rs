@@ -396,7 +396,9 @@ async fn a_reset_ends_a_watching_workers_cooldown() {
             .await
             .expect("report");
         assert_eq!(
-            support::next_event(&mut events, "the reset's watch").await.kind(),
+            support::next_event(&mut events, "the reset's watch")
+                .await
+                .kind(),
             ScopeEventKind::CooldownStarted
         );
     }

@@ -13,7 +13,7 @@ use support::{
 };
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
-use tollgate::budget::GrantAsk;
+use tollgate::budget::{GrantAsk, LeaseEnd};
 use tollgate::policy::Policy;
 use tollgate::scope::{RouteKey, ScopeKey};
 use tollgate::slots::SlotAsk;
@@ -497,7 +497,7 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
         scope: good.clone(),
         worker_id: "w".into(),
         lease_id: client
-            .lease(lease(good, "w", 2))
+            .lease(lease(good.clone(), "w", 2))
             .await
             .expect("lease")
             .into_inner()
@@ -510,7 +510,7 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
         scope: good.clone(),
         worker_id: "w".into(),
         lease_id: client
-            .lease(lease(good, "w", 2))
+            .lease(lease(good.clone(), "w", 2))
             .await
             .expect("lease")
             .into_inner()
@@ -519,10 +519,7 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
         retry_successes: 2,
     };
     expect_field(
-        client
-            .release(more_successes_than_spent)
-            .await
-            .map(|_| ()),
+        client.release(more_successes_than_spent).await.map(|_| ()),
         "retry_successes",
     );
     coordinator.stop().await;
@@ -628,16 +625,8 @@ impl Store for GatedStore {
             self.inner.lease(scope, ask, policy).await
         })
     }
-    fn release<'a>(
-        &'a self,
-        scope: &'a ScopeKey,
-        worker_id: &'a str,
-        lease_id: &'a str,
-        spent: u32,
-        now_ms: i64,
-    ) -> StoreFuture<'a, u32> {
-        self.inner
-            .release(scope, worker_id, lease_id, spent, now_ms)
+    fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
+        self.inner.release(scope, end)
     }
     fn report<'a>(
         &'a self,

@@ -224,9 +224,8 @@ pub fn run_traffic(args: &MemoryArgs, out: &mut dyn Write) -> anyhow::Result<Tra
         for second in 0..duration.as_secs() {
             let pairs = args.rate / 2;
             for k in 0..pairs {
-                let now_ms = t0
-                    + i64::try_from(second * 1000).unwrap_or(0)
-                    + i64::from(k * 1000 / pairs);
+                let now_ms =
+                    t0 + i64::try_from(second * 1000).unwrap_or(0) + i64::from(k * 1000 / pairs);
                 let key = scope(rng.random_range(0..args.scopes));
                 for result in lease_and_report(&store, &key, &policy, now_ms).await {
                     calls += 1;

@@ -175,8 +175,8 @@ impl ClassLedger {
                     self.workers.retain(|w| w.last_seen_ms > now_ms - window_ms);
                 }
                 if self.workers.len() >= MAX_WORKERS_PER_CLASS
-                    && let Some(oldest) = (0..self.workers.len())
-                        .min_by_key(|&i| self.workers[i].last_seen_ms)
+                    && let Some(oldest) =
+                        (0..self.workers.len()).min_by_key(|&i| self.workers[i].last_seen_ms)
                 {
                     self.workers.swap_remove(oldest);
                 }
@@ -306,7 +306,10 @@ pub struct BudgetSnapshot {
 /// The share, in permille, of `class` and every class below it: the most
 /// they may spend together.
 pub fn shares_from(policy: &Policy, class: usize) -> u64 {
-    Priority::ALL[class..].iter().map(|&p| policy.share(p)).sum()
+    Priority::ALL[class..]
+        .iter()
+        .map(|&p| policy.share(p))
+        .sum()
 }
 
 /// `allowance × permille / 1000`, saturating.
@@ -533,9 +536,7 @@ impl BudgetLedger {
     /// same first attempts and spend, never refilled).
     pub fn snapshot(&mut self, policy: &Policy, now_ms: i64) -> BudgetSnapshot {
         let now_sec = now_ms.div_euclid(1000);
-        let first_attempts = self
-            .window
-            .sum(now_sec, policy.window_secs, FIRST_ATTEMPTS);
+        let first_attempts = self.window.sum(now_sec, policy.window_secs, FIRST_ATTEMPTS);
         let allowance_milli = self.allowance_milli(policy, now_ms);
         let spent = self.spent(policy, now_ms);
         let window_ms = policy.window_ms();

@@ -7,6 +7,16 @@ fn policy(spec: PolicySpec) -> Policy {
     Policy::try_new(&spec).expect("valid policy")
 }
 
+fn end<'a>(worker: &'a str, lease: &'a str, spent: u32, now_ms: i64) -> LeaseEnd<'a> {
+    LeaseEnd {
+        worker_id: worker,
+        lease_id: lease,
+        spent,
+        retry_successes: 0,
+        now_ms,
+    }
+}
+
 fn ask(worker: &str, want: u32, now_ms: i64) -> GrantAsk<'_> {
     GrantAsk {
         worker_id: worker,
@@ -38,16 +48,25 @@ fn changing_the_ratio_rescales_the_balance_and_never_refills_it() {
         .grant(&loose, ask("w", 100, T0), "l1")
         .expect("grant");
     assert_eq!(granted.granted, 100);
+    // Critical may reach the whole allowance, borrowing down.
     let before = ledger.snapshot(&loose, T0).classes[0];
-    assert_eq!(before.allowance_milli, 150_000); // (100 + 200) × 0.5
-    assert_eq!(before.available_milli, 50_000);
+    assert_eq!(before.allowance_milli, 300_000); // 100 + 0.2 × 1000
+    assert_eq!(before.available_milli, 200_000);
     let tight = policy(PolicySpec {
         retry_ratio: Some(0.05),
         ..PolicySpec::default()
     });
     let after = ledger.snapshot(&tight, T0).classes[0];
     assert_eq!(after.spent_milli, 100_000, "spend carries over");
-    assert_eq!(after.allowance_milli, 75_000); // (100 + 50) × 0.5
+    assert_eq!(after.allowance_milli, 150_000); // 100 + 0.05 × 1000
+    assert_eq!(after.available_milli, 50_000);
+    let tighter = policy(PolicySpec {
+        retry_ratio: Some(0.0),
+        min_retries_per_sec: Some(5.0),
+        ..PolicySpec::default()
+    });
+    let after = ledger.snapshot(&tighter, T0).classes[0];
+    assert_eq!(after.allowance_milli, 50_000);
     assert_eq!(after.available_milli, 0, "tightened below what is spent");
     let looser = policy(PolicySpec {
         retry_ratio: Some(0.4),
@@ -56,7 +75,7 @@ fn changing_the_ratio_rescales_the_balance_and_never_refills_it() {
     let after = ledger.snapshot(&looser, T0).classes[0];
     assert_eq!(
         after.available_milli,
-        250_000 - 100_000,
+        500_000 - 100_000,
         "not a full budget"
     );
 }
@@ -72,18 +91,64 @@ fn the_ceiling_caps_the_formula() {
 }
 
 #[test]
-fn grants_never_exceed_the_class_share() {
-    let p = Policy::default(); // critical: 0.5 × 100 tokens
+fn grants_never_exceed_what_the_class_may_reach() {
+    let p = Policy::default(); // 100 tokens; shares 0.2 / 0.6 / 0.2
     let mut ledger = BudgetLedger::new(T0);
-    let mut total = 0;
-    for i in 0..200 {
-        let id = format!("w{}", i % 7);
-        total += ledger
-            .grant(&p, ask(&id, 3, T0), &format!("l{i}"))
-            .expect("grant")
-            .granted;
+    let mut total = [0; 3];
+    for priority in [Priority::Bulk, Priority::Normal, Priority::Critical] {
+        for i in 0..200 {
+            let id = format!("w{}", i % 7);
+            let ask = GrantAsk {
+                priority,
+                ..ask(&id, 3, T0)
+            };
+            total[priority.index()] += ledger
+                .grant(&p, ask, &format!("{priority}{i}"))
+                .expect("grant")
+                .granted;
+        }
     }
-    assert_eq!(total, 50);
+    // Bulk its own share, normal the rest of what is not critical's,
+    // critical its reserve: the formula, never more.
+    assert_eq!(total, [20, 60, 20]);
+}
+
+#[test]
+fn the_never_up_bounds_hold_for_every_class() {
+    let p = Policy::default();
+    // allowance 1000, spent critical 100, normal 500, bulk 150
+    let spent = [100, 500, 150];
+    assert_eq!(available_of(&p, 1000, &spent, 0), 250);
+    assert_eq!(available_of(&p, 1000, &spent, 1), 150); // 800 − 650
+    assert_eq!(available_of(&p, 1000, &spent, 2), 50); // 200 − 150
+    assert_eq!(shares_from(&p, 1), 800);
+}
+
+#[test]
+fn a_retry_that_succeeded_is_refunded_to_its_second() {
+    let p = Policy::default();
+    let mut ledger = BudgetLedger::new(T0);
+    let g = ledger
+        .grant(
+            &p,
+            GrantAsk {
+                retry_class: RetryClass::Throttled,
+                ..ask("w", 10, T0)
+            },
+            "a",
+        )
+        .expect("grant");
+    assert_eq!(g.granted, 10);
+    let back = LeaseEnd {
+        retry_successes: 3,
+        ..end("w", "a", 5, T0 + 1_500)
+    };
+    // 5 unspent + 3 succeeded, at the lease's cost of 2 each.
+    assert_eq!(ledger.release(back), Ok(8));
+    let snap = ledger.snapshot(&p, T0 + 1_500);
+    assert_eq!(snap.classes[0].spent_milli, 2 * 2_000);
+    // The refund went back to the second charged: it slides out with it.
+    assert_eq!(ledger.snapshot(&p, T0 + 10_000).classes[0].spent_milli, 0);
 }
 
 #[test]
@@ -100,7 +165,7 @@ fn throttled_retries_cost_double() {
             "l",
         )
         .expect("grant");
-    assert_eq!(g.granted, 25);
+    assert_eq!(g.granted, 50);
     assert_eq!(g.limit, GrantLimit::BudgetExhausted);
 }
 
@@ -108,15 +173,15 @@ fn throttled_retries_cost_double() {
 fn release_refunds_unspent_and_expiry_keeps_the_charge() {
     let p = Policy::default();
     let mut ledger = BudgetLedger::new(T0);
-    let g = ledger.grant(&p, ask("w", 50, T0), "a").expect("grant");
-    assert_eq!(g.granted, 50);
+    let g = ledger.grant(&p, ask("w", 100, T0), "a").expect("grant");
+    assert_eq!(g.granted, 100);
     assert_eq!(
         ledger.grant(&p, ask("w", 1, T0), "b").expect("g").granted,
         0
     );
-    assert_eq!(ledger.release("w", "a", 20, T0 + 1), Ok(30));
+    assert_eq!(ledger.release(end("w", "a", 70, T0 + 1)), Ok(30));
     assert_eq!(
-        ledger.release("w", "a", 0, T0 + 1),
+        ledger.release(end("w", "a", 0, T0 + 1)),
         Err(BudgetError::LeaseNotFound)
     );
     let g = ledger.grant(&p, ask("w", 30, T0 + 2), "c").expect("grant");
@@ -124,7 +189,7 @@ fn release_refunds_unspent_and_expiry_keeps_the_charge() {
     // `c` expires unreported: its tokens stay spent.
     let after = T0 + 2 + 10_000;
     assert_eq!(
-        ledger.release("w", "c", 0, after),
+        ledger.release(end("w", "c", 0, after)),
         Err(BudgetError::LeaseNotFound)
     );
     assert_eq!(
@@ -139,18 +204,18 @@ fn another_workers_lease_cannot_be_released() {
     let mut ledger = BudgetLedger::new(T0);
     ledger.grant(&p, ask("a", 5, T0), "l").expect("grant");
     assert_eq!(
-        ledger.release("b", "l", 0, T0),
+        ledger.release(end("b", "l", 0, T0)),
         Err(BudgetError::LeaseNotFound)
     );
     assert!(matches!(
-        ledger.release("a", "l", 6, T0),
+        ledger.release(end("a", "l", 6, T0)),
         Err(BudgetError::SpentExceedsGrant { .. })
     ));
 }
 
 #[test]
 fn a_greedy_worker_cannot_starve_modest_ones() {
-    let p = Policy::default(); // 50 critical tokens
+    let p = Policy::default(); // 100 tokens critical may reach
     let mut ledger = BudgetLedger::new(T0);
     // Nine modest workers have been reporting: they are active.
     for i in 0..9 {
@@ -159,19 +224,19 @@ fn a_greedy_worker_cannot_starve_modest_ones() {
     let greedy = ledger
         .grant(&p, ask("greedy", 1000, T0), "g")
         .expect("grant");
-    assert_eq!(greedy.granted, 5, "an equal share of 50 among 10");
+    assert_eq!(greedy.granted, 10, "an equal share of 100 among 10");
     assert_eq!(greedy.limit, GrantLimit::FairShare);
     for i in 0..9 {
         let g = ledger
-            .grant(&p, ask(&format!("m{i}"), 4, T0), &format!("m{i}"))
+            .grant(&p, ask(&format!("m{i}"), 8, T0), &format!("m{i}"))
             .expect("grant");
-        assert_eq!(g.granted, 4);
+        assert_eq!(g.granted, 8);
     }
     // What the modest ones left over goes to the greedy one.
     let more = ledger
         .grant(&p, ask("greedy", 1000, T0), "g2")
         .expect("grant");
-    assert_eq!(more.granted, 50 - 5 - 36);
+    assert_eq!(more.granted, 100 - 10 - 72);
 }
 
 #[test]
@@ -187,8 +252,8 @@ fn a_clock_stepping_back_does_not_resurrect_spent_tokens() {
     let p = Policy::default();
     let mut ledger = BudgetLedger::new(T0);
     assert_eq!(
-        ledger.grant(&p, ask("w", 50, T0), "a").expect("g").granted,
-        50
+        ledger.grant(&p, ask("w", 100, T0), "a").expect("g").granted,
+        100
     );
     assert_eq!(
         ledger

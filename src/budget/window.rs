@@ -114,7 +114,11 @@ mod tests {
         assert_eq!(w.add(100, FIRST_ATTEMPTS, 7), 100);
         assert_eq!(w.add(105, spent_col(1), 3000), 105);
         assert_eq!(w.sum(105, 10, FIRST_ATTEMPTS), 7);
-        assert_eq!(w.sum(110, 10, FIRST_ATTEMPTS), 0, "second 100 left the 10 s window");
+        assert_eq!(
+            w.sum(110, 10, FIRST_ATTEMPTS),
+            0,
+            "second 100 left the 10 s window"
+        );
         w.refund(105, spent_col(1), 1000);
         assert_eq!(w.sum(110, 10, spent_col(1)), 2000);
         // A clock behind the head counts as the head.

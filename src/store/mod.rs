@@ -210,7 +210,7 @@ pub struct ScopeDetail {
 
 /// How full a store's bounded scope table is, for the `tollgate.scopes.*`
 /// metrics (stores without a bound of their own have none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct ScopeCounts {
     /// Routes plus caller scopes held now.
     pub live: usize,

@@ -103,10 +103,7 @@ impl MemoryStore {
         if self.live() < self.max_scopes {
             return Ok(());
         }
-        let _one_pass = self
-            .making_room
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _one_pass = self.making_room.lock().unwrap_or_else(|e| e.into_inner());
         // Another pass may have made room while this one waited.
         if self.live() < self.max_scopes || self.make_room(now_ms) > 0 {
             return Ok(());
@@ -135,12 +132,16 @@ impl MemoryStore {
         };
         for e in self.routes.iter() {
             if !e.value().pinned(now_ms) {
-                offer(e.value().last_touched_ms, &|| Victim::Route(e.key().clone()));
+                offer(e.value().last_touched_ms, &|| {
+                    Victim::Route(e.key().clone())
+                });
             }
         }
         for e in self.callers.iter() {
             if e.value().hints.floor_ms() <= now_ms {
-                offer(e.value().last_touched_ms, &|| Victim::Caller(e.key().clone()));
+                offer(e.value().last_touched_ms, &|| {
+                    Victim::Caller(e.key().clone())
+                });
             }
         }
         let evicted = coldest
@@ -232,10 +233,11 @@ impl MemoryStore {
         self.with_route(&scope.route, ask.now_ms, |state| {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {
-                let remaining = state
-                    .budget(ask.now_ms)
-                    .available_milli(policy, ask.priority, ask.now_ms)
-                    / policy.cost(ask.retry_class).max(1);
+                let remaining =
+                    state
+                        .budget(ask.now_ms)
+                        .available_milli(policy, ask.priority, ask.now_ms)
+                        / policy.cost(ask.retry_class).max(1);
                 return Ok(LeaseOutcome {
                     lease_id: None,
                     grant: crate::budget::Grant {
@@ -553,23 +555,94 @@ mod tests {
 
     crate::store::contract::contract_tests!(make);
 
+    use crate::budget::GrantAsk;
+    use crate::scope::{Priority, RetryClass};
+    use crate::store::contract::deposit;
+
+    const T0: i64 = 1_700_000_000_000;
+
+    fn key(i: usize) -> ScopeKey {
+        ScopeKey::new("c", &format!("r{i}"), Priority::Critical)
+    }
+
+    async fn lease(s: &MemoryStore, i: usize, now_ms: i64) -> Result<LeaseOutcome, StoreError> {
+        let ask = GrantAsk {
+            worker_id: "w",
+            priority: Priority::Critical,
+            retry_class: RetryClass::Transient,
+            want: 1,
+            now_ms,
+        };
+        s.lease(&key(i), ask, &Policy::default()).await
+    }
+
     /// Only the memory store counts scopes: a shared store's bound is the
     /// server's own memory limit plus key expiry (docs/operations.md).
     #[tokio::test]
-    async fn scopes_are_bounded_until_idle_ones_are_evicted() {
-        use crate::scope::{Priority, ScopeKey};
-        use crate::store::contract::deposit;
-        const T0: i64 = 1_700_000_000_000;
+    async fn at_the_limit_the_coldest_scope_makes_room() {
         let s = MemoryStore::new(8);
-        let key = |i: usize| ScopeKey::new("c", &format!("r{i}"), Priority::Critical);
         for i in 0..8 {
-            deposit(&s, &key(i), 1, T0).await.expect("room");
+            deposit(&s, &key(i), 1, T0 + i as i64).await.expect("room");
         }
-        let err = deposit(&s, &key(8), 1, T0).await;
-        assert_eq!(err, Err(StoreError::ScopeLimit { max: 8 }));
-        assert_eq!(s.evict_idle(T0 + 61_000, 60_000).await, Ok(8));
-        deposit(&s, &key(8), 1, T0 + 61_000)
+        // r0 is the coldest: touched first, nothing live in it.
+        deposit(&s, &key(8), 1, T0 + 100).await.expect("room made");
+        let c = s.counts();
+        assert_eq!(
+            (c.live, c.limit, c.evicted_for_room, c.refused),
+            (8, 8, 1, 0)
+        );
+        assert_eq!(
+            s.scope_detail(&key(0).route, &Policy::default(), T0 + 100)
+                .await,
+            Ok(None)
+        );
+        assert!(
+            s.scope_detail(&key(1).route, &Policy::default(), T0 + 100)
+                .await
+                .expect("detail")
+                .is_some()
+        );
+    }
+
+    #[tokio::test]
+    async fn live_scopes_are_never_evicted_to_make_room() {
+        let s = MemoryStore::new(8);
+        for i in 0..8 {
+            lease(&s, i, T0).await.expect("room");
+        }
+        // Every scope holds an unexpired lease: refused, nothing evicted.
+        let refused = lease(&s, 8, T0 + 1_000).await;
+        assert_eq!(refused, Err(StoreError::ScopeLimit { max: 8 }));
+        assert_eq!(s.counts().refused, 1);
+        assert_eq!(s.counts().evicted_for_room, 0);
+        // Once the leases expire (ttl 10 s) the coldest goes.
+        lease(&s, 8, T0 + 10_000)
             .await
-            .expect("room again");
+            .expect("room once leases expired");
+        assert_eq!(s.counts().evicted_for_room, 1);
+        // Idle eviction still empties the table later, and is counted.
+        assert_eq!(s.evict_idle(T0 + 1_000_000, 60_000).await, Ok(8));
+        assert_eq!(s.counts().evicted_idle, 8);
+    }
+
+    #[tokio::test]
+    async fn a_quiet_scope_is_compacted_and_still_answers() {
+        let s = MemoryStore::new(8);
+        let lease = lease(&s, 0, T0).await.expect("lease");
+        assert_eq!(lease.grant.granted, 1);
+        // A window and more later, the sweeper keeps the scope (idle TTL
+        // not reached) but drops its quiet ledger.
+        assert_eq!(s.evict_idle(T0 + 61_000, 600_000).await, Ok(0));
+        let name = RouteName::of(&key(0).route);
+        assert!(s.routes.get(&name).expect("kept").budget_if_any().is_none());
+        let d = s
+            .scope_detail(&key(0).route, &Policy::default(), T0 + 61_000)
+            .await
+            .expect("detail")
+            .expect("known");
+        assert_eq!(
+            d.budget.classes[0].available_milli, 100_000,
+            "a full window again"
+        );
     }
 }

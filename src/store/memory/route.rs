@@ -20,12 +20,20 @@ use crate::slots::SlotCursor;
 /// The length prefix makes it injective for any two names (no separator
 /// character a name could contain), and the ordering of routes is restored
 /// by decoding, where it is needed (listing), not paid on every lookup.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct RouteName(Box<str>);
 
 impl RouteName {
     pub(super) fn of(key: &RouteKey) -> Self {
-        RouteName(format!("{}:{}{}", key.caller_scope.len(), key.caller_scope, key.route).into())
+        RouteName(
+            format!(
+                "{}:{}{}",
+                key.caller_scope.len(),
+                key.caller_scope,
+                key.route
+            )
+            .into(),
+        )
     }
 
     pub(super) fn caller_scope(&self) -> &str {
