@@ -1,17 +1,20 @@
-//! A worker's round trip against a running coordinator: lease retry tokens,
-//! report a 429 with `Retry-After: 30`, ask when to reconsider.
+//! A worker's round trip against a running coordinator, through the client:
+//! one intent whose first attempt is refused `429` with `Retry-After: 1`.
+//! The gate reports the refusal (with its raw hint), asks the coordinator
+//! for a slot, takes a leased retry token and tries again.
 //!
 //! ```text
 //! tollgate serve &                       # listens on 127.0.0.1:50051
 //! cargo run --example round_trip -- 127.0.0.1:50051
 //! ```
+//!
+//! With no coordinator running the same intent runs on the local fallback
+//! budget, and the evidence says so (`token: Fallback`, `degraded: true`).
 
-use std::time::SystemTime;
+use std::time::Duration;
 
-use tollgate_client::clock::to_unix_ms;
-use tollgate_proto::v1::{
-    Evidence, LeaseRequest, Priority, ReconsiderRequest, ReportRequest, RetryClass, Scope,
-    ScopeCertainty, budget_client::BudgetClient,
+use tollgate_client::{
+    Backoff, GateIntent, IntentPolicy, Jitter, Observation, Reply, Scope, Tollgate,
 };
 
 #[tokio::main]
@@ -19,85 +22,59 @@ async fn main() -> anyhow::Result<()> {
     let address = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:50051".to_owned());
-    let mut budget = BudgetClient::connect(format!("http://{address}")).await?;
-    let scope = Some(Scope {
-        caller_scope: "example-tenant".into(),
-        route: "GET /users/{id}".into(),
-        priority: Priority::Normal.into(),
-    });
-    let now = to_unix_ms(SystemTime::now());
+    let tollgate = Tollgate::connect(format!("http://{address}"), "example-worker").build()?;
 
-    let lease = budget
-        .lease(LeaseRequest {
-            scope: scope.clone(),
-            worker_id: "example-worker".into(),
-            want: 5,
-            retry_class: RetryClass::Throttled.into(),
+    let policy = IntentPolicy::try_new(
+        Duration::from_secs(30), // end-to-end deadline
+        3,                       // attempts in all
+        Duration::from_secs(2),  // reserved per attempt
+        Duration::from_millis(100),
+        Backoff {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(4),
+            jitter: Jitter::Full,
+        },
+        Some(Duration::from_secs(60)),
+    )?;
+    let scope = Scope::new("example-tenant", "GET /users/{id}");
+    let intent = GateIntent::new("order-42", scope, policy);
+    let result = tollgate
+        .gate()
+        .run(intent, |attempt| async move {
+            // Stands in for the upstream: refuses the first attempt for
+            // capacity, accepts the second.
+            let observation = match attempt.number {
+                1 => Observation::http(429, Some("1")),
+                _ => Observation::http(200, None),
+            };
+            Reply::new(observation, attempt.attempt_id)
         })
-        .await?
-        .into_inner();
+        .await;
+
     println!(
-        "lease: granted {} of 5 (limit {:?}), expires at {}, policy v{}, {} left",
-        lease.granted,
-        lease.limit(),
-        lease.expires_at_unix_ms,
-        lease.policy_version,
-        lease.remaining
+        "outcome: {} ({})",
+        result.outcome,
+        result.outcome.describe()
     );
-
-    let report = budget
-        .report(ReportRequest {
-            scope: scope.clone(),
-            worker_id: "example-worker".into(),
-            first_attempts: 1,
-            successes: 0,
-            evidence: vec![Evidence {
-                http_status: 429,
-                has_retry_after: true,
-                retry_after: "30".into(),
-                receipt_unix_ms: now,
-                sent_unix_ms: now - 40,
-                certainty: ScopeCertainty::Known.into(),
-                intent_id: "order-42".into(),
-                ..Evidence::default()
-            }],
-        })
-        .await?
-        .into_inner();
-    for verdict in &report.verdicts {
+    for evidence in &result.attempts {
+        let record = &evidence.record;
         println!(
-            "report: hint form {} valid {} delay {} ms capped {} clock_skew {} {}",
-            verdict.form,
-            verdict.valid,
-            verdict.delay_ms,
-            verdict.capped,
-            verdict.clock_skew,
-            verdict.reason
+            "attempt {}: status {:?}, token {:?}, policy v{}, decision {:?}",
+            record.number,
+            record.status,
+            evidence.token,
+            evidence.policy_version,
+            record.decision.map(|d| d.as_str()),
         );
+        if let Some(wait) = &evidence.wait {
+            println!(
+                "  waited until {:?} (engine {:?}, slot {:?}, cooldown {:?}, degraded {})",
+                wait.planned_start, wait.engine_next_start, wait.slot, wait.cooldown, wait.degraded
+            );
+        }
     }
-    println!(
-        "report: scope cooldown until {} ({} ms from now)",
-        report.cooldown_until_unix_ms,
-        report.cooldown_until_unix_ms - now
-    );
-
-    let slot = budget
-        .reconsider(ReconsiderRequest {
-            scope,
-            worker_id: "example-worker".into(),
-            intent_id: "order-42".into(),
-            not_before_unix_ms: 0,
-            deadline_unix_ms: now + 120_000,
-            attempt_reserve_ms: 5_000,
-        })
-        .await?
-        .into_inner();
-    println!(
-        "reconsider: {:?} at {} ({} ms from now); reserves a token: {}",
-        slot.decision(),
-        slot.slot_unix_ms,
-        slot.slot_unix_ms - now,
-        slot.reserves_token
-    );
+    println!("coordinator link: {:?}", tollgate.link_state());
+    // Sends the batched report (first attempt, success, the 429's evidence).
+    tollgate.flush().await;
     Ok(())
 }

@@ -25,14 +25,9 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
-use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::clock::SystemClock;
-use tollgate_client::engine::Policy;
-use tollgate_client::gate::{Gate, GateConfig};
-use tollgate_client::layer::{GateError, GateReport, LayerConfig, TollgateLayer};
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
-use tollgate_client::link::{CoordinatorLink, LinkConfig};
-use tollgate_client::scope::Scope;
+use tollgate_client::{
+    Backoff, GateError, GateReport, IntentPolicy, Jitter, LayerConfig, Scope, Tollgate,
+};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// Requests the fake upstream serves at once before it sheds.
@@ -47,14 +42,8 @@ async fn main() -> anyhow::Result<()> {
     let upstream = fake_upstream().await?;
     println!("fake upstream on {upstream}, coordinator at {coordinator}, {intents} intents");
 
-    let link = CoordinatorLink::new(&LinkConfig::new(
-        format!("http://{coordinator}"),
-        "example-worker",
-    ))?;
-    let clock = Arc::new(SystemClock);
-    let cache = LeaseCache::start(link, LeaseCacheConfig::default(), clock.clone());
-    let gate = Gate::new(cache, clock, GateConfig::default());
-    let policy = Policy::try_new(
+    let tollgate = Tollgate::connect(format!("http://{coordinator}"), "example-worker").build()?;
+    let policy = IntentPolicy::try_new(
         Duration::from_secs(10), // end to end
         4,                       // attempts in all
         Duration::from_secs(2),  // reserved per attempt
@@ -66,13 +55,10 @@ async fn main() -> anyhow::Result<()> {
         },
         Some(Duration::from_secs(5)),
     )?;
-    let layer = TollgateLayer::new(
-        gate.clone(),
-        LayerConfig::http(policy, |parts| {
-            // A route template, never the raw path with its ids.
-            Scope::new("example-tenant", format!("{} /work/{{id}}", parts.method))
-        }),
-    );
+    let layer = tollgate.layer(LayerConfig::http(policy, |parts| {
+        // A route template, never the raw path with its ids.
+        Scope::new("example-tenant", format!("{} /work/{{id}}", parts.method))
+    }));
     let client = ServiceBuilder::new()
         .layer(layer)
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
@@ -96,7 +82,8 @@ async fn main() -> anyhow::Result<()> {
     while let Some(line) = tasks.join_next().await {
         println!("{}", line??);
     }
-    println!("coordinator link: {:?}", gate.link_state());
+    println!("coordinator link: {:?}", tollgate.link_state());
+    tollgate.flush().await;
     Ok(())
 }
 

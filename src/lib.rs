@@ -37,9 +37,10 @@
 //! - [`server`]: `run(incoming, shutdown, Setup)`: the core, the services,
 //!   health and reflection behind tower layers, background tasks, a
 //!   graceful drain.
-//! - [`signal`], [`cli`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
+//! - [`signal`], [`serve`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
-//!   Admin API clients with tables, JSON and documented exit codes.
+//!   Admin API clients with one renderer (table, JSON, YAML) and documented
+//!   exit codes.
 //! - [`telemetry`]: OTLP traces and metrics (the coordinator's instruments in
 //!   [`telemetry::metrics`], the standard RPC server metrics, freeze gauges),
 //!   W3C trace context from the caller, the Prometheus `/metrics` endpoint
@@ -64,7 +65,6 @@ pub mod admin;
 pub mod auth;
 pub mod bench;
 pub mod budget;
-pub mod cli;
 pub mod config;
 pub mod coordinator;
 pub mod events;
@@ -73,6 +73,7 @@ pub mod ops;
 pub mod pacing;
 pub mod policy;
 pub mod scope;
+pub mod serve;
 pub mod server;
 pub mod service;
 pub mod signal;

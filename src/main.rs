@@ -1,15 +1,34 @@
 //! The `tollgate` binary: parses the command line and hands off to the
-//! library. Keep it thin — each subcommand lives in a library module.
+//! library. Keep it thin — each subcommand lives in a library module; what
+//! is here is the command tree itself (so completions and man pages are
+//! generated from the same definition that parses).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use tollgate::ops::{self, Connect, Output};
 
 /// Fleet-wide retry budgets.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about)]
+#[command(
+    name = "tollgate",
+    version,
+    about,
+    after_help = "Examples:
+  tollgate serve --config policy.toml
+  tollgate -o json policy list
+  tollgate scopes show tenant-a 'GET /users/{id}'
+  tollgate simulate examples/scenarios/schedule-a.json
+
+The connection and output flags (--server, --token, -o) go before or after
+the subcommand. Exit codes: 0 done, 1 failure, 2 invalid input, 3 coordinator
+unreachable, 4 not allowed, 5 no such rule, 6 conflict, 7 policy drift."
+)]
 struct Cli {
+    #[command(flatten)]
+    connect: Connect,
     #[command(subcommand)]
     command: Command,
 }
@@ -17,32 +36,45 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the coordinator (Budget API, health, reflection).
-    Serve(tollgate::cli::ServeArgs),
+    #[command(after_help = "Examples:
+  tollgate serve                                   # 127.0.0.1:50051, in memory, open dev mode
+  tollgate serve --listen 0.0.0.0:50051 --config policy.toml
+  TOLLGATE_STORE=redis://redis:6379 tollgate serve --config policy.toml")]
+    Serve(tollgate::serve::ServeArgs),
     /// Read and change policies at runtime (Admin API).
+    #[command(after_help = "Examples:
+  tollgate policy list
+  tollgate policy set 'GET /users/*' retry_ratio=0.05 --reason INC-123
+  tollgate policy diff")]
     Policy {
-        #[command(flatten)]
-        connect: tollgate::ops::Connect,
         #[command(subcommand)]
-        command: tollgate::ops::PolicyCommand,
+        command: ops::PolicyCommand,
     },
     /// List, inspect, freeze, unfreeze and reset scopes (Admin API).
+    #[command(after_help = "Examples:
+  tollgate scopes list --caller-scope 'tenant-a*'
+  tollgate scopes freeze tenant-a 'GET /users/{id}' --reason 'upstream down' --for 15m")]
     Scopes {
-        #[command(flatten)]
-        connect: tollgate::ops::Connect,
         #[command(subcommand)]
-        command: tollgate::ops::ScopesCommand,
+        command: ops::ScopesCommand,
     },
     /// Show who changed what, newest first (Admin API).
+    #[command(after_help = "Examples:
+  tollgate audit --limit 20
+  tollgate audit -o json")]
     Audit {
-        #[command(flatten)]
-        connect: tollgate::ops::Connect,
         /// Records to show.
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
     /// Run the retry decision engine on scenario files with a virtual clock.
+    #[command(after_help = "Examples:
+  tollgate simulate examples/scenarios/schedule-a.json
+  tollgate simulate -o json examples/scenarios/*.json
+  cat scenario.json | tollgate simulate -")]
     Simulate {
-        /// Print one JSON result per line instead of a table.
+        /// Print one JSON result per line instead of a table (the same as
+        /// `-o json`).
         #[arg(long)]
         json: bool,
         /// Scenario files (one object or an array each); `-` reads stdin.
@@ -50,9 +82,32 @@ enum Command {
         files: Vec<String>,
     },
     /// Benchmarks: see docs/benchmarks.md.
+    #[command(after_help = "Examples:
+  tollgate bench storm --workers 500 --out results
+  tollgate bench rpc --duration 10s
+  tollgate bench memory --scopes 100000")]
     Bench {
         #[command(subcommand)]
         bench: BenchCommand,
+    },
+    /// Print a shell completion script to stdout.
+    #[command(after_help = "Examples:
+  tollgate completions bash > /etc/bash_completion.d/tollgate
+  tollgate completions zsh > \"${fpath[1]}/_tollgate\"
+  tollgate completions fish > ~/.config/fish/completions/tollgate.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write one man page per command (`tollgate.1`, `tollgate-policy-set.1`, …)
+    /// into a directory.
+    #[command(after_help = "Examples:
+  tollgate man /usr/local/share/man/man1
+  tollgate man target/man && man -l target/man/tollgate-scopes-freeze.1")]
+    Man {
+        /// The directory (created if missing).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
     },
 }
 
@@ -60,77 +115,112 @@ enum Command {
 enum BenchCommand {
     /// A fleet against an in-process upstream through a rate-limit outage,
     /// one retry strategy at a time on the same arrivals.
+    #[command(after_help = "Examples:
+  tollgate bench storm
+  tollgate bench storm --workers 200 --hint date --strategies a,e --out results")]
     Storm(tollgate::bench::storm::StormArgs),
     /// Lease/Report/Reconsider throughput and latency against a coordinator,
     /// with the same server's health check as the ceiling.
+    #[command(after_help = "Examples:
+  tollgate bench rpc                               # an in-process coordinator
+  tollgate bench rpc --addr 127.0.0.1:50051 --concurrency 64 --duration 30s")]
     Rpc(tollgate::bench::rpc::RpcArgs),
     /// Resident memory of the in-memory store with N scopes (live and idle),
     /// or, with `--traffic`, what reaching `max_scopes` does to traffic.
+    #[command(after_help = "Examples:
+  tollgate bench memory --scopes 1000000
+  tollgate bench memory --traffic 60s --scopes 200000 --max-scopes 50000")]
     Memory(tollgate::bench::memory::MemoryArgs),
 }
 
-/// Exit status for invalid input, as the scenario README specifies.
-const EXIT_INVALID: u8 = 2;
-
 fn main() -> anyhow::Result<ExitCode> {
-    match Cli::parse().command {
+    let Cli { connect, command } = Cli::parse();
+    match command {
         Command::Serve(args) => {
-            tollgate::cli::serve(args)?;
+            tollgate::serve::serve(args)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Policy { connect, command } => Ok(tollgate::ops::run(
-            &connect,
-            tollgate::ops::Command::Policy(command),
-        )),
-        Command::Scopes { connect, command } => Ok(tollgate::ops::run(
-            &connect,
-            tollgate::ops::Command::Scopes(command),
-        )),
-        Command::Audit { connect, limit } => Ok(tollgate::ops::run(
-            &connect,
-            tollgate::ops::Command::Audit { limit },
-        )),
-        Command::Simulate { json, files } => {
-            let all_valid = tollgate::simulate::run(
-                &files,
-                json,
-                &mut std::io::stdin().lock(),
-                &mut std::io::stdout().lock(),
-                &mut std::io::stderr().lock(),
-            )
-            .context("writing simulation results")?;
-            Ok(if all_valid {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(EXIT_INVALID)
-            })
+        Command::Policy { command } => Ok(ops::run(&connect, ops::Command::Policy(command))),
+        Command::Scopes { command } => Ok(ops::run(&connect, ops::Command::Scopes(command))),
+        Command::Audit { limit } => Ok(ops::run(&connect, ops::Command::Audit { limit })),
+        Command::Simulate { json, files } => simulate(json, connect.output, &files),
+        Command::Bench { bench } => {
+            self::bench(bench)?;
+            Ok(ExitCode::SUCCESS)
         }
-        Command::Bench {
-            bench: BenchCommand::Storm(args),
-        } => {
-            let (_, written) =
-                tollgate::bench::storm::run_and_write(&args, &mut std::io::stdout().lock())?;
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "tollgate",
+                &mut std::io::stdout().lock(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man { dir } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            // generate_to builds the tree itself with the `help` subcommand
+            // disabled; building it here first would add a page per `help`.
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("writing man pages to {}", dir.display()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `tollgate simulate`: JSON lines with `--json` or `-o json`, else a table.
+fn simulate(json: bool, output: Output, files: &[String]) -> anyhow::Result<ExitCode> {
+    if output == Output::Yaml {
+        eprintln!("tollgate: simulate prints a table or JSON lines (-o json), not YAML");
+        return Ok(ExitCode::from(ops::EXIT_INVALID));
+    }
+    let all_valid = tollgate::simulate::run(
+        files,
+        json || output == Output::Json,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )
+    .context("writing simulation results")?;
+    // Invalid input exits 2, as for every other command.
+    Ok(if all_valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(ops::EXIT_INVALID)
+    })
+}
+
+fn bench(bench: BenchCommand) -> anyhow::Result<()> {
+    let stdout = &mut std::io::stdout().lock();
+    match bench {
+        BenchCommand::Storm(args) => {
+            let (_, written) = tollgate::bench::storm::run_and_write(&args, stdout)?;
             for path in written {
                 eprintln!("wrote {}", path.display());
             }
-            Ok(ExitCode::SUCCESS)
         }
-        Command::Bench {
-            bench: BenchCommand::Rpc(args),
-        } => {
-            tollgate::bench::rpc::run(&args, &mut std::io::stdout().lock())?;
-            Ok(ExitCode::SUCCESS)
+        // The reports are for the smoke tests; the command prints them.
+        BenchCommand::Rpc(args) => {
+            tollgate::bench::rpc::run(&args, stdout)?;
         }
-        Command::Bench {
-            bench: BenchCommand::Memory(args),
-        } => {
-            let out = &mut std::io::stdout().lock();
-            if args.traffic.is_some() {
-                tollgate::bench::memory::run_traffic(&args, out)?;
-            } else {
-                tollgate::bench::memory::run(&args, out)?;
-            }
-            Ok(ExitCode::SUCCESS)
+        BenchCommand::Memory(args) if args.traffic.is_some() => {
+            tollgate::bench::memory::run_traffic(&args, stdout)?;
         }
+        BenchCommand::Memory(args) => {
+            tollgate::bench::memory::run(&args, stdout)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Clap's own consistency checks (duplicate flags, a global flag
+    /// clashing with a subcommand's, bad defaults) over the whole tree.
+    #[test]
+    fn the_command_tree_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -1,10 +1,10 @@
 //! `tollgate simulate`: runs the client's decision engine on scenario files
-//! with a virtual clock and a seeded RNG, as `shared/scenarios/README.md`
+//! with a virtual clock and a seeded RNG, as `examples/scenarios/README.md`
 //! specifies.
 //!
 //! ```text
 //! file text ──load──▶ ScenarioInput (serde, unknown fields refused)
-//!           ──validate──▶ Scenario (Policy, IntentSpec, Script, seed)
+//!           ──validate──▶ Scenario (IntentPolicy, IntentSpec, Script, seed)
 //!           ──simulate──▶ tollgate_client::script::run(engine) ──▶ Report
 //!           ──▶ one JSON line (--json) or a readable table
 //! ```
@@ -33,9 +33,11 @@ use serde_json::Value;
 use thiserror::Error;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::classify::classify_http_listed;
-use tollgate_client::engine::{Intent, IntentSpec, Observation, Policy, Repetition, RetryOwner};
-use tollgate_client::evidence::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
+use tollgate_client::engine::{
+    Intent, IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner,
+};
 use tollgate_client::hint::{HintForm, HintReading, HintVerdict};
+use tollgate_client::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 use tollgate_client::script::{self, Script, ScriptError, ScriptedResponse};
 
 /// The largest number of seconds accepted anywhere in a scenario (about 31
@@ -136,7 +138,7 @@ struct ResponseInput {
 pub struct Scenario {
     name: String,
     spec: IntentSpec,
-    policy: Policy,
+    policy: IntentPolicy,
     script: Script,
     seed: u64,
 }
@@ -255,7 +257,7 @@ fn validate(label: &str, input: ScenarioInput) -> Result<Scenario, SimulateError
         cap: backoff_cap,
         jitter,
     };
-    let policy = Policy::try_new(
+    let policy = IntentPolicy::try_new(
         total_budget,
         p.max_attempts,
         attempt_cap,
@@ -302,7 +304,7 @@ fn validate(label: &str, input: ScenarioInput) -> Result<Scenario, SimulateError
     Ok(Scenario {
         spec: IntentSpec {
             intent_id: input.name.clone(),
-            repetition: Repetition::Safe,
+            repetition: RepetitionKind::Safe,
             retry_owner: RetryOwner::Here,
             wall_at_start,
             clock_trusted: input.clock.trusted,

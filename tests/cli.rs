@@ -419,3 +419,159 @@ async fn a_cli_freeze_stops_a_watching_workers_leases() {
         "{listed}"
     );
 }
+
+/// Runs the binary with no coordinator around (completions, man pages,
+/// help, simulate), from the repository root as a fresh clone would.
+fn offline(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("TOLLGATE_SERVER")
+        .env_remove("TOLLGATE_ADMIN_TOKEN")
+        .output()
+        .expect("run the cli")
+}
+
+#[test]
+fn global_flags_work_before_and_after_the_subcommand_and_yaml_matches_json() {
+    let server = setup("global");
+    let before = json(&server.cli(&["-o", "json", "policy", "list"]));
+    let after = json(&server.cli(&["policy", "list", "-o", "json"]));
+    assert_eq!(before, after);
+    assert_eq!(before["rules"][0]["route"], "GET /users/*");
+
+    // --server before the subcommand wins over TOLLGATE_SERVER.
+    let elsewhere = Command::new(BIN)
+        .args(["--server", &format!("127.0.0.1:{}", server.port)])
+        .args(["--output", "json", "policy", "list"])
+        .env("TOLLGATE_SERVER", "127.0.0.1:1")
+        .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
+        .output()
+        .expect("run the cli");
+    assert_eq!(json(&elsewhere), before);
+
+    let yaml = server.cli(&["policy", "list", "-o", "yaml"]);
+    assert!(yaml.status.success(), "{}", stderr(&yaml));
+    let parsed: serde_json::Value =
+        serde_norway::from_slice(&yaml.stdout).expect("the yaml output parses");
+    assert_eq!(parsed, before, "yaml carries the same fields as json");
+
+    let audit = server.cli(&["-o", "yaml", "audit"]);
+    let records: serde_json::Value =
+        serde_norway::from_slice(&audit.stdout).expect("the audit yaml parses");
+    assert!(records.is_array(), "{}", stdout(&audit));
+}
+
+#[test]
+fn completions_for_each_shell_name_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = offline(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        let script = stdout(&out);
+        assert!(!script.trim().is_empty(), "{shell}: empty script");
+        for name in ["serve", "policy", "scopes", "audit", "simulate", "freeze"] {
+            assert!(script.contains(name), "{shell} completions lack {name}");
+        }
+    }
+    let bad = offline(&["completions", "cmd.exe"]);
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "an unknown shell is invalid input"
+    );
+}
+
+#[test]
+fn man_writes_one_page_per_command() {
+    let dir = temp_dir("man");
+    let out = offline(&["man", dir.to_str().expect("utf-8 temp path")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for page in [
+        "tollgate.1",
+        "tollgate-serve.1",
+        "tollgate-policy-set.1",
+        "tollgate-scopes-freeze.1",
+        "tollgate-bench-storm.1",
+    ] {
+        let text =
+            std::fs::read_to_string(dir.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.contains(".TH"), "{page} is not a man page");
+    }
+    let set = std::fs::read_to_string(dir.join("tollgate-policy-set.1")).expect("policy set page");
+    assert!(
+        set.contains("retry_ratio=0.05"),
+        "the page carries the examples"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_command_help_has_examples() {
+    let commands: &[&[&str]] = &[
+        &[],
+        &["serve"],
+        &["policy"],
+        &["policy", "list"],
+        &["policy", "get"],
+        &["policy", "set"],
+        &["policy", "apply"],
+        &["policy", "delete"],
+        &["policy", "diff"],
+        &["scopes"],
+        &["scopes", "list"],
+        &["scopes", "show"],
+        &["scopes", "freeze"],
+        &["scopes", "unfreeze"],
+        &["scopes", "reset"],
+        &["audit"],
+        &["simulate"],
+        &["bench"],
+        &["bench", "storm"],
+        &["bench", "rpc"],
+        &["bench", "memory"],
+        &["completions"],
+        &["man"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let out = offline(&args);
+        assert!(out.status.success(), "{command:?}: {}", stderr(&out));
+        let help = stdout(&out);
+        assert!(
+            help.contains("Examples:\n  tollgate"),
+            "{command:?} --help has no Examples section:\n{help}"
+        );
+    }
+}
+
+/// Every scenario shipped in `examples/scenarios/` reproduces the result in
+/// `examples/scenarios/expected/`, run by relative path from the repository
+/// root as the README shows.
+#[test]
+fn every_shipped_scenario_reproduces_its_expected_result() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut names: Vec<String> = std::fs::read_dir(root.join("examples/scenarios"))
+        .expect("examples/scenarios")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".json"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 2, "scenarios found: {names:?}");
+    for name in &names {
+        let path = format!("examples/scenarios/{name}");
+        let table = offline(&["simulate", &path]);
+        assert!(table.status.success(), "{path}: {}", stderr(&table));
+        let out = offline(&["-o", "json", "simulate", &path]);
+        let actual = json(&out);
+        let expected: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join("examples/scenarios/expected").join(name))
+                .unwrap_or_else(|e| panic!("expected/{name}: {e}")),
+        )
+        .expect("expected result is JSON");
+        let fields = expected.as_object().expect("expected results are objects");
+        for (field, value) in fields {
+            assert_eq!(&actual[field], value, "{name}: {field}");
+        }
+    }
+}

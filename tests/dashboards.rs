@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tollgate::telemetry::{Telemetry, TelemetryConfig, metrics_http};
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::{Clock, SystemClock};
-use tollgate_client::engine::{Observation, Policy};
+use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
@@ -424,7 +424,8 @@ async fn worker_intent(coordinator: SocketAddr, worker_id: &str) {
         cap: ms(100),
         jitter: Jitter::None,
     };
-    let policy = Policy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
+    let policy =
+        IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
     let intent = GateIntent::new(
         format!("{worker_id}-intent"),
         Scope::new("tenant-w", "GET /y"),

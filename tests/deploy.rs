@@ -187,10 +187,10 @@ fn the_dockerfile_builds_then_runs_non_root_in_a_small_image() {
         dockerfile.contains(IMAGE),
         "the build command names the image"
     );
-    let ops = text(Path::new("docs/operations.md"));
+    let ops = text(Path::new("docs/deploying.md"));
     assert!(
         ops.contains(IMAGE),
-        "docs/operations.md names the same image"
+        "docs/deploying.md names the same image"
     );
     assert!(ops.contains("docker build -f deploy/Dockerfile"));
 }

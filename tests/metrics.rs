@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate::telemetry::{Telemetry, TelemetryConfig, metrics_http};
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Observation, Policy};
+use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
@@ -122,7 +122,8 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
         cap: ms(100),
         jitter: Jitter::None,
     };
-    let policy = Policy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
+    let policy =
+        IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
     let intent = GateIntent::new("i-1", Scope::new("tenant-a", "GET /y"), policy);
     let result = gate
         .run(intent, |attempt: Attempt| async move {

@@ -358,7 +358,7 @@ async fn losing_redis_answers_unavailable_fast_and_recovery_needs_no_restart() {
         })
         .await;
     }
-    // What was lost is what docs/operations.md says: the window's state.
+    // What was lost is what docs/deploying.md says: the window's state.
     // The budget restarts from the floor, so a restart can never grant
     // more than one window's floor allowance (normal 0.3 × 100) anew.
     let after = clients[0]

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tollgate::simulate::{self, Report, SimulateError};
 
 fn shared(path: &str) -> String {
-    format!("{}/../shared/scenarios/{path}", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/examples/scenarios/{path}", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn read(path: &str) -> String {

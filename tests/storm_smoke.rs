@@ -14,8 +14,8 @@ struct Cli {
     args: StormArgs,
 }
 
-/// A small fleet through a 3 s outage: a few hundred intents, well under a
-/// second of real time in a debug build.
+/// A small fleet through a 3 s outage: a few hundred intents, seconds of
+/// real time per strategy in a debug build (the coordinated ones dominate).
 fn tiny(out: &Path, extra: &[&str]) -> StormArgs {
     let mut argv = vec![
         "storm",
@@ -62,7 +62,7 @@ fn every_strategy_runs_and_keeps_the_invariants() {
     let (report, written) = storm::run_and_write(&args, &mut stdout).expect("the storm runs");
     let table = String::from_utf8(stdout).expect("UTF-8 table");
 
-    assert_eq!(report.results.len(), 5, "(a)–(e) by default");
+    assert_eq!(report.results.len(), 6, "(a)–(f) by default");
     for r in &report.results {
         let key = r.strategy.key();
         assert!(r.intents > 100, "{key}: {} intents", r.intents);
@@ -101,16 +101,63 @@ fn every_strategy_runs_and_keeps_the_invariants() {
         budget.amplification
     );
     assert!(naive.rejected_429 > 0, "the outage refused something");
-    // (e) runs every retry through the real gate and coordinator: it must
-    // serve, and retry less than the naive loop.
-    let tollgate = result(&report, StrategyKind::E);
-    assert!(tollgate.succeeded_in_deadline > 0, "(e) served nothing");
-    assert!(
-        naive.amplification > tollgate.amplification,
-        "naive {} vs tollgate {}",
-        naive.amplification,
-        tollgate.amplification
-    );
+    // (e) and (f) run every retry through the real gate and coordinator:
+    // they must serve, retry less than the naive loop, and their workers'
+    // RPCs and the coordinator's view of the scope must have been recorded.
+    for kind in [StrategyKind::E, StrategyKind::F] {
+        let tollgate = result(&report, kind);
+        assert!(
+            tollgate.succeeded_in_deadline > 0,
+            "{kind:?} served nothing"
+        );
+        assert!(
+            naive.amplification > tollgate.amplification,
+            "naive {} vs {kind:?} {}",
+            naive.amplification,
+            tollgate.amplification
+        );
+        let rpcs = tollgate.rpcs.as_ref().expect("coordinated RPCs counted");
+        for method in ["Lease", "Report", "Watch"] {
+            assert!(rpcs.by_method[method] > 0, "{kind:?}: no {method} counted");
+        }
+        assert!(rpcs.steady_per_worker_per_s > 0.0, "{kind:?}: {rpcs:?}");
+        let scope = &tollgate.coordinator.as_ref().expect("sampled").scope_per_s;
+        let seconds = scope["slot_backlog"].len();
+        assert!(seconds >= 6, "{kind:?}: {seconds} samples");
+        assert!(
+            scope["cooldown_left_s"].iter().flatten().any(|&c| c > 0.0),
+            "{kind:?}: the outage's hints set a cooldown"
+        );
+    }
+    // (e) runs the shipped defaults: wake rate 50/s whatever the run.
+    let scope = &result(&report, StrategyKind::E)
+        .coordinator
+        .as_ref()
+        .expect("sampled")
+        .scope_per_s;
+    assert!(scope["wake_rate_per_s"].iter().all(|&w| w == Some(50.0)));
+    // (f) is told C − λ = 100 − 80.
+    let scope = &result(&report, StrategyKind::F)
+        .coordinator
+        .as_ref()
+        .expect("sampled")
+        .scope_per_s;
+    assert!(scope["wake_rate_per_s"].iter().all(|&w| w == Some(20.0)));
+    // Baselines have no coordinator; the lost ratio is against the best of them.
+    let best = report
+        .results
+        .iter()
+        .filter(|r| r.strategy.is_baseline())
+        .map(|r| r.lost)
+        .min()
+        .expect("baselines ran");
+    for r in &report.results {
+        assert_eq!(r.coordinator.is_some(), r.strategy.is_coordinated());
+        if best > 0 {
+            let expected = r.lost as f64 / best as f64;
+            assert_eq!(r.lost_vs_best_baseline, Some(expected), "{:?}", r.strategy);
+        }
+    }
 
     let names: Vec<_> = written
         .iter()
@@ -143,4 +190,88 @@ fn a_paused_run_repeats_exactly_and_date_hints_work() {
             r.strategy
         );
     }
+}
+
+/// Every upstream and reporter variation in one run: a brownout at 0.4 × C
+/// that restarts its penalty on every 429, 0.6 × C after it, a quarter of
+/// the coordinated workers lying, and (e) under an explicit policy file.
+#[test]
+fn brownout_penalty_liars_and_an_explicit_policy() {
+    let out = out_dir("variations");
+    std::fs::create_dir_all(&out).expect("temp dir");
+    let policy = out.join("e-policy.toml");
+    std::fs::write(&policy, "[defaults]\nwake_rate = 7\n").expect("policy written");
+    let args = tiny(
+        &out,
+        &[
+            "--outage-capacity",
+            "0.4",
+            "--capacity-after",
+            "0.6",
+            "--penalty-extending",
+            "--liar-fraction",
+            "0.25",
+            "--e-policy",
+            policy.to_str().expect("UTF-8 path"),
+            "--strategies",
+            "a,b,e",
+        ],
+    );
+    let report = storm::run(&args).expect("the storm runs");
+    for r in &report.results {
+        let key = r.strategy.key();
+        assert_eq!(r.attempts_after_deadline, 0, "{key}: after deadline");
+        assert_eq!(r.attempts_after_cancel, 0, "{key}: after cancel");
+        assert_eq!(r.unfinished, 0, "{key}: unfinished");
+        // Capacity in force: C, then 0.4 × C in the brownout (2–5 s), then
+        // 0.6 × C.
+        assert_eq!(r.capacity_per_s[1], 100.0, "{key}");
+        assert_eq!(r.capacity_per_s[3], 40.0, "{key}");
+        assert_eq!(r.capacity_per_s[5], 60.0, "{key}");
+        // A brownout serves, unless a flood's rejection work eats it all,
+        // which is what (a)'s does.
+        if r.strategy != StrategyKind::A {
+            assert!(
+                r.served_per_s[3] > 0,
+                "{key}: nothing served in the brownout"
+            );
+        }
+    }
+    // (b) sleeps exactly the hint. A restarted penalty asks for the time
+    // left plus a whole outage, so every retry after a 429 in the brownout
+    // lands after it (at 8 s or later): in its last two seconds (b) offers
+    // only first attempts, fewer than when the brownout answers 1 s hints.
+    let brownout_load = |extra: &[&str]| {
+        let mut argv = vec!["--outage-capacity", "0.4", "--strategies", "b"];
+        argv.extend_from_slice(extra);
+        let report = storm::run(&tiny(&out, &argv)).expect("the storm runs");
+        report.results[0].offered_per_s[3..5].iter().sum::<u32>()
+    };
+    let (restarted, plain) = (brownout_load(&["--penalty-extending"]), brownout_load(&[]));
+    assert!(
+        restarted < plain,
+        "penalty restarted {restarted} vs not {plain}"
+    );
+    let tollgate = result(&report, StrategyKind::E);
+    assert!(
+        tollgate
+            .description
+            .contains("5 workers report a 300 s hint"),
+        "{}",
+        tollgate.description
+    );
+    let scope = &tollgate.coordinator.as_ref().expect("sampled").scope_per_s;
+    assert!(
+        scope["wake_rate_per_s"].iter().all(|&w| w == Some(7.0)),
+        "--e-policy read: {:?}",
+        scope["wake_rate_per_s"]
+    );
+    // The liars' 300 s hints reach the coordinator: no true hint in this
+    // run asks for more than 6 s.
+    assert!(
+        scope["cooldown_left_s"].iter().flatten().any(|&c| c > 60.0),
+        "{:?}",
+        scope["cooldown_left_s"]
+    );
+    let _ = std::fs::remove_dir_all(&out);
 }

@@ -25,10 +25,10 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tollgate::telemetry::{Telemetry, TelemetryConfig};
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Observation, Policy};
-use tollgate_client::evidence::Outcome;
+use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{Attempt, GateConfig, GateIntent, Reply};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -203,7 +203,8 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
         cap: ms(200),
         jitter: Jitter::None,
     };
-    let policy = Policy::try_new(ms(5_000), 4, ms(500), ms(10), backoff, None).expect("policy");
+    let policy =
+        IntentPolicy::try_new(ms(5_000), 4, ms(500), ms(10), backoff, None).expect("policy");
     let intent = GateIntent::new("order-42", Scope::new("tenant-a", "POST /orders"), policy);
     let result = gate
         .run(intent, |attempt: Attempt| async move {

@@ -1,6 +1,5 @@
 //! The client's hot path, measured against tower's `TpsBudget` in the same
-//! run so every result can be read as a ratio to a well-known baseline
-//! (issue 7, part 3):
+//! run so every result can be read as a ratio to a well-known baseline:
 //!
 //! - `tps_budget/deposit_withdraw`: tower's per-process budget, one deposit
 //!   and one withdraw: the baseline.
@@ -15,7 +14,9 @@
 //!   show what bounds it: cloning the scope into the map key (two `String`
 //!   allocations) and reading the wall clock for lease expiry.
 //!
-//! Run with `cargo bench -p tollgate-client --bench hot_path`; see
+//! Run with `cargo bench -p tollgate-client --bench hot_path` (the crate's
+//! dev-dependency on itself turns on the `bench` feature that lets the bench
+//! seed a held lease without a coordinator); see
 //! `docs/benchmarks.md` for the settings used there.
 
 use std::hint::black_box;
@@ -27,7 +28,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::SystemClock;
-use tollgate_client::engine::{Intent, IntentSpec, Observation, Policy, Repetition, RetryOwner};
+use tollgate_client::engine::{
+    Intent, IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner,
+};
 use tollgate_client::fallback::LocalBudget;
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
@@ -105,7 +108,7 @@ fn engine_decision(c: &mut Criterion) {
         cap: Duration::from_secs(20),
         jitter: Jitter::Full,
     };
-    let policy = Policy::try_new(
+    let policy = IntentPolicy::try_new(
         Duration::from_secs(30),
         5,
         Duration::from_secs(2),
@@ -116,7 +119,7 @@ fn engine_decision(c: &mut Criterion) {
     .expect("a constant policy");
     let spec = IntentSpec {
         intent_id: "intent-bench".to_owned(),
-        repetition: Repetition::Safe,
+        repetition: RepetitionKind::Safe,
         retry_owner: RetryOwner::Here,
         wall_at_start,
         clock_trusted: true,

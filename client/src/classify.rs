@@ -78,7 +78,8 @@ const fn class(class: ResponseClass, effect: Effect) -> Classification {
 /// | status | class | effect | why |
 /// |---|---|---|---|
 /// | 2xx | success | applied | |
-/// | 429, 503 | throttled | absent | the server refused the request for capacity and said so (RFC 6585 §4, RFC 9110 §15.6.4) |
+/// | 429 | throttled | absent | the server refused the request for capacity and said so (RFC 6585 §4) |
+/// | 503 | throttled | unknown | overload, so it feeds the budget as throttling evidence (RFC 9110 §15.6.4); but a gateway or load balancer may answer 503 after its upstream acted, so only a repeat-safe operation is sent again |
 /// | 408 | transient | absent | the server gave up *waiting for the request*, so it never ran |
 /// | 502, 504 | transient | unknown | a gateway cannot tell whether the upstream acted before the failure |
 /// | 500 | retry once | unknown | a glitch clears on one retry; a bug fails every time, so more retries only add load |
@@ -89,7 +90,8 @@ pub fn classify_http(status: u16) -> Classification {
     use ResponseClass::*;
     match status {
         200..=299 => class(Success, Applied),
-        429 | 503 => class(Throttled, Absent),
+        429 => class(Throttled, Absent),
+        503 => class(Throttled, Unknown),
         408 => class(Transient, Absent),
         502 | 504 => class(Transient, Unknown),
         500 => class(RetryOnce, Unknown),
@@ -254,7 +256,7 @@ mod tests {
             (200, Success, Applied),
             (204, Success, Applied),
             (429, Throttled, Absent),
-            (503, Throttled, Absent),
+            (503, Throttled, Unknown),
             (408, Transient, Absent),
             (502, Transient, Unknown),
             (504, Transient, Unknown),

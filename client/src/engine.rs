@@ -20,7 +20,9 @@
 //! only needed to convert an HTTP-date hint, and is derived as
 //! `wall_at_start + now`.
 //!
-//! # Decision order at a response (the seed's order, steps 1–10)
+//! # Decision order at a response
+//! The whole order, worker and coordinator, is in `docs/decision-order.md`;
+//! the engine's part of it:
 //! 1. Intent active: a cancelled intent is already ended and takes no response.
 //! 2. Classify ([`crate::classify`]): success → `succeeded`; not retryable →
 //!    `non_retryable`; a second retry-once failure (500) → `non_retryable`.
@@ -38,10 +40,10 @@
 //! 8. Deadline: `next_start + attempt_cap > total_budget` →
 //!    `deadline_infeasible` now, at receipt, not after a pointless wait.
 //!
-//! Scope (the seed's step 6) is not the engine's: the gate names the scope
-//! when it asks the coordinator.
+//! Naming the scope is not the engine's: the gate names it when it asks the
+//! coordinator.
 //!
-//! # At reconsideration (steps 11–13)
+//! # At reconsideration
 //! The gate may insert coordinator steps between `Wait` and the next start:
 //! [`Intent::defer`] to a later slot (re-running the deadline gate),
 //! [`Intent::refuse`] when no token, no capacity or another owner stops it.
@@ -59,13 +61,13 @@ use crate::classify::{
     Classification, Effect, GrpcCode, ResponseClass, Sent, TransportFailure, classify_grpc,
     classify_http, classify_transport,
 };
-use crate::evidence::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 use crate::hint::{HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after};
+use crate::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 
 /// Whether, and how, an operation may be sent more than once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Repetition {
+pub enum RepetitionKind {
     /// Repeating is harmless by nature (a read, a PUT of the same value).
     Safe,
     /// The upstream deduplicates by an idempotency key sent with every attempt.
@@ -77,10 +79,10 @@ pub enum Repetition {
     NonRepeatable,
 }
 
-impl Repetition {
+impl RepetitionKind {
     /// Whether an attempt whose effect is unknown may simply be sent again.
     pub fn is_repeat_safe(self) -> bool {
-        matches!(self, Repetition::Safe | Repetition::IdempotencyKey)
+        matches!(self, RepetitionKind::Safe | RepetitionKind::IdempotencyKey)
     }
 }
 
@@ -100,7 +102,7 @@ pub struct IntentSpec {
     /// The stable identity every attempt is bound to.
     pub intent_id: String,
     /// Decides what an unknown effect allows.
-    pub repetition: Repetition,
+    pub repetition: RepetitionKind,
     /// Decides whether this layer may retry at all.
     pub retry_owner: RetryOwner,
     /// Wall time at elapsed zero; receipt wall time is this plus elapsed time,
@@ -111,7 +113,7 @@ pub struct IntentSpec {
     pub clock_trusted: bool,
 }
 
-/// Why a [`Policy`] was refused.
+/// Why a [`IntentPolicy`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PolicyError {
     /// At least the first attempt must be allowed.
@@ -130,10 +132,10 @@ pub enum PolicyError {
     },
 }
 
-/// The rules an intent is decided under. Built by [`Policy::try_new`], so an
+/// The rules an intent is decided under. Built by [`IntentPolicy::try_new`], so an
 /// engine never runs under a policy that cannot admit even one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
+pub struct IntentPolicy {
     total_budget: Duration,
     max_attempts: u32,
     attempt_cap: Duration,
@@ -142,7 +144,7 @@ pub struct Policy {
     max_hint: Option<Duration>,
 }
 
-impl Policy {
+impl IntentPolicy {
     /// Validates and builds a policy.
     ///
     /// - `total_budget`: end-to-end, from the first start.
@@ -158,7 +160,7 @@ impl Policy {
         min_wait: Duration,
         backoff: Backoff,
         max_hint: Option<Duration>,
-    ) -> Result<Policy, PolicyError> {
+    ) -> Result<IntentPolicy, PolicyError> {
         if max_attempts == 0 {
             return Err(PolicyError::NoAttempts);
         }
@@ -171,7 +173,7 @@ impl Policy {
                 budget: total_budget,
             });
         }
-        Ok(Policy {
+        Ok(IntentPolicy {
             total_budget,
             max_attempts,
             attempt_cap,
@@ -438,7 +440,7 @@ struct Findings {
 #[derive(Debug, Clone)]
 pub struct Intent {
     spec: IntentSpec,
-    policy: Policy,
+    policy: IntentPolicy,
     phase: Phase,
     records: Vec<AttemptRecord>,
     /// The clock may not go backwards: every call's `now` is checked against it.
@@ -451,7 +453,7 @@ pub struct Intent {
 
 impl Intent {
     /// A fresh intent; its first attempt starts at elapsed zero.
-    pub fn new(spec: IntentSpec, policy: Policy) -> Self {
+    pub fn new(spec: IntentSpec, policy: IntentPolicy) -> Self {
         Intent {
             spec,
             policy,
@@ -563,7 +565,7 @@ impl Intent {
         Ok(decision)
     }
 
-    /// The decision order (module docs, steps 2–8) for one response, with
+    /// The decision order (module docs, from classification to the deadline gate) for one response, with
     /// the evidence gathered on the way.
     fn decide<R: Rng + ?Sized>(
         &self,
@@ -584,7 +586,7 @@ impl Intent {
         }
         if effect == Effect::Unknown && !self.spec.repetition.is_repeat_safe() {
             let outcome = match self.spec.repetition {
-                Repetition::Reconcilable => Outcome::ReconciliationRequired,
+                RepetitionKind::Reconcilable => Outcome::ReconciliationRequired,
                 _ => Outcome::Indeterminate,
             };
             return stop(outcome, findings);
@@ -786,7 +788,7 @@ impl Intent {
         &self.spec
     }
     /// The policy it runs under.
-    pub fn policy(&self) -> &Policy {
+    pub fn policy(&self) -> &IntentPolicy {
         &self.policy
     }
     /// Where it is now.

@@ -123,10 +123,18 @@ impl LocalBudget {
 }
 
 /// Client-side adaptive throttling (Google SRE book, K = 2 by default).
+///
+/// The book's formula estimates the upstream's acceptance rate from a window
+/// of traffic. Below [`AdaptiveThrottle::MIN_SAMPLES`] answers in the window
+/// it is not an estimate: a fresh or idle worker whose one request was
+/// refused would reject its first retry half the time (`(1 - 0) / (1 + 1)`),
+/// so the throttle admits everything until the window holds enough answers.
+/// The local budget's floor still bounds those retries.
 #[derive(Debug, Clone)]
 pub struct AdaptiveThrottle {
     k: f64,
     window: Duration,
+    min_samples: usize,
     /// (elapsed time, accepted?) for each request in the window, oldest first.
     history: VecDeque<(Duration, bool)>,
 }
@@ -134,6 +142,10 @@ pub struct AdaptiveThrottle {
 impl AdaptiveThrottle {
     /// The multiplier the SRE book recommends.
     pub const DEFAULT_K: f64 = 2.0;
+    /// Answers the window must hold before the throttle rejects anything:
+    /// with K = 2 and all ten refused, the first rejection probability is
+    /// 10 / 11, so the throttle still bites hard once it has evidence.
+    pub const MIN_SAMPLES: usize = 10;
 
     /// A throttle over `window` with multiplier `k`.
     ///
@@ -145,6 +157,7 @@ impl AdaptiveThrottle {
         AdaptiveThrottle {
             k,
             window,
+            min_samples: Self::MIN_SAMPLES,
             history: VecDeque::new(),
         }
     }
@@ -159,9 +172,21 @@ impl AdaptiveThrottle {
         }
     }
 
-    /// The probability that the next request is rejected locally.
+    /// Sets the number of answers the window must hold before the throttle
+    /// rejects anything (default [`Self::MIN_SAMPLES`]; 0 is the book's
+    /// formula as written).
+    pub fn with_min_samples(mut self, min_samples: usize) -> Self {
+        self.min_samples = min_samples;
+        self
+    }
+
+    /// The probability that the next request is rejected locally: zero
+    /// until the window holds the minimum number of answers.
     pub fn reject_probability(&mut self, now: Duration) -> f64 {
         self.expire(now);
+        if self.history.len() < self.min_samples {
+            return 0.0;
+        }
         let requests = self.history.len() as f64;
         let accepts = self.history.iter().filter(|(_, ok)| *ok).count() as f64;
         ((requests - self.k * accepts) / (requests + 1.0)).max(0.0)
@@ -248,6 +273,37 @@ mod tests {
         assert!((p - 80.0 / 101.0).abs() < 1e-9, "{p}");
         assert!(!throttle.admit(SEC, 0.5));
         assert!(throttle.admit(SEC, 0.9));
+    }
+
+    #[test]
+    fn throttle_needs_a_window_of_answers_before_it_rejects() {
+        let mut throttle = AdaptiveThrottle::new(2.0, 120 * SEC);
+        // A fresh worker whose first request was refused: no estimate yet.
+        throttle.record(Duration::ZERO, false);
+        assert_eq!(throttle.reject_probability(SEC), 0.0);
+        assert!(throttle.admit(SEC, 0.0));
+        for i in 1..AdaptiveThrottle::MIN_SAMPLES {
+            assert_eq!(throttle.reject_probability(SEC), 0.0, "{i} answers");
+            throttle.record(SEC, false);
+        }
+        let p = throttle.reject_probability(SEC);
+        assert!((p - 10.0 / 11.0).abs() < 1e-9, "{p}");
+        // The book's formula as written rejects the fresh worker half the time.
+        let mut raw = AdaptiveThrottle::new(2.0, 120 * SEC).with_min_samples(0);
+        raw.record(Duration::ZERO, false);
+        assert!((raw.reject_probability(SEC) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_idle_worker_starts_over_once_its_window_empties() {
+        let mut throttle = AdaptiveThrottle::new(2.0, 10 * SEC);
+        for _ in 0..50 {
+            throttle.record(Duration::ZERO, false);
+        }
+        assert!(throttle.reject_probability(SEC) > 0.9);
+        // Idle past the window, then one refusal: too little to reject on.
+        throttle.record(60 * SEC, false);
+        assert_eq!(throttle.reject_probability(60 * SEC), 0.0);
     }
 
     #[test]

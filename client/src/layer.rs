@@ -1,6 +1,6 @@
 //! A tower [`Layer`] that puts HTTP and tonic clients behind a [`Gate`].
 //!
-//! `TollgateLayer` + `Tollgate<S>` wrap any `Service<http::Request<B>>`: a
+//! `TollgateLayer` + `TollgateService<S>` wrap any `Service<http::Request<B>>`: a
 //! hyper client, or a tonic `Channel` (gRPC is HTTP/2 underneath). Every
 //! request becomes one intent run by the gate; the response handed back is
 //! the last one received, with the gate's [`GateReport`] in its extensions.
@@ -45,9 +45,9 @@ use http_body_util::{BodyExt, Empty, Full, Limited};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::classify::{GrpcCode, Sent, TransportFailure};
-use crate::engine::{Observation, Policy};
-use crate::evidence::Outcome;
+use crate::engine::{IntentPolicy, Observation};
 use crate::gate::{AttemptEvidence, BoxFuture, Gate, GateIntent, Repetition};
+use crate::outcome::Outcome;
 use crate::owner::OwnerMark;
 use crate::scope::Scope;
 
@@ -123,7 +123,7 @@ type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 #[derive(Clone)]
 pub struct LayerConfig {
     protocol: Protocol,
-    policy: Policy,
+    policy: IntentPolicy,
     scope: PartsFn<Scope>,
     repetition: PartsFn<Repetition>,
     buffer_limit: usize,
@@ -142,7 +142,10 @@ impl fmt::Debug for LayerConfig {
 impl LayerConfig {
     /// For an HTTP client. `scope` names a request's scope: a route template
     /// or operation class, never the raw URL with ids in it.
-    pub fn http(policy: Policy, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
+    pub fn http(
+        policy: IntentPolicy,
+        scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static,
+    ) -> Self {
         LayerConfig {
             protocol: Protocol::Http,
             policy,
@@ -154,7 +157,10 @@ impl LayerConfig {
 
     /// For a tonic channel. `scope` usually maps the method path
     /// (`/pkg.Service/Method`) to a scope.
-    pub fn grpc(policy: Policy, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
+    pub fn grpc(
+        policy: IntentPolicy,
+        scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static,
+    ) -> Self {
         LayerConfig {
             protocol: Protocol::Grpc,
             policy,
@@ -235,7 +241,7 @@ pub struct GateError {
     pub source: Option<BoxError>,
 }
 
-/// Wraps services in [`Tollgate`].
+/// Wraps services in [`TollgateService`].
 #[derive(Debug, Clone)]
 pub struct TollgateLayer {
     gate: Gate,
@@ -255,10 +261,10 @@ impl TollgateLayer {
 }
 
 impl<S> Layer<S> for TollgateLayer {
-    type Service = Tollgate<S>;
+    type Service = TollgateService<S>;
 
-    fn layer(&self, inner: S) -> Tollgate<S> {
-        Tollgate {
+    fn layer(&self, inner: S) -> TollgateService<S> {
+        TollgateService {
             inner,
             gate: self.gate.clone(),
             config: self.config.clone(),
@@ -269,14 +275,14 @@ impl<S> Layer<S> for TollgateLayer {
 
 /// A service whose requests are run as intents by a [`Gate`].
 #[derive(Debug, Clone)]
-pub struct Tollgate<S> {
+pub struct TollgateService<S> {
     inner: S,
     gate: Gate,
     config: LayerConfig,
     next_id: Arc<AtomicU64>,
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Tollgate<S>
+impl<S, B, ResBody> Service<Request<B>> for TollgateService<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -442,8 +448,8 @@ where
 }
 
 /// The same policy with one attempt.
-fn single_attempt(policy: Policy) -> Policy {
-    Policy::try_new(
+fn single_attempt(policy: IntentPolicy) -> IntentPolicy {
+    IntentPolicy::try_new(
         policy.total_budget(),
         1,
         policy.attempt_cap(),

@@ -3,26 +3,17 @@
 //! and one retry owner, with retry tokens and slots from the coordinator.
 //!
 //! ```no_run
-//! use std::sync::Arc;
 //! use std::time::Duration;
 //!
-//! use tollgate_client::backoff::{Backoff, Jitter};
-//! use tollgate_client::clock::SystemClock;
-//! use tollgate_client::engine::{Observation, Policy};
-//! use tollgate_client::gate::{Gate, GateConfig, GateIntent, Reply};
-//! use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
-//! use tollgate_client::link::{CoordinatorLink, LinkConfig};
-//! use tollgate_client::scope::Scope;
+//! use tollgate_client::{Backoff, IntentPolicy, Jitter, Observation, Reply, Scope, Tollgate};
+//! use tollgate_client::GateIntent;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! // Connecting is lazy: a worker starts even when the coordinator is down
 //! // (it then runs on a conservative local budget, visibly).
-//! let link = CoordinatorLink::new(&LinkConfig::new("http://127.0.0.1:50051", "worker-1"))?;
-//! let clock = Arc::new(SystemClock);
-//! let cache = LeaseCache::start(link, LeaseCacheConfig::default(), clock.clone());
-//! let gate = Gate::new(cache, clock, GateConfig::default());
+//! let tollgate = Tollgate::connect("http://127.0.0.1:50051", "worker-1").build()?;
 //!
-//! let policy = Policy::try_new(
+//! let policy = IntentPolicy::try_new(
 //!     Duration::from_secs(30),   // end-to-end deadline
 //!     4,                         // attempts in all
 //!     Duration::from_secs(5),    // reserved per attempt
@@ -31,7 +22,8 @@
 //!     Some(Duration::from_secs(60)),
 //! )?;
 //! let intent = GateIntent::new("order-42", Scope::new("tenant-a", "POST /orders"), policy);
-//! let result = gate
+//! let result = tollgate
+//!     .gate()
 //!     .run(intent, |attempt| async move {
 //!         // Send the request with attempt.owner_mark (and the idempotency
 //!         // key, if any) attached; classify what came back.
@@ -45,7 +37,8 @@
 //! ```
 //!
 //! HTTP and tonic clients get the same by wrapping their service in
-//! [`layer::TollgateLayer`].
+//! [`Tollgate::layer`] (a [`TollgateLayer`]). The types a worker needs are
+//! re-exported here; the modules hold the rest.
 //!
 //! # Layout
 //! Pure decision logic, no I/O:
@@ -53,16 +46,19 @@
 //!   (retryable or not; the effect known absent or unknown).
 //! - [`hint`]: the one `Retry-After` / `grpc-retry-pushback-ms` parser.
 //! - [`backoff`]: the local exponential backoff with optional full jitter.
-//! - [`engine`]: the decision engine, a sans-IO state machine per intent.
-//! - [`evidence`]: the outcome vocabulary and one record per attempt.
+//! - [`engine`]: the decision engine, a sans-IO state machine per intent,
+//!   and the [`IntentPolicy`] it runs under.
+//! - [`outcome`]: the outcome vocabulary and one record per attempt.
 //! - [`script`]: a driver that runs the engine on scripted responses and a
 //!   virtual clock (`tollgate simulate`, property tests).
 //! - [`clock`]: injected wall clocks.
 //! - [`fallback`]: the conservative per-process budget and adaptive throttle.
 //!
 //! Running intents (async):
-//! - [`gate`]: `Gate::run` drives the engine on tokio time, in the issue's
-//!   decision order, against the lease cache and a local capacity semaphore.
+//! - [`setup`]: [`Tollgate::connect`], the one-line setup.
+//! - [`gate`]: `Gate::run` drives the engine on tokio time, in the decision
+//!   order, against the lease cache and a local capacity semaphore (intent
+//!   types, the driver, the completion registry and spans in submodules).
 //! - [`owner`]: the `x-tollgate-retry-owner` mark that keeps one retry owner.
 //! - [`layer`]: `TollgateLayer` for `Service<http::Request<B>>` clients and
 //!   tonic channels.
@@ -72,11 +68,14 @@
 //! - [`link`]: the bounded, health-tracking connection to the coordinator.
 //! - [`lease`]: leased tokens (no RPC on the hot path), batched reports and
 //!   the Watch view of scope state; falls back to [`fallback`] when the
-//!   coordinator is unreachable.
+//!   coordinator is unreachable (its RPCs run in a background task, in a
+//!   submodule).
+//! - `wire` (private): every message sent to the coordinator is built there.
 //!
 //! Observing it:
-//! - [`telemetry`]: W3C trace context on coordinator RPCs, the span model,
-//!   client metrics, and (feature `otel`) OTLP export for workers.
+//! - [`telemetry`]: W3C trace context on coordinator RPCs, client metrics,
+//!   and (feature `otel`) OTLP export for workers. It takes plain values, so
+//!   it depends on nothing above it.
 //!
 //! # How data flows
 //! ```text
@@ -90,7 +89,7 @@
 //!        may refuse (no token / capacity / owner)
 //! driver ── on_wake(now, WakeCheck) ──▶ engine re-checks cancel + deadline at now
 //!        ◀── WakeDecision::Start | WakeDecision::Stop(Outcome)
-//! engine keeps an evidence::AttemptRecord per attempt for logs and reports
+//! engine keeps an outcome::AttemptRecord per attempt for logs and reports
 //! ```
 //! Time in the engine is elapsed [`std::time::Duration`] since the first
 //! start; the RNG is passed in, so a seed fixes the schedule.
@@ -99,14 +98,32 @@ pub mod backoff;
 pub mod classify;
 pub mod clock;
 pub mod engine;
-pub mod evidence;
 pub mod fallback;
 pub mod gate;
 pub mod hint;
 pub mod layer;
 pub mod lease;
 pub mod link;
+pub mod outcome;
 pub mod owner;
 pub mod scope;
 pub mod script;
+pub mod setup;
 pub mod telemetry;
+mod wire;
+
+pub use backoff::{Backoff, Jitter};
+pub use classify::{Classification, Effect, GrpcCode, ResponseClass, Sent, TransportFailure};
+pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use engine::{IntentPolicy, Observation, PolicyError};
+pub use gate::{
+    Attempt, AttemptEvidence, Gate, GateConfig, GateIntent, IntentResult, ReconcileQuery,
+    Reconciled, Repetition, Reply, TokenSource, WaitEvidence,
+};
+pub use layer::{GateError, GateReport, LayerConfig, TollgateLayer, TollgateService};
+pub use lease::LeaseCacheConfig;
+pub use link::{LinkConfig, LinkState};
+pub use outcome::{Outcome, ResponseStatus};
+pub use owner::OwnerMark;
+pub use scope::{Priority, Scope};
+pub use setup::{SetupError, Tollgate, TollgateBuilder};

@@ -80,7 +80,7 @@ impl LinkError {
 }
 
 /// How to reach the coordinator.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LinkConfig {
     /// The coordinator's address, e.g. `http://127.0.0.1:50051`.
     pub endpoint: String,
@@ -100,6 +100,24 @@ pub struct LinkConfig {
     /// [`DEFAULT_KEEP_ALIVE_TIMEOUT`]. A silently dead coordinator is thus
     /// noticed within `keep_alive_interval + keep_alive_timeout`.
     pub keep_alive_timeout: Duration,
+}
+
+impl std::fmt::Debug for LinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token grants this worker its caller scopes: whether one is
+        // set, never its value.
+        f.debug_struct("LinkConfig")
+            .field("endpoint", &self.endpoint)
+            .field("worker_id", &self.worker_id)
+            .field(
+                "bearer_token",
+                &self.bearer_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("rpc_timeout", &self.rpc_timeout)
+            .field("keep_alive_interval", &self.keep_alive_interval)
+            .field("keep_alive_timeout", &self.keep_alive_timeout)
+            .finish()
+    }
 }
 
 impl LinkConfig {

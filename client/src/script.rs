@@ -102,8 +102,8 @@ mod tests {
 
     use super::*;
     use crate::backoff::{Backoff, Jitter};
-    use crate::engine::{IntentSpec, Policy, Repetition, RetryOwner};
-    use crate::evidence::Outcome;
+    use crate::engine::{IntentPolicy, IntentSpec, RepetitionKind, RetryOwner};
+    use crate::outcome::Outcome;
 
     fn s(secs: u64) -> Duration {
         Duration::from_secs(secs)
@@ -115,10 +115,10 @@ mod tests {
             cap: s(60),
             jitter: Jitter::None,
         };
-        let policy = Policy::try_new(s(20), 3, s(4), s(1), backoff, None).expect("policy");
+        let policy = IntentPolicy::try_new(s(20), 3, s(4), s(1), backoff, None).expect("policy");
         let spec = IntentSpec {
             intent_id: "script".to_owned(),
-            repetition: Repetition::Safe,
+            repetition: RepetitionKind::Safe,
             retry_owner: RetryOwner::Here,
             wall_at_start: SystemTime::UNIX_EPOCH,
             clock_trusted: true,

@@ -14,25 +14,25 @@ use std::time::Duration;
 use support::{Coordinator, ms, pipes};
 use tokio::time::Instant;
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Observation, Policy};
-use tollgate_client::evidence::Outcome;
+use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{
     Attempt, Gate, GateConfig, GateIntent, IntentResult, Reply, TokenSource,
 };
 use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkState};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
 
 const RPC_TIMEOUT: Duration = Duration::from_millis(200);
 const LOCAL_SPREAD: Duration = Duration::from_millis(50);
 
 /// 5 s end to end, 3 attempts, 500 ms each, backoff 20 ms · 2ⁿ.
-fn policy() -> Policy {
+fn policy() -> IntentPolicy {
     let backoff = Backoff {
         base: ms(20),
         cap: ms(200),
         jitter: Jitter::None,
     };
-    Policy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).unwrap()
+    IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).unwrap()
 }
 
 fn gate_for(coordinator: &Coordinator) -> Gate {

@@ -20,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 use tollgate_client::classify::{Effect, TransportFailure};
 use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_client::engine::Observation;
-use tollgate_client::evidence::{Outcome, RecordDecision};
 use tollgate_client::gate::{
     Attempt, GateConfig, GateIntent, IntentResult, Reconciled, Repetition, Reply, TokenSource,
 };
 use tollgate_client::hint::{HintForm, HintVerdict};
 use tollgate_client::link::{LinkConfig, LinkState};
+use tollgate_client::outcome::{Outcome, RecordDecision};
 use tollgate_proto::v1::{GetPolicyRequest, PolicyFields, ReconsiderRequest, SetPolicyRequest};
 
 /// An upstream that answers attempt `n` with `answers[n - 1]` (the last one
@@ -85,7 +85,7 @@ fn http(status: u16, retry_after: Option<&str>) -> Observation {
     Observation::http(status, retry_after)
 }
 
-fn intent(id: &str, policy: tollgate_client::engine::Policy) -> GateIntent {
+fn intent(id: &str, policy: tollgate_client::engine::IntentPolicy) -> GateIntent {
     GateIntent::new(id, scope(), policy)
 }
 
@@ -120,7 +120,7 @@ async fn valid_hint_but_deadline_infeasible_stops_at_receipt() {
     );
     assert_eq!(
         result.last_status(),
-        Some(tollgate_client::evidence::ResponseStatus::Http(429))
+        Some(tollgate_client::outcome::ResponseStatus::Http(429))
     );
     assert_eq!(result.value, Some(1), "the last response is handed back");
 }

@@ -14,9 +14,9 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use support::pipes::*;
-use tollgate_client::evidence::Outcome;
 use tollgate_client::gate::Repetition;
 use tollgate_client::layer::{GateError, GateReport, LayerConfig, ReplayBody, TollgateLayer};
+use tollgate_client::outcome::Outcome;
 use tollgate_client::owner::RETRY_OWNER_HEADER;
 use tollgate_proto::v1::budget_client::BudgetClient;
 use tollgate_proto::v1::budget_server::Budget;
@@ -141,9 +141,11 @@ async fn a_body_that_cannot_be_replayed_gets_one_attempt() {
     let inner = tower::service_fn(move |_: Request<OneShot>| {
         counter.fetch_add(1, Ordering::SeqCst);
         async {
+            // A 429 (effect known absent): only the body stops a retry. A
+            // 503's effect is unknown, which would stop it on its own.
             Ok::<_, Infallible>(
                 Response::builder()
-                    .status(503)
+                    .status(429)
                     .body(Full::new(Bytes::new()))
                     .unwrap(),
             )
@@ -156,7 +158,7 @@ async fn a_body_that_cannot_be_replayed_gets_one_attempt() {
         .body(OneShot(Full::new(Bytes::from_static(b"{}"))))
         .unwrap();
     let response = service.oneshot(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,

@@ -8,9 +8,11 @@ use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{Intent, IntentSpec, Observation, Policy, Repetition, RetryOwner};
-use tollgate_client::evidence::{Outcome, RecordDecision};
+use tollgate_client::engine::{
+    Intent, IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner,
+};
 use tollgate_client::hint::HintVerdict;
+use tollgate_client::outcome::{Outcome, RecordDecision};
 use tollgate_client::script::{self, Script, ScriptError, ScriptedResponse};
 
 fn noon() -> SystemTime {
@@ -23,9 +25,9 @@ fn ms(n: u64) -> Duration {
 
 #[derive(Debug, Clone)]
 struct Case {
-    policy: Policy,
+    policy: IntentPolicy,
     trusted: bool,
-    repetition: Repetition,
+    repetition: RepetitionKind,
     script: Script,
     seed: u64,
 }
@@ -82,7 +84,10 @@ fn case() -> impl Strategy<Value = Case> {
                     responses,
                     proptest::option::of(0u64..70_000), // cancel at, ms
                     prop_oneof![Just(0u64), 0u64..5_000], // wake late, ms
-                    prop_oneof![Just(Repetition::Safe), Just(Repetition::Reconcilable)],
+                    prop_oneof![
+                        Just(RepetitionKind::Safe),
+                        Just(RepetitionKind::Reconcilable)
+                    ],
                 )
                     .prop_map(
                         move |(attempt_cap, responses, cancel_at, wake_late, repetition)| {
@@ -91,7 +96,7 @@ fn case() -> impl Strategy<Value = Case> {
                                 cap: ms(cap),
                                 jitter: if jitter { Jitter::Full } else { Jitter::None },
                             };
-                            let policy = Policy::try_new(
+                            let policy = IntentPolicy::try_new(
                                 ms(budget),
                                 attempts,
                                 ms(attempt_cap),

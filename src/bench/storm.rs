@@ -2,16 +2,26 @@
 //! without hammering the upstream?
 //!
 //! # Layout
-//! - [`arrivals`](self) (private): the intent stream, generated once from the
+//! Dependencies run one way, from the leaf up:
+//! - `wall` (private): the run's virtual wall clock, for HTTP-date hints.
+//! - `arrivals` (private): the intent stream, generated once from the
 //!   seed and replayed unchanged for every strategy.
-//! - [`upstream`](self) (private): the in-process upstream: a token bucket of
-//!   capacity C requests/s with an outage window, answering 429 with a
-//!   `Retry-After` (delay or HTTP-date) when over capacity; every 429 costs
-//!   a fraction of a request's capacity. It counts what it is offered.
-//! - [`strategy`]: how one worker runs one intent: the [`Strategy`] and
-//!   [`WorkerRunner`] traits (the extension point for strategy (e)), the
-//!   [`IntentIo`] a runner sends attempts through, and baselines (a)–(d).
-//! - [`report`]: metrics, the markdown table, the SVG chart, the JSON.
+//! - `upstream` (private): the in-process upstream: a token bucket refilled
+//!   at the capacity in force (C; a fraction of it in the outage, 0 by
+//!   default; a fraction after it), answering 429 with a `Retry-After`
+//!   (delay or HTTP-date) when over capacity; every 429 costs a fraction of
+//!   a request's capacity. It counts what it is offered, served and refused.
+//! - `runner` (private, re-exported by [`strategy`]): the [`Strategy`] and
+//!   [`WorkerRunner`] traits and the [`IntentIo`] a runner sends attempts
+//!   through.
+//! - `baseline` (private): (a)–(d), one parameterised retry loop.
+//! - `pipes` (private): in-memory connections to the coordinator, and the
+//!   wire-level counter of the workers' RPCs by method.
+//! - `coordinated` (private): (e) and (f), the real gate per worker and the
+//!   real coordinator; the one file using the server's and client's APIs.
+//! - [`strategy`]: [`StrategyKind`], and building one for a run.
+//! - [`report`] and `chart`: metrics, the markdown tables, the SVG chart
+//!   (one panel per strategy), the JSON.
 //!
 //! # How one run goes
 //! ```text
@@ -29,10 +39,15 @@
 //! reproducible and takes seconds for thousands of workers.
 
 mod arrivals;
+mod baseline;
+mod chart;
 mod coordinated;
+mod pipes;
 pub mod report;
+mod runner;
 pub mod strategy;
 mod upstream;
+mod wall;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,9 +58,10 @@ use thiserror::Error;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tollgate_client::evidence::Outcome;
+use tollgate_client::outcome::Outcome;
 
 pub use report::{StormReport, StrategyResult};
+pub use runner::{CoordinatorRecord, RpcSeries, ScopeSeries};
 pub use strategy::{IntentIo, Strategy, StrategyKind, VirtualWall, WorkerIdentity, WorkerRunner};
 
 use arrivals::Arrival;
@@ -99,9 +115,27 @@ pub struct StormArgs {
     /// When the outage starts.
     #[arg(long, default_value_t = 10.0)]
     pub outage_start_s: f64,
-    /// How long the upstream's capacity is zero (D).
+    /// How long the outage lasts (D).
     #[arg(long, default_value_t = 10.0)]
     pub outage_s: f64,
+    /// Capacity during the outage, as a fraction of C: above 0, a brownout
+    /// answering 429 with short hints; 0, a full outage.
+    #[arg(long, default_value_t = 0.0)]
+    pub outage_capacity: f64,
+    /// Capacity after the outage, as a fraction of C.
+    #[arg(long, default_value_t = 1.0)]
+    pub capacity_after: f64,
+    /// A 429 during the outage asks for the time left plus a whole outage,
+    /// as limiters that restart the penalty on every rejected attempt do.
+    #[arg(long)]
+    pub penalty_extending: bool,
+    /// The fraction of (e)/(f) workers that report a 300 s Retry-After to
+    /// the coordinator on every 429, whatever the upstream said.
+    #[arg(long, default_value_t = 0.0)]
+    pub liar_fraction: f64,
+    /// A policy file for (e) instead of the coordinator's shipped defaults.
+    #[arg(long)]
+    pub e_policy: Option<PathBuf>,
     /// Each intent's end-to-end deadline, from its arrival.
     #[arg(long, default_value_t = 30.0)]
     pub deadline_s: f64,
@@ -124,7 +158,7 @@ pub struct StormArgs {
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
     /// Strategies to run, in order.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d,e")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d,e,f")]
     pub strategies: Vec<StrategyKind>,
     /// The fraction of intents their caller cancels, at a uniform time
     /// within the deadline.
@@ -184,6 +218,16 @@ pub struct StormConfig {
     pub outage_start: Duration,
     /// When it comes back.
     pub outage_end: Duration,
+    /// Capacity during the outage, as a fraction of `capacity`.
+    pub outage_capacity: f64,
+    /// Capacity after the outage, as a fraction of `capacity`.
+    pub capacity_after: f64,
+    /// Whether a 429 in the outage restarts the penalty.
+    pub penalty_extending: bool,
+    /// The fraction of (e)/(f) workers reporting a 300 s hint on every 429.
+    pub liar_fraction: f64,
+    /// (e)'s policy file, when not the shipped defaults.
+    pub e_policy: Option<PathBuf>,
     /// End-to-end deadline of each intent, from its arrival.
     pub deadline: Duration,
     /// Capacity consumed by one 429, as a fraction of one request.
@@ -240,8 +284,18 @@ impl StormConfig {
         if !(args.reject_cost.is_finite() && (0.0..=1.0).contains(&args.reject_cost)) {
             return Err(invalid("reject-cost", "must be 0 to 1"));
         }
-        if !(args.cancel_fraction.is_finite() && (0.0..=1.0).contains(&args.cancel_fraction)) {
-            return Err(invalid("cancel-fraction", "must be 0 to 1"));
+        let fraction = |field, value: f64| {
+            if value.is_finite() && (0.0..=1.0).contains(&value) {
+                Ok(value)
+            } else {
+                Err(invalid(field, "must be 0 to 1"))
+            }
+        };
+        fraction("cancel-fraction", args.cancel_fraction)?;
+        fraction("outage-capacity", args.outage_capacity)?;
+        fraction("liar-fraction", args.liar_fraction)?;
+        if !(args.capacity_after.is_finite() && (0.0..=10.0).contains(&args.capacity_after)) {
+            return Err(invalid("capacity-after", "must be 0 to 10"));
         }
         if args.max_attempts == 0 {
             return Err(invalid("max-attempts", "must be at least 1"));
@@ -269,6 +323,11 @@ impl StormConfig {
             arrival_rate,
             outage_start,
             outage_end: outage_start + outage,
+            outage_capacity: args.outage_capacity,
+            capacity_after: args.capacity_after,
+            penalty_extending: args.penalty_extending,
+            liar_fraction: args.liar_fraction,
+            e_policy: args.e_policy.clone(),
             deadline,
             reject_cost: args.reject_cost,
             hint: args.hint,
@@ -282,6 +341,35 @@ impl StormConfig {
             attempt_timeout,
             wall_at_start: UNIX_EPOCH + Duration::from_secs(WALL_AT_START_UNIX_S),
         })
+    }
+}
+
+impl StormConfig {
+    /// The upstream's capacity in force at `t` since the start, requests/s.
+    pub fn capacity_at(&self, t: Duration) -> f64 {
+        self.capacity
+            * if t < self.outage_start {
+                1.0
+            } else if t < self.outage_end {
+                self.outage_capacity
+            } else {
+                self.capacity_after
+            }
+    }
+
+    /// Requests of capacity in force over `[from, to)`: the integral of
+    /// [`capacity_at`](Self::capacity_at), piece by piece.
+    pub fn capacity_earned(&self, from: Duration, to: Duration) -> f64 {
+        let overlap = |lo: Duration, hi: Duration| to.min(hi).saturating_sub(from.max(lo));
+        let pieces = [
+            (Duration::ZERO, self.outage_start, 1.0),
+            (self.outage_start, self.outage_end, self.outage_capacity),
+            (self.outage_end, Duration::MAX, self.capacity_after),
+        ];
+        pieces
+            .iter()
+            .map(|&(lo, hi, fraction)| overlap(lo, hi).as_secs_f64() * fraction * self.capacity)
+            .sum()
     }
 }
 
@@ -380,6 +468,7 @@ async fn run_strategy(
             Err(_) => unfinished += 1,
         }
     }
+    let coordinator = strategy.coordinator();
     // Dropping the strategy ends whatever it started for the run.
     drop(strategy);
     let intents: u64 = per_worker.iter().map(|a| a.len() as u64).sum();
@@ -387,10 +476,13 @@ async fn run_strategy(
         kind,
         description,
         config,
-        intents,
-        &records,
-        unfinished,
-        upstream.observed(),
+        report::Measured {
+            intents,
+            records: &records,
+            unfinished,
+            observed: upstream.observed(),
+            coordinator,
+        },
     ))
 }
 

@@ -142,7 +142,7 @@ fn the_lua_port_agrees_with_the_rust_controller_step_by_step() {
     let mut conn = client.get_connection().expect("connect");
     let source = format!(
         "{}\n{}\n{}",
-        include_str!("../store/redis/lua/prelude.lua"),
+        crate::store::redis::scripts::prelude(),
         include_str!("../store/redis/lua/pacing.lua"),
         DRIVER
     );

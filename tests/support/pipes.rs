@@ -29,7 +29,7 @@ use tollgate::config::Config;
 use tollgate::server::{self, ServeError};
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::{Clock, TokioClock};
-use tollgate_client::engine::Policy;
+use tollgate_client::engine::IntentPolicy;
 use tollgate_client::gate::{Gate, GateConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::scope::Scope;
@@ -297,8 +297,8 @@ pub(crate) fn policy(
     attempts: u32,
     cap: Duration,
     max_hint: Option<Duration>,
-) -> Policy {
-    Policy::try_new(
+) -> IntentPolicy {
+    IntentPolicy::try_new(
         total,
         attempts,
         cap,

@@ -22,12 +22,12 @@ fn ms(millis: u64) -> Duration {
 
 /// README's schedule-a policy: 20 s budget, 3 attempts, 4 s cap, 1 s floor,
 /// backoff 1 s base, 60 s cap, no jitter, no hint cap.
-fn policy() -> Policy {
+fn policy() -> IntentPolicy {
     policy_with(None)
 }
 
-fn policy_with(max_hint: Option<Duration>) -> Policy {
-    Policy::try_new(
+fn policy_with(max_hint: Option<Duration>) -> IntentPolicy {
+    IntentPolicy::try_new(
         s(20),
         3,
         s(4),
@@ -42,7 +42,7 @@ fn policy_with(max_hint: Option<Duration>) -> Policy {
     .expect("valid policy")
 }
 
-fn spec(repetition: Repetition) -> IntentSpec {
+fn spec(repetition: RepetitionKind) -> IntentSpec {
     IntentSpec {
         intent_id: "intent-1".to_owned(),
         repetition,
@@ -53,7 +53,7 @@ fn spec(repetition: Repetition) -> IntentSpec {
 }
 
 fn fresh() -> Intent {
-    Intent::new(spec(Repetition::Safe), policy())
+    Intent::new(spec(RepetitionKind::Safe), policy())
 }
 
 fn rng() -> StdRng {
@@ -92,7 +92,7 @@ fn wake_and_start(intent: &mut Intent, decision: Decision) -> Duration {
     next_start
 }
 
-// --- Step 2: classification -------------------------------------------------
+// --- Classification -------------------------------------------------
 
 #[test]
 fn success_ends_the_intent() {
@@ -142,19 +142,19 @@ fn a_500_after_other_failures_still_gets_its_one_retry() {
     assert!(matches!(d, Decision::Wait { .. }));
 }
 
-// --- Steps 3-4: effect and repetition ----------------------------------------
+// --- Effect and repetition ----------------------------------------
 
 #[test]
 fn an_unknown_effect_needs_a_repeat_safe_operation() {
     let timeout = || Observation::transport(TransportFailure::Timeout);
     let cases = [
-        (Repetition::Safe, None),
-        (Repetition::IdempotencyKey, None),
+        (RepetitionKind::Safe, None),
+        (RepetitionKind::IdempotencyKey, None),
         (
-            Repetition::Reconcilable,
+            RepetitionKind::Reconcilable,
             Some(Outcome::ReconciliationRequired),
         ),
-        (Repetition::NonRepeatable, Some(Outcome::Indeterminate)),
+        (RepetitionKind::NonRepeatable, Some(Outcome::Indeterminate)),
     ];
     for (repetition, expected) in cases {
         let mut intent = Intent::new(spec(repetition), policy());
@@ -175,9 +175,31 @@ fn a_known_absent_effect_may_be_sent_again_even_if_non_repeatable() {
         Observation::transport(TransportFailure::Dns),
         Observation::grpc(GrpcCode::DeadlineExceeded, Sent::Before, None),
     ] {
-        let mut intent = Intent::new(spec(Repetition::NonRepeatable), policy());
+        let mut intent = Intent::new(spec(RepetitionKind::NonRepeatable), policy());
         let d = first(&mut intent, s(1), obs.clone());
         assert!(matches!(d, Decision::Wait { .. }), "{obs:?}");
+    }
+}
+
+#[test]
+fn a_server_error_is_retried_only_when_repeat_safe() {
+    // A 503 may come from a gateway whose upstream already acted: like 500,
+    // 502 and 504 it is retried only for an operation safe to repeat.
+    for status in [500, 502, 503, 504] {
+        let mut once = Intent::new(spec(RepetitionKind::NonRepeatable), policy());
+        assert_eq!(
+            first(&mut once, s(1), http(status, None)),
+            Decision::Stop(Outcome::Indeterminate),
+            "{status} non-repeatable"
+        );
+        for repetition in [RepetitionKind::Safe, RepetitionKind::IdempotencyKey] {
+            let mut safe = Intent::new(spec(repetition), policy());
+            let d = first(&mut safe, s(1), http(status, Some("1")));
+            assert!(
+                matches!(d, Decision::Wait { .. }),
+                "{status} {repetition:?}"
+            );
+        }
     }
 }
 
@@ -185,11 +207,12 @@ fn a_known_absent_effect_may_be_sent_again_even_if_non_repeatable() {
 fn a_gateway_error_or_grpc_deadline_after_send_is_an_unknown_effect() {
     for obs in [
         http(502, None),
+        http(503, None),
         http(504, None),
         Observation::grpc(GrpcCode::DeadlineExceeded, Sent::After, None),
         Observation::grpc(GrpcCode::Unavailable, Sent::After, None),
     ] {
-        let mut intent = Intent::new(spec(Repetition::Reconcilable), policy());
+        let mut intent = Intent::new(spec(RepetitionKind::Reconcilable), policy());
         assert_eq!(
             first(&mut intent, s(1), obs.clone()),
             Decision::Stop(Outcome::ReconciliationRequired),
@@ -198,11 +221,11 @@ fn a_gateway_error_or_grpc_deadline_after_send_is_an_unknown_effect() {
     }
 }
 
-// --- Step 4: owner -----------------------------------------------------------
+// --- Owner -----------------------------------------------------------
 
 #[test]
 fn another_owner_means_propagate_not_retry() {
-    let mut spec = spec(Repetition::Safe);
+    let mut spec = spec(RepetitionKind::Safe);
     spec.retry_owner = RetryOwner::Elsewhere;
     let mut intent = Intent::new(spec, policy());
     assert_eq!(
@@ -210,7 +233,7 @@ fn another_owner_means_propagate_not_retry() {
         Decision::Stop(Outcome::OwnerElsewhere)
     );
     // Success is still success: ownership only matters for a retry.
-    let mut spec = self::spec(Repetition::Safe);
+    let mut spec = self::spec(RepetitionKind::Safe);
     spec.retry_owner = RetryOwner::Elsewhere;
     let mut intent = Intent::new(spec, policy());
     assert_eq!(
@@ -219,7 +242,7 @@ fn another_owner_means_propagate_not_retry() {
     );
 }
 
-// --- Step 5: attempt cap -----------------------------------------------------
+// --- Attempt cap -----------------------------------------------------
 
 #[test]
 fn the_attempt_cap_stops_and_keeps_the_hint_as_evidence() {
@@ -238,11 +261,11 @@ fn the_attempt_cap_stops_and_keeps_the_hint_as_evidence() {
     assert_eq!(last.wait, None, "no wait was planned");
 }
 
-// --- Step 6: hints, every form, at engine level -------------------------------
+// --- Hints, every form, at engine level -------------------------------
 
 /// The decision for one 429 received at elapsed 2 s (12:00:02 wall).
 fn decide_hint(raw: &str, max_hint: Option<Duration>, clock_trusted: bool) -> (Decision, Intent) {
-    let mut spec = spec(Repetition::Safe);
+    let mut spec = spec(RepetitionKind::Safe);
     spec.clock_trusted = clock_trusted;
     let mut intent = Intent::new(spec, policy_with(max_hint));
     let d = first(&mut intent, s(2), http(429, Some(raw)));
@@ -377,14 +400,15 @@ fn an_absent_hint_uses_the_backoff_for_the_attempts_completed() {
     assert_eq!(wait_of(d), s(4));
 }
 
-// --- Step 8: the deadline gate at receipt ------------------------------------
+// --- The deadline gate at receipt ------------------------------------
 
 #[test]
 fn a_wait_that_cannot_fit_the_reserve_stops_at_receipt() {
-    // The seed's example: 12 s left, Retry-After 10, a 3 s reserve.
-    let policy =
-        Policy::try_new(s(12), 3, s(3), Duration::ZERO, policy().backoff(), None).expect("policy");
-    let mut intent = Intent::new(spec(Repetition::Safe), policy);
+    // The worked example in docs/decision-order.md: 12 s left, Retry-After 10,
+    // a 3 s reserve.
+    let policy = IntentPolicy::try_new(s(12), 3, s(3), Duration::ZERO, policy().backoff(), None)
+        .expect("policy");
+    let mut intent = Intent::new(spec(RepetitionKind::Safe), policy);
     assert_eq!(
         first(&mut intent, Duration::ZERO, http(429, Some("10"))),
         Decision::Stop(Outcome::DeadlineInfeasible)
@@ -412,7 +436,7 @@ fn a_start_exactly_at_the_limit_fits() {
     assert!(!intent.fits(Duration::MAX));
 }
 
-// --- Steps 11-13: reconsideration ---------------------------------------------
+// --- Reconsideration ---------------------------------------------
 
 #[test]
 fn a_late_wake_re_checks_the_deadline_at_the_current_time() {
@@ -607,15 +631,15 @@ fn policies_that_cannot_admit_an_attempt_are_refused() {
     let b = policy().backoff();
     let z = Duration::ZERO;
     assert_eq!(
-        Policy::try_new(s(20), 0, s(4), z, b, None),
+        IntentPolicy::try_new(s(20), 0, s(4), z, b, None),
         Err(PolicyError::NoAttempts)
     );
     assert_eq!(
-        Policy::try_new(s(20), 1, z, z, b, None),
+        IntentPolicy::try_new(s(20), 1, z, z, b, None),
         Err(PolicyError::ZeroAttemptCap)
     );
     assert_eq!(
-        Policy::try_new(s(3), 1, s(4), z, b, None),
+        IntentPolicy::try_new(s(3), 1, s(4), z, b, None),
         Err(PolicyError::CapExceedsBudget {
             cap: s(4),
             budget: s(3)

@@ -1,11 +1,19 @@
 //! What a storm run measured, and its three renderings: a markdown table, an
-//! SVG chart of the upstream's offered load over time, and JSON with every
-//! series for anyone who wants to plot it differently.
+//! SVG chart (`chart.rs`: one panel per strategy) and JSON with every series
+//! for anyone who wants to plot it differently.
 //!
 //! Definitions (also printed under the table):
-//! - offered load: attempts reaching the upstream, per 100 ms and per 1 s;
-//! - peak/C: the highest load in any 1 s window (sliding in 100 ms steps)
-//!   that starts at or after the outage's end, over capacity;
+//! - offered load: attempts reaching the upstream (served + refused), per
+//!   100 ms and per 1 s;
+//! - capacity in force: the upstream's capacity averaged over a 1 s window
+//!   (C, the outage's fraction of it, or the fraction after it);
+//! - peak/capacity: the highest offered load in any whole second (windows
+//!   aligned to the start) over the capacity in force in that second;
+//!   seconds with no capacity at all (a full outage) are left out, since any
+//!   first attempt there is an infinite ratio;
+//! - lost: intents that did not succeed by their deadline; "lost vs best
+//!   (a–d)" divides a strategy's lost intents by the fewest any per-process
+//!   baseline that ran lost;
 //! - amplification: attempts ÷ intents;
 //! - goodput: intents that succeeded by their deadline ÷ all intents
 //!   (cancelled ones included: every strategy gets the same cancellations);
@@ -18,12 +26,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use plotters::prelude::*;
 use serde::Serialize;
-use tollgate_client::evidence::Outcome;
+use tollgate_client::outcome::Outcome;
 
+use super::pipes::METHODS;
+use super::runner::CoordinatorRecord;
 use super::strategy::StrategyKind;
-use super::upstream::{BUCKET, Observed};
+use super::upstream::Observed;
 use super::{HintStyle, IntentRecord, Mode, StormArgs, StormConfig, StormError};
 
 const BUCKETS_PER_SECOND: usize = 10;
@@ -51,8 +60,16 @@ pub struct StrategyResult {
     pub p99_s: Option<f64>,
     /// 429s the upstream sent.
     pub rejected_429: u64,
-    /// Peak 1 s offered load after the outage, over capacity.
-    pub recovery_peak_over_capacity: f64,
+    /// Intents that did not succeed by their deadline.
+    pub lost: u64,
+    /// `lost` over the fewest lost by a per-process baseline (a)–(d) in the
+    /// same run; `None` when no baseline ran or the best lost none.
+    pub lost_vs_best_baseline: Option<f64>,
+    /// The highest offered load in any whole second over the capacity in
+    /// force in that second (seconds with zero capacity left out).
+    pub peak_over_capacity_in_force: f64,
+    /// The second (from the start) where that peak was.
+    pub peak_second: Option<usize>,
     /// Attempts at or after their intent's deadline (must be 0).
     pub attempts_after_deadline: u64,
     /// Attempts after their intent's cancellation (must be 0).
@@ -67,6 +84,77 @@ pub struct StrategyResult {
     pub offered_per_s: Vec<u32>,
     /// Served requests per second.
     pub served_per_s: Vec<u32>,
+    /// Refused attempts (429s) per second.
+    pub rejected_per_s: Vec<u32>,
+    /// The upstream's capacity in force per second, requests/s.
+    pub capacity_per_s: Vec<f64>,
+    /// For (e) and (f): the coordinator's view of the storm scope and the
+    /// workers' RPCs, per second.
+    pub coordinator: Option<CoordinatorRecord>,
+    /// For (e) and (f): the workers' RPCs to the coordinator, summed up.
+    pub rpcs: Option<RpcSummary>,
+}
+
+/// The workers' RPCs to the coordinator during one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RpcSummary {
+    /// All of them.
+    pub total: u64,
+    /// By method (Lease, Release, Report, Reconsider, Watch, other).
+    pub by_method: BTreeMap<&'static str, u64>,
+    /// Per worker per second before the outage (whole seconds).
+    pub steady_per_worker_per_s: f64,
+    /// Per worker per second in the storm: from the outage's start until
+    /// every intent that arrived during the outage has met its deadline.
+    pub storm_per_worker_per_s: f64,
+}
+
+impl RpcSummary {
+    fn new(record: &CoordinatorRecord, config: &StormConfig) -> Self {
+        let per_second: Vec<u64> = record
+            .rpcs
+            .per_second
+            .iter()
+            .map(|s| s.iter().sum())
+            .collect();
+        let mut by_method = BTreeMap::new();
+        for second in &record.rpcs.per_second {
+            for (name, n) in record.rpcs.methods.iter().zip(second) {
+                *by_method.entry(*name).or_insert(0) += n;
+            }
+        }
+        let whole = |d: Duration| usize::try_from(d.as_secs()).unwrap_or(usize::MAX);
+        let storm_end =
+            whole(config.outage_end + config.deadline).max(whole(config.outage_start) + 1);
+        let rate = |from: usize, to: usize| {
+            let to = to.min(per_second.len());
+            if to <= from {
+                return 0.0;
+            }
+            let sum: u64 = per_second[from..to].iter().sum();
+            sum as f64 / (to - from) as f64 / config.workers as f64
+        };
+        RpcSummary {
+            total: per_second.iter().sum(),
+            by_method,
+            steady_per_worker_per_s: rate(0, whole(config.outage_start)),
+            storm_per_worker_per_s: rate(whole(config.outage_start), storm_end),
+        }
+    }
+}
+
+/// What the harness gathered while one strategy ran.
+pub(super) struct Measured<'a> {
+    /// Intents offered.
+    pub(super) intents: u64,
+    /// Every intent that ended, with its outcome.
+    pub(super) records: &'a [IntentRecord],
+    /// Intents that had not ended a grace period after their deadline.
+    pub(super) unfinished: u64,
+    /// What the upstream saw.
+    pub(super) observed: Observed,
+    /// What the coordinator was seen doing, for (e) and (f).
+    pub(super) coordinator: Option<CoordinatorRecord>,
 }
 
 impl StrategyResult {
@@ -74,11 +162,15 @@ impl StrategyResult {
         strategy: StrategyKind,
         description: String,
         config: &StormConfig,
-        intents: u64,
-        records: &[IntentRecord],
-        unfinished: u64,
-        observed: Observed,
+        measured: Measured<'_>,
     ) -> Self {
+        let Measured {
+            intents,
+            records,
+            unfinished,
+            observed,
+            coordinator,
+        } = measured;
         let mut outcomes = BTreeMap::new();
         let mut completion = Vec::new();
         for r in records {
@@ -97,29 +189,41 @@ impl StrategyResult {
                 n as f64 / intents as f64
             }
         };
-        let recovery_from =
-            usize::try_from(config.outage_end.as_nanos().div_ceil(BUCKET.as_nanos()))
-                .unwrap_or(usize::MAX);
+        let offered_per_s = per_second(&observed.offered);
+        let capacity_per_s: Vec<f64> = (0..offered_per_s.len())
+            .map(|i| {
+                let from = Duration::from_secs(i as u64);
+                config.capacity_earned(from, from + Duration::from_secs(1))
+            })
+            .collect();
+        let (peak, peak_second) = peak_over_capacity(&offered_per_s, &capacity_per_s);
+        let succeeded = completion.len() as u64;
         StrategyResult {
             strategy,
             description,
             intents,
             attempts,
             amplification: ratio(attempts),
-            succeeded_in_deadline: completion.len() as u64,
-            goodput: ratio(completion.len() as u64),
+            succeeded_in_deadline: succeeded,
+            goodput: ratio(succeeded),
+            lost: intents.saturating_sub(succeeded),
+            lost_vs_best_baseline: None,
+            peak_over_capacity_in_force: peak,
+            peak_second,
             p50_s: percentile(&completion, 0.50),
             p99_s: percentile(&completion, 0.99),
             rejected_429: observed.rejected,
-            recovery_peak_over_capacity: peak_window(&observed.offered, recovery_from) as f64
-                / config.capacity,
             attempts_after_deadline: observed.after_deadline,
             attempts_after_cancel: observed.after_cancel,
             unfinished,
             outcomes,
-            offered_per_s: per_second(&observed.offered),
+            offered_per_s,
             served_per_s: per_second(&observed.served),
+            rejected_per_s: per_second(&observed.refused),
+            capacity_per_s,
             offered_per_100ms: observed.offered,
+            rpcs: coordinator.as_ref().map(|c| RpcSummary::new(c, config)),
+            coordinator,
         }
     }
 }
@@ -130,18 +234,19 @@ fn percentile(sorted: &[Duration], p: f64) -> Option<f64> {
     sorted.get(rank.saturating_sub(1)).map(|d| d.as_secs_f64())
 }
 
-/// The largest sum of 10 consecutive 100 ms buckets starting at or after
-/// `from`; a window running past the end counts what there is.
-fn peak_window(buckets: &[u32], from: usize) -> u64 {
-    (from..buckets.len())
-        .map(|i| {
-            buckets[i..buckets.len().min(i + BUCKETS_PER_SECOND)]
-                .iter()
-                .map(|&n| u64::from(n))
-                .sum()
-        })
-        .max()
-        .unwrap_or(0)
+/// The highest `offered[i] / capacity[i]` over seconds with capacity, and
+/// its second.
+fn peak_over_capacity(offered: &[u32], capacity: &[f64]) -> (f64, Option<usize>) {
+    offered
+        .iter()
+        .zip(capacity)
+        .enumerate()
+        .filter(|(_, (_, c))| **c > 0.0)
+        .map(|(i, (&n, &c))| (f64::from(n) / c, Some(i)))
+        .fold(
+            (0.0, None),
+            |best, next| if next.0 > best.0 { next } else { best },
+        )
 }
 
 fn per_second(buckets: &[u32]) -> Vec<u32> {
@@ -163,7 +268,19 @@ pub struct StormReport {
 }
 
 impl StormReport {
-    pub(super) fn new(args: StormArgs, config: &StormConfig, results: Vec<StrategyResult>) -> Self {
+    pub(super) fn new(
+        args: StormArgs,
+        config: &StormConfig,
+        mut results: Vec<StrategyResult>,
+    ) -> Self {
+        let best = results
+            .iter()
+            .filter(|r| r.strategy.is_baseline())
+            .map(|r| r.lost)
+            .min();
+        for r in &mut results {
+            r.lost_vs_best_baseline = best.filter(|&b| b > 0).map(|b| r.lost as f64 / b as f64);
+        }
         StormReport {
             args,
             arrival_rate: config.arrival_rate,
@@ -171,57 +288,40 @@ impl StormReport {
         }
     }
 
-    /// The parameters, the table and the definitions, as markdown.
+    /// The parameters, the tables and the definitions, as markdown.
     pub fn markdown(&self) -> String {
-        let a = &self.args;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "Storm: W={} workers, C={} req/s, λ={} intents/s, outage {}–{} s, \
-             deadline {} s, 429 cost {}, Retry-After as {}, arrivals for {} s, \
-             cancel fraction {}, seed {}, {} clock.\n",
-            a.workers,
-            a.capacity,
-            self.arrival_rate,
-            a.outage_start_s,
-            a.outage_start_s + a.outage_s,
-            a.deadline_s,
-            a.reject_cost,
-            match a.hint {
-                HintStyle::Delay => "delay-seconds",
-                HintStyle::Date => "HTTP-date",
-            },
-            a.duration_s,
-            a.cancel_fraction,
-            a.seed,
-            match a.mode {
-                Mode::Paused => "paused (virtual)",
-                Mode::Realtime => "real-time",
-            },
-        );
+        let mut out = self.parameters();
         out.push_str(
-            "| strategy | intents | attempts | amplification | goodput | p50 s | p99 s \
-             | 429s | peak/C after outage (1 s) | attempts after deadline | attempts after cancel |\n",
+            "| strategy | intents | attempts | amplification | goodput | lost | lost vs best (a–d) \
+             | p50 s | p99 s | 429s | peak/capacity in force (1 s) | attempts after deadline \
+             | attempts after cancel |\n",
         );
-        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
         let secs = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |s| format!("{s:.2}"));
         for r in &self.results {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {:.2} | {:.1}% | {} | {} | {} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {:.2} | {:.1}% | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.strategy.key(),
                 r.intents,
                 r.attempts,
                 r.amplification,
                 r.goodput * 100.0,
+                r.lost,
+                r.lost_vs_best_baseline
+                    .map_or_else(|| "–".to_owned(), |x| format!("{x:.2}×")),
                 secs(r.p50_s),
                 secs(r.p99_s),
                 r.rejected_429,
-                r.recovery_peak_over_capacity,
+                match r.peak_second {
+                    Some(at) => format!("{:.2} (s {at})", r.peak_over_capacity_in_force),
+                    None => "–".to_owned(),
+                },
                 r.attempts_after_deadline,
                 r.attempts_after_cancel,
             );
         }
+        self.rpc_table(&mut out);
         out.push('\n');
         for r in &self.results {
             let outcomes: Vec<String> =
@@ -241,12 +341,95 @@ impl StormReport {
         }
         out.push_str(
             "\nAmplification = attempts ÷ intents. Goodput = intents succeeded by their \
-             deadline ÷ all intents. p50/p99: arrival to success, successes only. \
-             Peak/C: the busiest 1 s window (100 ms steps) starting after the outage, \
-             over capacity. Attempts after deadline/cancel are counted by the upstream \
-             against each intent's real deadline and cancellation time.\n",
+             deadline ÷ all intents. Lost = intents not succeeded by their deadline; lost vs \
+             best (a–d) = lost ÷ the fewest lost by a per-process baseline in this run. \
+             p50/p99: arrival to success, successes only. Peak/capacity in force: the busiest \
+             whole second's attempts (served + refused) over the capacity in force in that \
+             second; seconds with no capacity (a full outage) are left out. Attempts after \
+             deadline/cancel are counted by the upstream against each intent's real deadline \
+             and cancellation time. RPCs are counted on the wire in front of the coordinator, \
+             per method; the storm runs from the outage's start until the last intent that \
+             arrived in it has met its deadline.\n",
         );
         out
+    }
+
+    fn parameters(&self) -> String {
+        let a = &self.args;
+        let mut out = String::new();
+        let _ = write!(
+            out,
+            "Storm: W={} workers, C={} req/s, λ={} intents/s, outage {}–{} s at {}×C, \
+             {}×C after, deadline {} s, 429 cost {}, Retry-After as {}{}, arrivals for {} s, \
+             cancel fraction {}",
+            a.workers,
+            a.capacity,
+            self.arrival_rate,
+            a.outage_start_s,
+            a.outage_start_s + a.outage_s,
+            a.outage_capacity,
+            a.capacity_after,
+            a.deadline_s,
+            a.reject_cost,
+            match a.hint {
+                HintStyle::Delay => "delay-seconds",
+                HintStyle::Date => "HTTP-date",
+            },
+            if a.penalty_extending {
+                ", penalty restarted by every 429 in the outage"
+            } else {
+                ""
+            },
+            a.duration_s,
+            a.cancel_fraction,
+        );
+        if a.liar_fraction > 0.0 {
+            let _ = write!(
+                out,
+                ", {} of (e)/(f) workers report a 300 s hint on every 429",
+                a.liar_fraction
+            );
+        }
+        let _ = writeln!(
+            out,
+            ", seed {}, {} clock.\n",
+            a.seed,
+            match a.mode {
+                Mode::Paused => "paused (virtual)",
+                Mode::Realtime => "real-time",
+            },
+        );
+        out
+    }
+
+    /// The coordinated strategies' RPCs, when any ran.
+    fn rpc_table(&self, out: &mut String) {
+        let rows: Vec<_> = self
+            .results
+            .iter()
+            .filter_map(|r| Some((r.strategy, r.rpcs.as_ref()?)))
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        out.push_str("\nCoordinator RPCs made by the workers:\n\n| strategy | total |");
+        for m in METHODS {
+            let _ = write!(out, " {m} |");
+        }
+        out.push_str(" per worker per s, steady | per worker per s, storm |\n|---|--:|");
+        out.push_str(&"--:|".repeat(METHODS.len() + 2));
+        out.push('\n');
+        for (kind, rpcs) in rows {
+            let _ = write!(out, "| {} | {} |", kind.key(), rpcs.total);
+            for m in METHODS {
+                let _ = write!(out, " {} |", rpcs.by_method.get(m).copied().unwrap_or(0));
+            }
+            let _ = writeln!(
+                out,
+                " {:.3} | {:.3} |",
+                rpcs.steady_per_worker_per_s, rpcs.storm_per_worker_per_s
+            );
+        }
     }
 
     /// Everything, as pretty JSON.
@@ -256,94 +439,9 @@ impl StormReport {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
-    /// The offered load per 100 ms of every strategy over time, with the
-    /// upstream's capacity, as an SVG document.
+    /// One panel per strategy on a shared time axis, as an SVG document.
     pub fn svg(&self) -> Result<String, StormError> {
-        let chart_err = |e: &dyn std::fmt::Display| StormError::Chart(e.to_string());
-        let rate = |n: u32| f64::from(n) * BUCKETS_PER_SECOND as f64;
-        let buckets = self
-            .results
-            .iter()
-            .map(|r| r.offered_per_100ms.len())
-            .max()
-            .unwrap_or(0);
-        let x_max = (buckets as f64 * BUCKET.as_secs_f64()).max(1.0);
-        let y_max = self
-            .results
-            .iter()
-            .flat_map(|r| r.offered_per_100ms.iter().map(|&n| rate(n)))
-            .fold(self.args.capacity, f64::max)
-            * 1.05;
-        let outage = (
-            self.args.outage_start_s,
-            self.args.outage_start_s + self.args.outage_s,
-        );
-        let capacity = self.args.capacity;
-
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (1100, 560)).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| chart_err(&e))?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(
-                    format!(
-                        "Upstream offered load (100 ms bins), W={} C={}/s λ={}/s, outage {}–{} s",
-                        self.args.workers, capacity, self.arrival_rate, outage.0, outage.1
-                    ),
-                    ("sans-serif", 18),
-                )
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-                .map_err(|e| chart_err(&e))?;
-            chart
-                .configure_mesh()
-                .x_desc("time since start (s)")
-                .y_desc("attempts per second")
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .y_label_formatter(&|y| format!("{y:.0}"))
-                .draw()
-                .map_err(|e| chart_err(&e))?;
-            // Capacity: C, zero during the outage.
-            let capacity_line = vec![
-                (0.0, capacity),
-                (outage.0, capacity),
-                (outage.0, 0.0),
-                (outage.1, 0.0),
-                (outage.1, capacity),
-                (x_max, capacity),
-            ];
-            chart
-                .draw_series(LineSeries::new(capacity_line, BLACK.stroke_width(2)))
-                .map_err(|e| chart_err(&e))?
-                .label("capacity C")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-            for (k, r) in self.results.iter().enumerate() {
-                let colour = Palette99::pick(k).to_rgba();
-                let points = r
-                    .offered_per_100ms
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| (i as f64 * BUCKET.as_secs_f64(), rate(n)));
-                chart
-                    .draw_series(LineSeries::new(points, colour.stroke_width(1)))
-                    .map_err(|e| chart_err(&e))?
-                    .label(format!("({}) {}", r.strategy.key(), r.strategy.label()))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                    });
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| chart_err(&e))?;
-            root.present().map_err(|e| chart_err(&e))?;
-        }
-        Ok(svg)
+        super::chart::svg(self)
     }
 }
 
@@ -360,14 +458,12 @@ mod tests {
     }
 
     #[test]
-    fn peak_window_starts_at_the_given_bucket() {
-        let mut buckets = vec![100; 10];
-        buckets.extend([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-        assert_eq!(
-            peak_window(&buckets, 10),
-            2 + 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11
-        );
-        assert_eq!(peak_window(&buckets, 0), 1000);
-        assert_eq!(peak_window(&buckets, 99), 0);
+    fn the_peak_is_against_the_capacity_in_force_and_skips_zero_capacity() {
+        let offered = [900, 5000, 300, 700];
+        let capacity = [1000.0, 0.0, 400.0, 1000.0];
+        assert_eq!(peak_over_capacity(&offered, &capacity), (0.9, Some(0)));
+        let offered = [900, 5000, 500, 700];
+        assert_eq!(peak_over_capacity(&offered, &capacity), (1.25, Some(2)));
+        assert_eq!(peak_over_capacity(&[], &[]), (0.0, None));
     }
 }

@@ -17,12 +17,20 @@
 //! arriving in one tick, as HTTP-date hints make it, would cost almost
 //! nothing. 1 s makes delay and date hints agree to a few points.)
 //!
-//! During the outage the bucket is empty and does not refill; whatever was
-//! banked before is lost.
+//! The refill rate is the capacity in force ([`StormConfig::capacity_at`]):
+//! C before the outage, `--outage-capacity` × C during it (0, a full outage,
+//! by default), `--capacity-after` × C after it. Whatever was banked before
+//! the outage is lost when it starts; in a full outage the bucket stays
+//! empty until its end, while a brownout refills at its reduced rate and
+//! its rejections run up debt as at any other time.
 //!
-//! Every 429 carries a `Retry-After`: the time left in the outage during it,
-//! 1 s outside it (an ordinary rate limiter's answer), rounded up to a whole
-//! second in either form, so no hint is ever earlier than the upstream meant.
+//! Every 429 carries a `Retry-After`, rounded up to a whole second in either
+//! form, so no hint is ever earlier than the upstream meant: during a full
+//! outage, the time left in it; during a brownout, 1 s (it is serving,
+//! just less); outside the outage, 1 s (an ordinary rate limiter's answer).
+//! With `--penalty-extending`, a 429 during the outage (full or brownout)
+//! asks for the time left plus one more whole outage, like limiters that
+//! restart their penalty on every rejected attempt.
 //!
 //! The upstream is also the honest observer: it counts every attempt it is
 //! offered per 100 ms, and checks each one against the intent's real
@@ -34,7 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 use tollgate_client::clock::Clock as _;
 
-use super::strategy::VirtualWall;
+use super::wall::VirtualWall;
 use super::{HintStyle, StormConfig};
 
 /// The width of one load bucket.
@@ -68,6 +76,8 @@ pub(super) struct Observed {
     pub(super) offered: Vec<u32>,
     /// Attempts served per 100 ms bucket.
     pub(super) served: Vec<u32>,
+    /// Attempts refused per 100 ms bucket.
+    pub(super) refused: Vec<u32>,
     /// 429s sent.
     pub(super) rejected: u64,
     /// Attempts that arrived at or after their intent's deadline.
@@ -101,15 +111,10 @@ struct State {
 /// The upstream of one run.
 #[derive(Debug)]
 pub(super) struct Upstream {
-    capacity: f64,
+    config: StormConfig,
     burst: f64,
     /// The most rejection work the upstream can owe, in tokens.
     max_debt: f64,
-    reject_cost: f64,
-    outage_start: Duration,
-    outage_end: Duration,
-    hint: HintStyle,
-    service_time: Duration,
     start: Instant,
     wall: Arc<VirtualWall>,
     state: Mutex<State>,
@@ -119,14 +124,9 @@ impl Upstream {
     pub(super) fn new(config: &StormConfig, start: Instant, wall: Arc<VirtualWall>) -> Self {
         let burst = (config.capacity * BUCKET.as_secs_f64()).max(1.0);
         Upstream {
-            capacity: config.capacity,
+            config: config.clone(),
             burst,
             max_debt: config.capacity * MAX_DEBT.as_secs_f64(),
-            reject_cost: config.reject_cost,
-            outage_start: config.outage_start,
-            outage_end: config.outage_end,
-            hint: config.hint,
-            service_time: config.service_time,
             start,
             wall,
             state: Mutex::new(State {
@@ -145,7 +145,7 @@ impl Upstream {
     /// does not undo the attempt: the upstream already has it.
     pub(super) async fn call(&self, truth: Truth) -> Answer {
         let answer = self.offer(Instant::now(), truth);
-        tokio::time::sleep(self.service_time).await;
+        tokio::time::sleep(self.config.service_time).await;
         answer
     }
 
@@ -157,6 +157,7 @@ impl Upstream {
         if observed.offered.len() <= index {
             observed.offered.resize(index + 1, 0);
             observed.served.resize(index + 1, 0);
+            observed.refused.resize(index + 1, 0);
         }
         observed.offered[index] += 1;
         if at >= truth.deadline {
@@ -173,8 +174,9 @@ impl Upstream {
             observed.served[index] += 1;
             return Answer::Ok;
         }
-        bucket.tokens = (bucket.tokens - self.reject_cost).max(-self.max_debt);
+        bucket.tokens = (bucket.tokens - self.config.reject_cost).max(-self.max_debt);
         observed.rejected += 1;
+        observed.refused[index] += 1;
         Answer::TooManyRequests {
             retry_after: self.retry_after(now),
         }
@@ -183,25 +185,38 @@ impl Upstream {
     fn refill(&self, bucket: &mut Bucket, now: Duration) {
         let (from, to) = (bucket.updated, now);
         bucket.updated = now;
-        let earned_since = if to < self.outage_start || from >= self.outage_end {
-            from
-        } else {
-            // The outage touched [from, to]: the bank is gone, and only
-            // capacity after the outage's end counts.
+        let (start, end) = (self.config.outage_start, self.config.outage_end);
+        let touches_outage = to >= start && from < end;
+        let full_outage = self.config.outage_capacity == 0.0;
+        if touches_outage && (from < start || full_outage) {
+            // The outage began in [from, to] (the bank is lost), or this is a
+            // full outage, where nothing is owed or banked until its end.
             bucket.tokens = 0.0;
-            self.outage_end
+        }
+        let earned_from = if touches_outage && from < start {
+            start
+        } else {
+            from
         };
-        let earned = to.saturating_sub(earned_since).as_secs_f64() * self.capacity;
+        let earned = self.config.capacity_earned(earned_from, to);
         bucket.tokens = (bucket.tokens + earned).min(self.burst);
     }
 
     fn retry_after(&self, now: Duration) -> String {
-        let delay = if (self.outage_start..self.outage_end).contains(&now) {
-            self.outage_end - now
+        let config = &self.config;
+        let delay = if (config.outage_start..config.outage_end).contains(&now) {
+            let left = config.outage_end - now;
+            if config.penalty_extending {
+                left + (config.outage_end - config.outage_start)
+            } else if config.outage_capacity == 0.0 {
+                left
+            } else {
+                OVERLOAD_HINT
+            }
         } else {
             OVERLOAD_HINT
         };
-        match self.hint {
+        match config.hint {
             HintStyle::Delay => {
                 let whole = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
                 whole.to_string()

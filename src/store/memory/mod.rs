@@ -577,7 +577,7 @@ mod tests {
     }
 
     /// Only the memory store counts scopes: a shared store's bound is the
-    /// server's own memory limit plus key expiry (docs/operations.md).
+    /// server's own memory limit plus key expiry (docs/deploying.md).
     #[tokio::test]
     async fn at_the_limit_the_coldest_scope_makes_room() {
         let s = MemoryStore::new(8);

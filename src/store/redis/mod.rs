@@ -64,7 +64,7 @@ mod connection;
 mod keys;
 mod relay;
 mod reply;
-mod scripts;
+pub(crate) mod scripts;
 mod store;
 
 pub use clock::RedisClock;

@@ -42,8 +42,14 @@ fn shared_bounds() -> String {
     )
 }
 
+/// The prelude every script starts with: the shared bounds, then
+/// `lua/prelude.lua`. Also what the pacing port's agreement test loads.
+pub(crate) fn prelude() -> String {
+    format!("{}{}", shared_bounds(), include_str!("lua/prelude.lua"))
+}
+
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let prelude = format!("{}{}", shared_bounds(), include_str!("lua/prelude.lua"));
+    let prelude = prelude();
     let with_prelude = |body: &str| Script::new(&format!("{prelude}\n{body}"));
     Scripts {
         lease: with_prelude(include_str!("lua/lease.lua")),

@@ -1,4 +1,4 @@
-//! Subcommands of the `tollgate` binary (the binary itself only dispatches).
+//! `tollgate serve`: runs the coordinator from its command-line flags.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

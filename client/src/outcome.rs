@@ -1,4 +1,4 @@
-//! Evidence: one record per attempt, and the terminal outcome of an intent.
+//! Outcomes: the terminal outcome of an intent, and one record per attempt.
 //!
 //! Records hold what happened and why the engine decided as it did —
 //! statuses, raw hints and how they were read, times, waits, the decision —

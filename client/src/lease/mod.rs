@@ -38,29 +38,24 @@ use dashmap::DashMap;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::sync::{Notify, mpsc};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tollgate_proto::v1::{
-    Evidence, LeaseLimit, LeaseRequest, ReleaseRequest, ReportRequest, RetryClass, ScopeEventKind,
-    WatchRequest,
-};
+use tollgate_proto::v1::{Evidence, RetryClass};
 
 use crate::clock::{Clock, from_unix_ms, to_unix_ms};
 use crate::fallback::{AdaptiveThrottle, LocalBudget};
 use crate::link::{CoordinatorLink, LinkState};
 use crate::scope::Scope;
 use crate::telemetry::TraceOrigin;
+mod background;
+
+use background::{background, flush_reports, refill};
 
 /// Evidence items kept per scope between two reports; the proto allows 64.
 const MAX_EVIDENCE_PER_REPORT: usize = 64;
 /// Scopes with unsent reports, or with cached tokens, kept at once. Beyond
 /// it new scopes are not cached (takes still work through `take`).
 const MAX_SCOPES: usize = 10_000;
-/// The coordinator watches at most this many scopes per stream.
-const MAX_WATCHED_SCOPES: usize = 64;
-/// How often a degraded worker checks whether the coordinator is back.
-const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Tuning for the cache. The defaults suit a worker making tens of retries a
 /// second per scope.
@@ -383,7 +378,9 @@ impl LeaseCache {
     /// coordinator had granted it, so the hot path can be measured with
     /// leases already held and no coordinator (`benches/hot_path.rs`).
     ///
-    /// Not for production use: a real lease comes only from `Lease`.
+    /// Not for production use: a real lease comes only from `Lease`, so
+    /// this exists only with the non-default `bench` feature.
+    #[cfg(feature = "bench")]
     #[doc(hidden)]
     pub fn seed_held_lease_for_bench(
         &self,
@@ -544,267 +541,4 @@ impl LeaseCache {
     pub async fn flush(&self) {
         flush_reports(&self.shared).await;
     }
-}
-
-/// Leases a batch for `key` and adds it to the cache.
-async fn refill(shared: &Shared, key: TokenKey) {
-    let (scope, class) = &key;
-    let request = LeaseRequest {
-        scope: Some(scope.to_wire()),
-        worker_id: String::new(),
-        want: shared.config.batch,
-        retry_class: *class as i32,
-    };
-    let result = shared.link.lease(request).await;
-    let now = shared.clock.now();
-    shared
-        .coarse_now_ms
-        .store(to_unix_ms(now), Ordering::Relaxed);
-    let entry = Arc::clone(shared.tokens.entry(scope.clone()).or_default().value());
-    let slot = entry.class(*class);
-    // Whatever happens below, takes waiting on this refill look again.
-    let _wake = WakeOnDrop(&slot.refilled);
-    let mut tokens = lock(&slot.state);
-    tokens.refilling = false;
-    let Ok(lease) = result else {
-        return;
-    };
-    tokens.view.policy_version = tokens.view.policy_version.max(lease.policy_version);
-    tokens.view.cooldown_until =
-        (lease.cooldown_until_unix_ms > 0).then(|| from_unix_ms(lease.cooldown_until_unix_ms));
-    tokens.view.frozen = lease.limit == LeaseLimit::Frozen as i32;
-    tokens.exhausted_until = None;
-    if lease.granted > 0 {
-        tokens.leases.push_back(HeldLease {
-            id: lease.lease_id.into(),
-            granted: lease.granted,
-            remaining: lease.granted,
-            expires_at: from_unix_ms(lease.expires_at_unix_ms),
-        });
-    } else {
-        // Nothing granted: asking again on every take would turn an
-        // exhausted budget into an RPC storm. Wait a report interval.
-        tokens.exhausted_until = Some(now + shared.config.report_interval);
-    }
-    let view = tokens.view;
-    drop(tokens);
-    merge_view(shared, scope, |v| {
-        v.policy_version = v.policy_version.max(view.policy_version);
-        v.cooldown_until = view.cooldown_until.max(v.cooldown_until);
-        v.frozen = view.frozen;
-    });
-}
-
-/// Wakes every take waiting on a refill when the refill is done with its
-/// state (declared before the state's lock guard, so dropped after it).
-struct WakeOnDrop<'a>(&'a Notify);
-
-impl Drop for WakeOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.notify_waiters();
-    }
-}
-
-fn merge_view(shared: &Shared, scope: &Scope, update: impl FnOnce(&mut ScopeView)) {
-    if !shared.views.contains_key(scope) && shared.views.len() >= MAX_SCOPES {
-        return;
-    }
-    update(&mut shared.views.entry(scope.clone()).or_default());
-}
-
-async fn flush_reports(shared: &Shared) {
-    let pending = std::mem::take(&mut *lock(&shared.reports));
-    for (scope, report) in pending {
-        if report.is_empty() {
-            continue;
-        }
-        let request = ReportRequest {
-            scope: Some(scope.to_wire()),
-            worker_id: String::new(),
-            first_attempts: report.first_attempts,
-            successes: report.successes,
-            evidence: report.evidence.clone(),
-        };
-        match report.origin.scope(shared.link.report(request)).await {
-            Ok(answer) => merge_view(shared, &scope, |v| {
-                v.policy_version = v.policy_version.max(answer.policy_version);
-                if answer.cooldown_until_unix_ms > 0 {
-                    let until = from_unix_ms(answer.cooldown_until_unix_ms);
-                    v.cooldown_until = v.cooldown_until.max(Some(until));
-                }
-            }),
-            Err(err) if err.is_unreachable() => {
-                // Keep it for the next flush; merging keeps it bounded.
-                lock(&shared.reports)
-                    .entry(scope)
-                    .or_default()
-                    .merge(report);
-            }
-            Err(err) => {
-                tracing::warn!(cause = %err, scope = %scope, "report refused; dropping it");
-            }
-        }
-    }
-}
-
-/// Gives back tokens of leases about to expire; drops expired ones.
-async fn tend_leases(shared: &Shared) {
-    let now = shared.clock.now();
-    shared
-        .coarse_now_ms
-        .store(to_unix_ms(now), Ordering::Relaxed);
-    let horizon = now + shared.config.expiry_margin + shared.config.report_interval * 2;
-    let mut releases = Vec::new();
-    for entry in shared.tokens.iter() {
-        for slot in entry.value().each() {
-            lock(&slot.state).leases.retain(|lease| {
-                if lease.expires_at <= now {
-                    return false;
-                }
-                if lease.expires_at <= horizon {
-                    releases.push((
-                        entry.key().clone(),
-                        lease.id.to_string(),
-                        lease.granted - lease.remaining,
-                    ));
-                    return false;
-                }
-                true
-            });
-        }
-    }
-    for (scope, lease_id, spent) in releases {
-        release(shared, &scope, lease_id, spent).await;
-    }
-}
-
-async fn release(shared: &Shared, scope: &Scope, lease_id: String, spent: u32) {
-    let request = ReleaseRequest {
-        scope: Some(scope.to_wire()),
-        worker_id: String::new(),
-        lease_id,
-        spent,
-        // The lease cache does not yet count which of its retries
-        // succeeded, so it claims no refund (the conservative direction).
-        retry_successes: 0,
-    };
-    // A failed release only means the tokens count as spent at expiry,
-    // which is the conservative direction.
-    let _ = shared.link.release(request).await;
-}
-
-async fn release_all(shared: &Shared) {
-    let mut releases = Vec::new();
-    for entry in shared.tokens.iter() {
-        for slot in entry.value().each() {
-            for lease in lock(&slot.state).leases.drain(..) {
-                releases.push((
-                    entry.key().clone(),
-                    lease.id.to_string(),
-                    lease.granted - lease.remaining,
-                ));
-            }
-        }
-    }
-    for (scope, lease_id, spent) in releases {
-        release(shared, &scope, lease_id, spent).await;
-    }
-}
-
-/// The scopes worth watching: those the worker holds tokens or views for.
-fn watched_scopes(shared: &Shared) -> Vec<Scope> {
-    let mut scopes: Vec<Scope> = shared.views.iter().map(|e| e.key().clone()).collect();
-    scopes.sort();
-    scopes.truncate(MAX_WATCHED_SCOPES);
-    scopes
-}
-
-async fn watch(shared: Arc<Shared>, scopes: Vec<Scope>) {
-    let request = WatchRequest {
-        scopes: scopes.iter().map(Scope::to_wire).collect(),
-        worker_id: String::new(),
-    };
-    let Ok(mut stream) = shared.link.watch(request).await else {
-        return;
-    };
-    while let Ok(Some(event)) = stream.message().await {
-        let Some(wire) = event.scope.as_ref() else {
-            continue;
-        };
-        let scope = Scope::from_wire(wire);
-        let kind = ScopeEventKind::try_from(event.kind).unwrap_or(ScopeEventKind::Unspecified);
-        let cooldown =
-            (event.cooldown_until_unix_ms > 0).then(|| from_unix_ms(event.cooldown_until_unix_ms));
-        let update = |v: &mut ScopeView| {
-            v.policy_version = v.policy_version.max(event.policy_version);
-            match kind {
-                ScopeEventKind::CooldownEnded => v.cooldown_until = None,
-                _ => v.cooldown_until = cooldown.max(v.cooldown_until),
-            }
-            v.frozen = event.frozen;
-        };
-        merge_view(&shared, &scope, update);
-        if let Some(entry) = shared.tokens.get(&scope) {
-            for slot in entry.value().each() {
-                update(&mut lock(&slot.state).view);
-            }
-        }
-    }
-}
-
-async fn background(
-    shared: Arc<Shared>,
-    mut refills: mpsc::Receiver<TokenKey>,
-    stop: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(shared.config.report_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut tasks = JoinSet::new();
-    let mut watching: Vec<Scope> = Vec::new();
-    let mut watch_task: Option<tokio::task::AbortHandle> = None;
-    let mut last_probe = Instant::now();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            Some(key) = refills.recv() => {
-                let shared = shared.clone();
-                tasks.spawn(async move { refill(&shared, key).await });
-            }
-            _ = tick.tick() => {
-                flush_reports(&shared).await;
-                tend_leases(&shared).await;
-                if shared.link.state() == LinkState::Degraded {
-                    // Takes answer from the fallback without RPCs, so
-                    // something must notice the coordinator coming back:
-                    // one lease attempt per probe interval, never a loop.
-                    if last_probe.elapsed() >= PROBE_INTERVAL {
-                        last_probe = Instant::now();
-                        let key = shared
-                            .tokens
-                            .iter()
-                            .next()
-                            .map(|e| (e.key().clone(), RetryClass::Transient));
-                        if let Some(key) = key {
-                            let shared = shared.clone();
-                            tasks.spawn(async move { refill(&shared, key).await });
-                        }
-                    }
-                    continue;
-                }
-                let scopes = watched_scopes(&shared);
-                let stream_ended = watch_task.as_ref().is_some_and(|t| t.is_finished());
-                if !scopes.is_empty() && (scopes != watching || stream_ended) {
-                    if let Some(old) = watch_task.take() {
-                        old.abort();
-                    }
-                    watching = scopes.clone();
-                    watch_task = Some(tasks.spawn(watch(shared.clone(), scopes)));
-                }
-            }
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-        }
-    }
-    tasks.abort_all();
-    flush_reports(&shared).await;
-    release_all(&shared).await;
 }

@@ -1,0 +1,145 @@
+//! Two behaviours users depend on, end to end through `Tollgate::connect`
+//! and a real `Gate`, on paused tokio time:
+//!
+//! - a non-repeatable operation that gets a 5xx (503 included: a gateway's
+//!   503 can follow an upstream that acted) is not sent again;
+//! - with the coordinator unreachable, a fresh worker's first retry is
+//!   admitted by the local fallback budget, not refused by an adaptive
+//!   throttle that has seen one refusal and nothing else.
+//!
+//! The coordinator is a connector that refuses every connection, driven by
+//! tokio itself, so paused time only jumps when nothing can make progress.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
+
+use hyper_util::rt::TokioIo;
+use tokio::io::DuplexStream;
+use tollgate_client::{
+    Backoff, GateConfig, GateIntent, IntentPolicy, Jitter, LeaseCacheConfig, LinkState,
+    Observation, Outcome, Repetition, Reply, Scope, TokenSource, TokioClock, Tollgate,
+};
+use tonic::transport::Endpoint;
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+fn policy() -> IntentPolicy {
+    let backoff = Backoff {
+        base: ms(100),
+        cap: ms(1_000),
+        jitter: Jitter::None,
+    };
+    IntentPolicy::try_new(ms(10_000), 3, ms(500), ms(10), backoff, None).expect("policy")
+}
+
+/// A worker whose coordinator refuses every connection; `seed` fixes its
+/// fallback draws, so each worker in a fleet draws differently.
+fn unreachable_worker(seed: u64) -> Tollgate {
+    let channel = Endpoint::from_static("http://coordinator.invalid").connect_with_connector_lazy(
+        tower::service_fn(|_| async {
+            Err::<TokioIo<DuplexStream>, _>(std::io::Error::from(
+                std::io::ErrorKind::ConnectionRefused,
+            ))
+        }),
+    );
+    Tollgate::connect("http://coordinator.invalid", format!("worker-{seed}"))
+        .channel(channel)
+        .clock(Arc::new(TokioClock::new(SystemTime::UNIX_EPOCH)))
+        .lease_config(LeaseCacheConfig {
+            seed: Some(seed),
+            ..LeaseCacheConfig::default()
+        })
+        .gate_config(GateConfig {
+            seed: Some(seed),
+            ..GateConfig::default()
+        })
+        .build()
+        .expect("worker")
+}
+
+/// Runs one intent against replies given by status, counting attempts.
+async fn run_statuses(
+    tollgate: &Tollgate,
+    repetition: Repetition,
+    statuses: &[u16],
+) -> (Outcome, u32, Vec<TokenSource>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let intent = GateIntent::new("intent-1", Scope::new("tenant-a", "POST /orders"), policy())
+        .repetition(repetition);
+    let result = tollgate
+        .gate()
+        .run(intent, |attempt| {
+            let calls = calls.clone();
+            let status = statuses[(attempt.number as usize - 1).min(statuses.len() - 1)];
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Reply::new(Observation::http(status, None), status)
+            }
+        })
+        .await;
+    let tokens = result.attempts.iter().map(|a| a.token.clone()).collect();
+    (result.outcome, calls.load(Ordering::SeqCst), tokens)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_non_repeatable_intent_is_not_resent_after_a_5xx() {
+    let tollgate = unreachable_worker(1);
+    for status in [500, 502, 503, 504] {
+        let (outcome, calls, _) =
+            run_statuses(&tollgate, Repetition::NonRepeatable, &[status, 200]).await;
+        assert_eq!(outcome, Outcome::Indeterminate, "{status}");
+        assert_eq!(calls, 1, "{status}: sent once");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repeat_safe_intent_is_retried_after_a_503() {
+    let tollgate = unreachable_worker(2);
+    let (outcome, calls, _) = run_statuses(&tollgate, Repetition::Safe, &[503, 200]).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(calls, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fresh_workers_first_retries_are_not_throttled_without_a_coordinator() {
+    // Each worker is fresh: one 429 is all its throttle has seen. The
+    // fallback floor allows one retry per second per scope, so every
+    // first retry must be admitted; with the throttle deciding on a single
+    // sample, about half of them were refused.
+    for seed in 0..40 {
+        let tollgate = unreachable_worker(seed);
+        let (outcome, calls, tokens) = run_statuses(&tollgate, Repetition::Safe, &[429, 200]).await;
+        assert_eq!(outcome, Outcome::Succeeded, "worker {seed}");
+        assert_eq!(calls, 2, "worker {seed}");
+        assert_eq!(
+            tokens,
+            [TokenSource::FirstAttempt, TokenSource::Fallback],
+            "worker {seed}"
+        );
+        assert_eq!(tollgate.link_state(), LinkState::Degraded);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_workers_first_retries_are_not_throttled_either() {
+    let workers: Vec<Tollgate> = (100..120).map(unreachable_worker).collect();
+    // A burst of refusals on each: more than enough answers for the
+    // throttle to judge by (its window fills; some retries may be refused).
+    for tollgate in &workers {
+        for _ in 0..5 {
+            run_statuses(tollgate, Repetition::Safe, &[429, 429, 429]).await;
+        }
+    }
+    // Idle past the throttle's window: the burst has aged out, and the next
+    // refusal alone is not a window of traffic.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    for (n, tollgate) in workers.iter().enumerate() {
+        let (outcome, calls, tokens) = run_statuses(tollgate, Repetition::Safe, &[429, 200]).await;
+        assert_eq!(outcome, Outcome::Succeeded, "worker {n}");
+        assert_eq!(calls, 2, "worker {n}");
+        assert_eq!(tokens, [TokenSource::FirstAttempt, TokenSource::Fallback]);
+    }
+}
