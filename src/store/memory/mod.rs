@@ -16,7 +16,8 @@
 //! an unexpired lease, a cooldown or backoff ahead, a freeze or a waiting
 //! intent — in one batch of [`ROOM_BATCH_PERMILLE`] of the bound, so the
 //! pass over the map is paid once per batch, not per new scope. Only when
-//! every scope is live is the operation refused (`ScopeLimit`, which the
+//! every scope is live is the operation refused, and then without another
+//! pass for [`ROOM_RETRY_MS`] (`ScopeLimit`, which the
 //! service answers RESOURCE_EXHAUSTED and the client's link treats as "the
 //! coordinator is unusable": the worker falls back to its local budget). A
 //! flood of invented names therefore pushes out cold scopes, whose loss
@@ -31,7 +32,7 @@ mod route;
 use std::collections::BinaryHeap;
 use std::future::ready;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
@@ -50,6 +51,11 @@ use route::{RouteName, RouteState};
 /// The share of `max_scopes` (permille) one room-making pass evicts: 1/64
 /// of the bound, at least one scope.
 pub const ROOM_BATCH_PERMILLE: usize = 16;
+/// After a pass found nothing to evict (every scope live), new scopes are
+/// refused without another pass for this long (coordinator time): a table
+/// full of live leases stays full for about a lease's lifetime, and a pass
+/// per refused call would cost a scan of the whole map each.
+pub const ROOM_RETRY_MS: i64 = 250;
 
 /// State of a whole caller scope: only evidence from uncertain scopes.
 #[derive(Debug, Default)]
@@ -69,6 +75,9 @@ pub struct MemoryStore {
     /// One room-making pass at a time: the others wait for its result
     /// instead of scanning the same map again.
     making_room: Mutex<()>,
+    /// Before this instant a full table refuses at once (see
+    /// [`ROOM_RETRY_MS`]).
+    room_retry_at_ms: AtomicI64,
     evicted_idle: AtomicU64,
     evicted_for_room: AtomicU64,
     refused: AtomicU64,
@@ -85,6 +94,7 @@ impl MemoryStore {
             callers: DashMap::new(),
             max_scopes,
             making_room: Mutex::new(()),
+            room_retry_at_ms: AtomicI64::new(i64::MIN),
             evicted_idle: AtomicU64::new(0),
             evicted_for_room: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -103,10 +113,14 @@ impl MemoryStore {
         if self.live() < self.max_scopes {
             return Ok(());
         }
-        let _one_pass = self.making_room.lock().unwrap_or_else(|e| e.into_inner());
-        // Another pass may have made room while this one waited.
-        if self.live() < self.max_scopes || self.make_room(now_ms) > 0 {
-            return Ok(());
+        if now_ms >= self.room_retry_at_ms.load(Ordering::Relaxed) {
+            let _one_pass = self.making_room.lock().unwrap_or_else(|e| e.into_inner());
+            // Another pass may have made room while this one waited.
+            if self.live() < self.max_scopes || self.make_room(now_ms) > 0 {
+                return Ok(());
+            }
+            self.room_retry_at_ms
+                .store(now_ms.saturating_add(ROOM_RETRY_MS), Ordering::Relaxed);
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
         Err(StoreError::ScopeLimit {
