@@ -5,7 +5,7 @@
 //! request_timeout = "5s"        # per-request timeout (tower layer)
 //! max_concurrent_requests = 1024
 //! grace_period = "10s"          # drain time on SIGINT/SIGTERM
-//! max_scopes = 1000000          # routes + caller scopes kept in memory (~0.3-0.8 GiB)
+//! max_scopes = 1000000          # routes + caller scopes kept in memory (~0.6 GiB all live)
 //! scope_idle_ttl = "10m"        # idle scopes are evicted after this
 //! watch_buffer = 256            # events buffered per Watch stream
 //! # rng_seed = 42               # fixes slot jitter, for reproducible runs
