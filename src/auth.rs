@@ -2,11 +2,28 @@
 //!
 //! With no tokens configured the coordinator runs in an open dev mode (any
 //! caller, any caller scope) and says so at start. With tokens, a request
-//! without a known token is unauthenticated, and a known token naming a
-//! caller scope it was not given is denied. Tokens are compared in constant
-//! time and never logged; only the index of the matching entry is kept.
+//! without a known token is unauthenticated (UNAUTHENTICATED), and a known
+//! token asking for something it was not given — another caller scope, or
+//! the Admin API with a caller token — is denied (PERMISSION_DENIED); the
+//! same two codes on every service. Tokens are compared in constant time
+//! and never logged; only the index of the matching entry is kept.
+//!
+//! A token may live in a file (a mounted Kubernetes Secret): the table is
+//! shared by every clone of the [`Authenticator`], and
+//! [`Authenticator::reload_files`] re-reads the files in place, so a
+//! rotated token works and a removed one is refused from the next request
+//! on. Repeated bad tokens are slowed down and summarized by [`throttle`].
+
+pub mod throttle;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use crate::policy::Pattern;
+
+/// Shortest token accepted: shorter ones are guessable.
+pub const MIN_TOKEN_LEN: usize = 8;
 
 /// Why a caller was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -22,10 +39,79 @@ pub enum AuthError {
     },
 }
 
+/// A token's value and, for a file-backed one, where it is re-read from.
+#[derive(Debug, Clone)]
+struct Secret {
+    /// `None`: the file is missing, unreadable or too short; the entry then
+    /// matches nothing (an empty value must never match an empty header).
+    value: Option<Vec<u8>>,
+    file: Option<PathBuf>,
+    /// Bumped whenever `value` changes, so a stream opened with the old
+    /// value can tell it was revoked.
+    generation: u64,
+}
+
+impl Secret {
+    fn inline(token: &str) -> Secret {
+        Secret {
+            value: Some(token.trim().as_bytes().to_vec()),
+            file: None,
+            generation: 0,
+        }
+    }
+
+    fn from_file(path: &Path) -> Result<Secret, String> {
+        Ok(Secret {
+            value: Some(read_token_file(path)?),
+            file: Some(path.to_owned()),
+            generation: 0,
+        })
+    }
+
+    fn matches(&self, presented: &[u8]) -> bool {
+        self.value
+            .as_deref()
+            .is_some_and(|v| constant_time_eq(v, presented))
+    }
+
+    /// Re-reads a file-backed secret; whether its value changed.
+    fn reload(&mut self) -> bool {
+        let Some(path) = &self.file else {
+            return false;
+        };
+        let fresh = match read_token_file(path) {
+            Ok(value) => Some(value),
+            Err(reason) => {
+                if self.value.is_some() {
+                    tracing::warn!(file = %path.display(), %reason, "token file unusable: its token is refused until it is fixed");
+                }
+                None
+            }
+        };
+        let changed = fresh != self.value;
+        if changed {
+            self.generation += 1;
+        }
+        self.value = fresh;
+        changed
+    }
+}
+
+/// The token in `path`, trimmed (a Secret mount often ends in a newline).
+/// The error never contains the file's content.
+pub fn read_token_file(path: &Path) -> Result<Vec<u8>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("reading token file: {e}"))?;
+    let token = text.trim();
+    if token.len() < MIN_TOKEN_LEN {
+        return Err(format!("token must be at least {MIN_TOKEN_LEN} characters"));
+    }
+    Ok(token.as_bytes().to_vec())
+}
+
 /// One token and the caller-scope patterns it may use.
 #[derive(Debug, Clone)]
 pub struct TokenEntry {
-    token: Vec<u8>,
+    secret: Secret,
     caller_scopes: Vec<Pattern>,
 }
 
@@ -33,9 +119,19 @@ impl TokenEntry {
     /// A token allowed the given caller-scope patterns (`exact`, `prefix*`, `*`).
     pub fn new(token: &str, caller_scopes: &[String]) -> Self {
         TokenEntry {
-            token: token.as_bytes().to_vec(),
+            secret: Secret::inline(token),
             caller_scopes: caller_scopes.iter().map(|p| Pattern::parse(p)).collect(),
         }
+    }
+
+    /// A token read from `path` (and re-read by
+    /// [`Authenticator::reload_files`]); the error says why the file is
+    /// unusable, never what it holds.
+    pub fn from_file(path: &Path, caller_scopes: &[String]) -> Result<Self, String> {
+        Ok(TokenEntry {
+            secret: Secret::from_file(path)?,
+            caller_scopes: caller_scopes.iter().map(|p| Pattern::parse(p)).collect(),
+        })
     }
 }
 
@@ -43,7 +139,7 @@ impl TokenEntry {
 #[derive(Debug, Clone)]
 pub struct AdminEntry {
     name: String,
-    token: Vec<u8>,
+    secret: Secret,
 }
 
 impl AdminEntry {
@@ -51,31 +147,55 @@ impl AdminEntry {
     pub fn new(name: &str, token: &str) -> Self {
         AdminEntry {
             name: name.to_owned(),
-            token: token.as_bytes().to_vec(),
+            secret: Secret::inline(token),
         }
+    }
+
+    /// An admin token read from `path`, re-read on reload.
+    pub fn from_file(name: &str, path: &Path) -> Result<Self, String> {
+        Ok(AdminEntry {
+            name: name.to_owned(),
+            secret: Secret::from_file(path)?,
+        })
     }
 }
 
-/// Why an Admin call was refused. One variant: every refusal is
-/// PERMISSION_DENIED, and the message says which case it was.
+/// Why an Admin call was refused; the message says which case it was.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct AdminDenied(pub &'static str);
+pub enum AdminDenied {
+    /// No admin bearer token, or one no entry knows (UNAUTHENTICATED, as
+    /// on the Budget service).
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// A known credential without the admin right, or a non-loopback peer
+    /// in open dev mode (PERMISSION_DENIED).
+    #[error("{0}")]
+    Forbidden(&'static str),
+}
 
 /// Who is calling, once the token has been checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Identity {
     /// Open dev mode: everything is allowed.
     Open,
-    /// The index of the token entry that matched.
+    /// The index of the token entry that matched. Stable across reloads:
+    /// a reload changes values, never the list of entries.
     Token(usize),
 }
 
-/// The token table.
-#[derive(Debug, Clone, Default)]
-pub struct Authenticator {
+#[derive(Debug, Default)]
+struct Table {
     entries: Vec<TokenEntry>,
     admins: Vec<AdminEntry>,
+}
+
+/// The token table. Clones share it, so a reload through any clone (the
+/// server's file follower) is seen by every service at once.
+#[derive(Debug, Clone, Default)]
+pub struct Authenticator {
+    table: Arc<RwLock<Arc<Table>>>,
+    /// Signalled after each reload that changed something.
+    reloads: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 /// The admin name recorded when open dev mode lets a loopback peer in.
@@ -89,23 +209,96 @@ impl Authenticator {
 
     /// Caller `entries` and `admins`.
     pub fn with_admins(entries: Vec<TokenEntry>, admins: Vec<AdminEntry>) -> Self {
-        Authenticator { entries, admins }
+        Authenticator {
+            table: Arc::new(RwLock::new(Arc::new(Table { entries, admins }))),
+            reloads: Arc::default(),
+        }
+    }
+
+    fn table(&self) -> Arc<Table> {
+        // A poisoned lock only means a reload panicked; the table it holds
+        // is still a whole one.
+        Arc::clone(&self.table.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Whether any token is read from a file (and so worth re-reading).
+    pub fn has_files(&self) -> bool {
+        let table = self.table();
+        table.entries.iter().any(|e| e.secret.file.is_some())
+            || table.admins.iter().any(|a| a.secret.file.is_some())
+    }
+
+    /// Re-reads every file-backed token; returns how many changed. A file
+    /// that is gone, unreadable or too short disables its token (logged
+    /// once, when that happens), so deleting a Secret key revokes it.
+    pub fn reload_files(&self) -> usize {
+        let mut next = Table {
+            entries: self.table().entries.clone(),
+            admins: self.table().admins.clone(),
+        };
+        let changed = next
+            .entries
+            .iter_mut()
+            .map(|e| &mut e.secret)
+            .chain(next.admins.iter_mut().map(|a| &mut a.secret))
+            .map(Secret::reload)
+            .filter(|&changed| changed)
+            .count();
+        if changed > 0 {
+            *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+            self.reloads.send_replace(());
+            tracing::info!(changed, "token files reloaded");
+        }
+        changed
+    }
+
+    /// The generation of caller entry `i`'s current value; `None` while
+    /// the entry is disabled.
+    fn generation(&self, i: usize) -> Option<u64> {
+        self.table()
+            .entries
+            .get(i)
+            .filter(|e| e.secret.value.is_some())
+            .map(|e| e.secret.generation)
+    }
+
+    /// Completes when the token `identity` holds now is rotated away or
+    /// removed (never for open dev mode): a long-lived stream opened with
+    /// it ends then instead of outliving the revocation.
+    pub fn revoked(&self, identity: Identity) -> impl Future<Output = ()> + Send + 'static {
+        let watched = match identity {
+            Identity::Token(i) => Some((i, self.generation(i))),
+            Identity::Open => None,
+        };
+        let auth = self.clone();
+        let mut reloads = self.reloads.subscribe();
+        async move {
+            let Some((i, start)) = watched else {
+                return std::future::pending().await;
+            };
+            while auth.generation(i) == start && start.is_some() {
+                if reloads.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
     }
 
     /// Whether no caller tokens are configured.
     pub fn is_open(&self) -> bool {
-        self.entries.is_empty()
+        self.table().entries.is_empty()
     }
 
     /// Whether no tokens of either kind are configured (Admin then answers
     /// loopback peers only).
     pub fn admin_is_open(&self) -> bool {
-        self.entries.is_empty() && self.admins.is_empty()
+        let table = self.table();
+        table.entries.is_empty() && table.admins.is_empty()
     }
 
     /// Whether any admin token is configured.
     pub fn has_admins(&self) -> bool {
-        !self.admins.is_empty()
+        !self.table().admins.is_empty()
     }
 
     /// The admin's name for the audit log, or why the call is refused.
@@ -119,48 +312,47 @@ impl Authenticator {
             return if peer_is_loopback {
                 Ok(DEV_ADMIN.to_owned())
             } else {
-                Err(AdminDenied(
+                Err(AdminDenied::Forbidden(
                     "open dev mode: the Admin API answers loopback peers only",
                 ))
             };
         }
-        let token = authorization
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or(AdminDenied("the Admin API needs an admin bearer token"))?;
+        let token = bearer(authorization).ok_or(AdminDenied::Unauthenticated(
+            "the Admin API needs an admin bearer token",
+        ))?;
+        let table = self.table();
         let mut found = None;
-        for entry in &self.admins {
-            if constant_time_eq(&entry.token, token.as_bytes()) && found.is_none() {
+        for entry in &table.admins {
+            if entry.secret.matches(token) && found.is_none() {
                 found = Some(entry.name.clone());
             }
         }
         if let Some(name) = found {
             return Ok(name);
         }
-        let caller = self.entries.iter().fold(false, |hit, e| {
-            constant_time_eq(&e.token, token.as_bytes()) | hit
-        });
+        let caller = table
+            .entries
+            .iter()
+            .fold(false, |hit, e| e.secret.matches(token) | hit);
         Err(if caller {
-            AdminDenied("a caller token may not use the Admin API")
+            AdminDenied::Forbidden("a caller token may not use the Admin API")
         } else {
-            AdminDenied("unknown admin token")
+            AdminDenied::Unauthenticated("unknown admin token")
         })
     }
 
     /// Checks the `authorization` metadata value.
     pub fn identify(&self, authorization: Option<&str>) -> Result<Identity, AuthError> {
-        if self.is_open() {
+        let table = self.table();
+        if table.entries.is_empty() {
             return Ok(Identity::Open);
         }
-        let token = authorization
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or(AuthError::Unauthenticated)?;
+        let token = bearer(authorization).ok_or(AuthError::Unauthenticated)?;
         // Compare against every entry so timing does not tell which one
         // (or whether any) matched early.
         let mut found = None;
-        for (i, entry) in self.entries.iter().enumerate() {
-            if constant_time_eq(&entry.token, token.as_bytes()) && found.is_none() {
+        for (i, entry) in table.entries.iter().enumerate() {
+            if entry.secret.matches(token) && found.is_none() {
                 found = Some(i);
             }
         }
@@ -171,10 +363,9 @@ impl Authenticator {
     pub fn check(&self, identity: Identity, caller_scope: &str) -> Result<(), AuthError> {
         let allowed = match identity {
             Identity::Open => true,
-            Identity::Token(i) => self
-                .entries
-                .get(i)
-                .is_some_and(|e| e.caller_scopes.iter().any(|p| p.matches(caller_scope))),
+            Identity::Token(i) => self.table().entries.get(i).is_some_and(|e| {
+                e.secret.value.is_some() && e.caller_scopes.iter().any(|p| p.matches(caller_scope))
+            }),
         };
         if allowed {
             Ok(())
@@ -184,6 +375,15 @@ impl Authenticator {
             })
         }
     }
+}
+
+/// The token of an `authorization: Bearer …` value; an empty one is none.
+fn bearer(authorization: Option<&str>) -> Option<&[u8]> {
+    authorization
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::as_bytes)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -241,9 +441,18 @@ mod tests {
         let caller = auth.identify_admin(Some("Bearer secret-a"), true);
         assert_eq!(
             caller,
-            Err(AdminDenied("a caller token may not use the Admin API"))
+            Err(AdminDenied::Forbidden(
+                "a caller token may not use the Admin API"
+            ))
         );
-        assert!(auth.identify_admin(None, true).is_err());
+        assert!(matches!(
+            auth.identify_admin(None, true),
+            Err(AdminDenied::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            auth.identify_admin(Some("Bearer unknown-token"), true),
+            Err(AdminDenied::Unauthenticated(_))
+        ));
         // Admin tokens are not caller tokens either.
         assert_eq!(
             auth.identify(Some("Bearer admin-secret")),
@@ -258,5 +467,48 @@ mod tests {
         assert!(auth.identify_admin(None, false).is_err());
         let no_admins = Authenticator::new(vec![TokenEntry::new("secret-a", &["a".into()])]);
         assert!(no_admins.identify_admin(None, true).is_err());
+    }
+
+    #[test]
+    fn a_token_file_is_reread_and_removing_it_revokes_the_token() {
+        let dir = std::env::temp_dir().join(format!("tollgate-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("token");
+        std::fs::write(&file, "first-token-1\n").expect("write");
+        let auth = Authenticator::new(vec![
+            TokenEntry::from_file(&file, &["a".into()]).expect("readable"),
+        ]);
+        let shared = auth.clone();
+        assert!(auth.has_files());
+        assert_eq!(
+            auth.identify(Some("Bearer first-token-1")),
+            Ok(Identity::Token(0))
+        );
+        std::fs::write(&file, "second-token-2").expect("rotate");
+        assert_eq!(shared.reload_files(), 1);
+        assert_eq!(
+            auth.identify(Some("Bearer first-token-1")),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            auth.identify(Some("Bearer second-token-2")),
+            Ok(Identity::Token(0))
+        );
+        std::fs::remove_file(&file).expect("remove");
+        assert_eq!(shared.reload_files(), 1);
+        assert_eq!(
+            auth.identify(Some("Bearer second-token-2")),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            auth.identify(Some("Bearer ")),
+            Err(AuthError::Unauthenticated)
+        );
+        assert!(
+            auth.check(Identity::Token(0), "a").is_err(),
+            "a revoked entry grants nothing"
+        );
+        assert!(TokenEntry::from_file(&file, &["a".into()]).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -23,7 +23,9 @@
 //! max_hint = "60s"
 //!
 //! [[token]]
-//! token_env = "TOLLGATE_TOKEN_TENANT_A"   # or `token = "…"` (keep files secret-free)
+//! token_env = "TOLLGATE_TOKEN_TENANT_A"   # or `token = "…"` (keep files secret-free),
+//!                               # or token_file = "/etc/tollgate/tokens/tenant-a"
+//!                               # (a mounted Secret: re-read on change and SIGHUP)
 //! caller_scopes = ["tenant-a", "shared-*"]
 //!
 //! [[admin_token]]               # may call the Admin API; never a caller token
@@ -32,7 +34,10 @@
 //! ```
 //!
 //! Only `[defaults]` and `[[rule]]` change at runtime (live reload, `tollgate
-//! policy apply`); `[server]` and the tokens are read at start. Errors name
+//! policy apply`); `[server]` and the token entries are read at start, the
+//! values of `token_file` tokens and the TLS certificate are re-read while
+//! the server runs. The transport keys of `[server]` (TLS, connection and
+//! stream limits) are described in [`Transport`]. Errors name
 //! the place and, where it can be found, the line.
 //!
 //! A rule's policy is its own keys over `[defaults]` over the built-in
@@ -42,6 +47,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod transport;
+
+use transport::TransportSpec;
+pub use transport::{TlsFiles, Transport};
 
 use crate::auth::{AdminEntry, Authenticator, TokenEntry};
 use crate::policy::{Pattern, Policy, PolicyError, PolicyRule, PolicySet, PolicySpec};
@@ -124,6 +134,8 @@ pub struct Config {
     pub doc: PolicyDoc,
     /// Tokens; empty means open dev mode.
     pub auth: Authenticator,
+    /// TLS and the exhaustion limits (`[server]`, see [`Transport`]).
+    pub transport: Transport,
 }
 
 /// Most rules a policy document may hold: every lookup scans them.
@@ -319,6 +331,7 @@ struct AdminTokenSpec {
     name: String,
     token: Option<String>,
     token_env: Option<String>,
+    token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -331,6 +344,21 @@ struct ServerSpec {
     scope_idle_ttl: Option<String>,
     watch_buffer: Option<usize>,
     rng_seed: Option<u64>,
+    // The transport keys, validated in `transport` (kept in this struct so
+    // a typo is refused with its line).
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    allow_plaintext: Option<bool>,
+    max_connections: Option<usize>,
+    max_connections_per_ip: Option<usize>,
+    max_concurrent_streams: Option<u32>,
+    max_header_list_size: Option<String>,
+    max_budget_message: Option<String>,
+    handshake_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_watch_streams: Option<usize>,
+    max_watch_streams_per_token: Option<usize>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -338,6 +366,7 @@ struct ServerSpec {
 struct TokenSpec {
     token: Option<String>,
     token_env: Option<String>,
+    token_file: Option<PathBuf>,
     caller_scopes: Vec<String>,
 }
 
@@ -358,46 +387,75 @@ impl Config {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
         let mut file: FileFormat = toml::from_str(text)?;
-        let limits = server_limits(file.server.take().unwrap_or_default())?;
+        let mut server = file.server.take().unwrap_or_default();
+        let transport = transport::transport(TransportSpec {
+            tls_cert: server.tls_cert.take(),
+            tls_key: server.tls_key.take(),
+            client_ca: server.client_ca.take(),
+            allow_plaintext: server.allow_plaintext.take(),
+            max_connections: server.max_connections.take(),
+            max_connections_per_ip: server.max_connections_per_ip.take(),
+            max_concurrent_streams: server.max_concurrent_streams.take(),
+            max_header_list_size: server.max_header_list_size.take(),
+            max_budget_message: server.max_budget_message.take(),
+            handshake_timeout: server.handshake_timeout.take(),
+            idle_timeout: server.idle_timeout.take(),
+            max_watch_streams: server.max_watch_streams.take(),
+            max_watch_streams_per_token: server.max_watch_streams_per_token.take(),
+        })?;
+        let limits = server_limits(server)?;
         let tokens = std::mem::take(&mut file.token);
         let admin_tokens = std::mem::take(&mut file.admin_token);
         let doc = PolicyDoc::from_file(file)?;
         let policies = doc.build().map_err(|e| with_line(e, text))?;
 
-        let secret = |place: &str, token: Option<String>, var: Option<String>| {
-            let invalid = |reason: String| ConfigError::Invalid {
-                place: place.to_owned(),
-                reason,
+        // The token's value now, and the file it is re-read from, if any.
+        let secret =
+            |place: &str, token: Option<String>, var: Option<String>, file: Option<PathBuf>| {
+                let invalid = |reason: String| ConfigError::Invalid {
+                    place: place.to_owned(),
+                    reason,
+                };
+                let token = match (token, var, &file) {
+                    (Some(token), None, None) => token,
+                    (None, Some(var), None) => env(&var)
+                        .ok_or_else(|| invalid(format!("environment variable {var} is not set")))?,
+                    (None, None, Some(path)) => crate::auth::read_token_file(path)
+                        .map(|t| String::from_utf8_lossy(&t).into_owned())
+                        .map_err(|e| invalid(format!("{}: {e}", path.display())))?,
+                    _ => {
+                        return Err(invalid(
+                            "set exactly one of token, token_env or token_file".into(),
+                        ));
+                    }
+                };
+                if token.trim().len() < crate::auth::MIN_TOKEN_LEN {
+                    return Err(invalid("token must be at least 8 characters".into()));
+                }
+                Ok((token.trim().to_owned(), file))
             };
-            let token = match (token, var) {
-                (Some(token), None) => token,
-                (None, Some(var)) => env(&var)
-                    .ok_or_else(|| invalid(format!("environment variable {var} is not set")))?,
-                _ => return Err(invalid("set exactly one of token or token_env".into())),
-            };
-            if token.trim().len() < 8 {
-                return Err(invalid("token must be at least 8 characters".into()));
-            }
-            Ok(token.trim().to_owned())
-        };
         let mut entries = Vec::with_capacity(tokens.len());
         let mut caller_secrets = Vec::with_capacity(tokens.len());
         for (i, spec) in tokens.into_iter().enumerate() {
             let place = format!("token #{}", i + 1);
-            let token = secret(&place, spec.token, spec.token_env)?;
+            let (token, file) = secret(&place, spec.token, spec.token_env, spec.token_file)?;
             if spec.caller_scopes.is_empty() {
                 return Err(ConfigError::Invalid {
                     place,
                     reason: "caller_scopes must name at least one scope".into(),
                 });
             }
-            entries.push(TokenEntry::new(&token, &spec.caller_scopes));
+            entries.push(match file {
+                Some(path) => TokenEntry::from_file(&path, &spec.caller_scopes)
+                    .map_err(|reason| ConfigError::Invalid { place, reason })?,
+                None => TokenEntry::new(&token, &spec.caller_scopes),
+            });
             caller_secrets.push(token);
         }
         let mut admins = Vec::with_capacity(admin_tokens.len());
         for (i, spec) in admin_tokens.into_iter().enumerate() {
             let place = format!("admin_token #{}", i + 1);
-            let token = secret(&place, spec.token, spec.token_env)?;
+            let (token, file) = secret(&place, spec.token, spec.token_env, spec.token_file)?;
             let invalid = |reason: &str| ConfigError::Invalid {
                 place: place.clone(),
                 reason: reason.to_owned(),
@@ -419,13 +477,17 @@ impl Config {
                     "an admin token must differ from every caller token",
                 ));
             }
-            admins.push(AdminEntry::new(name, &token));
+            admins.push(match file {
+                Some(path) => AdminEntry::from_file(name, &path).map_err(|r| invalid(&r))?,
+                None => AdminEntry::new(name, &token),
+            });
         }
         Ok(Config {
             limits,
             policies,
             doc,
             auth: Authenticator::with_admins(entries, admins),
+            transport,
         })
     }
 }

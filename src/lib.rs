@@ -19,24 +19,28 @@
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes (a whole worker report is one), its in-memory backend, the
 //!   Redis backend (one Lua script per operation, pub/sub for Watch across
-//!   replicas, a clock that follows Redis's `TIME`), and the contract suite
-//!   both must pass.
+//!   replicas, a clock that follows Redis's `TIME`, the replicas' shared
+//!   runtime control state), and the contract suite both must pass.
 //! - [`events`]: `StateChange`, scope snapshots and the `EventHub` every
 //!   change is published on.
 //! - [`admin`]: runtime control — policy changes with optimistic versions,
-//!   freezes, resets, the audit log, the state file and live reload.
+//!   laid over the policy file, freezes, resets, the audit log, kept in the
+//!   state file (one coordinator) or shared through the store (replicas),
+//!   and live reload.
 //! - [`coordinator`]: the core — `Coordinator` owns the store, policies,
 //!   event hub, clock, RNG and the runtime control; lease, release, report,
 //!   reconsider, watch and the admin changes, each one store operation plus
 //!   the events it publishes. No gRPC.
 //! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
-//! - [`auth`]: bearer tokens → the caller scopes they may use; admin tokens.
+//! - [`auth`]: bearer tokens → the caller scopes they may use; admin tokens;
+//!   token files re-read in place; repeated bad tokens slowed down.
 //! - [`service`]: the `tollgate.v1.Budget` and `tollgate.v1.Admin` gRPC
 //!   services — validation, identity, one call into the core, the wire
 //!   translation, Watch streams — and the one error → `Status` mapping.
 //! - [`server`]: `run(incoming, shutdown, Setup)`: the core, the services,
-//!   health and reflection behind tower layers, background tasks, a
-//!   graceful drain.
+//!   health and both reflection versions behind tower layers, background
+//!   tasks, a graceful drain; `run_tcp` adds TLS with certificate reload,
+//!   the connection limits and the idle timeout (docs/security.md).
 //! - [`signal`], [`serve`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with one renderer (table, JSON, YAML) and documented

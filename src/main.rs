@@ -136,10 +136,14 @@ enum BenchCommand {
 fn main() -> anyhow::Result<ExitCode> {
     let Cli { connect, command } = Cli::parse();
     match command {
-        Command::Serve(args) => {
-            tollgate::serve::serve(args)?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Serve(args) => match tollgate::serve::serve(args) {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            // One line an operator reads in a pod's log, not a chain dump.
+            Err(err) => {
+                eprintln!("tollgate serve: {err:#}");
+                Ok(ExitCode::FAILURE)
+            }
+        },
         Command::Policy { command } => Ok(ops::run(&connect, ops::Command::Policy(command))),
         Command::Scopes { command } => Ok(ops::run(&connect, ops::Command::Scopes(command))),
         Command::Audit { limit } => Ok(ops::run(&connect, ops::Command::Audit { limit })),

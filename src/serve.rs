@@ -26,13 +26,17 @@ pub struct ServeArgs {
     /// documented defaults apply, in open dev mode.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Where runtime changes (Admin API) are kept across restarts. Default:
-    /// `<config>.state.json` beside the policy file; without a policy file
-    /// and without this flag, runtime changes last until the process ends.
+    /// Where runtime changes (Admin API) are kept across restarts, with the
+    /// memory store. Default: `<config>.state.json` beside the policy file;
+    /// without a policy file and without this flag, runtime changes last
+    /// until the process ends. With a Redis store they live in Redis,
+    /// shared by the replicas, and this file is not used.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
-    /// The audit log (JSON lines, rotated at 4 MiB). Default:
-    /// `<config>.audit.jsonl` beside the policy file.
+    /// The audit log (JSON lines, rotated at 4 MiB). Default with the
+    /// memory store: `<config>.audit.jsonl` beside the policy file. With a
+    /// Redis store the audit lives in Redis (bounded, newest first) and no
+    /// file is written unless this flag asks for a local copy.
     #[arg(long, value_name = "FILE")]
     pub audit_log: Option<PathBuf>,
     /// How often the policy file is checked for changes (it is also
@@ -44,8 +48,9 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
     /// Where scope state lives: `memory` (one coordinator), or
-    /// `redis://HOST:PORT[/DB]` / `redis+cluster://HOST:PORT[,HOST:PORT…]`
-    /// shared by stateless replicas. Read from the environment so a
+    /// `redis://HOST:PORT[/DB]` / `redis+cluster://HOST:PORT[,HOST:PORT…]` /
+    /// `redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE` (a primary that
+    /// Sentinels fail over) shared by stateless replicas. Read from the environment so a
     /// password in the URL stays off the command line.
     #[arg(
         long,
@@ -61,6 +66,58 @@ pub struct ServeArgs {
     /// replicas with skewed clocks agree), `local` trusts this host's clock.
     #[arg(long, value_enum, default_value_t = TimeSource::Redis)]
     pub time_source: TimeSource,
+    /// Serve TLS with this PEM certificate chain (and --tls-key); the files
+    /// are re-read when they change and on SIGHUP. Overrides `[server]
+    /// tls_cert`.
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's PEM private key.
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this PEM CA (mTLS); bearer
+    /// tokens still apply.
+    #[arg(long, env = "TOLLGATE_CLIENT_CA", value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback address. Without TLS and without
+    /// this flag, only loopback addresses are served: tokens would
+    /// otherwise cross the network in clear.
+    #[arg(long, env = "TOLLGATE_ALLOW_PLAINTEXT")]
+    pub allow_plaintext: bool,
+    /// Also serve `grpc.health.v1` alone, in plaintext, on this address:
+    /// for probes that cannot speak TLS (Kubernetes gRPC probes).
+    #[arg(long, env = "TOLLGATE_HEALTH_LISTEN", value_name = "ADDR")]
+    pub health_listen: Option<SocketAddr>,
+}
+
+impl ServeArgs {
+    /// The transport flags over the policy file's `[server]` keys.
+    fn apply_transport(&self, transport: &mut crate::config::Transport) -> anyhow::Result<()> {
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            transport.tls = Some(crate::config::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: transport.tls.as_ref().and_then(|t| t.client_ca.clone()),
+            });
+        }
+        if let Some(ca) = &self.client_ca {
+            match &mut transport.tls {
+                Some(tls) => tls.client_ca = Some(ca.clone()),
+                None => anyhow::bail!("--client-ca needs TLS (--tls-cert and --tls-key)"),
+            }
+        }
+        transport.allow_plaintext |= self.allow_plaintext;
+        Ok(())
+    }
 }
 
 /// `<config><suffix>`: where the state file and audit log go by default.
@@ -106,26 +163,31 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => (Config::default(), None),
     };
+    let mut config = config;
+    args.apply_transport(&mut config.transport)?;
+    // With a shared store the runtime state and the audit live in it, so a
+    // replica needs no writable file (a read-only root and config mount).
+    let local = args.store == "memory";
     let kept = server::Setup {
         paths: crate::admin::Paths {
             policy_file: args.config.clone(),
-            state_file: args
-                .state
-                .clone()
-                .or_else(|| args.config.as_deref().map(|c| beside(c, ".state.json"))),
+            state_file: args.state.clone().or_else(|| {
+                let config = args.config.as_deref().filter(|_| local)?;
+                Some(beside(config, ".state.json"))
+            }),
         },
         file_text,
-        audit_file: args
-            .audit_log
-            .clone()
-            .or_else(|| args.config.as_deref().map(|c| beside(c, ".audit.jsonl"))),
+        audit_file: args.audit_log.clone().or_else(|| {
+            let config = args.config.as_deref().filter(|_| local)?;
+            Some(beside(config, ".audit.jsonl"))
+        }),
         reload_every: args.config.is_some().then_some(
             args.reload_interval
                 .max(std::time::Duration::from_millis(50)),
         ),
         ..server::Setup::new(config)
     };
-    if kept.paths.state_file.is_none() {
+    if kept.paths.state_file.is_none() && local {
         tracing::warn!(
             "no policy file and no --state: runtime changes last only until the process ends"
         );
@@ -145,6 +207,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {}", args.listen))?;
         let mut kept = kept;
+        if let Some(addr) = args.health_listen {
+            kept.health_listener = Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding health listener {addr}"))?,
+            );
+        }
         let (store, clock, calibrating): (Arc<dyn Store>, Arc<dyn Clock>, _) = if args.store
             == "memory"
         {
@@ -166,7 +235,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 TimeSource::Local => (Arc::new(store), Arc::new(SystemClock), None),
                 TimeSource::Redis => {
                     let clock = RedisClock::default();
-                    let client = store.clock_client().context("Redis clock")?;
+                    let client = store.clock_client().await.context("Redis clock")?;
                     // A first measurement before serving, when Redis is
                     // up; the loop below keeps it fresh (and retries if
                     // not).
@@ -186,9 +255,25 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let serving = server::run_tcp(listener, signal::shutdown(), kept.store(store).clock(clock));
         // The calibration loop never ends; it stops with the server.
         tokio::select! {
-            result = serving => result?,
+            result = serving => result.map_err(with_hint)?,
             () = calibrating => {}
         }
         Ok(())
     })
+}
+
+/// A start-up error in one line, naming the flag that moves a file the
+/// process could not write (a read-only mount is the usual cause).
+fn with_hint(err: server::ServeError) -> anyhow::Error {
+    use crate::admin::{AdminError, persist::PersistError};
+    let hint = match &err {
+        server::ServeError::Audit { .. } => {
+            " (--audit-log moves it; with a Redis store no audit file is needed)"
+        }
+        server::ServeError::Admin(AdminError::Persist(PersistError::Io { .. })) => {
+            " (--state moves it; with a Redis store no state file is needed)"
+        }
+        _ => "",
+    };
+    anyhow::anyhow!("{err}{hint}")
 }

@@ -15,6 +15,21 @@
 //! `health` is checked every [`HEALTH_EVERY`], so a replica whose Redis is
 //! down reports NOT_SERVING (and load balancers route around it) until it
 //! reconnects by itself.
+//!
+//! # Transport
+//! [`run_tcp`] terminates TLS itself ([`tls`]: the certificate is re-read
+//! when its files change or on SIGHUP, mTLS with a client CA) and applies
+//! the connection limits before a handshake ([`listen`]); it refuses to
+//! serve plaintext on an address other peers can reach unless the
+//! configuration allows it. Every transport gets the per-request guards
+//! ([`guard`]: calls in flight for the idle timeout, slowed-down bad
+//! tokens), the HTTP/2 stream and header limits, a decoding limit per
+//! service and the Watch stream quota; the numbers are in
+//! [`crate::config::Transport`].
+
+pub mod guard;
+pub mod listen;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +38,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::clock::{Clock, SystemClock, to_unix_ms};
 use tollgate_proto::v1::{
@@ -47,9 +61,10 @@ use crate::signal::Hangups;
 use crate::store::redis::EventRelay;
 use crate::store::{MemoryStore, Store};
 
-/// Largest request accepted: the biggest valid message (64 evidence items
-/// with bounded strings) fits well inside it.
-const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest health or reflection request: a service name or a symbol.
+const MAX_SMALL_MESSAGE_BYTES: usize = 16 * 1024;
+/// How often token files and the TLS certificate are checked for changes.
+pub const SECRETS_EVERY: Duration = Duration::from_secs(1);
 /// How often idle scopes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// How often freezes are checked for expiry: the latency of an expiry.
@@ -78,6 +93,13 @@ pub struct Setup {
     /// With a store shared by several replicas: carries Watch events
     /// between them. `None`: events stay in this process.
     pub relay: Option<EventRelay>,
+    /// How often token files and the TLS certificate are re-read (they are
+    /// also re-read on SIGHUP). Default [`SECRETS_EVERY`].
+    pub secrets_every: Duration,
+    /// A second listener serving only `grpc.health.v1`, in plaintext: for
+    /// probes that cannot speak TLS (Kubernetes' gRPC probes). Health
+    /// carries no token and changes nothing, so it needs no consent.
+    pub health_listener: Option<TcpListener>,
 }
 
 impl Default for Setup {
@@ -91,6 +113,7 @@ impl std::fmt::Debug for Setup {
         f.debug_struct("Setup")
             .field("paths", &self.paths)
             .field("reload_every", &self.reload_every)
+            .field("secrets_every", &self.secrets_every)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +130,8 @@ impl Setup {
             audit_file: None,
             reload_every: None,
             relay: None,
+            secrets_every: SECRETS_EVERY,
+            health_listener: None,
         }
     }
 
@@ -144,6 +169,15 @@ pub enum ServeError {
     /// The gRPC transport failed.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The certificate, key or client CA could not be loaded.
+    #[error("{0}")]
+    Tls(#[from] tls::TlsError),
+    /// Plaintext on an address other hosts can reach, without consent.
+    #[error(
+        "refusing to serve plaintext on {0}: tokens would cross the network in clear; \
+         configure TLS (--tls-cert/--tls-key) or pass --allow-plaintext"
+    )]
+    Plaintext(std::net::SocketAddr),
     /// The saved runtime state could not be restored.
     #[error("restoring runtime state: {0}")]
     Admin(#[from] AdminError),
@@ -157,15 +191,62 @@ pub enum ServeError {
     },
 }
 
-/// [`run`] on a bound TCP listener, logging its address.
+/// [`run`] on a bound TCP listener, logging its address: TLS when the
+/// configuration names a certificate (re-read every `secrets_every` and
+/// on SIGHUP), the connection limits, and no plaintext off loopback
+/// without `allow_plaintext`.
 pub async fn run_tcp(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
     setup: Setup,
 ) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
-    info!(%address, max_scopes = setup.config.limits.max_scopes, "tollgate coordinator listening");
-    run(TcpListenerStream::new(listener), shutdown, setup).await
+    let transport = setup.config.transport.clone();
+    let tls = match &transport.tls {
+        Some(files) => Some(Arc::new(tls::ServerTls::load(files)?)),
+        None if listen::needs_plaintext_consent(address) && !transport.allow_plaintext => {
+            return Err(ServeError::Plaintext(address));
+        }
+        None if listen::needs_plaintext_consent(address) => {
+            warn!(%address, "serving PLAINTEXT on a non-loopback address (allow_plaintext): tokens cross the network in clear");
+            None
+        }
+        None => None,
+    };
+    let security = match &tls {
+        Some(tls) if tls.mutual() => "mtls",
+        Some(_) => "tls",
+        None => "plaintext",
+    };
+    info!(%address, security, max_scopes = setup.config.limits.max_scopes, "tollgate coordinator listening");
+    let every = setup.secrets_every;
+    let incoming = listen::incoming(listener, transport, tls.clone());
+    let following = async move {
+        match tls {
+            Some(tls) => follow_files(every, || tls.reload_logged()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = run(incoming, shutdown, setup) => result,
+        // Never completes; stops with the server.
+        () = following => Ok(()),
+    }
+}
+
+/// Calls `reload` every `every` and on each SIGHUP; runs as long as it is
+/// polled.
+async fn follow_files(every: Duration, reload: impl Fn()) {
+    let mut poll = tokio::time::interval(every);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hangups = Hangups::listen();
+    loop {
+        tokio::select! {
+            _ = poll.tick() => {}
+            () = hangups.next() => {}
+        }
+        reload();
+    }
 }
 
 /// Serves the coordinator on `incoming` until `shutdown` completes, then
@@ -198,26 +279,14 @@ where
         audit_file,
         reload_every,
         relay,
+        secrets_every,
+        health_listener,
     } = setup;
+    let transport = config.transport.clone();
     let limits = config.limits.clone();
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(limits.max_scopes)));
     let drain = CancellationToken::new();
-    // With a relay, the hub's events also reach (and come from) the other
-    // replicas; the relay stops with the drain, like the Watch streams it
-    // feeds.
-    let (hub, relaying) = match relay {
-        Some(relay) => {
-            let (hub, task) = relay.start(drain.clone());
-            (hub, Some(task))
-        }
-        None => (EventHub::default(), None),
-    };
-    let relaying = async move {
-        match relaying {
-            Some(task) => task.await,
-            None => std::future::pending().await,
-        }
-    };
+    let (hub, relaying) = start_relay(relay, &drain);
     let runtime = RuntimeFiles {
         paths,
         file_text,
@@ -231,23 +300,20 @@ where
         runtime,
     )
     .await?;
-    let auth = Arc::new(config.auth.clone());
-    let budget = BudgetService::new(
-        Arc::clone(&core),
-        Arc::clone(&auth),
-        limits.watch_buffer,
-        drain.clone(),
-    );
-    let admin = AdminService::new(Arc::clone(&core), auth);
-
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BudgetServer<BudgetService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let routes = routes(
+        &config,
+        Arc::clone(&core),
+        health_service.clone(),
+        drain.clone(),
+    )?;
+    let following_tokens = follow_tokens(config.auth.clone(), secrets_every);
 
+    let health_only = serve_health_only(health_listener, health_service, drain.clone());
     let serve = Server::builder()
+        .max_concurrent_streams(transport.max_concurrent_streams)
+        .http2_max_header_list_size(transport.max_header_list_size)
         // tonic's own timeout layer (it also honours the client's
         // grpc-timeout) answers with a status instead of an opaque error.
         .timeout(limits.request_timeout)
@@ -256,6 +322,8 @@ where
         // RESOURCE_EXHAUSTED at once and lets the client fall back.
         .layer(
             ServiceBuilder::new()
+                // Outermost, so a held-back refusal holds no request permit.
+                .layer(guard::ConnLayer::default())
                 // The caller's W3C trace context parents each RPC's span.
                 .layer(crate::telemetry::TraceContextLayer)
                 .layer(crate::telemetry::RpcMetricsLayer::coordinator())
@@ -265,11 +333,7 @@ where
                 ))
                 .into_inner(),
         )
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(BudgetServer::new(budget).max_decoding_message_size(MAX_MESSAGE_BYTES))
-        // Room for a whole policy file in ApplyPolicies.
-        .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096))
+        .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
     tokio::pin!(serve);
 
@@ -281,8 +345,14 @@ where
         // These never complete; they stop when this select is left.
         () = sweep(Arc::clone(&store), Arc::clone(&clock), limits.scope_idle_ttl) => {}
         () = follow(Arc::clone(&core), reload_every) => {}
+        // With replicas, changes made through the others. Its own branch:
+        // it holds the runtime state's lock while it reads the store, so it
+        // must keep being polled while `follow` waits for that lock.
+        () = core.admin().follow_shared() => {}
         () = watch_health(Arc::clone(&store), health.clone()) => {}
         () = relaying => {}
+        () = following_tokens => {}
+        () = health_only => {}
     }
 
     info!(grace_period = ?limits.grace_period, "draining");
@@ -296,6 +366,114 @@ where
     }
     info!("stopped");
     Ok(())
+}
+
+/// The event hub, and the task relaying its events to and from other
+/// replicas (with a relay; otherwise a future that never completes). The
+/// relay stops with the drain, like the Watch streams it feeds.
+fn start_relay(
+    relay: Option<EventRelay>,
+    drain: &CancellationToken,
+) -> (EventHub, impl Future<Output = ()> + use<>) {
+    let (hub, task) = match relay {
+        Some(relay) => {
+            let (hub, task) = relay.start(drain.clone());
+            (hub, Some(task))
+        }
+        None => (EventHub::default(), None),
+    };
+    let relaying = async move {
+        match task {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
+    (hub, relaying)
+}
+
+/// The services behind the shared layers: Budget (with its Watch quota)
+/// and Admin over `core`, `health`, and both reflection versions, each
+/// with its own decoding limit.
+fn routes<H: tonic_health::pb::health_server::Health>(
+    config: &Config,
+    core: Arc<Coordinator>,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    drain: CancellationToken,
+) -> Result<tonic::service::Routes, ServeError> {
+    let transport = &config.transport;
+    let auth = Arc::new(config.auth.clone());
+    let budget = BudgetService::new(
+        Arc::clone(&core),
+        Arc::clone(&auth),
+        config.limits.watch_buffer,
+        drain,
+    )
+    .with_watch_limits(
+        transport.max_watch_streams,
+        transport.max_watch_streams_per_token,
+    );
+    let admin = AdminService::new(core, auth);
+    // Both reflection versions: grpcurl and Postman speak v1, grpcio's
+    // reflection client and older tools v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let mut routes = tonic::service::Routes::builder();
+    routes
+        .add_service(health.max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES))
+        .add_service(
+            reflection()
+                .build_v1()?
+                .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES),
+        )
+        .add_service(
+            reflection()
+                .build_v1alpha()?
+                .max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES),
+        )
+        .add_service(
+            BudgetServer::new(budget).max_decoding_message_size(transport.max_budget_message),
+        )
+        // Room for a whole policy file in ApplyPolicies.
+        .add_service(AdminServer::new(admin).max_decoding_message_size(MAX_TOML_BYTES + 4096));
+    Ok(routes.routes())
+}
+
+/// Re-reads token files every `every` and on SIGHUP, when there are any;
+/// runs as long as it is polled.
+async fn follow_tokens(tokens: crate::auth::Authenticator, every: Duration) {
+    if tokens.has_files() {
+        follow_files(every, || {
+            tokens.reload_files();
+        })
+        .await;
+    }
+    std::future::pending().await
+}
+
+/// Serves `health` alone on `listener` until `drain`; runs as long as it is
+/// polled (without a listener, or after an error it has logged, it waits).
+async fn serve_health_only<H: tonic_health::pb::health_server::Health>(
+    listener: Option<TcpListener>,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    drain: CancellationToken,
+) {
+    if let Some(listener) = listener {
+        if let Ok(address) = listener.local_addr() {
+            info!(%address, "serving grpc.health.v1 alone, in plaintext");
+        }
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        if let Err(err) = Server::builder()
+            .add_service(health)
+            .serve_with_incoming_shutdown(incoming, drain.cancelled_owned())
+            .await
+        {
+            warn!(cause = %err, "the health listener failed");
+        }
+    }
+    std::future::pending().await
 }
 
 /// Where runtime state is kept, as [`Setup`] names it.
@@ -378,6 +556,7 @@ async fn follow(core: Arc<Coordinator>, reload_every: Option<Duration>) {
                     None => std::future::pending().await,
                 }
             } => {
+                info!(signal = "SIGHUP", "reloading the policy file");
                 control.reload_file(true).await;
             }
         }

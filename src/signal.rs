@@ -55,8 +55,10 @@ impl Hangups {
     pub async fn next(&mut self) {
         #[cfg(unix)]
         if let Some(signal) = &mut self.signal {
+            // Several followers listen (policy file, token files, TLS
+            // certificate); each says what it reloaded, so nothing is
+            // logged here.
             signal.recv().await;
-            tracing::info!(signal = "SIGHUP", "reloading the policy file");
             return;
         }
         std::future::pending::<()>().await;

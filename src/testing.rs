@@ -24,6 +24,11 @@ pub struct RedisServer {
     /// A one-node Redis Cluster owning every slot, so the cluster code path
     /// (hash tags, the caller key read apart) runs against a real cluster.
     cluster: Option<PathBuf>,
+    /// More arguments: a replica's `--replicaof`.
+    extra: Vec<String>,
+    /// A Sentinel's config file (Sentinels rewrite theirs, so it is a file
+    /// of its own, not arguments).
+    sentinel: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -71,7 +76,53 @@ impl RedisServer {
             port,
             child: None,
             cluster,
+            extra: Vec::new(),
+            sentinel: None,
         };
+        server.restart();
+        Some(server)
+    }
+
+    /// A replica of `primary` on a free port (it may still be syncing when
+    /// this returns).
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    pub fn start_replica_of(primary: &RedisServer) -> Option<RedisServer> {
+        let mut server = Self::start()?;
+        server.extra = vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            primary.port.to_string(),
+        ];
+        server.restart();
+        Some(server)
+    }
+
+    /// A Sentinel on a free port watching `primary` as `service`, quorum 1,
+    /// quick to call the primary down (300 ms) and to fail over, so a test
+    /// sees a failover in seconds.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    pub fn start_sentinel(primary: &RedisServer, service: &str) -> Option<RedisServer> {
+        let mut server = Self::start()?;
+        server.kill();
+        let dir = std::env::temp_dir().join(format!("tollgate-sentinel-{}", server.port));
+        std::fs::create_dir_all(&dir).expect("a folder for the sentinel config");
+        let conf = dir.join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+             sentinel monitor {service} 127.0.0.1 {primary} 1\n\
+             sentinel down-after-milliseconds {service} 300\n\
+             sentinel failover-timeout {service} 2000\n\
+             sentinel parallel-syncs {service} 1\n",
+            port = server.port,
+            dir = dir.display(),
+            primary = primary.port,
+        );
+        std::fs::write(&conf, text).expect("sentinel config");
+        server.sentinel = Some(conf);
         server.restart();
         Some(server)
     }
@@ -123,10 +174,16 @@ impl RedisServer {
                 .arg("--dir")
                 .arg(dir);
         }
+        if let Some(conf) = &self.sentinel {
+            command.arg(conf).arg("--sentinel");
+        } else {
+            command
+                .args(["--save", "", "--appendonly", "no"])
+                .args(&self.extra);
+        }
         let child = command
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
             .args(["--daemonize", "no", "--loglevel", "warning"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -191,6 +248,9 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         if let Some(dir) = &self.cluster {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if let Some(dir) = self.sentinel.as_deref().and_then(|c| c.parent()) {
             let _ = std::fs::remove_dir_all(dir);
         }
     }

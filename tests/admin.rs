@@ -29,17 +29,21 @@ fn set(caller: &str, route: &str, expected: u64, ratio: f64, patch: bool) -> v1:
 }
 
 #[tokio::test]
-async fn a_caller_token_or_none_on_admin_is_permission_denied() {
+async fn admin_refuses_unknown_or_missing_tokens_as_unauthenticated_and_caller_tokens_as_denied() {
     let coordinator = Coordinator::start(config(POLICY_WITH_TOKENS)).await;
     let mut admin = coordinator.admin().await;
-    for token in [Some(TENANT_A_TOKEN), Some("nope-nope-nope"), None] {
+    for (token, code) in [
+        (Some(TENANT_A_TOKEN), Code::PermissionDenied),
+        (Some("nope-nope-nope"), Code::Unauthenticated),
+        (None, Code::Unauthenticated),
+    ] {
         let request = v1::ListPoliciesRequest {};
         let result = match token {
             Some(t) => admin.list_policies(with_token(request, t)).await,
             None => admin.list_policies(request).await,
         };
         let status = result.expect_err("refused");
-        assert_eq!(status.code(), Code::PermissionDenied, "{token:?}: {status}");
+        assert_eq!(status.code(), code, "{token:?}: {status}");
         assert!(
             !status.message().contains("token-of"),
             "tokens never echoed"
@@ -122,6 +126,7 @@ async fn a_stale_version_is_failed_precondition_and_changes_nothing() {
             route: "GET /users/*".into(),
             expected_version: created.policy_version,
             reason: String::new(),
+            clear: false,
         })
         .await
         .expect_err("stale delete");

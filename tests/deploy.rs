@@ -2,7 +2,10 @@
 //! CI: every manifest parses, and the facts that must agree across files
 //! do — replicas, gRPC probes on the serve port, non-root, one image name,
 //! the policy file valid with its tokens coming from the Secret, and the
-//! Dockerfile's stages.
+//! Dockerfile's stages. And what ships must start: the binary is run
+//! exactly as the Deployment runs it (args, env and mounts read from the
+//! manifests, the config directory read-only, a non-root user) and as the
+//! image's CMD, and must serve.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,8 +14,13 @@ use serde::Deserialize;
 use serde_norway::Value;
 use tollgate::config::Config;
 
+#[path = "support/process.rs"]
+mod process;
+
 const IMAGE: &str = "registry.example.invalid/tollgate:0.1.0";
 const PORT: u64 = 50051;
+/// The plaintext health-only port the probes use.
+const HEALTH_PORT: u64 = 50052;
 /// distroless's `nonroot` user, named by the Dockerfile and the Deployment.
 const NONROOT: u64 = 65532;
 
@@ -79,12 +87,43 @@ fn the_deployment_runs_three_non_root_replicas_probed_over_grpc() {
         .expect("TOLLGATE_LISTEN");
     assert_eq!(listen, format!("0.0.0.0:{PORT}"));
 
+    // Probes use the plaintext health-only port: kubelet's gRPC probes
+    // cannot speak TLS, and the API port serves TLS from a Secret.
+    let env = |name: &str| {
+        container["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        env("TOLLGATE_HEALTH_LISTEN"),
+        Some(format!("0.0.0.0:{HEALTH_PORT}"))
+    );
+    let tls_mount = container["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"].as_str() == Some("tls"))
+        .and_then(|m| m["mountPath"].as_str())
+        .expect("the TLS Secret is mounted");
+    let cert = env("TOLLGATE_TLS_CERT").expect("TOLLGATE_TLS_CERT");
+    assert!(cert.starts_with(tls_mount), "{cert} under {tls_mount}");
+    let volumes = pod["volumes"].as_sequence().expect("volumes");
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["name"].as_str() == Some("tls") && v["secret"]["secretName"].is_string()),
+        "the TLS volume comes from a Secret"
+    );
     let readiness = &container["readinessProbe"]["grpc"];
-    assert_eq!(readiness["port"].as_u64(), Some(PORT));
+    assert_eq!(readiness["port"].as_u64(), Some(HEALTH_PORT));
     // Readiness follows the store (NOT_SERVING while Redis is down) ...
     assert_eq!(readiness["service"].as_str(), Some("tollgate.v1.Budget"));
     let liveness = &container["livenessProbe"]["grpc"];
-    assert_eq!(liveness["port"].as_u64(), Some(PORT));
+    assert_eq!(liveness["port"].as_u64(), Some(HEALTH_PORT));
     // ... liveness does not, or a Redis outage would restart every pod.
     assert!(liveness["service"].is_null());
 
@@ -193,4 +232,286 @@ fn the_dockerfile_builds_then_runs_non_root_in_a_small_image() {
         "docs/deploying.md names the same image"
     );
     assert!(ops.contains("docker build -f deploy/Dockerfile"));
+}
+
+/// How a child runs as a user other than root: `None` (with a notice)
+/// when the test runs as root and `setpriv` is missing, because as root a
+/// read-only directory would not stop a write.
+fn as_user(uid: u32) -> Option<std::process::Command> {
+    // Who we are: /proc/self belongs to this process's effective user.
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false);
+    if !root {
+        return Some(std::process::Command::new(process::BIN));
+    }
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("notice: running as root without setpriv; skipping the non-root start test");
+        return None;
+    }
+    let mut command = std::process::Command::new("setpriv");
+    command
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "--"])
+        .arg(process::BIN);
+    Some(command)
+}
+
+/// The binary must be reachable by the non-root user: it is, when every
+/// folder above it may be entered by others.
+fn binary_reachable_by_others() -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    Path::new(process::BIN)
+        .ancestors()
+        .skip(1)
+        .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+}
+
+/// A folder standing in for a mount: `files` written into it, then made
+/// read-only (or left writable and owned by `owner`).
+fn mount(at: &Path, files: &[(String, String)], read_only: bool, owner: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(at).expect("mount point");
+    for (name, content) in files {
+        let file = at.join(name);
+        std::fs::write(&file, content).expect("mounted file");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+    }
+    if read_only {
+        std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+    } else {
+        std::os::unix::fs::chown(at, Some(owner), Some(owner)).expect("chown");
+    }
+}
+
+/// `text` with every container path under a mount replaced by the folder
+/// standing in for it.
+fn remap(text: &str, mounts: &[(String, PathBuf)]) -> String {
+    mounts.iter().fold(text.to_owned(), |t, (inside, outside)| {
+        t.replace(inside.as_str(), &outside.display().to_string())
+    })
+}
+
+/// The Deployment's container exactly: its args, its env (and the
+/// Secret's, as `envFrom` gives it), its ConfigMap mounted read-only, run
+/// as its non-root user. Only two things are replaced, because this runs
+/// on a CI host: the Redis URL (the test's own `redis-server`, not the
+/// in-cluster name) and the listen address (loopback, the port kept).
+#[tokio::test]
+async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writable_file() {
+    let Some(redis) = tollgate::testing::RedisServer::start() else {
+        return;
+    };
+    let all = manifests();
+    let pod = &get(&all, "Deployment/tollgate")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let uid =
+        u32::try_from(pod["securityContext"]["runAsUser"].as_u64().expect("uid")).expect("uid");
+    assert_eq!(
+        container["securityContext"]["readOnlyRootFilesystem"].as_bool(),
+        Some(true)
+    );
+    let Some(mut command) = as_user(uid) else {
+        return;
+    };
+    if !binary_reachable_by_others() {
+        eprintln!("notice: the test binary's folders are closed to other users; skipping");
+        return;
+    }
+    let root = process::temp_dir("deployment");
+    let mut mounts = Vec::new();
+    for m in container["volumeMounts"]
+        .as_sequence()
+        .expect("volumeMounts")
+    {
+        let inside = m["mountPath"].as_str().expect("mountPath").to_owned();
+        let name = m["name"].as_str().expect("name");
+        let volume = pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["name"].as_str() == Some(name))
+            .expect("the mounted volume");
+        let outside = root.join(inside.trim_start_matches('/'));
+        let files: Vec<(String, String)> = match volume["configMap"]["name"].as_str() {
+            Some(map) => get(&all, &format!("ConfigMap/{map}"))["data"]
+                .as_mapping()
+                .expect("data")
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().expect("key").to_owned(),
+                        v.as_str().expect("value").to_owned(),
+                    )
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let read_only = m["readOnly"].as_bool() == Some(true) || volume["configMap"].is_mapping();
+        mount(&outside, &files, read_only, uid);
+        mounts.push((inside, outside));
+    }
+    let port = process::free_port();
+    let args: Vec<String> = container["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| remap(a.as_str().expect("arg"), &mounts))
+        .collect();
+    command.args(&args).current_dir(&root).env_clear();
+    let secret = get(&all, "Secret/tollgate-secrets");
+    for from in container["envFrom"].as_sequence().into_iter().flatten() {
+        let name = from["secretRef"]["name"].as_str().expect("secretRef");
+        assert_eq!(name, "tollgate-secrets");
+        for (k, v) in secret["stringData"].as_mapping().expect("stringData") {
+            command.env(k.as_str().expect("name"), v.as_str().expect("value"));
+        }
+    }
+    for e in container["env"].as_sequence().expect("env") {
+        let value = e["value"].as_str().expect("a literal env value");
+        command.env(e["name"].as_str().expect("name"), remap(value, &mounts));
+    }
+    command
+        .env("TOLLGATE_STORE", redis.url())
+        .env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"));
+    let mut served = process::Served::spawn(command, port, &root.join("serve.log"));
+    served.until_serving().await;
+    // It serves with nothing written anywhere it was given.
+    for (_, outside) in &mounts {
+        let entries: Vec<_> = std::fs::read_dir(outside).expect("mount").collect();
+        assert!(
+            entries.len() <= 1,
+            "the pod wrote into {}",
+            outside.display()
+        );
+    }
+    drop(served);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The arguments of the Dockerfile's `CMD ["…", …]`.
+fn dockerfile_cmd() -> Vec<String> {
+    let dockerfile = text(Path::new("deploy/Dockerfile"));
+    let line = dockerfile
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("CMD "))
+        .expect("a CMD");
+    serde_json::from_str(line).expect("CMD in exec form")
+}
+
+/// The image as `docker run -v policy:/etc/tollgate:ro` starts it: the
+/// CMD's args, its non-root user, the policy read-only, the image's own
+/// state folder writable (the image creates it owned by that user), no
+/// Redis (a lone coordinator).
+#[tokio::test]
+async fn the_image_cmd_starts_with_a_read_only_policy_mount() {
+    let uid = NONROOT as u32;
+    let Some(mut command) = as_user(uid) else {
+        return;
+    };
+    if !binary_reachable_by_others() {
+        eprintln!("notice: the test binary's folders are closed to other users; skipping");
+        return;
+    }
+    let all = manifests();
+    let policy = get(&all, "ConfigMap/tollgate-policy")["data"]["policy.toml"]
+        .as_str()
+        .expect("policy.toml")
+        .to_owned();
+    let root = process::temp_dir("image");
+    let mounts = vec![
+        ("/etc/tollgate".to_owned(), root.join("etc/tollgate")),
+        (
+            "/var/lib/tollgate".to_owned(),
+            root.join("var/lib/tollgate"),
+        ),
+    ];
+    mount(&mounts[0].1, &[("policy.toml".into(), policy)], true, uid);
+    mount(&mounts[1].1, &[], false, uid);
+    let dockerfile = text(Path::new("deploy/Dockerfile"));
+    assert!(dockerfile.contains("VOLUME /var/lib/tollgate"));
+    assert!(dockerfile.contains("--chown=65532:65532 /out/state /var/lib/tollgate"));
+    let args: Vec<String> = dockerfile_cmd().iter().map(|a| remap(a, &mounts)).collect();
+    let port = process::free_port();
+    let secret = get(&all, "Secret/tollgate-secrets");
+    command.args(&args).current_dir(&root).env_clear();
+    for (k, v) in secret["stringData"].as_mapping().expect("stringData") {
+        let name = k.as_str().expect("name");
+        if name != "TOLLGATE_STORE" {
+            command.env(name, v.as_str().expect("value"));
+        }
+    }
+    command.env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"));
+    let mut served = process::Served::spawn(command, port, &root.join("serve.log"));
+    served.until_serving().await;
+    assert!(
+        mounts[1].1.join("state.json").is_file(),
+        "the lone coordinator keeps its runtime state in the image's state folder"
+    );
+    drop(served);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A lone coordinator whose files would land on a read-only mount says so
+/// in one line naming the file and the flag that moves it, and exits.
+#[tokio::test]
+async fn a_read_only_policy_folder_without_redis_fails_in_one_line_naming_the_flag() {
+    let Some(mut command) = as_user(NONROOT as u32) else {
+        return;
+    };
+    if !binary_reachable_by_others() {
+        return;
+    }
+    let root = process::temp_dir("readonly");
+    let etc = root.join("etc");
+    mount(
+        &etc,
+        &[("policy.toml".into(), "[defaults]\n".into())],
+        true,
+        0,
+    );
+    let port = process::free_port();
+    command
+        .args(["serve", "--config"])
+        .arg(etc.join("policy.toml"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .current_dir(&root)
+        .env_clear();
+    let mut served = process::Served::spawn(command, port, &root.join("serve.log"));
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = served.exited() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "still running:\n{}",
+            served.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(!status.success());
+    let log = served.log();
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .expect("an error line");
+    assert!(last.starts_with("tollgate serve: "), "{log}");
+    assert!(
+        last.contains("policy.toml.audit.jsonl"),
+        "names the file: {last}"
+    );
+    assert!(last.contains("--audit-log"), "names the flag: {last}");
+    assert!(
+        !log.contains("panicked") && !log.contains("Caused by"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }

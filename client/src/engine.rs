@@ -51,381 +51,21 @@
 //! the *current* time — the earlier gate is never reused — and
 //! [`Intent::start_attempt`] must follow at that same instant.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rand::Rng;
-use thiserror::Error;
 
-use crate::backoff::Backoff;
-use crate::classify::{
-    Classification, Effect, GrpcCode, ResponseClass, Sent, TransportFailure, classify_grpc,
-    classify_http, classify_transport,
-};
-use crate::hint::{HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after};
+use crate::classify::{Classification, Effect, ResponseClass};
+use crate::hint::{HintReading, HintRules, HintVerdict};
 use crate::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 
-/// Whether, and how, an operation may be sent more than once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RepetitionKind {
-    /// Repeating is harmless by nature (a read, a PUT of the same value).
-    Safe,
-    /// The upstream deduplicates by an idempotency key sent with every attempt.
-    IdempotencyKey,
-    /// Not safe to repeat blindly, but an authoritative lookup can tell
-    /// whether an attempt took effect.
-    Reconcilable,
-    /// Neither safe to repeat nor checkable.
-    NonRepeatable,
-}
+mod decision;
+mod policy;
 
-impl RepetitionKind {
-    /// Whether an attempt whose effect is unknown may simply be sent again.
-    pub fn is_repeat_safe(self) -> bool {
-        matches!(self, RepetitionKind::Safe | RepetitionKind::IdempotencyKey)
-    }
-}
-
-/// Which layer repeats this intent. Exactly one may, or retries multiply
-/// through the stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryOwner {
-    /// This engine's driver repeats attempts.
-    Here,
-    /// A layer above owns retries: this one propagates the evidence instead.
-    Elsewhere,
-}
-
-/// The fixed facts of one intent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IntentSpec {
-    /// The stable identity every attempt is bound to.
-    pub intent_id: String,
-    /// Decides what an unknown effect allows.
-    pub repetition: RepetitionKind,
-    /// Decides whether this layer may retry at all.
-    pub retry_owner: RetryOwner,
-    /// Wall time at elapsed zero; receipt wall time is this plus elapsed time,
-    /// so an HTTP-date hint is converted against the receipt, once.
-    pub wall_at_start: SystemTime,
-    /// Whether the wall clock may convert an HTTP-date. An untrusted clock
-    /// makes a date hint `clock_untrusted` instead of a guess.
-    pub clock_trusted: bool,
-}
-
-/// Why a [`IntentPolicy`] was refused.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum PolicyError {
-    /// At least the first attempt must be allowed.
-    #[error("max_attempts must be at least 1")]
-    NoAttempts,
-    /// A zero cap would reserve nothing and bound nothing.
-    #[error("attempt_cap must be greater than zero")]
-    ZeroAttemptCap,
-    /// Not even the first attempt could be reserved inside the budget.
-    #[error("attempt_cap ({cap:?}) exceeds total_budget ({budget:?})")]
-    CapExceedsBudget {
-        /// The per-attempt cap.
-        cap: Duration,
-        /// The end-to-end budget.
-        budget: Duration,
-    },
-}
-
-/// The rules an intent is decided under. Built by [`IntentPolicy::try_new`], so an
-/// engine never runs under a policy that cannot admit even one attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IntentPolicy {
-    total_budget: Duration,
-    max_attempts: u32,
-    attempt_cap: Duration,
-    min_wait: Duration,
-    backoff: Backoff,
-    max_hint: Option<Duration>,
-}
-
-impl IntentPolicy {
-    /// Validates and builds a policy.
-    ///
-    /// - `total_budget`: end-to-end, from the first start.
-    /// - `max_attempts`: attempts in all, the first included.
-    /// - `attempt_cap`: per attempt, reserved in full before every start.
-    /// - `min_wait`: a floor on every wait, hinted or not.
-    /// - `backoff`: the wait when the hint is absent or invalid.
-    /// - `max_hint`: a longer valid hint stops the intent.
-    pub fn try_new(
-        total_budget: Duration,
-        max_attempts: u32,
-        attempt_cap: Duration,
-        min_wait: Duration,
-        backoff: Backoff,
-        max_hint: Option<Duration>,
-    ) -> Result<IntentPolicy, PolicyError> {
-        if max_attempts == 0 {
-            return Err(PolicyError::NoAttempts);
-        }
-        if attempt_cap.is_zero() {
-            return Err(PolicyError::ZeroAttemptCap);
-        }
-        if attempt_cap > total_budget {
-            return Err(PolicyError::CapExceedsBudget {
-                cap: attempt_cap,
-                budget: total_budget,
-            });
-        }
-        Ok(IntentPolicy {
-            total_budget,
-            max_attempts,
-            attempt_cap,
-            min_wait,
-            backoff,
-            max_hint,
-        })
-    }
-
-    /// The end-to-end budget.
-    pub fn total_budget(&self) -> Duration {
-        self.total_budget
-    }
-    /// Attempts in all, the first included.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-    /// The per-attempt cap.
-    pub fn attempt_cap(&self) -> Duration {
-        self.attempt_cap
-    }
-    /// The floor on every wait.
-    pub fn min_wait(&self) -> Duration {
-        self.min_wait
-    }
-    /// The local backoff.
-    pub fn backoff(&self) -> Backoff {
-        self.backoff
-    }
-    /// The longest valid hint honoured.
-    pub fn max_hint(&self) -> Option<Duration> {
-        self.max_hint
-    }
-}
-
-/// One response or transport outcome, as the driver saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Observation {
-    /// The status, which also says how to read `hint`.
-    pub status: ResponseStatus,
-    /// What the status means for retrying.
-    pub classification: Classification,
-    /// The raw hint header: `Retry-After` for HTTP, `grpc-retry-pushback-ms`
-    /// for gRPC. Read by [`crate::hint`] at receipt, never here.
-    pub hint: Option<String>,
-}
-
-impl Observation {
-    /// An HTTP response, classified by [`classify_http`].
-    pub fn http(status: u16, retry_after: Option<&str>) -> Self {
-        Observation {
-            status: ResponseStatus::Http(status),
-            classification: classify_http(status),
-            hint: retry_after.map(str::to_owned),
-        }
-    }
-
-    /// A gRPC status, classified by [`classify_grpc`].
-    pub fn grpc(code: GrpcCode, sent: Sent, pushback_ms: Option<&str>) -> Self {
-        Observation {
-            status: ResponseStatus::Grpc(code),
-            classification: classify_grpc(code, sent),
-            hint: pushback_ms.map(str::to_owned),
-        }
-    }
-
-    /// A transport failure, classified by [`classify_transport`].
-    pub fn transport(failure: TransportFailure) -> Self {
-        Observation {
-            status: ResponseStatus::Transport(failure),
-            classification: classify_transport(failure),
-            hint: None,
-        }
-    }
-
-    /// The same observation under another classification (an operator's
-    /// explicit retry list, for example).
-    pub fn classified_as(self, classification: Classification) -> Self {
-        Observation {
-            classification,
-            ..self
-        }
-    }
-
-    fn read_hint(&self, receipt_wall: SystemTime, rules: HintRules) -> HintReading {
-        let raw = self.hint.as_deref();
-        match self.status {
-            ResponseStatus::Http(_) => read_retry_after(raw, receipt_wall, rules),
-            ResponseStatus::Grpc(_) => read_pushback_ms(raw, rules),
-            ResponseStatus::Transport(_) => HintReading::absent(),
-        }
-    }
-}
-
-/// What to do after a response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Wait until at least `next_start`, then reconsider. Nothing is reserved.
-    Wait {
-        /// The earliest reconsideration time.
-        next_start: Duration,
-        /// `next_start - receipt`.
-        wait: Duration,
-    },
-    /// The intent ended.
-    Stop(Outcome),
-}
-
-/// What the driver knows at wake-up that the engine cannot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WakeCheck {
-    /// The owner withdrew the intent.
-    pub cancelled: bool,
-}
-
-/// What to do at reconsideration time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WakeDecision {
-    /// Every engine gate passes now: call [`Intent::start_attempt`] with the
-    /// same `now`.
-    Start,
-    /// The intent ended.
-    Stop(Outcome),
-}
-
-/// The gate's reasons to end an intent that the engine cannot see.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateRefusal {
-    /// The coordinator granted no retry token.
-    BudgetExhausted,
-    /// Local queue or concurrency is full at reconsideration time.
-    CapacityUnavailable,
-    /// Another layer turned out to own retries.
-    OwnerElsewhere,
-}
-
-impl From<GateRefusal> for Outcome {
-    fn from(refusal: GateRefusal) -> Outcome {
-        match refusal {
-            GateRefusal::BudgetExhausted => Outcome::BudgetExhausted,
-            GateRefusal::CapacityUnavailable => Outcome::CapacityUnavailable,
-            GateRefusal::OwnerElsewhere => Outcome::OwnerElsewhere,
-        }
-    }
-}
-
-/// A started attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AttemptStart {
-    /// 1 for the first attempt.
-    pub number: u32,
-    /// When it started.
-    pub at: Duration,
-    /// `at + attempt_cap`: the driver must give up on the attempt by then
-    /// (the reserve the deadline gate counted on).
-    pub must_end_by: Duration,
-}
-
-/// Where an intent is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Created; the first attempt has not started.
-    Fresh,
-    /// An attempt is in flight.
-    InFlight {
-        /// When it started.
-        start: Duration,
-    },
-    /// Waiting to reconsider; nothing is reserved.
-    Waiting {
-        /// When the wait began (the receipt).
-        since: Duration,
-        /// The earliest reconsideration time.
-        next_start: Duration,
-    },
-    /// Every engine gate passed at `at`; the attempt must start then.
-    Admitted {
-        /// The instant of admission.
-        at: Duration,
-    },
-    /// Over.
-    Ended {
-        /// Why.
-        outcome: Outcome,
-        /// When.
-        at: Duration,
-    },
-}
-
-/// A driver called the engine out of order. These are programming errors in
-/// the driver, reported rather than panicked on.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum EngineError {
-    /// The call does not apply in the current phase.
-    #[error("{call} is not valid in phase {phase:?}")]
-    WrongPhase {
-        /// The call made.
-        call: &'static str,
-        /// The phase the intent was in.
-        phase: Phase,
-    },
-    /// The elapsed clock went backwards.
-    #[error("time went backwards: {now:?} after {previous:?}")]
-    TimeWentBack {
-        /// The time passed.
-        now: Duration,
-        /// The latest time seen before.
-        previous: Duration,
-    },
-    /// A wake before the earliest reconsideration time would wait less than
-    /// the hint or the floor.
-    #[error("woke at {now:?}, before next_start {next_start:?}")]
-    EarlyWake {
-        /// The wake time.
-        now: Duration,
-        /// The earliest reconsideration time.
-        next_start: Duration,
-    },
-    /// Time passed between admission and start, so the admission is stale.
-    #[error("admitted at {admitted_at:?} but started at {now:?}; call on_wake again")]
-    StaleAdmission {
-        /// When the gates passed.
-        admitted_at: Duration,
-        /// When the start was attempted.
-        now: Duration,
-    },
-    /// An attempt started at `now` could not finish inside the budget.
-    #[error("an attempt starting at {now:?} cannot finish inside the budget")]
-    WouldMissDeadline {
-        /// The attempted start.
-        now: Duration,
-    },
-    /// A response arrived after the attempt's cap: the driver must bound
-    /// every attempt by its reserve.
-    #[error("response at {receipt:?} overran the attempt started at {start:?} (cap {cap:?})")]
-    AttemptOverran {
-        /// The attempt's start.
-        start: Duration,
-        /// The response's receipt.
-        receipt: Duration,
-        /// The per-attempt cap.
-        cap: Duration,
-    },
-    /// A deferral may only move the next start later.
-    #[error("cannot defer to {until:?}, before next_start {next_start:?}")]
-    DeferEarlier {
-        /// The requested time.
-        until: Duration,
-        /// The current earliest reconsideration time.
-        next_start: Duration,
-    },
-}
+pub use decision::{
+    AttemptStart, Decision, EngineError, GateRefusal, Observation, Phase, WakeCheck, WakeDecision,
+};
+pub use policy::{IntentPolicy, IntentSpec, PolicyError, RepetitionKind, RetryOwner};
 
 /// What [`Intent::decide`] learned on the way to its decision, for the record.
 #[derive(Debug, Default)]
@@ -470,8 +110,8 @@ impl Intent {
     /// reserve, inside the budget. The gate asks this of a coordinator slot.
     pub fn fits(&self, start: Duration) -> bool {
         start
-            .checked_add(self.policy.attempt_cap)
-            .is_some_and(|end| end <= self.policy.total_budget)
+            .checked_add(self.policy.attempt_cap())
+            .is_some_and(|end| end <= self.policy.total_budget())
     }
 
     /// Starts an attempt: the first from [`Phase::Fresh`], a later one from
@@ -505,7 +145,7 @@ impl Intent {
         Ok(AttemptStart {
             number,
             at: now,
-            must_end_by: now + self.policy.attempt_cap,
+            must_end_by: now + self.policy.attempt_cap(),
         })
     }
 
@@ -525,7 +165,7 @@ impl Intent {
                 phase: self.phase,
             });
         };
-        let cap = self.policy.attempt_cap;
+        let cap = self.policy.attempt_cap();
         if now - start > cap {
             return Err(EngineError::AttemptOverran {
                 start,
@@ -599,14 +239,14 @@ impl Intent {
         // left are evidence even when the intent stops below.
         let rules = HintRules {
             clock_trusted: self.spec.clock_trusted,
-            max_hint: self.policy.max_hint,
+            max_hint: self.policy.max_hint(),
         };
         let reading = observation.read_hint(self.spec.wall_at_start + now, rules);
         let verdict = reading.verdict;
         findings.hint = Some(reading);
-        findings.remaining = Some(self.policy.total_budget.saturating_sub(now));
+        findings.remaining = Some(self.policy.total_budget().saturating_sub(now));
 
-        if self.attempts_started() >= self.policy.max_attempts {
+        if self.attempts_started() >= self.policy.max_attempts() {
             return stop(Outcome::AttemptCap, findings);
         }
         let basis = match verdict {
@@ -615,10 +255,10 @@ impl Intent {
             HintVerdict::DoNotRetry => return stop(Outcome::NonRetryable, findings),
             HintVerdict::Valid { delay, .. } => delay,
             HintVerdict::Absent | HintVerdict::Invalid(_) => {
-                self.policy.backoff.delay(self.attempts_started(), rng)
+                self.policy.backoff().delay(self.attempts_started(), rng)
             }
         };
-        let wait = basis.max(self.policy.min_wait);
+        let wait = basis.max(self.policy.min_wait());
         let next_start = now.saturating_add(wait);
         findings.wait = Some(wait);
         findings.next_start = Some(next_start);

@@ -19,7 +19,7 @@ use tollgate_proto::v1::{
 };
 use tonic::Request;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// Default bound on one coordinator RPC. Short on purpose: the coordinator
 /// answers from memory, so a slow answer means it is overloaded or gone, and
@@ -100,6 +100,79 @@ pub struct LinkConfig {
     /// [`DEFAULT_KEEP_ALIVE_TIMEOUT`]. A silently dead coordinator is thus
     /// noticed within `keep_alive_interval + keep_alive_timeout`.
     pub keep_alive_timeout: Duration,
+    /// TLS towards the coordinator. `None` with an `https://` endpoint:
+    /// TLS verified against the system roots.
+    pub tls: Option<LinkTls>,
+}
+
+/// How the worker verifies the coordinator, and proves itself for mTLS.
+#[derive(Clone, Default)]
+pub struct LinkTls {
+    /// PEM CA certificates the coordinator's certificate must chain to;
+    /// `None`: the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate chain and private key, for a coordinator
+    /// that requires client certificates.
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the coordinator's certificate must carry, when it differs
+    /// from the endpoint's host (an IP address, a tunnel).
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for LinkTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The private key never reaches a log line.
+        f.debug_struct("LinkTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity_pem.is_some())
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
+impl LinkTls {
+    /// Reads the CA and, when both are given, the client certificate and
+    /// key from PEM files.
+    pub fn from_files(
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Self, LinkConfigError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|e| LinkConfigError::Tls(format!("{}: {e}", path.display())))
+        };
+        let identity_pem = match (cert, key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            (None, None) => None,
+            _ => {
+                return Err(LinkConfigError::Tls(
+                    "a client certificate needs its key, and a key its certificate".into(),
+                ));
+            }
+        };
+        Ok(LinkTls {
+            ca_pem: ca.map(read).transpose()?,
+            identity_pem,
+            domain: None,
+        })
+    }
+
+    /// The tonic client TLS configuration.
+    pub fn client_config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new();
+        config = match &self.ca_pem {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+            None => config.with_native_roots(),
+        };
+        if let Some((cert, key)) = &self.identity_pem {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        config
+    }
 }
 
 impl std::fmt::Debug for LinkConfig {
@@ -130,22 +203,32 @@ impl LinkConfig {
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             keep_alive_interval: DEFAULT_KEEP_ALIVE_INTERVAL,
             keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
+            tls: None,
         }
     }
 
     /// The endpoint [`CoordinatorLink::new`] connects through: `endpoint`,
     /// a connect timeout of one RPC timeout, and HTTP/2 keepalive.
     ///
-    /// Callers that build their own channel (TLS, a custom connector) should
-    /// start from this endpoint so they get the same keepalive; otherwise a
-    /// coordinator that dies without resetting connections leaves the
-    /// channel on a dead connection.
+    /// With [`LinkConfig::tls`] (or an `https://` endpoint) the endpoint
+    /// speaks TLS. Callers that build their own channel (a custom
+    /// connector) should start from this endpoint so they get the same
+    /// keepalive and TLS; otherwise a coordinator that dies without
+    /// resetting connections leaves the channel on a dead connection.
     pub fn endpoint(&self) -> Result<Endpoint, LinkConfigError> {
-        Ok(Endpoint::from_shared(self.endpoint.clone())?
+        let endpoint = Endpoint::from_shared(self.endpoint.clone())?
             .connect_timeout(self.rpc_timeout)
             .http2_keep_alive_interval(self.keep_alive_interval)
             .keep_alive_timeout(self.keep_alive_timeout)
-            .keep_alive_while_idle(true))
+            .keep_alive_while_idle(true);
+        let tls = self
+            .tls
+            .clone()
+            .or_else(|| self.endpoint.starts_with("https://").then(LinkTls::default));
+        Ok(match tls {
+            Some(tls) => endpoint.tls_config(tls.client_config())?,
+            None => endpoint,
+        })
     }
 }
 
@@ -176,6 +259,9 @@ pub enum LinkConfigError {
     /// The bearer token cannot be sent as gRPC metadata.
     #[error("the bearer token contains characters that cannot be sent as metadata")]
     Token,
+    /// A TLS file could not be read, or the TLS options do not fit.
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 impl CoordinatorLink {
@@ -191,7 +277,7 @@ impl CoordinatorLink {
     }
 
     /// Creates a link over a channel the caller built (a custom connector,
-    /// TLS, or an in-memory transport in tests); `config.endpoint` and the
+    /// or an in-memory transport in tests); `config.endpoint` and the
     /// keepalive settings are not used, so build the channel from
     /// [`LinkConfig::endpoint`] to keep them.
     pub fn with_channel(channel: Channel, config: &LinkConfig) -> Result<Self, LinkConfigError> {

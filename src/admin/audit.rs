@@ -120,17 +120,29 @@ impl AuditLog {
 
     /// Appends `record` (its `seq` is assigned here) and returns it.
     pub fn append(&self, mut record: AuditRecord) -> AuditRecord {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        record.seq = inner.next_seq;
-        inner.next_seq += 1;
+        {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            record.seq = inner.next_seq;
+            inner.next_seq += 1;
+        }
+        self.keep(&mut record);
+        record
+    }
+
+    /// Bounds `record`'s texts, logs it and keeps a copy (in memory and in
+    /// the file, if any) with the sequence number it already has: with
+    /// replicas the shared log in the store assigns it.
+    pub fn keep(&self, record: &mut AuditRecord) {
         bound(&mut record.before);
         bound(&mut record.after);
         tracing::info!(target: "tollgate::audit", seq = record.seq, who = %record.who,
             action = %record.action, target_name = %record.target, before = %record.before,
             after = %record.after, policy_version = record.policy_version,
             reason = %record.reason, "admin change");
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.next_seq = inner.next_seq.max(record.seq + 1);
         if let Some((path, file, bytes)) = &mut inner.file
-            && let Err(err) = write_line(path, file, bytes, &record)
+            && let Err(err) = write_line(path, file, bytes, record)
         {
             tracing::error!(cause = %err, path = %path.display(),
                 "writing the audit file failed; the record is kept in memory only");
@@ -139,7 +151,6 @@ impl AuditLog {
             inner.records.pop_front();
         }
         inner.records.push_back(record.clone());
-        record
     }
 
     /// Up to `limit` records older than `before_seq` (0: the newest), newest first.
@@ -154,6 +165,19 @@ impl AuditLog {
             .cloned()
             .collect()
     }
+}
+
+/// `record` as JSON without its `seq` member: what the shared log in the
+/// store stores after the sequence number it assigns (see
+/// `Control`'s commit), bounded like every kept record.
+pub fn body(record: &AuditRecord) -> String {
+    let mut record = record.clone();
+    record.seq = 0;
+    bound(&mut record.before);
+    bound(&mut record.after);
+    let json = serde_json::to_string(&record).unwrap_or_default();
+    // `seq` is the struct's first field, so its member leads the object.
+    json.strip_prefix("{\"seq\":0,").unwrap_or(&json).to_owned()
 }
 
 fn rotated(path: &Path) -> PathBuf {

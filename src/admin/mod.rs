@@ -3,15 +3,27 @@
 //!
 //! [`Control`] owns the running [`PolicyDoc`] (the rules as written, with
 //! explicit versions) and the freezes. Every change goes the same way, under
-//! one lock so changes are totally ordered:
-//! 1. build and validate the new document (one validation: [`PolicyDoc::build`]);
-//! 2. write the state file (so an acknowledged change survives a kill);
-//! 3. put it in force ([`SharedPolicies::replace`], the store's freeze);
-//! 4. publish it to Watch streams and append the audit record.
+//! one lock so a replica's changes are totally ordered:
+//! 1. compute the new state from the latest one and validate it
+//!    ([`PolicyDoc::build`]);
+//! 2. make it durable with its audit records: the state file with one
+//!    coordinator; with replicas on a shared store, a compare-and-set of the
+//!    shared document (see `sync`), so a change through any replica is one
+//!    change of the fleet and an acknowledged change survives any replica;
+//! 3. put it in force ([`SharedPolicies::replace`]) and publish it to Watch
+//!    streams (other replicas follow within a second).
+//!
+//! # Layers
+//! The running policy is the policy file with runtime changes laid over it
+//! (see `layers`): a reload keeps an SRE's change to a rule the file did
+//! not touch; `policy clear` hands a rule back to the file.
 //!
 //! # Versions
 //! A changed rule gets `max(every version in use) + 1`, so a new version is
-//! never one a worker has seen before. Rules an `apply` leaves effectively
+//! never one a worker has seen before — or the `policy_version` the policy
+//! file names for it, when that is higher still (the file's key means what
+//! it says; a lower one cannot be honoured without going back, so it is
+//! logged and the next version used). Rules a change leaves effectively
 //! unchanged keep their version (and their workers see no event).
 //!
 //! # Outstanding leases when a policy tightens
@@ -25,8 +37,12 @@
 //! freeze: no new lease or slot, outstanding leases run out.
 
 pub mod audit;
+pub mod layers;
 pub mod persist;
 mod plan;
+mod scopes;
+mod sync;
+mod versions;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,15 +51,19 @@ use std::sync::Arc;
 use tollgate_client::clock::{Clock, to_unix_ms};
 
 use crate::config::{ConfigError, MAX_RULES, PolicyDoc, RuleSpec};
-use crate::events::{EventHub, PolicySnapshot, StateChange};
+use crate::events::EventHub;
 use crate::policy::{PolicySpec, SharedPolicies};
 use crate::scope::RouteKey;
 use crate::store::{Store, StoreError};
 
 use self::audit::{AuditLog, AuditRecord};
-use self::persist::{FreezeRecord, PersistError, StateFile};
+use self::layers::Overrides;
+use self::persist::{FreezeRecord, PersistError};
+use self::sync::{Outcome, State, to_json};
+use self::versions::{pin_versions, relayer};
 
 pub use self::plan::{Change, ChangeKind, plan, spec_fields};
+pub use self::sync::RECONCILE_EVERY;
 
 /// Who a policy-file reload is recorded as.
 pub const FILE_ACTOR: &str = "policy-file";
@@ -85,15 +105,9 @@ pub enum AdminError {
 pub struct Paths {
     /// The policy file (live reload, diff).
     pub policy_file: Option<PathBuf>,
-    /// The state file; `None` keeps runtime changes in memory only.
+    /// The state file; `None` keeps runtime changes in memory only (or in
+    /// the shared store, with replicas).
     pub state_file: Option<PathBuf>,
-}
-
-#[derive(Debug)]
-struct State {
-    doc: PolicyDoc,
-    file_digest: u64,
-    freezes: BTreeMap<RouteKey, FreezeRecord>,
 }
 
 /// The runtime controls. Shared by the Admin service and the reload task.
@@ -102,6 +116,9 @@ pub struct Control {
     policies: SharedPolicies,
     store: Arc<dyn Store>,
     hub: EventHub,
+    /// This process's copy of the audit: the log itself with one
+    /// coordinator; with replicas the shared log is in the store and this
+    /// keeps what this replica recorded (and writes `--audit-log`, if set).
     audit: AuditLog,
     clock: Arc<dyn Clock>,
     paths: Paths,
@@ -111,31 +128,6 @@ impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Control").finish_non_exhaustive()
     }
-}
-
-/// Every version in `doc` made explicit, so the document alone says what
-/// workers are told (and survives a reload of the state file unchanged).
-fn pin_versions(doc: &mut PolicyDoc) -> Result<(), ConfigError> {
-    let set = doc.build()?;
-    let default_version = set.default_policy().policy_version;
-    doc.defaults.policy_version = Some(default_version);
-    for i in 0..doc.rules.len() {
-        let version = doc
-            .rule_policy(&doc.rules[i])
-            .map(|p| p.policy_version)
-            .unwrap_or(default_version);
-        doc.rules[i].policy.policy_version = Some(version);
-    }
-    Ok(())
-}
-
-fn max_version(doc: &PolicyDoc) -> u64 {
-    doc.rules
-        .iter()
-        .filter_map(|r| r.policy.policy_version)
-        .chain(doc.defaults.policy_version)
-        .max()
-        .unwrap_or(1)
 }
 
 /// What the caller asks [`Control::set_rule`] to write.
@@ -155,15 +147,70 @@ pub struct SetRule {
     pub reason: String,
 }
 
-fn to_json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_default()
+/// One audit record of a change made at `at_ms`.
+struct Note<'a> {
+    who: &'a str,
+    action: &'a str,
+    reason: &'a str,
+    at_ms: i64,
+}
+
+impl Note<'_> {
+    fn record(&self, target: &str, before: String, after: String, version: u64) -> AuditRecord {
+        AuditRecord {
+            seq: 0,
+            at_ms: self.at_ms,
+            who: self.who.to_owned(),
+            action: self.action.to_owned(),
+            target: target.to_owned(),
+            before,
+            after,
+            policy_version: version,
+            reason: self.reason.to_owned(),
+        }
+    }
+
+    /// One record per rule a whole-document change touched.
+    fn changes(&self, changes: &[Change], version: u64) -> Vec<AuditRecord> {
+        changes
+            .iter()
+            .map(|c| {
+                let kind = match c.kind {
+                    ChangeKind::Added => "added",
+                    ChangeKind::Removed => "removed",
+                    ChangeKind::Changed => "changed",
+                };
+                let before: BTreeMap<_, _> = c.fields.iter().map(|(f, b, _)| (f, b)).collect();
+                let after: BTreeMap<_, _> = c.fields.iter().map(|(f, _, a)| (f, a)).collect();
+                self.record(
+                    &c.target,
+                    to_json(&before),
+                    format!("{kind}: {}", to_json(&after)),
+                    version,
+                )
+            })
+            .collect()
+    }
+}
+
+fn check_size(doc: &PolicyDoc) -> Result<(), AdminError> {
+    if doc.rules.len() > MAX_RULES {
+        return Err(ConfigError::Invalid {
+            place: "[[rule]]".into(),
+            reason: format!("at most {MAX_RULES} rules"),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 impl Control {
-    /// Starts from `doc` (the policy file's, with `file_text` its text), or
-    /// from the state file when there is one: its document, re-reconciled
-    /// with the file if the file changed meanwhile, and its freezes
-    /// reapplied to the store.
+    /// Starts from `doc` (the policy file's, with `file_text` its text).
+    /// With a shared store, from the shared state when there is one (the
+    /// file applied over it if its text differs from the one last applied);
+    /// otherwise from the state file when there is one: its document,
+    /// re-reconciled with the file if the file changed meanwhile, and its
+    /// freezes reapplied to the store.
     // Each argument is a separately owned piece the server shares with the
     // Budget service; a builder would only rename them.
     #[allow(clippy::too_many_arguments)]
@@ -177,19 +224,27 @@ impl Control {
         clock: Arc<dyn Clock>,
         paths: Paths,
     ) -> Result<Control, AdminError> {
-        let mut doc = doc;
-        pin_versions(&mut doc)?;
+        let raw = doc;
+        let mut file_doc = raw.clone();
+        pin_versions(&mut file_doc)?;
         let file_digest = file_text.map_or(0, persist::digest);
+        let shared = store.admin_state().is_some();
         let saved = match &paths.state_file {
-            Some(path) => persist::load(path)?,
-            None => None,
+            Some(path) if !shared => persist::load(path)?,
+            _ => None,
         };
+        let fresh = State {
+            doc: file_doc.clone(),
+            file_doc,
+            overrides: Overrides::default(),
+            file_digest,
+            freezes: BTreeMap::new(),
+            rev: None,
+            local_digest: file_digest,
+        };
+        policies.replace(fresh.doc.build()?);
         let control = Control {
-            state: tokio::sync::Mutex::new(State {
-                doc: doc.clone(),
-                file_digest,
-                freezes: BTreeMap::new(),
-            }),
+            state: tokio::sync::Mutex::new(fresh),
             policies,
             store,
             hub,
@@ -197,52 +252,77 @@ impl Control {
             clock,
             paths,
         };
-        if let Some(saved) = saved {
-            let now = control.now_ms();
-            let mut st = control.state.lock().await;
-            st.doc = saved.doc;
-            for f in saved.freezes {
-                if f.expires_at_ms.is_some_and(|at| at <= now) {
-                    continue;
-                }
-                let key = RouteKey {
-                    caller_scope: f.caller_scope.clone(),
-                    route: f.route.clone(),
-                };
-                control
-                    .store
-                    .set_freeze(&key, Some(f.reason.clone()), now)
-                    .await?;
-                st.freezes.insert(key, f);
-            }
-            crate::telemetry::freezes::record_freezes(&st.freezes);
-            control.policies.replace(st.doc.build()?);
-            tracing::info!(
-                rules = st.doc.rules.len(),
-                freezes = st.freezes.len(),
-                "runtime changes reapplied from the state file"
-            );
-            if saved.file_digest != file_digest && file_text.is_some() {
-                tracing::warn!(
-                    "the policy file changed while the coordinator was down; applying it over the saved state"
-                );
-                control
-                    .apply_locked(
-                        &mut st,
-                        FILE_ACTOR,
-                        doc,
-                        "policy.reload",
-                        "file changed while stopped",
-                        file_digest,
-                    )
-                    .await?;
-            }
+        let known = if shared {
+            control.start_shared().await
         } else {
-            control.policies.replace(doc.build()?);
-            let st = control.state.lock().await;
-            control.save(&st.doc, &st.freezes, st.file_digest)?;
+            control.start_local(saved).await?
+        };
+        if known.is_some_and(|known| known != file_digest) && file_text.is_some() {
+            tracing::warn!(
+                "the policy file differs from the one the running state was last reconciled with; applying it over the runtime changes"
+            );
+            control
+                .reload_doc(raw, file_digest, "file changed while stopped")
+                .await?;
         }
         Ok(control)
+    }
+
+    /// Reads the shared state; returns the digest of the policy-file text
+    /// it was last reconciled with (`None`: nothing to compare with).
+    async fn start_shared(&self) -> Option<u64> {
+        let mut st = self.state.lock().await;
+        match self.refresh_locked(&mut st).await {
+            Ok(()) => {
+                tracing::info!(
+                    rev = st.rev,
+                    rules = st.doc.rules.len(),
+                    freezes = st.freezes.len(),
+                    "runtime state shared through the store"
+                );
+                Some(st.file_digest)
+            }
+            Err(err) => {
+                // Serving the file is what a lone coordinator would do; the
+                // reconcile loop adopts the shared state once it answers.
+                tracing::warn!(cause = %err,
+                    "shared runtime state unreadable; serving the policy file until the store answers");
+                None
+            }
+        }
+    }
+
+    /// Restores the state file, if any, reapplying its freezes to the
+    /// store; returns the digest of the policy-file text it was last
+    /// reconciled with (`None`: no state file yet).
+    async fn start_local(
+        &self,
+        saved: Option<persist::StateFile>,
+    ) -> Result<Option<u64>, AdminError> {
+        let mut st = self.state.lock().await;
+        let Some(saved) = saved else {
+            self.save(&st)?;
+            return Ok(None);
+        };
+        let known = saved.file_digest;
+        let now = self.now_ms();
+        let mut next = State::from_saved(saved, None, st.local_digest);
+        next.freezes
+            .retain(|_, f| f.expires_at_ms.is_none_or(|at| at > now));
+        for (key, f) in &next.freezes {
+            self.store
+                .set_freeze(key, Some(f.reason.clone()), now)
+                .await?;
+        }
+        // The saved document is what was in force: published as a change.
+        st.doc = PolicyDoc::default();
+        self.put_in_force(&mut st, next)?;
+        tracing::info!(
+            rules = st.doc.rules.len(),
+            freezes = st.freezes.len(),
+            "runtime changes reapplied from the state file"
+        );
+        Ok(Some(known))
     }
 
     fn now_ms(&self) -> i64 {
@@ -254,14 +334,39 @@ impl Control {
         self.state.lock().await.doc.clone()
     }
 
+    /// The runtime layer: which rules SREs changed over the policy file.
+    pub async fn overrides(&self) -> Overrides {
+        self.state.lock().await.overrides.clone()
+    }
+
     /// The freeze of `route`, if any.
     pub async fn freeze_of(&self, route: &RouteKey) -> Option<FreezeRecord> {
         self.state.lock().await.freezes.get(route).cloned()
     }
 
-    /// The audit log.
+    /// This process's audit log (see [`Control::audit_page`] for the
+    /// fleet's).
     pub fn audit(&self) -> &AuditLog {
         &self.audit
+    }
+
+    /// Up to `limit` audit records older than `before_seq` (0: the newest),
+    /// newest first: the shared log with replicas, this process's otherwise.
+    pub async fn audit_page(
+        &self,
+        before_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<AuditRecord>, AdminError> {
+        let Some(shared) = self.store.admin_state() else {
+            return Ok(self.audit.list(before_seq, limit));
+        };
+        Ok(shared
+            .audit(before_seq, limit)
+            .await?
+            .iter()
+            // A record this version cannot read is skipped, not fatal.
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect())
     }
 
     /// The configured policy file.
@@ -269,122 +374,79 @@ impl Control {
         self.paths.policy_file.as_ref()
     }
 
-    fn save(
-        &self,
-        doc: &PolicyDoc,
-        freezes: &BTreeMap<RouteKey, FreezeRecord>,
-        file_digest: u64,
-    ) -> Result<(), PersistError> {
-        let Some(path) = &self.paths.state_file else {
-            return Ok(());
-        };
-        persist::save(
-            path,
-            &StateFile {
-                format: persist::FORMAT,
-                file_digest,
-                doc: doc.clone(),
-                freezes: freezes.values().cloned().collect(),
-            },
-        )
-    }
-
-    /// Validates, persists and puts `doc` in force, then tells watchers.
-    fn commit(&self, st: &mut State, doc: PolicyDoc, file_digest: u64) -> Result<(), AdminError> {
-        if doc.rules.len() > MAX_RULES {
-            return Err(ConfigError::Invalid {
-                place: "[[rule]]".into(),
-                reason: format!("at most {MAX_RULES} rules"),
-            }
-            .into());
-        }
-        let set = doc.build()?;
-        self.save(&doc, &st.freezes, file_digest)?;
-        self.policies.replace(set);
-        st.doc = doc;
-        st.file_digest = file_digest;
-        self.hub.publish(StateChange::Policies(PolicySnapshot(
-            self.policies.current(),
-        )));
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &self,
-        who: &str,
-        action: &str,
-        target: &str,
-        before: String,
-        after: String,
-        policy_version: u64,
-        reason: &str,
-    ) -> AuditRecord {
-        self.audit.append(AuditRecord {
-            seq: 0,
-            at_ms: self.now_ms(),
-            who: who.to_owned(),
-            action: action.to_owned(),
-            target: target.to_owned(),
-            before,
-            after,
-            policy_version,
-            reason: reason.to_owned(),
-        })
-    }
-
     /// Creates, replaces or patches one rule (optimistic on its version).
+    /// The rule is a runtime change: it stays over the policy file until
+    /// cleared or until the file changes that same rule.
     pub async fn set_rule(&self, who: &str, req: SetRule) -> Result<RuleSpec, AdminError> {
-        let mut st = self.state.lock().await;
-        let target = format!("{}|{}", req.caller_scope, req.route);
-        let index = st.doc.find(&req.caller_scope, &req.route);
-        let current = index
-            .and_then(|i| st.doc.rules[i].policy.policy_version)
-            .unwrap_or(0);
-        if current != req.expected_version {
-            return Err(AdminError::Stale {
-                target,
-                current,
-                expected: req.expected_version,
-            });
-        }
-        let version = max_version(&st.doc) + 1;
-        let before = index.map(|i| st.doc.rules[i].clone());
-        let mut spec = match (&before, req.patch) {
-            (Some(old), true) => req.spec.over(&old.policy),
-            _ => req.spec,
-        };
-        spec.policy_version = Some(version);
-        let rule = RuleSpec {
-            caller_scope: req.caller_scope,
-            route: req.route,
-            policy: spec,
-        };
-        let mut doc = st.doc.clone();
-        match index {
-            Some(i) => doc.rules[i] = rule.clone(),
-            None => doc.rules.push(rule.clone()),
-        }
-        let digest = st.file_digest;
-        self.commit(&mut st, doc, digest)?;
         let action = if req.patch {
             "policy.patch"
         } else {
             "policy.set"
         };
-        self.record(
-            who,
-            action,
-            &target,
-            before.map(|b| to_json(&b.policy)).unwrap_or_default(),
-            to_json(&rule.policy),
-            version,
-            &req.reason,
-        );
+        let (rule, _) = self
+            .change(|st, now| {
+                let target = format!("{}|{}", req.caller_scope, req.route);
+                let index = st.doc.find(&req.caller_scope, &req.route);
+                let before = index.map(|i| st.doc.rules[i].clone());
+                let current = before
+                    .as_ref()
+                    .and_then(|r| r.policy.policy_version)
+                    .unwrap_or(0);
+                if current != req.expected_version {
+                    return Err(AdminError::Stale {
+                        target,
+                        current,
+                        expected: req.expected_version,
+                    });
+                }
+                let mut spec = match (&before, req.patch) {
+                    (Some(old), true) => req.spec.clone().over(&old.policy),
+                    _ => req.spec.clone(),
+                };
+                spec.policy_version = None;
+                let rule = RuleSpec {
+                    caller_scope: req.caller_scope.clone(),
+                    route: req.route.clone(),
+                    policy: spec,
+                };
+                let mut overrides = st.overrides.clone();
+                overrides.set(&req.caller_scope, &req.route, Some(rule));
+                let (next, _, version) = relayer(
+                    st,
+                    st.file_doc.clone(),
+                    overrides,
+                    std::slice::from_ref(&target),
+                    |_| None,
+                )?;
+                let rule = next.doc.rules[next
+                    .doc
+                    .find(&req.caller_scope, &req.route)
+                    .ok_or_else(|| AdminError::NotFound(target.clone()))?]
+                .clone();
+                let note = Note {
+                    who,
+                    action,
+                    reason: &req.reason,
+                    at_ms: now,
+                };
+                let record = note.record(
+                    &target,
+                    before.map(|b| to_json(&b.policy)).unwrap_or_default(),
+                    to_json(&rule.policy),
+                    version,
+                );
+                Ok(Outcome {
+                    next: Some(next),
+                    records: vec![record],
+                    value: rule,
+                })
+            })
+            .await?;
         Ok(rule)
     }
 
     /// Removes one rule (optimistic on its version); returns its version.
+    /// Like a set, the removal stays over the policy file until cleared.
     pub async fn delete_rule(
         &self,
         who: &str,
@@ -393,39 +455,90 @@ impl Control {
         expected_version: u64,
         reason: &str,
     ) -> Result<u64, AdminError> {
-        let mut st = self.state.lock().await;
-        let target = format!("{caller_scope}|{route}");
-        let i = st
-            .doc
-            .find(caller_scope, route)
-            .ok_or_else(|| AdminError::NotFound(target.clone()))?;
-        let current = st.doc.rules[i].policy.policy_version.unwrap_or(0);
-        if current != expected_version {
-            return Err(AdminError::Stale {
-                target,
-                current,
-                expected: expected_version,
-            });
-        }
-        let mut doc = st.doc.clone();
-        let removed = doc.rules.remove(i);
-        let digest = st.file_digest;
-        self.commit(&mut st, doc, digest)?;
-        self.record(
-            who,
-            "policy.delete",
-            &target,
-            to_json(&removed.policy),
-            String::new(),
-            current,
-            reason,
-        );
-        Ok(current)
+        let (version, _) = self
+            .change(|st, now| {
+                let target = format!("{caller_scope}|{route}");
+                let i = st
+                    .doc
+                    .find(caller_scope, route)
+                    .ok_or_else(|| AdminError::NotFound(target.clone()))?;
+                let current = st.doc.rules[i].policy.policy_version.unwrap_or(0);
+                if current != expected_version {
+                    return Err(AdminError::Stale {
+                        target,
+                        current,
+                        expected: expected_version,
+                    });
+                }
+                let mut overrides = st.overrides.clone();
+                overrides.set(caller_scope, route, None);
+                let (next, _, _) = relayer(st, st.file_doc.clone(), overrides, &[], |_| None)?;
+                let note = Note {
+                    who,
+                    action: "policy.delete",
+                    reason,
+                    at_ms: now,
+                };
+                let record = note.record(
+                    &target,
+                    to_json(&st.doc.rules[i].policy),
+                    String::new(),
+                    current,
+                );
+                Ok(Outcome {
+                    next: Some(next),
+                    records: vec![record],
+                    value: current,
+                })
+            })
+            .await?;
+        Ok(version)
     }
 
-    /// Applies a whole document (from `apply -f` or a reload); with
-    /// `dry_run` only plans. Returns the changes and the new version (0
-    /// when nothing was applied).
+    /// Drops the runtime change of one rule (`caller_scope|route`, or
+    /// `[defaults]`): it is the policy file's again. Returns the changes
+    /// and the new version (0 when nothing changed); NOT_FOUND when the
+    /// rule has no runtime change.
+    pub async fn clear_rule(
+        &self,
+        who: &str,
+        target: &str,
+        reason: &str,
+    ) -> Result<(Vec<Change>, u64), AdminError> {
+        let (out, _) = self
+            .change(|st, now| {
+                let mut overrides = st.overrides.clone();
+                if !overrides.clear(target) {
+                    return Err(AdminError::NotFound(format!(
+                        "{target} has no runtime change over the policy file"
+                    )));
+                }
+                let (next, changes, version) =
+                    relayer(st, st.file_doc.clone(), overrides, &[], |_| None)?;
+                let note = Note {
+                    who,
+                    action: "policy.clear",
+                    reason,
+                    at_ms: now,
+                };
+                let mut records = note.changes(&changes, version);
+                if records.is_empty() {
+                    records.push(note.record(target, String::new(), "file".into(), version));
+                }
+                Ok(Outcome {
+                    next: Some(next),
+                    records,
+                    value: (changes, version),
+                })
+            })
+            .await?;
+        Ok(out)
+    }
+
+    /// Applies a whole document at runtime (`apply -f`); with `dry_run`
+    /// only plans. Every rule it changes becomes a runtime change over the
+    /// policy file. Returns the changes and the new version (0 when nothing
+    /// was applied).
     pub async fn apply(
         &self,
         who: &str,
@@ -433,79 +546,87 @@ impl Control {
         dry_run: bool,
         action: &str,
         reason: &str,
-        file_digest: Option<u64>,
-    ) -> Result<(Vec<Change>, u64), AdminError> {
-        let mut st = self.state.lock().await;
-        if dry_run {
-            return Ok((plan(&st.doc, &target), 0));
-        }
-        let digest = file_digest.unwrap_or(st.file_digest);
-        self.apply_locked(&mut st, who, target, action, reason, digest)
-            .await
-    }
-
-    async fn apply_locked(
-        &self,
-        st: &mut State,
-        who: &str,
-        mut target: PolicyDoc,
-        action: &str,
-        reason: &str,
-        file_digest: u64,
     ) -> Result<(Vec<Change>, u64), AdminError> {
         target.build()?;
-        let changes = plan(&st.doc, &target);
-        if changes.is_empty() {
-            if file_digest != st.file_digest {
-                // Same policy, new file text: remember it, so a restart
-                // does not re-apply it.
-                let doc = st.doc.clone();
-                self.commit(st, doc, file_digest)?;
-            }
-            return Ok((changes, 0));
+        check_size(&target)?;
+        if dry_run {
+            let mut st = self.state.lock().await;
+            self.refresh_locked(&mut st).await?;
+            return Ok((plan(&st.doc, &target), 0));
         }
-        let version = max_version(&st.doc) + 1;
-        // Unchanged rules keep their version; changed and added ones get the new one.
-        let changed = |id: &str| changes.iter().any(|c| c.target == id);
-        target.defaults.policy_version = Some(if changed("[defaults]") {
-            version
-        } else {
-            st.doc.defaults.policy_version.unwrap_or(1)
-        });
-        for rule in &mut target.rules {
-            let id = rule.id();
-            rule.policy.policy_version = Some(if changed(&id) {
-                version
-            } else {
-                st.doc
-                    .find(&rule.caller_scope, &rule.route)
-                    .and_then(|i| st.doc.rules[i].policy.policy_version)
-                    .unwrap_or(version)
-            });
-        }
-        self.commit(st, target, file_digest)?;
-        for c in &changes {
-            let kind = match c.kind {
-                ChangeKind::Added => "added",
-                ChangeKind::Removed => "removed",
-                ChangeKind::Changed => "changed",
-            };
-            let before: BTreeMap<_, _> = c.fields.iter().map(|(f, b, _)| (f, b)).collect();
-            let after: BTreeMap<_, _> = c.fields.iter().map(|(f, _, a)| (f, a)).collect();
-            self.record(
-                who,
-                action,
-                &c.target,
-                to_json(&before),
-                format!("{kind}: {}", to_json(&after)),
-                version,
-                reason,
-            );
-        }
-        Ok((changes, version))
+        let (out, _) = self
+            .change(|st, now| {
+                let changes = plan(&st.doc, &target);
+                if changes.is_empty() {
+                    return Ok(Outcome {
+                        next: None,
+                        records: Vec::new(),
+                        value: (changes, 0),
+                    });
+                }
+                let ids: Vec<String> = changes.iter().map(|c| c.target.clone()).collect();
+                let mut overrides = st.overrides.clone();
+                overrides.record(&target, &ids);
+                let (next, changes, version) =
+                    relayer(st, st.file_doc.clone(), overrides, &[], |_| None)?;
+                let note = Note {
+                    who,
+                    action,
+                    reason,
+                    at_ms: now,
+                };
+                Ok(Outcome {
+                    next: Some(next),
+                    records: note.changes(&changes, version),
+                    value: (changes, version),
+                })
+            })
+            .await?;
+        Ok(out)
     }
 
-    /// Compares the running policy with the policy file now on disk.
+    /// Replaces the file layer with `raw` (a policy file's document as
+    /// read, its versions as written), keeping runtime changes to rules the
+    /// file did not change.
+    async fn reload_doc(
+        &self,
+        raw: PolicyDoc,
+        digest: u64,
+        reason: &str,
+    ) -> Result<(Vec<Change>, u64), AdminError> {
+        raw.build()?;
+        check_size(&raw)?;
+        let (out, _) = self
+            .change(|st, now| {
+                let file_changes = plan(&st.file_doc, &raw);
+                let mut overrides = st.overrides.clone();
+                for c in &file_changes {
+                    overrides.clear(&c.target);
+                }
+                let named = |id: &str| versions::named_version(&raw, id);
+                for id in versions::version_edits(&st.file_doc, &raw) {
+                    overrides.clear(&id);
+                }
+                let (mut next, changes, version) = relayer(st, raw.clone(), overrides, &[], named)?;
+                next.file_digest = digest;
+                let note = Note {
+                    who: FILE_ACTOR,
+                    action: "policy.reload",
+                    reason,
+                    at_ms: now,
+                };
+                Ok(Outcome {
+                    next: Some(next),
+                    records: note.changes(&changes, version),
+                    value: (changes, version),
+                })
+            })
+            .await?;
+        Ok(out)
+    }
+
+    /// Compares the running policy with the policy file now on disk; a
+    /// runtime change over the file shows here as drift.
     pub async fn diff_file(&self) -> Result<Vec<Change>, AdminError> {
         let path = self
             .paths
@@ -517,12 +638,15 @@ impl Control {
             source,
         })?;
         let doc = PolicyDoc::from_toml(&text)?;
-        Ok(plan(&self.state.lock().await.doc, &doc))
+        let mut st = self.state.lock().await;
+        self.refresh_locked(&mut st).await?;
+        Ok(plan(&st.doc, &doc))
     }
 
-    /// Re-reads the policy file and applies it if its text changed since it
-    /// was last applied (`force`: even if not). An invalid file is logged
-    /// and the running policy kept. Returns whether a reload was attempted.
+    /// Re-reads the policy file and applies it if its text changed since
+    /// this replica last read it (`force`: even if not). An invalid file is
+    /// logged and the running policy kept. Returns whether a reload was
+    /// attempted.
     pub async fn reload_file(&self, force: bool) -> bool {
         let Some(path) = self.paths.policy_file.clone() else {
             return false;
@@ -536,152 +660,27 @@ impl Control {
             }
         };
         let digest = persist::digest(&text);
-        let mut st = self.state.lock().await;
-        if !force && digest == st.file_digest {
-            return false;
+        {
+            let mut st = self.state.lock().await;
+            if !force && digest == st.local_digest {
+                return false;
+            }
+            // Remember it now, so a bad file is reported once, not every poll.
+            st.local_digest = digest;
         }
         let result = match PolicyDoc::from_toml(&text) {
-            Ok(doc) => {
-                self.apply_locked(&mut st, FILE_ACTOR, doc, "policy.reload", "", digest)
-                    .await
-            }
+            Ok(doc) => self.reload_doc(doc, digest, "").await,
             Err(err) => Err(err.into()),
         };
         match result {
             Ok((changes, version)) => tracing::info!(path = %path.display(),
                 changes = changes.len(), policy_version = version, "policy file reloaded"),
-            Err(err) => {
-                // Remember the digest so a bad file is reported once, not every second.
-                st.file_digest = digest;
-                tracing::error!(cause = %err, path = %path.display(),
-                    "policy file rejected; keeping the running policy");
-            }
+            Err(err) => tracing::error!(cause = %err, path = %path.display(),
+                "policy file rejected; keeping the running policy"),
         }
         true
     }
-
-    /// Freezes `route`: no new leases or slots until unfrozen or `expires_at_ms`.
-    pub async fn freeze(
-        &self,
-        who: &str,
-        route: &RouteKey,
-        reason: &str,
-        expires_at_ms: Option<i64>,
-    ) -> Result<FreezeRecord, AdminError> {
-        let mut st = self.state.lock().await;
-        let now = self.now_ms();
-        let record = FreezeRecord {
-            caller_scope: route.caller_scope.clone(),
-            route: route.route.clone(),
-            reason: reason.to_owned(),
-            by: who.to_owned(),
-            since_ms: now,
-            expires_at_ms,
-        };
-        let mut freezes = st.freezes.clone();
-        let before = freezes.insert(route.clone(), record.clone());
-        self.save(&st.doc, &freezes, st.file_digest)?;
-        self.store
-            .set_freeze(route, Some(reason.to_owned()), now)
-            .await?;
-        st.freezes = freezes;
-        crate::telemetry::freezes::record_freezes(&st.freezes);
-        self.hub.publish(StateChange::Freeze {
-            route: route.clone(),
-            reason: Some(reason.to_owned()),
-        });
-        let version = self.policies.current().resolve(route).policy_version;
-        self.record(
-            who,
-            "scope.freeze",
-            &route.to_string(),
-            before.map(|b| to_json(&b)).unwrap_or_default(),
-            to_json(&record),
-            version,
-            reason,
-        );
-        Ok(record)
-    }
-
-    /// Lifts the freeze of `route`; returns the freeze lifted, if any.
-    pub async fn unfreeze(
-        &self,
-        who: &str,
-        route: &RouteKey,
-        reason: &str,
-    ) -> Result<Option<FreezeRecord>, AdminError> {
-        let mut st = self.state.lock().await;
-        let mut freezes = st.freezes.clone();
-        let before = freezes.remove(route);
-        self.save(&st.doc, &freezes, st.file_digest)?;
-        self.store.set_freeze(route, None, self.now_ms()).await?;
-        st.freezes = freezes;
-        crate::telemetry::freezes::record_freezes(&st.freezes);
-        self.hub.publish(StateChange::Freeze {
-            route: route.clone(),
-            reason: None,
-        });
-        let version = self.policies.current().resolve(route).policy_version;
-        self.record(
-            who,
-            "scope.unfreeze",
-            &route.to_string(),
-            before.as_ref().map(to_json).unwrap_or_default(),
-            String::new(),
-            version,
-            reason,
-        );
-        Ok(before)
-    }
-
-    /// Lifts every freeze whose expiry has passed.
-    pub async fn expire_freezes(&self) {
-        let now = self.now_ms();
-        let expired: Vec<RouteKey> = {
-            let st = self.state.lock().await;
-            st.freezes
-                .iter()
-                .filter(|(_, f)| f.expires_at_ms.is_some_and(|at| at <= now))
-                .map(|(k, _)| k.clone())
-                .collect()
-        };
-        for route in expired {
-            if let Err(err) = self.unfreeze(EXPIRY_ACTOR, &route, "freeze expired").await {
-                tracing::error!(cause = %err, scope = %route, "lifting an expired freeze failed");
-            }
-        }
-    }
-
-    /// Forgets `route`'s budget, cooldown and slots (the freeze stays).
-    pub async fn reset(
-        &self,
-        who: &str,
-        route: &RouteKey,
-        reason: &str,
-    ) -> Result<bool, AdminError> {
-        let _order = self.state.lock().await;
-        let now = self.now_ms();
-        let existed = self.store.reset_scope(route, now).await?;
-        if existed {
-            // Watchers merge cooldowns by `max`, so they must be told the
-            // route's own cooldown is gone; what remains is the caller
-            // scope's, which a route reset leaves alone.
-            let left = self.store.view(route, now).await?;
-            self.hub.publish(StateChange::Reset {
-                route: route.clone(),
-                cooldown_until_ms: left.cooldown_until_ms,
-            });
-        }
-        let version = self.policies.current().resolve(route).policy_version;
-        self.record(
-            who,
-            "scope.reset",
-            &route.to_string(),
-            format!("{{\"existed\":{existed}}}"),
-            String::new(),
-            version,
-            reason,
-        );
-        Ok(existed)
-    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use crate::config::PolicyDoc;
 
+use super::layers::Overrides;
+
 /// The state file's format version; a newer one is refused, not misread.
 pub const FORMAT: u32 = 1;
 
@@ -47,6 +49,13 @@ pub struct StateFile {
     pub doc: PolicyDoc,
     /// Freezes in force.
     pub freezes: Vec<FreezeRecord>,
+    /// The policy file's layer under the runtime changes (absent in a
+    /// file written before the layers: then `doc` is taken as the file's).
+    #[serde(default)]
+    pub file_doc: Option<PolicyDoc>,
+    /// The runtime changes laid over the file's layer.
+    #[serde(default)]
+    pub overrides: Overrides,
 }
 
 /// Why the state file could not be used.

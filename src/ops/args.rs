@@ -29,6 +29,28 @@ pub struct Connect {
         global = true
     )]
     pub token: Option<String>,
+    /// PEM CA that signed the coordinator's certificate: connect with TLS
+    /// (also implied by an `https://` server, then with the system roots).
+    #[arg(long, env = "TOLLGATE_CA", value_name = "FILE", global = true)]
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for a coordinator that requires mTLS.
+    #[arg(
+        long,
+        env = "TOLLGATE_CLIENT_CERT",
+        value_name = "FILE",
+        global = true,
+        requires = "key"
+    )]
+    pub cert: Option<std::path::PathBuf>,
+    /// The client certificate's PEM private key.
+    #[arg(
+        long,
+        env = "TOLLGATE_CLIENT_KEY",
+        value_name = "FILE",
+        global = true,
+        requires = "cert"
+    )]
+    pub key: Option<std::path::PathBuf>,
     /// Output format (`simulate`: table or json).
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub output: Output,
@@ -128,6 +150,20 @@ pub enum PolicyCommand {
         /// The version you read; without it the current one is used.
         #[arg(long)]
         version: Option<u64>,
+        /// Why, for the audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Drop a rule's runtime change (set, patch, delete, apply): the rule
+    /// is the policy file's again. The route `[defaults]` names `[defaults]`.
+    /// Exit 5 when the rule has no runtime change.
+    #[command(after_help = "Examples:
+  tollgate policy clear 'GET /users/*' --reason 'incident over, back to Git'
+  tollgate policy clear '[defaults]'")]
+    Clear {
+        /// The rule.
+        #[command(flatten)]
+        rule: RuleRef,
         /// Why, for the audit log.
         #[arg(long, default_value = "")]
         reason: String,

@@ -146,14 +146,29 @@ impl Client {
 }
 
 async fn connect(c: &Connect) -> Result<Client, Failure> {
+    let tls = c.ca.is_some() || c.cert.is_some();
     let uri = if c.server.contains("://") {
         c.server.clone()
+    } else if tls {
+        format!("https://{}", c.server)
     } else {
         format!("http://{}", c.server)
     };
-    let endpoint = Channel::from_shared(uri.clone())
+    let mut endpoint = Channel::from_shared(uri.clone())
         .map_err(|e| Failure::invalid(format!("--server {uri}: {e}")))?
         .connect_timeout(Duration::from_secs(5));
+    if tls || uri.starts_with("https://") {
+        // The worker's TLS options, so the CLI and the client agree.
+        let options = tollgate_client::link::LinkTls::from_files(
+            c.ca.as_deref(),
+            c.cert.as_deref(),
+            c.key.as_deref(),
+        )
+        .map_err(|e| Failure::invalid(e.to_string()))?;
+        endpoint = endpoint
+            .tls_config(options.client_config())
+            .map_err(|e| Failure::invalid(format!("--ca/--cert: {e}")))?;
+    }
     let channel = endpoint.connect().await.map_err(|e| Failure {
         code: EXIT_UNAVAILABLE,
         message: format!("cannot reach the coordinator at {uri}: {e}"),

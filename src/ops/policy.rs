@@ -235,6 +235,7 @@ pub(super) async fn run(
             version,
             reason,
         } => delete(client, rule, version, reason).await,
+        PolicyCommand::Clear { rule, reason } => clear(client, rule, reason).await,
         PolicyCommand::Apply {
             file,
             dry_run,
@@ -311,6 +312,34 @@ async fn list(client: &mut Client) -> Outcome {
     Ok(EXIT_OK)
 }
 
+/// Drops a rule's runtime change: the rule follows the policy file again.
+async fn clear(client: &mut Client, rule: RuleRef, reason: String) -> Outcome {
+    let req = client.request(v1::DeletePolicyRequest {
+        caller_scope: rule.caller_scope.clone(),
+        route: rule.route.clone(),
+        expected_version: 0,
+        reason,
+        clear: true,
+    })?;
+    let r = client
+        .inner
+        .delete_policy(req)
+        .await
+        .map_err(|s| Failure::status("clearing the runtime change", &s))?
+        .into_inner();
+    emit(
+        client.output,
+        || json!({"policy_version": r.policy_version}),
+        || {
+            println!(
+                "{}|{} follows the policy file again (policy_version {})",
+                rule.caller_scope, rule.route, r.policy_version
+            );
+        },
+    );
+    Ok(EXIT_OK)
+}
+
 async fn delete(
     client: &mut Client,
     rule: RuleRef,
@@ -326,6 +355,7 @@ async fn delete(
         route: rule.route.clone(),
         expected_version: expected,
         reason,
+        clear: false,
     })?;
     let r = client
         .inner

@@ -344,6 +344,22 @@ impl Admin for AdminService {
         let req = request.into_inner();
         route_key(&req.caller_scope, &req.route)?;
         reason(&req.reason)?;
+        if req.clear {
+            let target = if req.route == crate::admin::layers::DEFAULTS {
+                req.route.clone()
+            } else {
+                format!("{}|{}", req.caller_scope, req.route)
+            };
+            let (_, policy_version) = self
+                .control()
+                .clear_rule(&who, &target, &req.reason)
+                .await
+                .map_err(ServiceError::from)?;
+            return Ok(Response::new(v1::DeletePolicyResponse {
+                deleted_version: 0,
+                policy_version,
+            }));
+        }
         let deleted_version = self
             .control()
             .delete_rule(
@@ -355,7 +371,10 @@ impl Admin for AdminService {
             )
             .await
             .map_err(ServiceError::from)?;
-        Ok(Response::new(v1::DeletePolicyResponse { deleted_version }))
+        Ok(Response::new(v1::DeletePolicyResponse {
+            deleted_version,
+            policy_version: 0,
+        }))
     }
 
     #[instrument(skip_all, fields(who = tracing::field::Empty))]
@@ -377,7 +396,7 @@ impl Admin for AdminService {
             .map_err(|e| ServiceError::from(crate::admin::AdminError::from(e)))?;
         let (changes, version) = self
             .control()
-            .apply(&who, doc, req.dry_run, "policy.apply", &req.reason, None)
+            .apply(&who, doc, req.dry_run, "policy.apply", &req.reason)
             .await
             .map_err(ServiceError::from)?;
         let applied = !req.dry_run && !changes.is_empty();
@@ -619,8 +638,9 @@ impl Admin for AdminService {
         };
         let records = self
             .control()
-            .audit()
-            .list(req.before_seq, limit)
+            .audit_page(req.before_seq, limit)
+            .await
+            .map_err(ServiceError::from)?
             .into_iter()
             .map(|r| v1::AuditRecord {
                 seq: r.seq,

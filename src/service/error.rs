@@ -25,7 +25,7 @@ pub enum ServiceError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// An Admin call without an admin token.
-    #[error("permission denied: {0}")]
+    #[error("admin: {0}")]
     AdminDenied(#[from] AdminDenied),
     /// An Admin operation was refused.
     #[error(transparent)]
@@ -71,9 +71,15 @@ impl From<ServiceError> for Status {
             // A store outage is transient: UNAVAILABLE is what gRPC clients
             // treat as "try again, or fall back".
             ServiceError::Store(StoreError::Unavailable(_)) => Status::unavailable(message),
-            // Every non-admin credential, including a valid caller token:
-            // the caller is known or not, but may not do this either way.
-            ServiceError::AdminDenied(_) => Status::permission_denied(message),
+            // No token or an unknown one: the same code as on Budget, so a
+            // client tells "fix your credential" from "ask for the right".
+            ServiceError::AdminDenied(AdminDenied::Unauthenticated(_)) => {
+                Status::unauthenticated(message)
+            }
+            // A known credential (a caller token) without the admin right.
+            ServiceError::AdminDenied(AdminDenied::Forbidden(_)) => {
+                Status::permission_denied(message)
+            }
             // The rule changed since it was read: re-read, then decide again.
             ServiceError::Admin(AdminError::Stale { .. }) => Status::failed_precondition(message),
             ServiceError::Admin(AdminError::NotFound(_)) => Status::not_found(message),

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod error;
+pub mod quota;
 pub mod validate;
 pub mod watch;
 
@@ -35,6 +36,7 @@ use crate::scope::ScopeKey;
 use crate::store::Reconsidered;
 
 use self::error::ServiceError;
+use self::quota::WatchQuota;
 use self::watch::Watched;
 
 /// The Budget service. Cheap to clone: everything is shared.
@@ -47,6 +49,8 @@ pub struct BudgetService {
     shutdown: CancellationToken,
     /// Made from the global meter provider when the service is built.
     metrics: Arc<CoordinatorMetrics>,
+    /// Bounds the Watch streams open at once.
+    watch_quota: Arc<WatchQuota>,
 }
 
 impl std::fmt::Debug for BudgetService {
@@ -73,7 +77,15 @@ impl BudgetService {
             watch_buffer,
             shutdown,
             metrics: Arc::new(metrics),
+            watch_quota: WatchQuota::new(usize::MAX, usize::MAX),
         }
+    }
+
+    /// Bounds Watch streams: `total` open at once, `per_token` per caller
+    /// token (unbounded unless set).
+    pub fn with_watch_limits(mut self, total: usize, per_token: usize) -> Self {
+        self.watch_quota = WatchQuota::new(total, per_token);
+        self
     }
 
     fn identify<T>(&self, request: &Request<T>) -> Result<Identity, ServiceError> {
@@ -353,6 +365,7 @@ impl Budget for BudgetService {
             .enumerate()
             .map(|(i, scope)| self.scope(identity, &format!("scopes[{i}]"), Some(scope)))
             .collect::<Result<Vec<_>, _>>()?;
+        let permit = self.watch_quota.acquire(identity)?;
         let (changes, snapshots) = self.core.watch(&keys).await.map_err(ServiceError::from)?;
         let now = self.core.now_ms();
         let watched: Vec<Watched> = req
@@ -363,13 +376,29 @@ impl Budget for BudgetService {
             .collect();
         Span::current().record("tollgate.scopes", watched.len());
         let (tx, rx) = mpsc::channel(self.watch_buffer);
-        tokio::spawn(watch::run(
+        let stream = watch::run(
             watched,
             changes,
-            tx,
+            tx.clone(),
             Arc::clone(self.core.clock()),
             self.shutdown.clone(),
-        ));
+        );
+        let revoked = self.auth.revoked(identity);
+        let refuse = tx.clone();
+        tokio::spawn(async move {
+            // The stream's place in the quota lasts as long as its task.
+            let _permit = permit;
+            tokio::select! {
+                () = stream => {}
+                // A removed or rotated token stops working at once, open
+                // streams included.
+                () = revoked => {
+                    let _ = refuse.try_send(Err(Status::unauthenticated(
+                        "the bearer token this stream was opened with was revoked",
+                    )));
+                }
+            }
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

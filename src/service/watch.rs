@@ -1,6 +1,6 @@
 //! Watch: scope changes pushed to workers so they do not poll.
 //!
-//! State changes are published once on an [`EventHub`] (a broadcast
+//! State changes are published once on an [`EventHub`](crate::events::EventHub) (a broadcast
 //! channel); each Watch stream has its own task that filters them for the
 //! scopes it names, turns cooldown ends (which are instants, not changes)
 //! into events with a timer, and writes into a bounded per-stream channel.

@@ -14,6 +14,7 @@
 //! Futures are boxed (`StoreFuture`) so the trait is object-safe and the
 //! server holds an `Arc<dyn Store>`, chosen at start (limitador's shape).
 
+pub mod admin_state;
 pub mod memory;
 pub mod redis;
 
@@ -26,6 +27,7 @@ use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError};
 
+pub use admin_state::{AdminSnapshot, AdminStateStore, Committed};
 pub use memory::MemoryStore;
 pub use redis::{RedisOptions, RedisStore, RedisTarget};
 
@@ -313,6 +315,13 @@ pub trait Store: Send + Sync + 'static {
     /// NOT_SERVING while it fails. Always healthy for an embedded store.
     fn health(&self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Where the runtime control state (policies, freezes, audit) is
+    /// shared with other replicas; `None` for a store only this process
+    /// uses, whose runtime state is the process's own.
+    fn admin_state(&self) -> Option<&dyn AdminStateStore> {
+        None
     }
 }
 

@@ -30,14 +30,23 @@ pub(crate) fn spawn_server(
     store: Arc<dyn Store>,
     relay: Option<EventRelay>,
 ) -> (oneshot::Sender<()>, JoinHandle<Result<(), ServeError>>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let shutdown = async {
-        let _ = stopped.await;
-    };
     let setup = server::Setup::new(config)
         .clock(clock)
         .store(store)
         .relay(relay);
+    spawn_setup(listener, setup)
+}
+
+/// [`spawn_server`] with a whole `Setup` (TLS and file-reload tests set
+/// how often secrets are re-read).
+pub(crate) fn spawn_setup(
+    listener: TcpListener,
+    setup: server::Setup,
+) -> (oneshot::Sender<()>, JoinHandle<Result<(), ServeError>>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async {
+        let _ = stopped.await;
+    };
     let task = tokio::spawn(server::run_tcp(listener, shutdown, setup));
     (stop, task)
 }

@@ -7,7 +7,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::*;
-use crate::backoff::Jitter;
+use crate::backoff::{Backoff, Jitter};
+use crate::classify::{GrpcCode, Sent, TransportFailure};
 use crate::hint::{HintForm, InvalidHint};
 
 const NOON: &str = "Mon, 01 Jan 2024 12:00:00 GMT";

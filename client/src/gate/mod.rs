@@ -45,7 +45,8 @@
 //! - `completion`: the registry [`Gate::complete`] delivers evidence through.
 //! - `spans`: the `tollgate.intent` and `tollgate.attempt` spans.
 //!
-//! The messages sent to the coordinator are built in [`crate::wire`].
+//! The messages sent to the coordinator are built in the crate's private
+//! `wire` module.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -138,7 +138,7 @@ pub(super) struct RpcCounts {
     per_second: Mutex<Vec<[u64; METHODS.len() + 1]>>,
 }
 
-/// What the counter saw: per second, one count per [`METHODS`] entry and a
+/// What the counter saw: per second, one count per `METHODS` entry and a
 /// last one for any other path.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RpcSeries {

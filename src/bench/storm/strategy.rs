@@ -5,7 +5,7 @@
 //! - [`Strategy`]: built once per run by [`StrategyKind::start`] (async, inside
 //!   the run's runtime) and asked for one [`WorkerRunner`] per worker;
 //! - [`WorkerRunner::run_intent`]: runs one intent, sending attempts only
-//!   through [`IntentIo::send`], and returns its [`Outcome`].
+//!   through [`IntentIo::send`], and returns its [`Outcome`](tollgate_client::outcome::Outcome).
 //!
 //! The harness owns the clock, the arrivals, cancellation and all counting:
 //! attempts are counted at the upstream's door against each intent's real
@@ -31,7 +31,7 @@
 //! - (b) sleep exactly the `Retry-After`, then retry;
 //! - (c) capped exponential backoff with full jitter, never earlier than the
 //!   hint: `max(hint, U[0, min(cap, base·2^n)])`;
-//! - (d) (c) plus a per-worker [`LocalBudget`] (ratio 0.2 plus a floor): the
+//! - (d) (c) plus a per-worker [`LocalBudget`](tollgate_client::fallback::LocalBudget) (ratio 0.2 plus a floor): the
 //!   tower `TpsBudget` shape.
 //!
 //! Each reads hints with the one parser, `tollgate_client::hint::read_retry_after`,

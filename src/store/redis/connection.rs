@@ -10,11 +10,12 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{ScriptInvocation, Value};
+use redis::{AsyncConnectionConfig, ScriptInvocation, Value};
 
 use crate::store::StoreError;
 
 use super::scripts::SCRIPTS;
+use super::sentinel::{SentinelConn, SentinelTarget};
 use super::store::RedisStore;
 
 /// Why a Redis store could not be set up.
@@ -35,11 +36,33 @@ pub enum RedisTarget {
     Single(String),
     /// `redis+cluster://HOST:PORT[,HOST:PORT…]`: seed nodes of a cluster.
     Cluster(Vec<String>),
+    /// `redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE`: a primary that
+    /// Sentinels fail over; the primary is asked for again after a failure.
+    Sentinel(SentinelTarget),
 }
 
 impl RedisTarget {
-    /// Parses `redis://…`, `rediss://…` or `redis+cluster://h1:p1,h2:p2`.
+    /// Parses `redis://…`, `rediss://…`, `redis+cluster://h1:p1,h2:p2` or
+    /// `redis+sentinel://h1:p1,h2:p2/SERVICE`.
     pub fn parse(url: &str) -> Result<RedisTarget, RedisSetupError> {
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let (nodes, service) = rest.rsplit_once('/').unwrap_or((rest, ""));
+            let sentinels: Vec<String> = nodes
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if sentinels.is_empty() || service.is_empty() {
+                return Err(RedisSetupError::Url(
+                    "redis+sentinel:// needs HOST:PORT[,HOST:PORT…]/SERVICE".into(),
+                ));
+            }
+            return Ok(RedisTarget::Sentinel(SentinelTarget {
+                sentinels,
+                service: service.to_owned(),
+            }));
+        }
         if let Some(nodes) = url.strip_prefix("redis+cluster://") {
             let nodes: Vec<String> = nodes
                 .split(',')
@@ -58,16 +81,27 @@ impl RedisTarget {
             return Ok(RedisTarget::Single(url.to_owned()));
         }
         Err(RedisSetupError::Url(
-            "expected redis://HOST:PORT[/DB] or redis+cluster://HOST:PORT[,HOST:PORT…]".into(),
+            "expected redis://HOST:PORT[/DB], redis+cluster://HOST:PORT[,HOST:PORT…] or redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE".into(),
         ))
     }
 
-    /// The node Watch pub/sub and the clock use: on a cluster any node
-    /// carries PUBLISH to all of them.
+    /// The seed node a cluster's walks fall back to.
     pub(super) fn first_node(&self) -> &str {
         match self {
             RedisTarget::Single(url) => url,
             RedisTarget::Cluster(nodes) => nodes.first().map_or("", String::as_str),
+            RedisTarget::Sentinel(t) => t.sentinels.first().map_or("", String::as_str),
+        }
+    }
+
+    /// A client for the node Watch pub/sub, admin notices and the clock
+    /// use: the server; a cluster's first seed node (any node carries
+    /// PUBLISH to all of them); the primary the Sentinels name now (asked
+    /// again on each reconnect, so pub/sub follows a failover).
+    pub async fn primary_client(&self) -> Result<redis::Client, redis::RedisError> {
+        match self {
+            RedisTarget::Sentinel(t) => t.primary().await,
+            other => redis::Client::open(other.first_node()),
         }
     }
 }
@@ -101,6 +135,7 @@ impl Default for RedisOptions {
 pub(super) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
 }
 
 impl RedisStore {
@@ -133,6 +168,12 @@ impl RedisStore {
                     .build()?;
                 Conn::Cluster(client.get_async_connection().await?)
             }
+            RedisTarget::Sentinel(t) => Conn::Sentinel(SentinelConn::new(
+                t.clone(),
+                AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(io_timeout))
+                    .set_response_timeout(Some(io_timeout)),
+            )),
         };
         Ok(RedisStore {
             conn,
@@ -150,10 +191,12 @@ impl RedisStore {
         &self.target
     }
 
-    /// A client for the node whose `TIME` the replicas' [`RedisClock`]
-    /// follows (on a cluster, the first seed node).
-    pub fn clock_client(&self) -> Result<redis::Client, RedisSetupError> {
-        Ok(redis::Client::open(self.target.first_node())?)
+    /// A client for the node whose `TIME` the replicas' [`RedisClock`](super::RedisClock)
+    /// follows (on a cluster, the first seed node; behind Sentinels, the
+    /// primary at start — after a failover the clock keeps the offset it
+    /// last measured, which the Redis hosts' own NTP keeps valid).
+    pub async fn clock_client(&self) -> Result<redis::Client, RedisSetupError> {
+        Ok(self.target.primary_client().await?)
     }
 
     /// The key prefix.
@@ -171,6 +214,7 @@ impl RedisStore {
             match &mut conn {
                 Conn::Single(c) => inv.invoke_async::<Vec<Value>>(c).await,
                 Conn::Cluster(c) => inv.invoke_async::<Vec<Value>>(c).await,
+                Conn::Sentinel(c) => inv.invoke_async::<Vec<Value>>(c).await,
             }
         };
         self.bounded(call).await
@@ -199,6 +243,7 @@ impl RedisStore {
             match &mut conn {
                 Conn::Single(c) => redis::cmd("PING").query_async::<String>(c).await,
                 Conn::Cluster(c) => redis::cmd("PING").query_async::<String>(c).await,
+                Conn::Sentinel(c) => redis::cmd("PING").query_async::<String>(c).await,
             }
         };
         self.bounded(call).await.map(drop)
@@ -210,6 +255,7 @@ impl RedisStore {
     pub(super) async fn evict(&self, now_ms: i64, idle_ms: i64) -> Result<usize, StoreError> {
         match &self.conn {
             Conn::Single(conn) => self.evict_on(conn.clone(), now_ms, idle_ms).await,
+            Conn::Sentinel(conn) => self.evict_on(conn.clone(), now_ms, idle_ms).await,
             Conn::Cluster(_) => {
                 let mut evicted = 0;
                 for node in self.primary_nodes().await? {
@@ -255,6 +301,7 @@ impl RedisStore {
     pub(super) async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
         match &self.conn {
             Conn::Single(conn) => self.scan_on(conn.clone(), pattern).await,
+            Conn::Sentinel(conn) => self.scan_on(conn.clone(), pattern).await,
             Conn::Cluster(_) => {
                 let mut keys = Vec::new();
                 for node in self.primary_nodes().await? {
@@ -356,6 +403,14 @@ mod tests {
             RedisTarget::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
         );
         assert!(RedisTarget::parse("http://x").is_err());
+        assert_eq!(
+            RedisTarget::parse("redis+sentinel://a:1,b:2/main").expect("sentinel"),
+            RedisTarget::Sentinel(SentinelTarget {
+                sentinels: vec!["redis://a:1".into(), "redis://b:2".into()],
+                service: "main".into(),
+            })
+        );
+        assert!(RedisTarget::parse("redis+sentinel://a:1").is_err());
     }
 
     #[test]

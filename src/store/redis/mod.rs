@@ -2,7 +2,7 @@
 //! replicas are stateless and share one budget exactly.
 //!
 //! # One script per state change
-//! Every [`Store`] operation is one server-side Lua script (EVALSHA, loaded
+//! Every [`Store`](crate::store::Store) operation is one server-side Lua script (EVALSHA, loaded
 //! again on NOSCRIPT by [`redis::Script`]), so it is atomic without locks or
 //! WATCH loops. The scripts (`lua/*.lua`, each prefixed by `lua/prelude.lua`)
 //! are a port of the pure modules — [`crate::budget`], [`crate::hints`]'s
@@ -44,7 +44,7 @@
 //!
 //! # Faults
 //! Each operation is bounded by `op_timeout` (connect and response timeouts
-//! under it); any failure is [`StoreError::Unavailable`], which the service
+//! under it); any failure is [`StoreError::Unavailable`](crate::store::StoreError::Unavailable), which the service
 //! answers as UNAVAILABLE so workers fall back to their local budget. The
 //! connection reconnects by itself in the background.
 
@@ -56,20 +56,27 @@
 //! - `scripts`: the Lua scripts, with the bounds they share with the Rust
 //!   modules injected from the Rust constants.
 //! - `reply`: decoding a script's reply into store types.
-//! - `store`: [`RedisStore`] and its [`Store`] implementation, one script
+//! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one script
 //!   invocation per operation.
+//! - `sentinel`: a primary behind Redis Sentinel, asked for again after a
+//!   failure.
+//! - `admin_state`: the replicas' shared runtime control state (policies,
+//!   freezes, audit) with compare-and-set commits and change notices.
 
+mod admin_state;
 mod clock;
 mod connection;
 mod keys;
 mod relay;
 mod reply;
 pub(crate) mod scripts;
+mod sentinel;
 mod store;
 
 pub use clock::RedisClock;
 pub use connection::{RedisOptions, RedisSetupError, RedisTarget};
 pub use relay::EventRelay;
+pub use sentinel::SentinelTarget;
 pub use store::RedisStore;
 
 #[cfg(test)]

@@ -31,7 +31,9 @@ const OUTBOX: usize = 1024;
 /// Bridges a replica's [`EventHub`] to the other replicas through Redis.
 #[derive(Debug)]
 pub struct EventRelay {
-    client: redis::Client,
+    /// Asked for a client on every (re)connect, so a relay behind
+    /// Sentinels follows the primary.
+    target: RedisTarget,
     channel: String,
     /// Tells this replica's own messages apart when they come back.
     origin: u64,
@@ -42,7 +44,7 @@ impl EventRelay {
     /// node's subscribers), on the channel `PREFIX:events`.
     pub fn new(target: &RedisTarget, prefix: &str) -> Result<EventRelay, RedisSetupError> {
         Ok(EventRelay {
-            client: redis::Client::open(target.first_node())?,
+            target: target.clone(),
             channel: format!("{prefix}:events"),
             origin: rand::random(),
         })
@@ -79,10 +81,13 @@ impl EventRelay {
             };
             let message = message.to_string();
             if conn.is_none() {
-                conn = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    self.client.get_multiplexed_async_connection(),
-                )
+                conn = tokio::time::timeout(Duration::from_secs(1), async {
+                    self.target
+                        .primary_client()
+                        .await?
+                        .get_multiplexed_async_connection()
+                        .await
+                })
                 .await
                 .ok()
                 .and_then(Result::ok);
@@ -111,7 +116,8 @@ impl EventRelay {
     async fn subscribe_forever(&self, hub: &EventHub) {
         let mut wait = Duration::from_millis(50);
         loop {
-            match self.client.get_async_pubsub().await {
+            let pubsub = async { self.target.primary_client().await?.get_async_pubsub().await };
+            match pubsub.await {
                 Ok(mut pubsub) => match pubsub.subscribe(&self.channel).await {
                     Ok(()) => {
                         info!(channel = %self.channel, "relaying scope changes between replicas");

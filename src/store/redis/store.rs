@@ -510,4 +510,8 @@ impl Store for RedisStore {
     fn health(&self) -> StoreFuture<'_, ()> {
         Box::pin(self.ping())
     }
+
+    fn admin_state(&self) -> Option<&dyn crate::store::AdminStateStore> {
+        Some(self)
+    }
 }

@@ -1,0 +1,565 @@
+//! TLS, mTLS, certificate and token reload, plaintext consent, reflection
+//! (both versions, and a real grpcio client): real servers on loopback,
+//! real tonic clients, certificates made at run time with rcgen.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use support::{PUSH_BOUND, TENANT_A_TOKEN, config, lease, poll, scope, with_token};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tollgate::config::{Config, TlsFiles};
+use tollgate::server::{self, ServeError};
+use tollgate_client::link::{LinkConfig, LinkTls};
+use tollgate_proto::v1::{Priority, budget_client::BudgetClient};
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// A CA and what it signs.
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("self-signed");
+        Ca {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A leaf for `names` (the server's `localhost`/`127.0.0.1`, or a
+    /// client's name): (certificate PEM, key PEM).
+    fn leaf(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().expect("leaf key");
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).expect("params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "tollgate test");
+        let cert = params.signed_by(&key, &self.issuer).expect("signed");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-security-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        // Write then rename, as a Secret mount swaps its files: a reader
+        // never sees half a certificate.
+        let tmp = self.0.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Server {
+    async fn start(config: Config) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut setup = server::Setup::new(config);
+        // Reload tests wait for the follower: keep that short.
+        setup.secrets_every = Duration::from_millis(50);
+        let (stop, task) = support::tcp::spawn_setup(listener, setup);
+        Server {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// A worker's link to this server; the certificate names `localhost`,
+    /// the endpoint is the address (no resolver in the way).
+    fn link(&self, tls: Option<LinkTls>) -> LinkConfig {
+        let mut link = LinkConfig::new(format!("https://{}", self.addr), "w");
+        link.rpc_timeout = Duration::from_secs(5);
+        link.tls = tls.map(|mut tls| {
+            tls.domain.get_or_insert_with(|| "localhost".into());
+            tls
+        });
+        link
+    }
+
+    async fn connect(&self, tls: Option<LinkTls>) -> Result<BudgetClient<Channel>, String> {
+        let endpoint = self.link(tls).endpoint().map_err(|e| e.to_string())?;
+        let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
+        Ok(BudgetClient::new(channel))
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("stops")
+            .expect("no panic")
+            .expect("ran without error");
+    }
+}
+
+fn ca_only(ca: &Ca) -> LinkTls {
+    LinkTls {
+        ca_pem: Some(ca.pem.clone().into_bytes()),
+        ..LinkTls::default()
+    }
+}
+
+fn tls_config(text: &str, cert: &Path, key: &Path, client_ca: Option<&Path>) -> Config {
+    let mut config = config(text);
+    config.transport.tls = Some(TlsFiles {
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+        client_ca: client_ca.map(Path::to_owned),
+    });
+    config
+}
+
+async fn a_lease(
+    client: &mut BudgetClient<Channel>,
+    token: Option<&str>,
+) -> Result<(), tonic::Status> {
+    let request = lease(scope("tenant-a", "GET /x", Priority::Normal), "w", 1);
+    let result = match token {
+        Some(t) => client.lease(with_token(request, t)).await,
+        None => client.lease(request).await,
+    };
+    result.map(|_| ())
+}
+
+#[tokio::test]
+async fn tls_needs_the_ca_and_plaintext_clients_are_not_served() {
+    let dir = TempDir::new("tls");
+    let ca = Ca::new("server CA");
+    let (cert, key) = ca.leaf(&["localhost", "127.0.0.1"]);
+    let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
+    let server = Server::start(tls_config("", &cert, &key, None)).await;
+
+    let mut client = server
+        .connect(Some(ca_only(&ca)))
+        .await
+        .expect("TLS with the CA");
+    a_lease(&mut client, None)
+        .await
+        .expect("open dev mode over TLS");
+
+    // The system roots do not know the test CA.
+    let without_ca = server.connect(Some(LinkTls::default())).await;
+    assert!(
+        without_ca.is_err(),
+        "a client without the CA cannot connect"
+    );
+    let other = Ca::new("someone else");
+    assert!(
+        server.connect(Some(ca_only(&other))).await.is_err(),
+        "a different CA"
+    );
+
+    let plaintext = Channel::from_shared(format!("http://{}", server.addr))
+        .expect("uri")
+        .connect()
+        .await;
+    if let Ok(channel) = plaintext {
+        let refused = a_lease(&mut BudgetClient::new(channel), None).await;
+        assert!(
+            refused.is_err(),
+            "plaintext HTTP/2 on a TLS port is not served"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mtls_refuses_clients_without_a_certificate_and_tokens_still_apply() {
+    let dir = TempDir::new("mtls");
+    let server_ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let (cert, key) = server_ca.leaf(&["localhost"]);
+    let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
+    let ca_file = dir.write("client-ca.crt", &client_ca.pem);
+    let server = Server::start(tls_config(
+        support::TENANT_A_TOKEN_TOML,
+        &cert,
+        &key,
+        Some(&ca_file),
+    ))
+    .await;
+
+    // Without a client certificate the handshake (or the first call) fails.
+    if let Ok(mut anonymous) = server.connect(Some(ca_only(&server_ca))).await {
+        let refused = a_lease(&mut anonymous, Some(TENANT_A_TOKEN)).await;
+        assert!(
+            refused.is_err(),
+            "mTLS without a client certificate is refused"
+        );
+    }
+    // A certificate from another CA is refused too.
+    let stranger = Ca::new("stranger");
+    let (c, k) = stranger.leaf(&["worker"]);
+    let wrong = LinkTls {
+        identity_pem: Some((c.into_bytes(), k.into_bytes())),
+        ..ca_only(&server_ca)
+    };
+    if let Ok(mut wrong) = server.connect(Some(wrong)).await {
+        assert!(a_lease(&mut wrong, Some(TENANT_A_TOKEN)).await.is_err());
+    }
+
+    let (c, k) = client_ca.leaf(&["worker"]);
+    let dir_files = (dir.write("w.crt", &c), dir.write("w.key", &k));
+    let ca_file_server = dir.write("server-ca.crt", &server_ca.pem);
+    // The files path, as the CLI and workers load it.
+    let tls = LinkTls::from_files(
+        Some(&ca_file_server),
+        Some(&dir_files.0),
+        Some(&dir_files.1),
+    )
+    .expect("readable");
+    let mut client = server.connect(Some(tls)).await.expect("mTLS");
+    let status = a_lease(&mut client, None).await.expect_err("no token");
+    assert_eq!(
+        status.code(),
+        Code::Unauthenticated,
+        "tokens apply on top of mTLS"
+    );
+    a_lease(&mut client, Some(TENANT_A_TOKEN))
+        .await
+        .expect("certificate and token");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
+    let dir = TempDir::new("reload");
+    let old_ca = Ca::new("old CA");
+    let new_ca = Ca::new("new CA");
+    let (cert, key) = old_ca.leaf(&["localhost"]);
+    let (cert_file, key_file) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
+    let server = Server::start(tls_config("", &cert_file, &key_file, None)).await;
+    let mut before = server
+        .connect(Some(ca_only(&old_ca)))
+        .await
+        .expect("old cert");
+    assert!(server.connect(Some(ca_only(&new_ca))).await.is_err());
+
+    let (cert, key) = new_ca.leaf(&["localhost"]);
+    // Key first, then certificate: in between the pair does not match and
+    // the server keeps the old one rather than serve a broken pair.
+    dir.write("tls.key", &key);
+    dir.write("tls.crt", &cert);
+    poll(
+        "new connections get the new certificate",
+        PUSH_BOUND,
+        || async { server.connect(Some(ca_only(&new_ca))).await.is_ok() },
+    )
+    .await;
+    assert!(
+        server.connect(Some(ca_only(&old_ca))).await.is_err(),
+        "the old certificate is no longer served"
+    );
+    a_lease(&mut before, None)
+        .await
+        .expect("an open connection keeps working");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_cli_connects_with_a_ca_and_a_client_certificate() {
+    let dir = TempDir::new("cli");
+    let server_ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let (cert, key) = server_ca.leaf(&["localhost", "127.0.0.1"]);
+    let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
+    let client_ca_file = dir.write("client-ca.crt", &client_ca.pem);
+    let server = Server::start(tls_config(
+        support::POLICY_WITH_TOKENS,
+        &cert,
+        &key,
+        Some(&client_ca_file),
+    ))
+    .await;
+    let (c, k) = client_ca.leaf(&["operator"]);
+    let ca = dir.write("ca.crt", &server_ca.pem);
+    let (c, k) = (dir.write("op.crt", &c), dir.write("op.key", &k));
+    let path = |p: &Path| p.display().to_string();
+    let base = [
+        "--server".to_owned(),
+        server.addr.to_string(),
+        "--ca".to_owned(),
+        path(&ca),
+    ];
+    let run = |extra: Vec<String>| {
+        let args: Vec<String> = base.iter().cloned().chain(extra).collect();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args(&args)
+                .args(["policy", "list"])
+                .env("TOLLGATE_ADMIN_TOKEN", support::ADMIN_TOKEN)
+                .output()
+                .expect("run the CLI")
+        })
+    };
+    let with_cert = run(vec!["--cert".into(), path(&c), "--key".into(), path(&k)])
+        .await
+        .expect("joined");
+    assert!(
+        with_cert.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with_cert.stderr)
+    );
+    let without = run(Vec::new()).await.expect("joined");
+    assert!(
+        !without.status.success(),
+        "mTLS refuses the CLI without a certificate"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn plaintext_on_a_non_loopback_address_needs_consent() {
+    let listener = TcpListener::bind("0.0.0.0:0").await.expect("bind");
+    let result = server::run_tcp(listener, async {}, server::Setup::default()).await;
+    assert!(
+        matches!(result, Err(ServeError::Plaintext(_))),
+        "{result:?}"
+    );
+
+    let listener = TcpListener::bind("0.0.0.0:0").await.expect("bind");
+    let mut config = Config::default();
+    config.transport.allow_plaintext = true;
+    let result = server::run_tcp(listener, async {}, server::Setup::new(config)).await;
+    assert!(
+        result.is_ok(),
+        "served (and stopped at once) with consent: {result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_token_file_is_followed_and_a_removed_token_stops_working() {
+    let dir = TempDir::new("tokens");
+    let token = dir.write("tenant-a", "file-token-one\n");
+    let text = format!(
+        "[[token]]\ntoken_file = {:?}\ncaller_scopes = [\"tenant-a\"]\n",
+        token.display().to_string()
+    );
+    let server = Server::start(config(&text)).await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = BudgetClient::new(channel);
+    a_lease(&mut client, Some("file-token-one"))
+        .await
+        .expect("the file's token");
+
+    let watch = tollgate_proto::v1::WatchRequest {
+        scopes: vec![scope("tenant-a", "GET /x", Priority::Normal).expect("scope")],
+        worker_id: "w".into(),
+    };
+    let mut stream = client
+        .watch(with_token(watch, "file-token-one"))
+        .await
+        .expect("watch")
+        .into_inner();
+    stream.message().await.expect("snapshot").expect("open");
+
+    dir.write("tenant-a", "file-token-two\n");
+    poll("the rotated token works", PUSH_BOUND, || {
+        let mut client = client.clone();
+        async move { a_lease(&mut client, Some("file-token-two")).await.is_ok() }
+    })
+    .await;
+    let old = a_lease(&mut client, Some("file-token-one"))
+        .await
+        .expect_err("rotated out");
+    assert_eq!(old.code(), Code::Unauthenticated);
+    // The stream opened with the old token ends too.
+    let ended = tokio::time::timeout(PUSH_BOUND, stream.message())
+        .await
+        .expect("the stream ends");
+    assert!(
+        matches!(&ended, Err(s) if s.code() == Code::Unauthenticated),
+        "{ended:?}"
+    );
+
+    std::fs::remove_file(&token).expect("remove");
+    poll("the removed token is refused", PUSH_BOUND, || {
+        let mut client = client.clone();
+        async move {
+            a_lease(&mut client, Some("file-token-two"))
+                .await
+                .is_err_and(|s| s.code() == Code::Unauthenticated)
+        }
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reflection_answers_in_both_versions() {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let server = Server::start(Config::default()).await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("v1")
+        .into_inner();
+    let reply = stream.message().await.expect("reply").expect("one");
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("not a service list: {reply:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.iter().any(|n| n == "tollgate.v1.Budget"), "{names:?}");
+
+    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("v1alpha")
+        .into_inner();
+    let reply = stream.message().await.expect("reply").expect("one");
+    assert!(
+        matches!(
+            reply.message_response,
+            Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(_))
+        ),
+        "{reply:?}"
+    );
+    server.stop().await;
+}
+
+/// Whether python3 with grpcio and grpcio-reflection is here; required
+/// (a failure, not a skip) when `TOLLGATE_REQUIRE_PYTHON=1`.
+fn python_with_grpcio() -> bool {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_reflection, google.protobuf"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var("TOLLGATE_REQUIRE_PYTHON").as_deref() != Ok("1"),
+            "TOLLGATE_REQUIRE_PYTHON=1 but python3 with grpcio and grpcio-reflection is missing"
+        );
+        eprintln!(
+            "SKIPPED: python3 with grpcio and grpcio-reflection not found \
+             (pip install grpcio grpcio-reflection)"
+        );
+    }
+    found
+}
+
+fn run_python(args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/reflect_budget.py");
+    let output = std::process::Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("run python3");
+    assert!(
+        output.status.success()
+            && String::from_utf8_lossy(&output.stdout).contains("ok: every Budget method"),
+        "{} {args:?} failed:\nstdout:\n{}\nstderr:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn python_grpcio_reflects_and_calls_every_budget_method() {
+    if !python_with_grpcio() {
+        return;
+    }
+    let plain = Server::start(config(support::TENANT_A_TOKEN_TOML)).await;
+    let target = plain.addr.to_string();
+    // The script blocks; the servers run on this test's runtime meanwhile.
+    tokio::task::spawn_blocking(move || {
+        run_python(&["--target", &target, "--token", TENANT_A_TOKEN]);
+    })
+    .await
+    .expect("plaintext run");
+    plain.stop().await;
+
+    let dir = TempDir::new("python");
+    let ca = Ca::new("python CA");
+    let (cert, key) = ca.leaf(&["localhost"]);
+    let (cert, key) = (dir.write("tls.crt", &cert), dir.write("tls.key", &key));
+    let ca_file = dir.write("ca.crt", &ca.pem);
+    let tls = Server::start(tls_config(support::TENANT_A_TOKEN_TOML, &cert, &key, None)).await;
+    let target = tls.addr.to_string();
+    let ca_arg = ca_file.display().to_string();
+    tokio::task::spawn_blocking(move || {
+        run_python(&[
+            "--target",
+            &target,
+            "--token",
+            TENANT_A_TOKEN,
+            "--ca",
+            &ca_arg,
+            "--server-name",
+            "localhost",
+        ]);
+    })
+    .await
+    .expect("TLS run");
+    tls.stop().await;
+}
