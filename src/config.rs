@@ -5,7 +5,7 @@
 //! request_timeout = "5s"        # per-request timeout (tower layer)
 //! max_concurrent_requests = 1024
 //! grace_period = "10s"          # drain time on SIGINT/SIGTERM
-//! max_scopes = 50000            # routes + caller scopes kept in memory
+//! max_scopes = 1000000          # routes + caller scopes kept in memory (~0.6 GiB all live)
 //! scope_idle_ttl = "10m"        # idle scopes are evicted after this
 //! watch_buffer = 256            # events buffered per Watch stream
 //! # rng_seed = 42               # fixes slot jitter, for reproducible runs
@@ -114,7 +114,7 @@ impl Default for ServerLimits {
             request_timeout: Duration::from_secs(5),
             max_concurrent_requests: 1024,
             grace_period: Duration::from_secs(10),
-            max_scopes: 50_000,
+            max_scopes: 1_000_000,
             scope_idle_ttl: Duration::from_secs(600),
             watch_buffer: 256,
             rng_seed: None,

@@ -135,9 +135,11 @@ enum BenchCommand {
   tollgate bench rpc                               # an in-process coordinator
   tollgate bench rpc --addr 127.0.0.1:50051 --concurrency 64 --duration 30s")]
     Rpc(tollgate::bench::rpc::RpcArgs),
-    /// Resident memory of the in-memory store with N scopes.
+    /// Resident memory of the in-memory store with N scopes (live and idle),
+    /// or, with `--traffic`, what reaching `max_scopes` does to traffic.
     #[command(after_help = "Examples:
-  tollgate bench memory --scopes 1000000")]
+  tollgate bench memory --scopes 1000000
+  tollgate bench memory --traffic 60s --scopes 200000 --max-scopes 50000")]
     Memory(tollgate::bench::memory::MemoryArgs),
     /// A long open-loop run with scope churn: RSS, open file descriptors and
     /// p99 sampled and judged flat (PASS/FAIL; exit status 1 on FAIL).
@@ -221,6 +223,9 @@ fn bench(bench: BenchCommand) -> anyhow::Result<()> {
         // The reports are for the smoke tests; the command prints them.
         BenchCommand::Rpc(args) => {
             tollgate::bench::rpc::run(&args, stdout)?;
+        }
+        BenchCommand::Memory(args) if args.traffic.is_some() => {
+            tollgate::bench::memory::run_traffic(&args, stdout)?;
         }
         BenchCommand::Memory(args) => {
             tollgate::bench::memory::run(&args, stdout)?;

@@ -74,6 +74,8 @@ pub struct Policy {
     /// Milli-tokens one retry costs, by class (`[transient, throttled]`).
     pub cost_milli: [u64; 2],
     /// Each priority class's share of the budget in permille; sums to 1000.
+    /// A class spends its own share and the unspent shares of the classes
+    /// below it, never those above it (`crate::budget`).
     pub shares_permille: [u64; 3],
     /// How long a lease's tokens may be held before they count as spent.
     pub lease_ttl_ms: u64,
@@ -296,7 +298,10 @@ pub struct PolicySpec {
     /// at capacity, so each retry there weighs double.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_throttled: Option<f64>,
-    /// Shares of the budget by priority class. Default 0.5 / 0.3 / 0.2.
+    /// Shares of the budget by priority class. Default 0.2 / 0.6 / 0.2: a
+    /// class also borrows the unspent shares of the classes below it, so
+    /// critical's 0.2 is a reserve no lower class touches, while a fleet
+    /// sending only normal work may use 0.8 of the budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shares: Option<Shares>,
     /// Lease lifetime, 1 s..=300 s. Default `"10s"`.
@@ -350,8 +355,8 @@ pub struct Shares {
 impl Default for Shares {
     fn default() -> Self {
         Shares {
-            critical: 0.5,
-            normal: 0.3,
+            critical: 0.2,
+            normal: 0.6,
             bulk: 0.2,
         }
     }
@@ -657,7 +662,7 @@ mod tests {
         assert_eq!(p.floor_milli_per_sec, 10_000);
         assert_eq!(p.ratio_milli, 200);
         assert_eq!(p.cost_milli, [1000, 2000]);
-        assert_eq!(p.shares_permille, [500, 300, 200]);
+        assert_eq!(p.shares_permille, [200, 600, 200]);
         assert_eq!(p.max_hint_ms, 300_000);
         assert_eq!(p.wake_rate_per_sec, 50);
         assert_eq!(p.policy_version, 1);

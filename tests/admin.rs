@@ -210,7 +210,8 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
         })
         .await
         .expect("report");
-    // Allowance (10 + 50) × 0.5 = 30 critical tokens; spend 20.
+    // Allowance 10 + 50 = 60 tokens, all of which critical may reach
+    // (it borrows the unspent shares below it); spend 20.
     let got = worker
         .lease(lease(s.clone(), "w", 20))
         .await
@@ -231,7 +232,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
     let event = support::next_event(&mut events, "pushed").await;
     assert_eq!(event.kind(), ScopeEventKind::PolicyChanged);
     assert!(event.policy_version > snapshot.policy_version);
-    // (10 + 10) × 0.5 = 10 < 20 spent: nothing left, and no refill.
+    // Now 10 + 10 = 20, all spent: nothing left, and no refill.
     let state = admin
         .get_scope(v1::GetScopeRequest {
             caller_scope: "tenant-a".into(),
@@ -242,7 +243,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
         .into_inner();
     let critical = &state.classes[0];
     assert_eq!(critical.spent, 20.0);
-    assert_eq!(critical.allowance, 10.0);
+    assert_eq!(critical.allowance, 20.0);
     assert_eq!(critical.available, 0.0);
     assert_eq!(
         state.leases_outstanding, 1,

@@ -81,13 +81,15 @@ fn memory_bench_fills_the_store_and_reports_rss() {
     let text = String::from_utf8(out).expect("UTF-8 output");
 
     assert_eq!(report.scopes, 1000);
-    assert!(report.rss_before > 0 && report.rss_after > 0, "{text}");
+    for case in [&report.live, &report.idle] {
+        assert!(case.rss_before > 0 && case.rss_after > 0, "{text}");
+    }
     for field in [
         "1000 scopes",
-        "rss_before:",
-        "rss_after:",
-        "bytes_per_scope:",
-        "projected for 1 000 000 scopes:",
+        "live: rss_before",
+        "live bytes_per_scope:",
+        "idle bytes_per_scope:",
+        "idle projected for 1 000 000 scopes:",
     ] {
         assert!(text.contains(field), "no `{field}` in:\n{text}");
     }
@@ -131,4 +133,30 @@ fn soak_bench_samples_and_judges() {
         text.contains("soak: PASS") || text.contains("soak: FAIL"),
         "{text}"
     );
+}
+
+#[test]
+fn memory_bench_traffic_evicts_cold_scopes_instead_of_refusing() {
+    let args = MemoryCli::parse_from([
+        "memory",
+        "--traffic",
+        "30s",
+        "--scopes",
+        "2000",
+        "--max-scopes",
+        "500",
+        "--rate",
+        "60",
+    ])
+    .args;
+    let mut out = Vec::new();
+    let report = memory::run_traffic(&args, &mut out).expect("the benchmark runs");
+    let text = String::from_utf8(out).expect("UTF-8 output");
+    assert_eq!(report.calls, 1800, "{text}");
+    // ~300 leases live at a time (30 a second, 10 s each) in a bound of
+    // 500: the scopes whose leases expired make room, nothing is refused.
+    assert!(report.counts.evicted_for_room > 0, "{text}");
+    assert_eq!(report.refused, 0, "{text}");
+    assert!(report.counts.live <= 500, "{text}");
+    assert!(text.contains("refused (scope limit):"), "{text}");
 }

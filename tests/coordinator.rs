@@ -13,7 +13,7 @@ use support::{
 };
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
-use tollgate::budget::GrantAsk;
+use tollgate::budget::{GrantAsk, LeaseEnd};
 use tollgate::policy::Policy;
 use tollgate::scope::{RouteKey, ScopeKey};
 use tollgate::slots::SlotAsk;
@@ -307,6 +307,7 @@ async fn release_returns_tokens_and_expiry_counts_them_spent() {
             worker_id: "w".into(),
             lease_id: all.lease_id.clone(),
             spent: 20,
+            retry_successes: 0,
         })
         .await
         .expect("release")
@@ -328,6 +329,7 @@ async fn release_returns_tokens_and_expiry_counts_them_spent() {
             worker_id: "w".into(),
             lease_id: back.lease_id.clone(),
             spent: 0,
+            retry_successes: 0,
         })
         .await
         .expect_err("expired");
@@ -495,14 +497,31 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
         scope: good.clone(),
         worker_id: "w".into(),
         lease_id: client
-            .lease(lease(good, "w", 2))
+            .lease(lease(good.clone(), "w", 2))
             .await
             .expect("lease")
             .into_inner()
             .lease_id,
         spent: 3,
+        retry_successes: 0,
     };
     expect_field(client.release(spend_more).await.map(|_| ()), "spent");
+    let more_successes_than_spent = v1::ReleaseRequest {
+        scope: good.clone(),
+        worker_id: "w".into(),
+        lease_id: client
+            .lease(lease(good.clone(), "w", 2))
+            .await
+            .expect("lease")
+            .into_inner()
+            .lease_id,
+        spent: 1,
+        retry_successes: 2,
+    };
+    expect_field(
+        client.release(more_successes_than_spent).await.map(|_| ()),
+        "retry_successes",
+    );
     coordinator.stop().await;
 }
 
@@ -606,16 +625,8 @@ impl Store for GatedStore {
             self.inner.lease(scope, ask, policy).await
         })
     }
-    fn release<'a>(
-        &'a self,
-        scope: &'a ScopeKey,
-        worker_id: &'a str,
-        lease_id: &'a str,
-        spent: u32,
-        now_ms: i64,
-    ) -> StoreFuture<'a, u32> {
-        self.inner
-            .release(scope, worker_id, lease_id, spent, now_ms)
+    fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
+        self.inner.release(scope, end)
     }
     fn report<'a>(
         &'a self,

@@ -367,6 +367,7 @@ async fn storm(channel: Channel) {
                 worker_id: "w1".into(),
                 lease_id,
                 spent: 1,
+                retry_successes: 0,
             })
             .await
             .expect("release");

@@ -80,13 +80,16 @@ fn budget_call() -> impl Strategy<Value = BudgetCall> {
                 retry_class: rc,
             })
         }),
-        (scope(), any_text(), any_text(), any_u32()).prop_map(
-            |(scope, worker_id, lease_id, spent)| BudgetCall::Release(v1::ReleaseRequest {
-                scope,
-                worker_id,
-                lease_id,
-                spent,
-            })
+        (scope(), any_text(), any_text(), any_u32(), any_u32()).prop_map(
+            |(scope, worker_id, lease_id, spent, retry_successes)| {
+                BudgetCall::Release(v1::ReleaseRequest {
+                    scope,
+                    worker_id,
+                    lease_id,
+                    spent,
+                    retry_successes,
+                })
+            }
         ),
         (
             scope(),

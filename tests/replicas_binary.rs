@@ -211,10 +211,11 @@ async fn one_budget(workers: &[BudgetClient<Channel>]) {
         });
     }
     let granted: u32 = leases.join_all().await.into_iter().sum();
-    // normal share 0.3 × (1/s × 60 s + 0.1 × 300 first attempts) = 27
-    assert!(granted <= 27, "granted {granted} > 27 across replicas");
+    // normal reaches its 0.6 share and bulk's 0.2:
+    // 0.8 × (1/s × 60 s + 0.1 × 300 first attempts) = 72
+    assert!(granted <= 72, "granted {granted} > 72 across replicas");
     assert!(
-        granted >= 24,
+        granted >= 69,
         "granted {granted}: the fleet uses its one budget"
     );
 }

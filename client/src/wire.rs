@@ -43,6 +43,9 @@ pub(crate) fn release_request(scope: &Scope, lease_id: String, spent: u32) -> Re
         worker_id: String::new(),
         lease_id,
         spent,
+        // The lease cache does not yet count which of its retries
+        // succeeded, so it claims no refund (the conservative direction).
+        retry_successes: 0,
     }
 }
 

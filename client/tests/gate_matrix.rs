@@ -313,8 +313,9 @@ async fn a_reply_after_cancellation_is_discarded_and_recorded() {
 }
 
 /// A scope with a tiny fleet budget: 1 retry/s over a 10 s window and no
-/// ratio, so first attempts earn nothing; normal priority's 30 % share is
-/// 3 retries per window, each costing one token.
+/// ratio, so first attempts earn nothing; normal priority reaches its 30 %
+/// share (bulk has none to lend it) — 3 retries per window, each costing
+/// one token.
 const TINY_BUDGET: &str = r#"
 [server]
 rng_seed = 7
@@ -325,6 +326,7 @@ caller_scope = "tenant-a"
 min_retries_per_sec = 1.0
 retry_ratio = 0.0
 cost_throttled = 1.0
+shares = { critical = 0.7, normal = 0.3, bulk = 0.0 }
 "#;
 
 #[tokio::test(start_paused = true)]
@@ -371,6 +373,7 @@ async fn tokens_exhausted_before_wake_are_not_admitted() {
             worker_id: "worker-2".into(),
             lease_id: lease.lease_id,
             spent: 0,
+            retry_successes: 0,
         })
         .await
         .unwrap()

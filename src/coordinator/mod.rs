@@ -26,7 +26,7 @@ use tokio::sync::broadcast;
 use tollgate_client::clock::{Clock, to_unix_ms};
 
 use crate::admin::Control;
-use crate::budget::{BudgetError, GrantAsk, GrantLimit};
+use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
 use crate::events::{EventHub, ScopeSnapshot, StateChange};
 use crate::policy::SharedPolicies;
 use crate::scope::{RetryClass, RouteKey, ScopeKey};
@@ -171,6 +171,12 @@ impl Coordinator {
         &self.policies
     }
 
+    /// The store, for what reads it apart from the operations (the
+    /// scope-table metrics).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     /// The coordinator's clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
@@ -222,28 +228,35 @@ impl Coordinator {
         })
     }
 
-    /// Ends a lease; returns the tokens refunded.
+    /// Ends a lease; returns the tokens refunded: the unspent ones and
+    /// those of retries that succeeded.
     pub async fn release(
         &self,
         scope: &ScopeKey,
         worker_id: &str,
         lease_id: &str,
         spent: u32,
+        retry_successes: u32,
     ) -> Result<u32, StoreError> {
-        let now_ms = self.now_ms();
-        match self
-            .store
-            .release(scope, worker_id, lease_id, spent, now_ms)
-            .await
-        {
+        let end = LeaseEnd {
+            worker_id,
+            lease_id,
+            spent,
+            retry_successes,
+            now_ms: self.now_ms(),
+        };
+        match self.store.release(scope, end).await {
             // A shadow grant let through more tokens than the lease holds;
             // the spend beyond it was already counted as shadowed.
             Err(StoreError::Budget(BudgetError::SpentExceedsGrant { granted, .. }))
                 if self.policies.current().resolve(&scope.route).shadow =>
             {
-                self.store
-                    .release(scope, worker_id, lease_id, granted, now_ms)
-                    .await
+                let end = LeaseEnd {
+                    spent: granted,
+                    retry_successes: retry_successes.min(granted),
+                    ..end
+                };
+                self.store.release(scope, end).await
             }
             other => other,
         }

@@ -78,6 +78,9 @@ impl From<ServiceError> for Status {
             ServiceError::Store(StoreError::Budget(BudgetError::SpentExceedsGrant { .. })) => {
                 Status::invalid_argument(format!("spent: {message}"))
             }
+            ServiceError::Store(StoreError::Budget(BudgetError::SuccessesExceedSpent {
+                ..
+            })) => Status::invalid_argument(format!("retry_successes: {message}")),
             // A bound that protects the coordinator's memory: the worker
             // should back off and use its local fallback budget.
             ServiceError::Store(

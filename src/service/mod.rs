@@ -69,10 +69,9 @@ impl BudgetService {
         watch_buffer: usize,
         shutdown: CancellationToken,
     ) -> Self {
-        let metrics = CoordinatorMetrics::new(
-            &opentelemetry::global::meter("tollgate"),
-            Arc::clone(core.clock()),
-        );
+        let meter = opentelemetry::global::meter("tollgate");
+        let metrics = CoordinatorMetrics::new(&meter, Arc::clone(core.clock()));
+        crate::telemetry::scopes::register(&meter, core.store());
         BudgetService {
             core,
             auth,
@@ -181,9 +180,22 @@ impl Budget for BudgetService {
         let scope = self.scope(identity, "scope", req.scope.as_ref())?;
         validate::worker_id(&req.worker_id)?;
         validate::name("lease_id", &req.lease_id, validate::MAX_ID)?;
+        if req.retry_successes > req.spent {
+            return Err(ServiceError::invalid(
+                "retry_successes",
+                "must not exceed `spent`: only a spent token can buy a retry that succeeded",
+            )
+            .into());
+        }
         let returned = self
             .core
-            .release(&scope, &req.worker_id, &req.lease_id, req.spent)
+            .release(
+                &scope,
+                &req.worker_id,
+                &req.lease_id,
+                req.spent,
+                req.retry_successes,
+            )
             .await
             .map_err(ServiceError::from)?;
         Span::current().record("tollgate.tokens.spent", req.spent);

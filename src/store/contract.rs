@@ -93,12 +93,12 @@ macro_rules! contract_tests {
         }
     };
     (@cases $mode:ident $make:path) => {
-        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze, one_report_deposits_and_merges_every_hint_in_order, one_enormous_hint_among_quiet_workers_reaches_only_the_cap, three_agreeing_workers_corroborate_the_full_cooldown, an_outlier_among_twenty_does_not_set_the_cooldown, uncertain_evidence_from_one_worker_does_not_broaden, a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged);
+        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze, one_report_deposits_and_merges_every_hint_in_order, one_enormous_hint_among_quiet_workers_reaches_only_the_cap, three_agreeing_workers_corroborate_the_full_cooldown, an_outlier_among_twenty_does_not_set_the_cooldown, uncertain_evidence_from_one_worker_does_not_broaden, a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged, a_normal_only_fleet_uses_most_of_the_budget, lower_classes_never_take_criticals_reserve, a_retry_that_succeeded_earns_its_token_back);
 
         /// The cases, each a function of the store under test.
         mod cases {
         pub(super) use crate::store::contract::corroboration::*;
-        use crate::budget::{GrantAsk, GrantLimit};
+        use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
         use crate::hints::{Assessment, EvidenceInput, Merge, assess};
         use crate::policy::Policy;
         use crate::scope::{EvidenceLevel, Priority, RetryClass, RouteKey, ScopeKey};
@@ -117,6 +117,18 @@ macro_rules! contract_tests {
                 priority: Priority::Critical,
                 retry_class: RetryClass::Transient,
                 want,
+                now_ms,
+            }
+        }
+
+        /// Ends lease `id` of `worker` with `spent` tokens spent, none of
+        /// whose retries succeeded.
+        fn end<'a>(worker: &'a str, id: &'a str, spent: u32, now_ms: i64) -> LeaseEnd<'a> {
+            LeaseEnd {
+                worker_id: worker,
+                lease_id: id,
+                spent,
+                retry_successes: 0,
                 now_ms,
             }
         }
@@ -191,14 +203,15 @@ macro_rules! contract_tests {
         pub(super) async fn leases_take_tokens_and_release_returns_them(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
-            let first = s.lease(&key, ask("w", 40, T0), &p).await.expect("lease");
-            assert_eq!(first.grant.granted, 40);
+            // Critical alone may spend the whole allowance: 100 tokens.
+            let first = s.lease(&key, ask("w", 80, T0), &p).await.expect("lease");
+            assert_eq!(first.grant.granted, 80);
             let id = first.lease_id.expect("an id when granted");
             let second = s.lease(&key, ask("w", 40, T0), &p).await.expect("lease");
-            assert_eq!(second.grant.granted, 10);
-            assert_eq!(s.release(&key, "w", &id, 15, T0).await, Ok(25));
+            assert_eq!(second.grant.granted, 20);
+            assert_eq!(s.release(&key, end("w", &id, 15, T0)).await, Ok(65));
             assert!(matches!(
-                s.release(&key, "w", &id, 0, T0).await,
+                s.release(&key, end("w", &id, 0, T0)).await,
                 Err(StoreError::Budget(_))
             ));
         }
@@ -318,7 +331,13 @@ macro_rules! contract_tests {
             assert_eq!(d.summary.leases_outstanding, 1);
             assert_eq!(d.budget.tokens_outstanding, 30);
             assert_eq!(d.budget.classes[0].active_workers, 1);
-            assert_eq!(d.budget.classes[0].available_milli, 50_000 - 30_000);
+            assert_eq!(d.budget.classes[0].allowance_milli, 100_000);
+            assert_eq!(d.budget.classes[0].available_milli, 100_000 - 30_000);
+            // Normal may not touch critical's 0.2 reserve, and critical's
+            // lease came out of the normal and bulk shares first.
+            assert_eq!(d.budget.classes[1].allowance_milli, 80_000);
+            assert_eq!(d.budget.classes[1].available_milli, 70_000);
+            assert_eq!(d.budget.classes[2].available_milli, 20_000);
             assert_eq!(d.route_cooldown_until_ms, T0 + 30_000);
             assert_eq!(d.route_hints.len(), 1);
             assert_eq!(d.route_hints[0].cooldown_until_ms, Some(T0 + 30_000));
@@ -337,7 +356,7 @@ macro_rules! contract_tests {
             assert_eq!(view.cooldown_until_ms, 0);
             assert_eq!(view.frozen.as_deref(), Some("incident"));
             let id = lease.lease_id.expect("granted");
-            assert!(s.release(&key, "w", &id, 0, T0).await.is_err());
+            assert!(s.release(&key, end("w", &id, 0, T0)).await.is_err());
             s.set_freeze(&key.route, None, T0).await.expect("unfreeze");
             let again = s.lease(&key, ask("w", 50, T0), &p).await.expect("lease");
             assert_eq!(again.grant.granted, 50, "the window starts over");
@@ -379,9 +398,9 @@ macro_rules! contract_tests {
             let p = Policy::default(); // 10/s × 10 s floor, ratio 0.2
             let key = scope("c", "r");
             deposit(s, &key, "w", 250, 0, &p, T0).await.expect("deposit");
-            // critical share 0.5 × (100 + 0.2 × 250) = 75
+            // critical alone reaches the whole allowance: 100 + 0.2 × 250
             let g = s.lease(&key, ask("w", 1000, T0), &p).await.expect("lease");
-            assert_eq!(g.grant.granted, 75);
+            assert_eq!(g.grant.granted, 150);
             assert_eq!(g.grant.limit, GrantLimit::BudgetExhausted);
             assert_eq!(g.grant.remaining, 0);
             assert_eq!(g.grant.expires_at_ms, T0 + p.lease_ttl_ms as i64);
@@ -391,11 +410,11 @@ macro_rules! contract_tests {
                 .lease(&key, ask("w", 1000, later), &p)
                 .await
                 .expect("lease");
-            assert_eq!(g.grant.granted, 50);
+            assert_eq!(g.grant.granted, 100);
         }
 
         pub(super) async fn leases_are_fair_and_expired_ones_keep_their_charge(s: &dyn Store) {
-            let p = Policy::default(); // 50 critical tokens
+            let p = Policy::default(); // 100 tokens critical may reach
             let key = scope("c", "r");
             for i in 0..9 {
                 deposit(s, &key, &format!("m{i}"), 0, 0, &p, T0).await.expect("deposit");
@@ -404,29 +423,27 @@ macro_rules! contract_tests {
                 .lease(&key, ask("greedy", 1000, T0), &p)
                 .await
                 .expect("lease");
-            assert_eq!(greedy.grant.granted, 5, "an equal share of 50 among 10");
+            assert_eq!(greedy.grant.granted, 10, "an equal share of 100 among 10");
             assert_eq!(greedy.grant.limit, GrantLimit::FairShare);
             let id = greedy.lease_id.expect("id");
             assert!(matches!(
-                s.release(&key, "someone-else", &id, 0, T0).await,
+                s.release(&key, end("someone-else", &id, 0, T0)).await,
                 Err(StoreError::Budget(_))
             ));
             assert!(matches!(
-                s.release(&key, "greedy", &id, 6, T0).await,
-                Err(StoreError::Budget(
-                    crate::budget::BudgetError::SpentExceedsGrant {
-                        spent: 6,
-                        granted: 5
-                    }
-                ))
+                s.release(&key, end("greedy", &id, 11, T0)).await,
+                Err(StoreError::Budget(BudgetError::SpentExceedsGrant {
+                    spent: 11,
+                    granted: 10
+                }))
             ));
             let expired = T0 + p.lease_ttl_ms as i64;
             assert!(matches!(
-                s.release(&key, "greedy", &id, 0, expired).await,
+                s.release(&key, end("greedy", &id, 0, expired)).await,
                 Err(StoreError::Budget(_))
             ));
             assert!(matches!(
-                s.release(&scope("c", "unknown"), "w", "nope", 0, T0).await,
+                s.release(&scope("c", "unknown"), end("w", "nope", 0, T0)).await,
                 Err(StoreError::Budget(_))
             ));
         }
@@ -434,18 +451,20 @@ macro_rules! contract_tests {
         pub(super) async fn throttled_retries_cost_more_and_classes_do_not_share(s: &dyn Store) {
             let p = Policy::default();
             let key = scope("c", "r");
+            // 30 throttled retries cost 60 of the 100 tokens.
             let g = s
                 .lease(
                     &key,
                     GrantAsk {
                         retry_class: RetryClass::Throttled,
-                        ..ask("w", 100, T0)
+                        ..ask("w", 30, T0)
                     },
                     &p,
                 )
                 .await
                 .expect("lease");
-            assert_eq!(g.grant.granted, 25);
+            assert_eq!(g.grant.granted, 30);
+            assert_eq!(g.grant.remaining, 20, "40 tokens left, 2 a retry");
             let bulk = ScopeKey::new("c", "r", Priority::Bulk);
             let g = s
                 .lease(
@@ -459,6 +478,66 @@ macro_rules! contract_tests {
                 .await
                 .expect("lease");
             assert_eq!(g.grant.granted, 20, "bulk's own 0.2 share");
+        }
+
+        /// Shares borrow down, never up: a fleet sending only normal work
+        /// reaches everything but critical's reserve.
+        pub(super) async fn a_normal_only_fleet_uses_most_of_the_budget(s: &dyn Store) {
+            let p = Policy::default(); // 100 tokens; critical's reserve 0.2
+            let normal = ScopeKey::new("c", "r", Priority::Normal);
+            let g = s
+                .lease(&normal, GrantAsk { priority: Priority::Normal, ..ask("w", 1000, T0) }, &p)
+                .await
+                .expect("lease");
+            assert_eq!(g.grant.granted, 80, "at least 80 % of the formula");
+            assert_eq!(g.grant.limit, GrantLimit::BudgetExhausted);
+            let critical = s.lease(&scope("c", "r"), ask("w", 1000, T0), &p).await.expect("lease");
+            assert_eq!(critical.grant.granted, 20, "critical's reserve is intact");
+        }
+
+        /// Neither an exhausting bulk class nor a greedy normal one can
+        /// take critical's reserve, whichever asks first.
+        pub(super) async fn lower_classes_never_take_criticals_reserve(s: &dyn Store) {
+            let p = &Policy::default();
+            let lease = |route: &'static str, priority: Priority| async move {
+                let key = ScopeKey::new("c", route, priority);
+                s.lease(&key, GrantAsk { priority, ..ask("w", 1000, T0) }, p)
+                    .await
+                    .expect("lease")
+                    .grant
+                    .granted
+            };
+            // Bulk first: its own 0.2; normal then the rest but critical's.
+            assert_eq!(lease("a", Priority::Bulk).await, 20);
+            assert_eq!(lease("a", Priority::Normal).await, 60);
+            assert_eq!(lease("a", Priority::Critical).await, 20);
+            // Greedy normal first: bulk finds its share borrowed, and
+            // critical still finds its reserve.
+            assert_eq!(lease("b", Priority::Normal).await, 80);
+            assert_eq!(lease("b", Priority::Bulk).await, 0);
+            assert_eq!(lease("b", Priority::Critical).await, 20);
+        }
+
+        /// A retry that succeeded earns its token back (the budget bounds
+        /// failing retries); successes beyond what was spent are refused.
+        pub(super) async fn a_retry_that_succeeded_earns_its_token_back(s: &dyn Store) {
+            let p = Policy::default();
+            let key = scope("c", "r");
+            let g = s.lease(&key, ask("w", 100, T0), &p).await.expect("lease");
+            assert_eq!(g.grant.granted, 100);
+            let id = g.lease_id.expect("id");
+            let too_many = LeaseEnd { retry_successes: 11, ..end("w", &id, 10, T0) };
+            assert!(matches!(
+                s.release(&key, too_many).await,
+                Err(StoreError::Budget(BudgetError::SuccessesExceedSpent {
+                    successes: 11,
+                    spent: 10
+                }))
+            ));
+            let ok = LeaseEnd { retry_successes: 4, ..end("w", &id, 10, T0) };
+            assert_eq!(s.release(&key, ok).await, Ok(94), "90 unspent + 4 that succeeded");
+            let again = s.lease(&key, ask("w", 1000, T0), &p).await.expect("lease");
+            assert_eq!(again.grant.granted, 94, "only the 6 failed retries stay spent");
         }
 
         pub(super) async fn hintless_rejections_widen_the_backoff_and_successes_narrow_it(s: &dyn Store) {

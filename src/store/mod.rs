@@ -21,7 +21,7 @@ pub mod redis;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk};
+use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk, LeaseEnd};
 use crate::hints::{Assessment, EvidenceDetail, HintRecord, Merge};
 use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
@@ -37,10 +37,10 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The bounded number of scopes is reached. Nothing is evicted inline
-    /// (that would let a flood of invented names push out live scopes); the
-    /// server's sweeper frees idle ones periodically.
-    #[error("scope limit reached ({max} scopes); idle scopes are evicted periodically")]
+    /// The bounded number of scopes is reached and every scope is live (a
+    /// lease, cooldown, freeze or waiting intent): the coldest unpinned ones
+    /// were already evicted to make room, and there were none.
+    #[error("scope limit reached ({max} scopes, every one live)")]
     ScopeLimit {
         /// The configured bound.
         max: usize,
@@ -215,6 +215,22 @@ pub struct ScopeDetail {
     pub caller_evidence: EvidenceDetail,
 }
 
+/// How full a store's bounded scope table is, for the `tollgate.scopes.*`
+/// metrics (stores without a bound of their own have none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ScopeCounts {
+    /// Routes plus caller scopes held now.
+    pub live: usize,
+    /// `max_scopes`.
+    pub limit: usize,
+    /// Scopes the sweeper evicted for idleness, since start.
+    pub evicted_idle: u64,
+    /// Cold scopes evicted to make room for new ones at the limit.
+    pub evicted_for_room: u64,
+    /// Operations refused because every scope was live.
+    pub refused: u64,
+}
+
 /// Scope state, shared by every request of the coordinator.
 pub trait Store: Send + Sync + 'static {
     /// Grants up to `ask.want` tokens of `scope` (none while frozen) and
@@ -226,15 +242,9 @@ pub trait Store: Send + Sync + 'static {
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome>;
 
-    /// Ends a lease, refunding `granted − spent`; returns the refund.
-    fn release<'a>(
-        &'a self,
-        scope: &'a ScopeKey,
-        worker_id: &'a str,
-        lease_id: &'a str,
-        spent: u32,
-        now_ms: i64,
-    ) -> StoreFuture<'a, u32>;
+    /// Ends a lease, refunding `granted − spent + retry_successes`;
+    /// returns the refund.
+    fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32>;
 
     /// Applies one worker report as one state change: deposits first
     /// attempts (they grow the budget) and successes (they narrow the
@@ -312,6 +322,12 @@ pub trait Store: Send + Sync + 'static {
     /// Forgets scopes untouched for `idle_ms` that hold nothing live (no
     /// unexpired lease, waiting intent, cooldown or freeze); returns how many.
     fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize>;
+
+    /// Occupancy of a bounded scope table; `None` for a store whose bound is
+    /// elsewhere (Redis: its own memory limit and key expiry).
+    fn counts(&self) -> Option<ScopeCounts> {
+        None
+    }
 
     /// Whether the store can serve now; the server's health check reports
     /// NOT_SERVING while it fails. Always healthy for an embedded store.

@@ -23,7 +23,8 @@
 //! - [`rpc`]: the tower layer that records the standard
 //!   `rpc.server.duration` for every call, whatever its status.
 //! - [`metrics`]: the coordinator's own instruments (leases, tokens,
-//!   budgets, hints, slots), and [`freezes`]: the freeze gauges.
+//!   budgets, hints, slots), [`freezes`]: the freeze gauges, and
+//!   [`scopes`]: the scope table's occupancy, evictions and refusals.
 //! - [`metrics_http`]: the Prometheus `/metrics` HTTP endpoint (hyper).
 //!
 //! The span and attribute table is in `docs/telemetry.md`.
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod metrics_http;
 pub mod propagation;
 pub mod rpc;
+pub mod scopes;
 
 use std::io::IsTerminal;
 

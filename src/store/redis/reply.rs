@@ -151,6 +151,11 @@ impl Reply {
                     granted: u32::try_from(reply.int(2).unwrap_or(0)).unwrap_or(0),
                 }
                 .into(),
+                Some("successes_exceed_spent") => BudgetError::SuccessesExceedSpent {
+                    successes: 0,
+                    spent: 0,
+                }
+                .into(),
                 Some("too_many_leases") => BudgetError::TooManyLeases.into(),
                 Some("too_many_waiting") => SlotError::TooManyWaiting.into(),
                 other => StoreError::Unavailable(format!("redis script refused: {other:?}")),

@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, Grant, GrantAsk, GrantLimit};
+use crate::budget::{
+    BudgetError, BudgetSnapshot, ClassSnapshot, Grant, GrantAsk, GrantLimit, LeaseEnd,
+};
 use crate::policy::Policy;
 use crate::scope::{Priority, RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
@@ -229,9 +231,11 @@ impl RedisStore {
                     .ceiling_per_window
                     .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)),
             )
-            .arg(policy.cost(ask.retry_class).max(1))
-            .arg(policy.share(ask.priority))
-            .arg(policy.lease_ttl_ms);
+            .arg(policy.cost(ask.retry_class).max(1));
+        for priority in Priority::ALL {
+            inv.arg(policy.share(priority));
+        }
+        inv.arg(policy.lease_ttl_ms);
         let reply = Reply::ok(self.run(&inv).await?)?;
         let granted = u32::try_from(reply.int(1)?).unwrap_or(0);
         let limit = match reply.int(2)? {
@@ -253,21 +257,15 @@ impl RedisStore {
         })
     }
 
-    async fn release_now(
-        &self,
-        scope: &ScopeKey,
-        worker_id: &str,
-        lease_id: &str,
-        spent: u32,
-        now_ms: i64,
-    ) -> Result<u32, StoreError> {
+    async fn release_now(&self, scope: &ScopeKey, end: LeaseEnd<'_>) -> Result<u32, StoreError> {
         let mut inv = SCRIPTS.release.prepare_invoke();
         inv.key(self.route_key(&scope.route))
-            .arg(now_ms)
+            .arg(end.now_ms)
             .arg(self.idle_ms)
-            .arg(worker_id)
-            .arg(lease_id)
-            .arg(spent);
+            .arg(end.worker_id)
+            .arg(end.lease_id)
+            .arg(end.spent)
+            .arg(end.retry_successes);
         let reply = Reply::ok(self.run(&inv).await?)?;
         Ok(u32::try_from(reply.int(1)?).unwrap_or(0))
     }
@@ -457,24 +455,26 @@ impl Store for RedisStore {
         Box::pin(self.lease_now(scope, ask, policy))
     }
 
-    fn release<'a>(
-        &'a self,
-        scope: &'a ScopeKey,
-        worker_id: &'a str,
-        lease_id: &'a str,
-        spent: u32,
-        now_ms: i64,
-    ) -> StoreFuture<'a, u32> {
+    fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
         Box::pin(async move {
-            self.release_now(scope, worker_id, lease_id, spent, now_ms)
-                .await
-                .map_err(|err| match err {
-                    // The script knows the grant; the service knows `spent`.
-                    StoreError::Budget(BudgetError::SpentExceedsGrant { granted, .. }) => {
-                        BudgetError::SpentExceedsGrant { spent, granted }.into()
+            self.release_now(scope, end).await.map_err(|err| match err {
+                // The script knows the grant; the caller knows `spent`.
+                StoreError::Budget(BudgetError::SpentExceedsGrant { granted, .. }) => {
+                    BudgetError::SpentExceedsGrant {
+                        spent: end.spent,
+                        granted,
                     }
-                    other => other,
-                })
+                    .into()
+                }
+                StoreError::Budget(BudgetError::SuccessesExceedSpent { .. }) => {
+                    BudgetError::SuccessesExceedSpent {
+                        successes: end.retry_successes,
+                        spent: end.spent,
+                    }
+                    .into()
+                }
+                other => other,
+            })
         })
     }
 

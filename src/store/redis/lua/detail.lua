@@ -22,22 +22,24 @@ if ARGV[4] ~= '1' then return out end
 local P = {
   window = tonumber(ARGV[5]), floor = tonumber(ARGV[6]),
   ratio = tonumber(ARGV[7]), ceiling = tonumber(ARGV[8]),
+  shares = { tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]) },
 }
 local sec = sec_of(now)
 local window_ms = P.window * 1000
 out[#out + 1] = s_sum(st.fa, sec, P.window)
 local total = allowance(st, P, now)
 out[#out + 1] = total
+local spent_by = class_spent(st, P, now)
 for p = 1, 3 do
-  local a = idiv(total * tonumber(ARGV[8 + p]), 1000)
-  local spent = s_sum(st.cls[p].spent, sec, P.window)
+  local a = idiv(total * shares_from(P, p), 1000)
+  local spent = spent_by[p]
   local active = 0
   for _, w in pairs(st.cls[p].workers) do
     if w.seen > now - window_ms then active = active + 1 end
   end
   out[#out + 1] = a
   out[#out + 1] = spent
-  out[#out + 1] = math.max(0, a - spent)
+  out[#out + 1] = available_of(P, total, spent_by, p)
   out[#out + 1] = active
 end
 out[#out + 1] = tokens

@@ -1,6 +1,7 @@
 -- Grants up to `want` tokens of one class (BudgetLedger::grant) and records
 -- the lease. KEYS: route [, caller]. ARGV: caller cooldown, caller floor,
--- now, idle_ms, worker, class (1..3), want, lease id, then the policy.
+-- now, idle_ms, worker, class (1..3), want, lease id, then the policy
+-- (policy_at).
 local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local wid, p, want, id = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local P = policy_at(9)
@@ -24,7 +25,7 @@ for lid, l in pairs(st.leases) do
 end
 if count(st.leases) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
 
-local capacity = class_allowance(st, P, now)
+local capacity = class_allowance(st, P, p, now)
 local avail = available(st, P, p, now)
 local cls = st.cls[p]
 touch(cls, wid, now, window_ms)

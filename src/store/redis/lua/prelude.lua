@@ -328,13 +328,15 @@ local function caller_floor()
 end
 
 ---------------------------------------------------------------- budget
--- Policy numbers, in the order RedisStore passes them.
+-- Policy numbers, in the order RedisStore passes them: window, floor,
+-- ratio, ceiling, cost, the three classes' shares, lease ttl.
 local function policy_at(i)
   return {
     window = tonumber(ARGV[i]), floor = tonumber(ARGV[i + 1]),
     ratio = tonumber(ARGV[i + 2]), ceiling = tonumber(ARGV[i + 3]),
-    cost = math.max(1, tonumber(ARGV[i + 4])), share = tonumber(ARGV[i + 5]),
-    ttl = tonumber(ARGV[i + 6]),
+    cost = math.max(1, tonumber(ARGV[i + 4])),
+    shares = { tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7]) },
+    ttl = tonumber(ARGV[i + 8]),
   }
 end
 
@@ -345,13 +347,40 @@ local function allowance(st, P, now)
   return formula
 end
 
-local function class_allowance(st, P, now)
-  return idiv(allowance(st, P, now) * P.share, 1000)
+-- The shares (permille) of class p and every class below it: the most
+-- they may spend together (budget::shares_from).
+local function shares_from(P, p)
+  local s = 0
+  for j = p, 3 do s = s + P.shares[j] end
+  return s
+end
+
+-- Borrowing down, never up (budget::available_of): class p may spend what
+-- the tightest "class k and below stay within their shares" bound, for k
+-- from critical down to p, leaves.
+local function available_of(P, total, spent, p)
+  local best = math.huge
+  for k = 1, p do
+    local used = 0
+    for j = k, 3 do used = used + spent[j] end
+    best = math.min(best, math.max(0, idiv(total * shares_from(P, k), 1000) - used))
+  end
+  return best
+end
+
+local function class_spent(st, P, now)
+  local spent = {}
+  for j = 1, 3 do spent[j] = s_sum(st.cls[j].spent, sec_of(now), P.window) end
+  return spent
+end
+
+-- What class p could reach in the window, borrowing included.
+local function class_allowance(st, P, p, now)
+  return idiv(allowance(st, P, now) * shares_from(P, p), 1000)
 end
 
 local function available(st, P, p, now)
-  local spent = s_sum(st.cls[p].spent, sec_of(now), P.window)
-  return math.max(0, class_allowance(st, P, now) - spent)
+  return available_of(P, allowance(st, P, now), class_spent(st, P, now), p)
 end
 
 -- Workers seen in the window over every class (BudgetLedger::active_workers).

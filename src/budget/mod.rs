@@ -1,0 +1,617 @@
+//! The retry budget of one route: a sliding window, priority shares, leases
+//! and max-min fair shares. Pure: no I/O, time comes in as `now_ms`.
+//!
+//! # Why a window of first attempts and not a token bucket per worker?
+//! Every retry library already budgets per process; a fleet of 500 workers
+//! with 10% each still retries at 500 × 10%. Here the allowance is computed
+//! from the *fleet's* first attempts, reported by every worker:
+//!
+//! ```text
+//! allowance = min_retries_per_sec × window + retry_ratio × first_attempts_in_window
+//! ```
+//!
+//! counted in milli-tokens (×1000) so `0.2 × 7` is exactly `1400`. The window
+//! is kept as per-second buckets, which is also its resolution.
+//!
+//! # Priority shares: borrowing down, never up
+//! The allowance is split by share (default critical 0.2, normal 0.6, bulk
+//! 0.2). A class spends its own share and whatever the classes *below* it
+//! have left unspent, never what a class above it holds: critical may use
+//! the whole allowance, normal everything but critical's share, bulk only
+//! its own. Put as constraints, for every class `k` the spend of `k` and all
+//! classes below it stays within the sum of their shares:
+//!
+//! ```text
+//! available(c) = min over k ≤ c of  (Σ_{j ≥ k} share_j) × allowance − Σ_{j ≥ k} spent_j
+//! ```
+//!
+//! so critical's share is a reserve no lower class can touch however greedy
+//! or early it is, while a fleet that sends only normal work is not held to
+//! 30 % of its budget (the strict partition this replaced): it gets 80 % at
+//! the default shares. Borrowing up would make critical's reserve depend on
+//! bulk's timing; borrowing down costs critical nothing, because what it
+//! takes from below was unspent and the lower class is the one meant to
+//! yield.
+//!
+//! # Leases, and the refund on success
+//! A lease is charged to the window when it is granted; `Release` refunds its
+//! unspent tokens and, like the AWS SDK's retry quota, the tokens of retries
+//! that succeeded: the budget bounds *failing* retries, not recovery into
+//! capacity the upstream has to spare. The refund goes back to the second
+//! the lease was charged to, at the lease's cost per token, and never
+//! exceeds what the lease spent, so a worker cannot mint budget by claiming
+//! successes. A lease that expires unreported keeps its charge, i.e. its
+//! tokens count as spent, so a worker that crashes holding tokens cannot make
+//! the fleet exceed the formula.
+//!
+//! # Memory
+//! A route's ledger is a few small vectors (see [`window`] for the series):
+//! workers and leases are linear lists, bounded by
+//! [`MAX_WORKERS_PER_CLASS`] and [`MAX_LEASES_PER_ROUTE`], because a grant
+//! walks every worker of its class anyway (the fair share) and a hash map
+//! costs hundreds of bytes before its first entry matters. A ledger with
+//! nothing in its window ([`BudgetLedger::is_quiet`]) can be dropped by the
+//! store and rebuilt on the next operation.
+//!
+//! # Fairness
+//! Grants are capped at each worker's max-min fair share of its class's
+//! allowance among the workers active in the class within the window (leased
+//! or reported). A worker's demand is what it holds plus what it still wants;
+//! a worker seen only through reports has an unknown demand and claims an
+//! equal share, so one greedy worker cannot starve nine modest ones that
+//! happen to ask later.
+
+mod window;
+
+use crate::policy::{MILLI, Policy};
+use crate::scope::{Priority, RetryClass};
+
+use window::{FIRST_ATTEMPTS, Window, spent_col};
+
+/// The longest window, and so how long a second's counters are kept.
+pub const MAX_WINDOW_SECS: usize = 60;
+/// Workers tracked per class; beyond it the least recently seen is forgotten.
+pub const MAX_WORKERS_PER_CLASS: usize = 1024;
+/// Leases outstanding per route; beyond it (after pruning expired ones) a
+/// lease is refused, so a misbehaving fleet cannot grow memory without bound.
+pub const MAX_LEASES_PER_ROUTE: usize = 4096;
+
+/// Why a budget operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    /// The lease is unknown, belongs to another worker, or has expired.
+    #[error("lease not found or expired")]
+    LeaseNotFound,
+    /// `spent` is more than the lease granted.
+    #[error("spent {spent} exceeds the {granted} tokens granted")]
+    SpentExceedsGrant {
+        /// Tokens the worker said it spent.
+        spent: u32,
+        /// Tokens the lease granted.
+        granted: u32,
+    },
+    /// More retries succeeded than tokens were spent.
+    #[error("retry_successes {successes} exceeds the {spent} tokens spent")]
+    SuccessesExceedSpent {
+        /// Retries the worker said succeeded.
+        successes: u32,
+        /// Tokens it said it spent.
+        spent: u32,
+    },
+    /// Too many leases outstanding on this route.
+    #[error("too many leases outstanding on this route (max {MAX_LEASES_PER_ROUTE})")]
+    TooManyLeases,
+}
+
+/// What one worker has done in one class recently.
+#[derive(Debug, Clone)]
+struct WorkerUse {
+    id: Box<str>,
+    last_seen_ms: i64,
+    /// Whether the worker leased within the window; if not, its demand is
+    /// unknown and it claims an equal share.
+    last_lease_ms: Option<i64>,
+    /// Milli-tokens the worker asked for and did not get at its last lease.
+    unmet_milli: u64,
+    /// Milli-tokens charged to this worker, per second (merged per second,
+    /// so at most [`MAX_WINDOW_SECS`] entries).
+    held: Vec<(i64, u64)>,
+}
+
+impl WorkerUse {
+    fn new(id: &str, now_ms: i64) -> Self {
+        WorkerUse {
+            id: id.into(),
+            last_seen_ms: now_ms,
+            last_lease_ms: None,
+            unmet_milli: 0,
+            held: Vec::new(),
+        }
+    }
+
+    fn held(&mut self, now_sec: i64, window_secs: u32) -> u64 {
+        let oldest = now_sec - i64::from(window_secs) + 1;
+        let expired = self.held.partition_point(|&(sec, _)| sec < oldest);
+        if expired > 0 {
+            self.held.drain(..expired);
+        }
+        self.held
+            .iter()
+            .map(|&(_, m)| m)
+            .fold(0, u64::saturating_add)
+    }
+
+    fn charge(&mut self, sec: i64, milli: u64) {
+        match self.held.last_mut() {
+            Some((last, m)) if *last == sec => *m = m.saturating_add(milli),
+            _ => {
+                if self.held.capacity() == 0 {
+                    self.held.reserve_exact(1);
+                }
+                self.held.push((sec, milli));
+            }
+        }
+    }
+
+    fn refund(&mut self, sec: i64, milli: u64) {
+        if let Some((_, m)) = self.held.iter_mut().find(|(s, _)| *s == sec) {
+            *m = m.saturating_sub(milli);
+        }
+    }
+}
+
+/// One class's workers.
+#[derive(Debug, Clone, Default)]
+struct ClassLedger {
+    workers: Vec<WorkerUse>,
+}
+
+impl ClassLedger {
+    fn touch(&mut self, worker_id: &str, now_ms: i64, window_ms: i64) -> &mut WorkerUse {
+        let at = match self.workers.iter().position(|w| &*w.id == worker_id) {
+            Some(at) => at,
+            None => {
+                if self.workers.len() >= MAX_WORKERS_PER_CLASS {
+                    self.workers.retain(|w| w.last_seen_ms > now_ms - window_ms);
+                }
+                if self.workers.len() >= MAX_WORKERS_PER_CLASS
+                    && let Some(oldest) =
+                        (0..self.workers.len()).min_by_key(|&i| self.workers[i].last_seen_ms)
+                {
+                    self.workers.swap_remove(oldest);
+                }
+                if self.workers.capacity() == 0 {
+                    self.workers.reserve_exact(1);
+                }
+                self.workers.push(WorkerUse::new(worker_id, now_ms));
+                self.workers.len() - 1
+            }
+        };
+        let worker = &mut self.workers[at];
+        worker.last_seen_ms = worker.last_seen_ms.max(now_ms);
+        worker
+    }
+
+    fn get_mut(&mut self, worker_id: &str) -> Option<&mut WorkerUse> {
+        self.workers.iter_mut().find(|w| &*w.id == worker_id)
+    }
+
+    fn active(&self, now_ms: i64, window_ms: i64) -> usize {
+        self.workers
+            .iter()
+            .filter(|w| w.last_seen_ms > now_ms - window_ms)
+            .count()
+    }
+}
+
+/// A granted lease, kept until it is released or expires.
+#[derive(Debug, Clone)]
+struct LeaseRecord {
+    id: Box<str>,
+    worker_id: Box<str>,
+    priority: Priority,
+    granted: u32,
+    cost_milli: u64,
+    /// The second the grant was charged to, where a refund goes back.
+    charged_sec: i64,
+    expires_at_ms: i64,
+}
+
+/// Why a grant was smaller than the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantLimit {
+    /// Everything wanted was granted.
+    None,
+    /// The class's budget for the window is spent.
+    BudgetExhausted,
+    /// The worker's fair share is smaller than what it wanted.
+    FairShare,
+    /// The scope is frozen (decided by the caller of [`BudgetLedger::grant`]).
+    Frozen,
+}
+
+/// A request for tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct GrantAsk<'a> {
+    /// Who asks; fair shares are per worker.
+    pub worker_id: &'a str,
+    /// Which share to spend.
+    pub priority: Priority,
+    /// Which cost applies.
+    pub retry_class: RetryClass,
+    /// Whole retries wanted.
+    pub want: u32,
+    /// The coordinator's clock.
+    pub now_ms: i64,
+}
+
+/// The result of a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Whole retries granted, `0..=want`.
+    pub granted: u32,
+    /// Why fewer than wanted, if so.
+    pub limit: GrantLimit,
+    /// Whole retries of this class the class could still grant.
+    pub remaining: u64,
+    /// When the lease's unreported tokens start counting as spent.
+    pub expires_at_ms: i64,
+}
+
+/// What a worker says about a lease it ends.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseEnd<'a> {
+    /// The worker the lease was granted to.
+    pub worker_id: &'a str,
+    /// The lease.
+    pub lease_id: &'a str,
+    /// Tokens spent on retries, `0..=granted`.
+    pub spent: u32,
+    /// Of those retries, how many succeeded, `0..=spent`: their tokens are
+    /// credited back.
+    pub retry_successes: u32,
+    /// The coordinator's clock.
+    pub now_ms: i64,
+}
+
+/// One priority class's part of a [`BudgetSnapshot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassSnapshot {
+    /// The most the class could spend in the window: its share plus the
+    /// shares of the classes below it, milli-tokens.
+    pub allowance_milli: u64,
+    /// Charged to the class in the window (outstanding leases included).
+    pub spent_milli: u64,
+    /// What the class can still lease: the balance an operator watches.
+    pub available_milli: u64,
+    /// Workers seen in the class within the window.
+    pub active_workers: usize,
+}
+
+/// A route's budget at one instant, for the Admin API.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BudgetSnapshot {
+    /// First attempts reported in the window.
+    pub first_attempts: u64,
+    /// The route's allowance for the window before shares, milli-tokens.
+    pub allowance_milli: u64,
+    /// By priority class, in [`Priority::index`] order.
+    pub classes: [ClassSnapshot; 3],
+    /// Leases granted and neither released nor expired.
+    pub leases_outstanding: usize,
+    /// Tokens those leases hold.
+    pub tokens_outstanding: u64,
+}
+
+/// The share, in permille, of `class` and every class below it: the most
+/// they may spend together.
+pub fn shares_from(policy: &Policy, class: usize) -> u64 {
+    Priority::ALL[class..]
+        .iter()
+        .map(|&p| policy.share(p))
+        .sum()
+}
+
+/// `allowance × permille / 1000`, saturating.
+fn part(allowance: u64, permille: u64) -> u64 {
+    // allowance ≤ ~1e17 (validated inputs), × 1000 stays inside u64 for
+    // any realistic count; saturate rather than wrap for the rest.
+    allowance.saturating_mul(permille) / 1000
+}
+
+/// What `class` may still spend given each class's spend: the tightest of
+/// the "never up" bounds of the class and every class above it.
+pub fn available_of(policy: &Policy, allowance: u64, spent: &[u64; 3], class: usize) -> u64 {
+    (0..=class)
+        .map(|k| {
+            let used = spent[k..].iter().fold(0, |a: u64, &s| a.saturating_add(s));
+            part(allowance, shares_from(policy, k)).saturating_sub(used)
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+/// The budget of one route: first attempts, and spend per priority class.
+#[derive(Debug, Clone)]
+pub struct BudgetLedger {
+    window: Window,
+    classes: [ClassLedger; 3],
+    leases: Vec<LeaseRecord>,
+}
+
+impl BudgetLedger {
+    /// An empty ledger starting at `now_ms`.
+    pub fn new(now_ms: i64) -> Self {
+        BudgetLedger {
+            window: Window::new(now_ms.div_euclid(1000)),
+            classes: Default::default(),
+            leases: Vec::new(),
+        }
+    }
+
+    /// The route's allowance for the window in milli-tokens, before shares.
+    pub fn allowance_milli(&mut self, policy: &Policy, now_ms: i64) -> u64 {
+        let first = self
+            .window
+            .sum(now_ms.div_euclid(1000), policy.window_secs, FIRST_ATTEMPTS);
+        let formula = policy
+            .floor_milli_per_sec
+            .saturating_mul(u64::from(policy.window_secs))
+            .saturating_add(policy.ratio_milli.saturating_mul(first));
+        match policy.ceiling_per_window {
+            Some(ceiling) => formula.min(ceiling.saturating_mul(MILLI)),
+            None => formula,
+        }
+    }
+
+    fn spent(&mut self, policy: &Policy, now_ms: i64) -> [u64; 3] {
+        let sec = now_ms.div_euclid(1000);
+        [0, 1, 2].map(|c| self.window.sum(sec, policy.window_secs, spent_col(c)))
+    }
+
+    /// Milli-tokens `priority` can still spend in the current window.
+    pub fn available_milli(&mut self, policy: &Policy, priority: Priority, now_ms: i64) -> u64 {
+        let allowance = self.allowance_milli(policy, now_ms);
+        let spent = self.spent(policy, now_ms);
+        available_of(policy, allowance, &spent, priority.index())
+    }
+
+    /// Records first attempts (they grow the allowance) and marks the worker
+    /// active in its class.
+    pub fn deposit(
+        &mut self,
+        policy: &Policy,
+        worker_id: &str,
+        priority: Priority,
+        first_attempts: u32,
+        now_ms: i64,
+    ) {
+        if first_attempts > 0 {
+            self.window.add(
+                now_ms.div_euclid(1000),
+                FIRST_ATTEMPTS,
+                u64::from(first_attempts),
+            );
+        }
+        self.classes[priority.index()].touch(worker_id, now_ms, policy.window_ms());
+    }
+
+    /// Grants up to `ask.want` retries, charging them to the window, and
+    /// records a lease under `lease_id` when anything was granted.
+    pub fn grant(
+        &mut self,
+        policy: &Policy,
+        ask: GrantAsk<'_>,
+        lease_id: &str,
+    ) -> Result<Grant, BudgetError> {
+        let now_sec = ask.now_ms.div_euclid(1000);
+        let cost = policy.cost(ask.retry_class).max(1);
+        let expires_at_ms = ask
+            .now_ms
+            .saturating_add(i64::try_from(policy.lease_ttl_ms).unwrap_or(i64::MAX));
+        self.leases.retain(|l| l.expires_at_ms > ask.now_ms);
+        if self.leases.len() >= MAX_LEASES_PER_ROUTE {
+            return Err(BudgetError::TooManyLeases);
+        }
+
+        let class_index = ask.priority.index();
+        let allowance = self.allowance_milli(policy, ask.now_ms);
+        // Fair shares split what the class could reach, borrowing included.
+        let capacity = part(allowance, shares_from(policy, class_index));
+        let available = available_of(
+            policy,
+            allowance,
+            &self.spent(policy, ask.now_ms),
+            class_index,
+        );
+        let window_ms = policy.window_ms();
+        let class = &mut self.classes[class_index];
+        class.touch(ask.worker_id, ask.now_ms, window_ms);
+
+        // Everyone's demand, for the water-filling below.
+        let mut demands = Vec::with_capacity(class.workers.len());
+        let mut own_held = 0;
+        let want_milli = u64::from(ask.want).saturating_mul(cost);
+        for worker in &mut class.workers {
+            if worker.last_seen_ms <= ask.now_ms - window_ms {
+                continue;
+            }
+            let held = worker.held(now_sec, policy.window_secs);
+            if &*worker.id == ask.worker_id {
+                own_held = held;
+                continue;
+            }
+            demands.push(match worker.last_lease_ms {
+                Some(at) if at > ask.now_ms - window_ms => held.saturating_add(worker.unmet_milli),
+                _ => u64::MAX,
+            });
+        }
+        let own_demand = own_held.saturating_add(want_milli);
+        let fair = max_min_share(capacity, own_demand, &mut demands);
+        let fair_room = fair.saturating_sub(own_held);
+
+        let by_fairness = fair_room / cost;
+        let by_budget = available / cost;
+        let granted_u64 = u64::from(ask.want).min(by_fairness).min(by_budget);
+        let granted = u32::try_from(granted_u64).unwrap_or(ask.want);
+        let limit = if granted == ask.want {
+            GrantLimit::None
+        } else if by_budget <= by_fairness {
+            GrantLimit::BudgetExhausted
+        } else {
+            GrantLimit::FairShare
+        };
+
+        let charge = u64::from(granted) * cost;
+        let worker = class.touch(ask.worker_id, ask.now_ms, window_ms);
+        worker.last_lease_ms = Some(ask.now_ms);
+        worker.unmet_milli = want_milli - charge;
+        if granted > 0 {
+            let charged_sec = self.window.add(now_sec, spent_col(class_index), charge);
+            self.classes[class_index]
+                .touch(ask.worker_id, ask.now_ms, window_ms)
+                .charge(charged_sec, charge);
+            if self.leases.capacity() == 0 {
+                self.leases.reserve_exact(1);
+            }
+            self.leases.push(LeaseRecord {
+                id: lease_id.into(),
+                worker_id: ask.worker_id.into(),
+                priority: ask.priority,
+                granted,
+                cost_milli: cost,
+                charged_sec,
+                expires_at_ms,
+            });
+        }
+        Ok(Grant {
+            granted,
+            limit,
+            remaining: (available - charge) / cost,
+            expires_at_ms,
+        })
+    }
+
+    /// Ends a lease: credits back `granted − spent + retry_successes`
+    /// tokens and returns that count. An expired lease is gone (its tokens
+    /// stay spent) and is [`BudgetError::LeaseNotFound`].
+    pub fn release(&mut self, end: LeaseEnd<'_>) -> Result<u32, BudgetError> {
+        let Some(at) = self.leases.iter().position(|l| &*l.id == end.lease_id) else {
+            return Err(BudgetError::LeaseNotFound);
+        };
+        let lease = &self.leases[at];
+        if lease.expires_at_ms <= end.now_ms {
+            self.leases.swap_remove(at);
+            return Err(BudgetError::LeaseNotFound);
+        }
+        if &*lease.worker_id != end.worker_id {
+            return Err(BudgetError::LeaseNotFound);
+        }
+        if end.spent > lease.granted {
+            return Err(BudgetError::SpentExceedsGrant {
+                spent: end.spent,
+                granted: lease.granted,
+            });
+        }
+        if end.retry_successes > end.spent {
+            return Err(BudgetError::SuccessesExceedSpent {
+                successes: end.retry_successes,
+                spent: end.spent,
+            });
+        }
+        let lease = self.leases.swap_remove(at);
+        let returned = lease.granted - end.spent + end.retry_successes;
+        let refund = u64::from(returned) * lease.cost_milli;
+        let class = lease.priority.index();
+        self.window
+            .refund(lease.charged_sec, spent_col(class), refund);
+        if let Some(worker) = self.classes[class].get_mut(end.worker_id) {
+            worker.refund(lease.charged_sec, refund);
+        }
+        Ok(returned)
+    }
+
+    /// The ledger as an operator sees it, at `policy` (a ratio changed a
+    /// moment ago shows here at once: the allowance is recomputed from the
+    /// same first attempts and spend, never refilled).
+    pub fn snapshot(&mut self, policy: &Policy, now_ms: i64) -> BudgetSnapshot {
+        let now_sec = now_ms.div_euclid(1000);
+        let first_attempts = self.window.sum(now_sec, policy.window_secs, FIRST_ATTEMPTS);
+        let allowance_milli = self.allowance_milli(policy, now_ms);
+        let spent = self.spent(policy, now_ms);
+        let window_ms = policy.window_ms();
+        let classes = [0, 1, 2].map(|c| ClassSnapshot {
+            allowance_milli: part(allowance_milli, shares_from(policy, c)),
+            spent_milli: spent[c],
+            available_milli: available_of(policy, allowance_milli, &spent, c),
+            active_workers: self.classes[c].active(now_ms, window_ms),
+        });
+        let live = self.leases.iter().filter(|l| l.expires_at_ms > now_ms);
+        let (leases, tokens) = live.fold((0, 0u64), |(n, t), l| (n + 1, t + u64::from(l.granted)));
+        BudgetSnapshot {
+            first_attempts,
+            allowance_milli,
+            classes,
+            leases_outstanding: leases,
+            tokens_outstanding: tokens,
+        }
+    }
+
+    /// Workers seen in the window, over every class: how many must agree
+    /// before one worker's hint holds them all (`hints::corroboration`).
+    pub fn active_workers(&self, now_ms: i64, window_ms: i64) -> usize {
+        self.classes
+            .iter()
+            .map(|c| {
+                c.workers
+                    .iter()
+                    .filter(|w| w.last_seen_ms > now_ms - window_ms)
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Leases not yet expired, for idle eviction.
+    pub fn live_leases(&self, now_ms: i64) -> usize {
+        self.leases
+            .iter()
+            .filter(|l| l.expires_at_ms > now_ms)
+            .count()
+    }
+
+    /// Whether nothing in the ledger can matter at `now_ms` or later under
+    /// any policy: no counts within the longest window, no unexpired lease,
+    /// no worker seen within it. A quiet ledger equals a new one, so a store
+    /// may drop it and build a new one on the next operation.
+    pub fn is_quiet(&mut self, now_ms: i64) -> bool {
+        let longest_ms = MAX_WINDOW_SECS as i64 * 1000;
+        self.window.is_empty(now_ms.div_euclid(1000))
+            && self.live_leases(now_ms) == 0
+            && self
+                .classes
+                .iter()
+                .all(|c| c.active(now_ms, longest_ms) == 0)
+    }
+}
+
+/// The max-min fair allocation of `capacity` to the requester, whose demand
+/// is `own`, among `others` (water-filling: the smallest demands are met in
+/// full and what is left is split evenly among the rest).
+pub fn max_min_share(capacity: u64, own: u64, others: &mut [u64]) -> u64 {
+    others.sort_unstable();
+    let mut left = capacity;
+    let mut n = others.len() as u64 + 1;
+    for &demand in others.iter() {
+        // Everyone from here on wants at least as much as the requester, so
+        // the requester gets its demand or an even split of what is left.
+        if own <= demand {
+            return own.min(left / n);
+        }
+        left -= demand.min(left / n);
+        n -= 1;
+    }
+    own.min(left / n)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,265 @@
+use super::*;
+use crate::policy::PolicySpec;
+
+const T0: i64 = 1_700_000_000_000;
+
+fn policy(spec: PolicySpec) -> Policy {
+    Policy::try_new(&spec).expect("valid policy")
+}
+
+fn end<'a>(worker: &'a str, lease: &'a str, spent: u32, now_ms: i64) -> LeaseEnd<'a> {
+    LeaseEnd {
+        worker_id: worker,
+        lease_id: lease,
+        spent,
+        retry_successes: 0,
+        now_ms,
+    }
+}
+
+fn ask(worker: &str, want: u32, now_ms: i64) -> GrantAsk<'_> {
+    GrantAsk {
+        worker_id: worker,
+        priority: Priority::Critical,
+        retry_class: RetryClass::Transient,
+        want,
+        now_ms,
+    }
+}
+
+#[test]
+fn the_allowance_is_the_formula_in_exact_milli_tokens() {
+    let p = Policy::default();
+    let mut ledger = BudgetLedger::new(T0);
+    assert_eq!(ledger.allowance_milli(&p, T0), 10 * 10 * 1000);
+    ledger.deposit(&p, "w", Priority::Normal, 7, T0);
+    assert_eq!(ledger.allowance_milli(&p, T0), 100_000 + 1400);
+    // The first attempts slide out of the 10 s window.
+    assert_eq!(ledger.allowance_milli(&p, T0 + 9_999), 101_400);
+    assert_eq!(ledger.allowance_milli(&p, T0 + 10_000), 100_000);
+}
+
+#[test]
+fn changing_the_ratio_rescales_the_balance_and_never_refills_it() {
+    let loose = Policy::default(); // floor 10/s, ratio 0.2, window 10 s
+    let mut ledger = BudgetLedger::new(T0);
+    ledger.deposit(&loose, "w", Priority::Critical, 1000, T0);
+    let granted = ledger
+        .grant(&loose, ask("w", 100, T0), "l1")
+        .expect("grant");
+    assert_eq!(granted.granted, 100);
+    // Critical may reach the whole allowance, borrowing down.
+    let before = ledger.snapshot(&loose, T0).classes[0];
+    assert_eq!(before.allowance_milli, 300_000); // 100 + 0.2 × 1000
+    assert_eq!(before.available_milli, 200_000);
+    let tight = policy(PolicySpec {
+        retry_ratio: Some(0.05),
+        ..PolicySpec::default()
+    });
+    let after = ledger.snapshot(&tight, T0).classes[0];
+    assert_eq!(after.spent_milli, 100_000, "spend carries over");
+    assert_eq!(after.allowance_milli, 150_000); // 100 + 0.05 × 1000
+    assert_eq!(after.available_milli, 50_000);
+    let tighter = policy(PolicySpec {
+        retry_ratio: Some(0.0),
+        min_retries_per_sec: Some(5.0),
+        ..PolicySpec::default()
+    });
+    let after = ledger.snapshot(&tighter, T0).classes[0];
+    assert_eq!(after.allowance_milli, 50_000);
+    assert_eq!(after.available_milli, 0, "tightened below what is spent");
+    let looser = policy(PolicySpec {
+        retry_ratio: Some(0.4),
+        ..PolicySpec::default()
+    });
+    let after = ledger.snapshot(&looser, T0).classes[0];
+    assert_eq!(
+        after.available_milli,
+        500_000 - 100_000,
+        "not a full budget"
+    );
+}
+
+#[test]
+fn the_ceiling_caps_the_formula() {
+    let p = policy(PolicySpec {
+        max_retries_per_window: Some(5),
+        ..PolicySpec::default()
+    });
+    let mut ledger = BudgetLedger::new(T0);
+    assert_eq!(ledger.allowance_milli(&p, T0), 5000);
+}
+
+#[test]
+fn grants_never_exceed_what_the_class_may_reach() {
+    let p = Policy::default(); // 100 tokens; shares 0.2 / 0.6 / 0.2
+    let mut ledger = BudgetLedger::new(T0);
+    let mut total = [0; 3];
+    for priority in [Priority::Bulk, Priority::Normal, Priority::Critical] {
+        for i in 0..200 {
+            let id = format!("w{}", i % 7);
+            let ask = GrantAsk {
+                priority,
+                ..ask(&id, 3, T0)
+            };
+            total[priority.index()] += ledger
+                .grant(&p, ask, &format!("{priority}{i}"))
+                .expect("grant")
+                .granted;
+        }
+    }
+    // Bulk its own share, normal the rest of what is not critical's,
+    // critical its reserve: the formula, never more.
+    assert_eq!(total, [20, 60, 20]);
+}
+
+#[test]
+fn the_never_up_bounds_hold_for_every_class() {
+    let p = Policy::default();
+    // allowance 1000, spent critical 100, normal 500, bulk 150
+    let spent = [100, 500, 150];
+    assert_eq!(available_of(&p, 1000, &spent, 0), 250);
+    assert_eq!(available_of(&p, 1000, &spent, 1), 150); // 800 − 650
+    assert_eq!(available_of(&p, 1000, &spent, 2), 50); // 200 − 150
+    assert_eq!(shares_from(&p, 1), 800);
+}
+
+#[test]
+fn a_retry_that_succeeded_is_refunded_to_its_second() {
+    let p = Policy::default();
+    let mut ledger = BudgetLedger::new(T0);
+    let g = ledger
+        .grant(
+            &p,
+            GrantAsk {
+                retry_class: RetryClass::Throttled,
+                ..ask("w", 10, T0)
+            },
+            "a",
+        )
+        .expect("grant");
+    assert_eq!(g.granted, 10);
+    let back = LeaseEnd {
+        retry_successes: 3,
+        ..end("w", "a", 5, T0 + 1_500)
+    };
+    // 5 unspent + 3 succeeded, at the lease's cost of 2 each.
+    assert_eq!(ledger.release(back), Ok(8));
+    let snap = ledger.snapshot(&p, T0 + 1_500);
+    assert_eq!(snap.classes[0].spent_milli, 2 * 2_000);
+    // The refund went back to the second charged: it slides out with it.
+    assert_eq!(ledger.snapshot(&p, T0 + 10_000).classes[0].spent_milli, 0);
+}
+
+#[test]
+fn throttled_retries_cost_double() {
+    let p = Policy::default();
+    let mut ledger = BudgetLedger::new(T0);
+    let g = ledger
+        .grant(
+            &p,
+            GrantAsk {
+                retry_class: RetryClass::Throttled,
+                ..ask("w", 100, T0)
+            },
+            "l",
+        )
+        .expect("grant");
+    assert_eq!(g.granted, 50);
+    assert_eq!(g.limit, GrantLimit::BudgetExhausted);
+}
+
+#[test]
+fn release_refunds_unspent_and_expiry_keeps_the_charge() {
+    let p = Policy::default();
+    let mut ledger = BudgetLedger::new(T0);
+    let g = ledger.grant(&p, ask("w", 100, T0), "a").expect("grant");
+    assert_eq!(g.granted, 100);
+    assert_eq!(
+        ledger.grant(&p, ask("w", 1, T0), "b").expect("g").granted,
+        0
+    );
+    assert_eq!(ledger.release(end("w", "a", 70, T0 + 1)), Ok(30));
+    assert_eq!(
+        ledger.release(end("w", "a", 0, T0 + 1)),
+        Err(BudgetError::LeaseNotFound)
+    );
+    let g = ledger.grant(&p, ask("w", 30, T0 + 2), "c").expect("grant");
+    assert_eq!(g.granted, 30);
+    // `c` expires unreported: its tokens stay spent.
+    let after = T0 + 2 + 10_000;
+    assert_eq!(
+        ledger.release(end("w", "c", 0, after)),
+        Err(BudgetError::LeaseNotFound)
+    );
+    assert_eq!(
+        ledger.available_milli(&p, Priority::Critical, T0 + 9_000),
+        0
+    );
+}
+
+#[test]
+fn another_workers_lease_cannot_be_released() {
+    let p = Policy::default();
+    let mut ledger = BudgetLedger::new(T0);
+    ledger.grant(&p, ask("a", 5, T0), "l").expect("grant");
+    assert_eq!(
+        ledger.release(end("b", "l", 0, T0)),
+        Err(BudgetError::LeaseNotFound)
+    );
+    assert!(matches!(
+        ledger.release(end("a", "l", 6, T0)),
+        Err(BudgetError::SpentExceedsGrant { .. })
+    ));
+}
+
+#[test]
+fn a_greedy_worker_cannot_starve_modest_ones() {
+    let p = Policy::default(); // 100 tokens critical may reach
+    let mut ledger = BudgetLedger::new(T0);
+    // Nine modest workers have been reporting: they are active.
+    for i in 0..9 {
+        ledger.deposit(&p, &format!("m{i}"), Priority::Critical, 0, T0);
+    }
+    let greedy = ledger
+        .grant(&p, ask("greedy", 1000, T0), "g")
+        .expect("grant");
+    assert_eq!(greedy.granted, 10, "an equal share of 100 among 10");
+    assert_eq!(greedy.limit, GrantLimit::FairShare);
+    for i in 0..9 {
+        let g = ledger
+            .grant(&p, ask(&format!("m{i}"), 8, T0), &format!("m{i}"))
+            .expect("grant");
+        assert_eq!(g.granted, 8);
+    }
+    // What the modest ones left over goes to the greedy one.
+    let more = ledger
+        .grant(&p, ask("greedy", 1000, T0), "g2")
+        .expect("grant");
+    assert_eq!(more.granted, 100 - 10 - 72);
+}
+
+#[test]
+fn water_filling_meets_small_demands_first() {
+    assert_eq!(max_min_share(100, 1000, &mut [10, 10, 1000]), 40);
+    assert_eq!(max_min_share(100, 5, &mut [1000, 1000]), 5);
+    assert_eq!(max_min_share(90, 1000, &mut [u64::MAX, u64::MAX]), 30);
+    assert_eq!(max_min_share(100, 1000, &mut []), 100);
+}
+
+#[test]
+fn a_clock_stepping_back_does_not_resurrect_spent_tokens() {
+    let p = Policy::default();
+    let mut ledger = BudgetLedger::new(T0);
+    assert_eq!(
+        ledger.grant(&p, ask("w", 100, T0), "a").expect("g").granted,
+        100
+    );
+    assert_eq!(
+        ledger
+            .grant(&p, ask("w", 1, T0 - 60_000), "b")
+            .expect("g")
+            .granted,
+        0
+    );
+}

@@ -1,0 +1,238 @@
+//! One route's state in the memory store, kept small: a million routes must
+//! fit in well under a gigabyte.
+//!
+//! # Why the odd shapes
+//! The map entry (key and value inline, at hashbrown's load factor) is paid
+//! by every route, so it holds only a compact key and three words: the time
+//! it was last touched and two optional boxes. The budget ledger is boxed
+//! and dropped while it is quiet (nothing in the longest window, no live
+//! lease); hints, the slot cursor and a freeze are boxed together and
+//! dropped while inert. A route with no activity in its window costs its
+//! key and the entry; one with a lease and a report costs the ledger's few
+//! small vectors on top (`tollgate bench memory` measures both).
+
+use crate::budget::BudgetLedger;
+use crate::hints::{HintRecord, HintState};
+use crate::scope::RouteKey;
+use crate::slots::SlotCursor;
+
+/// A [`RouteKey`] as one allocation: `"{caller_len}:{caller_scope}{route}"`.
+/// The length prefix makes it injective for any two names (no separator
+/// character a name could contain), and the ordering of routes is restored
+/// by decoding, where it is needed (listing), not paid on every lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct RouteName(Box<str>);
+
+impl RouteName {
+    pub(super) fn of(key: &RouteKey) -> Self {
+        RouteName(
+            format!(
+                "{}:{}{}",
+                key.caller_scope.len(),
+                key.caller_scope,
+                key.route
+            )
+            .into(),
+        )
+    }
+
+    pub(super) fn caller_scope(&self) -> &str {
+        self.split().0
+    }
+
+    pub(super) fn route(&self) -> &str {
+        self.split().1
+    }
+
+    fn split(&self) -> (&str, &str) {
+        // Every name is built by `of`, so the prefix parses and the length
+        // ends on a character boundary; degrade to an empty caller rather
+        // than panic if that ever stops being true.
+        let (len, rest) = self.0.split_once(':').unwrap_or(("0", &self.0));
+        let len = len.parse::<usize>().unwrap_or(0);
+        match (rest.get(..len), rest.get(len..)) {
+            (Some(caller), Some(route)) => (caller, route),
+            _ => ("", rest),
+        }
+    }
+
+    pub(super) fn key(&self) -> RouteKey {
+        RouteKey {
+            caller_scope: self.caller_scope().to_owned(),
+            route: self.route().to_owned(),
+        }
+    }
+}
+
+/// Hints, slots and a freeze: absent for most routes most of the time.
+#[derive(Debug, Default)]
+struct Extras {
+    hints: HintState,
+    slots: SlotCursor,
+    frozen: Option<String>,
+}
+
+/// State of one `(caller_scope, route)`.
+#[derive(Debug)]
+pub(super) struct RouteState {
+    /// For idle and pressure eviction (coldest first).
+    pub(super) last_touched_ms: i64,
+    /// `None` while quiet: a quiet ledger equals a new one.
+    budget: Option<Box<BudgetLedger>>,
+    /// `None` while hints, slots and freeze are all in their initial state.
+    extras: Option<Box<Extras>>,
+}
+
+/// The hint state of a route that never had any.
+static NO_HINTS: HintState = HintState {
+    cooldown_until_ms: 0,
+    backoff_step: 0,
+    backoff_until_ms: 0,
+    recent: std::collections::VecDeque::new(),
+    workers: std::collections::BTreeMap::new(),
+    mutes: std::collections::BTreeMap::new(),
+    corroboration: crate::hints::corroboration::Corroboration {
+        until_ms: 0,
+        corroborated: false,
+        workers: 0,
+        reporters: 0,
+        needed: 0,
+    },
+};
+
+impl RouteState {
+    pub(super) fn new(now_ms: i64) -> Self {
+        RouteState {
+            last_touched_ms: now_ms,
+            budget: None,
+            extras: None,
+        }
+    }
+
+    /// The ledger, built on first use.
+    pub(super) fn budget(&mut self, now_ms: i64) -> &mut BudgetLedger {
+        self.budget
+            .get_or_insert_with(|| Box::new(BudgetLedger::new(now_ms)))
+    }
+
+    /// The ledger if one is kept; a quiet route has none.
+    pub(super) fn budget_if_any(&self) -> Option<&BudgetLedger> {
+        self.budget.as_deref()
+    }
+
+    fn extras(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    pub(super) fn hints(&self) -> &HintState {
+        self.extras.as_ref().map_or(&NO_HINTS, |e| &e.hints)
+    }
+
+    pub(super) fn hints_mut(&mut self) -> &mut HintState {
+        &mut self.extras().hints
+    }
+
+    pub(super) fn slots_mut(&mut self) -> &mut SlotCursor {
+        &mut self.extras().slots
+    }
+
+    pub(super) fn frozen(&self) -> Option<&String> {
+        self.extras.as_ref().and_then(|e| e.frozen.as_ref())
+    }
+
+    pub(super) fn set_frozen(&mut self, reason: Option<String>) {
+        if reason.is_some() || self.extras.is_some() {
+            self.extras().frozen = reason;
+        }
+    }
+
+    pub(super) fn recent_hints(&self) -> Vec<HintRecord> {
+        self.hints().recent.iter().cloned().collect()
+    }
+
+    pub(super) fn live_leases(&self, now_ms: i64) -> usize {
+        self.budget_if_any().map_or(0, |b| b.live_leases(now_ms))
+    }
+
+    pub(super) fn waiting(&self, now_ms: i64) -> usize {
+        self.extras.as_ref().map_or(0, |e| e.slots.waiting(now_ms))
+    }
+
+    /// Forgets the budget, hints and slot cursor; keeps the freeze.
+    pub(super) fn reset(&mut self, now_ms: i64) {
+        self.budget = None;
+        // Mutes are an operator's decision, like the freeze.
+        let (frozen, mutes) = self
+            .extras
+            .take()
+            .map(|e| (e.frozen, e.hints.mutes))
+            .unwrap_or_default();
+        self.set_frozen(frozen);
+        if !mutes.is_empty() {
+            self.hints_mut().mutes = mutes;
+        }
+        self.last_touched_ms = self.last_touched_ms.max(now_ms);
+    }
+
+    /// Whether evicting the route would lose something live: a freeze, a
+    /// cooldown or backoff ahead, an unexpired lease, a waiting intent.
+    pub(super) fn pinned(&self, now_ms: i64) -> bool {
+        self.frozen().is_some()
+            || self.hints().live_until_ms() > now_ms
+            || self.live_leases(now_ms) > 0
+            || self.waiting(now_ms) > 0
+    }
+
+    /// Drops the parts that are back in their initial state: a quiet
+    /// ledger, and hints, slots and freeze when all are inert (no freeze, no
+    /// hint on record, no backoff step, nothing waiting). Only for a route
+    /// untouched for the longest window, so nothing a live scope relies on
+    /// (the slot cursor's spacing) is forgotten.
+    pub(super) fn compact(&mut self, now_ms: i64) {
+        if self.budget.as_mut().is_some_and(|b| b.is_quiet(now_ms)) {
+            self.budget = None;
+        }
+        let inert = self.extras.as_ref().is_some_and(|e| {
+            e.frozen.is_none()
+                && e.hints.recent.is_empty()
+                && e.hints.workers.is_empty()
+                && e.hints.mutes.is_empty()
+                && e.hints.backoff_step == 0
+                && e.hints.live_until_ms() <= now_ms
+                && e.slots.waiting(now_ms) == 0
+        });
+        if inert {
+            self.extras = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_never_collide() {
+        let a = RouteKey {
+            caller_scope: "ab".into(),
+            route: "c".into(),
+        };
+        let b = RouteKey {
+            caller_scope: "a".into(),
+            route: "bc".into(),
+        };
+        assert_ne!(RouteName::of(&a), RouteName::of(&b));
+        assert_eq!(RouteName::of(&a).key(), a);
+        let odd = RouteKey {
+            caller_scope: "1:x:".into(),
+            route: ":2".into(),
+        };
+        assert_eq!(RouteName::of(&odd).key(), odd);
+    }
+
+    #[test]
+    fn the_entry_stays_three_words() {
+        assert_eq!(std::mem::size_of::<RouteState>(), 24);
+        assert_eq!(std::mem::size_of::<RouteName>(), 16);
+    }
+}

@@ -1,0 +1,75 @@
+//! Scope-table gauges: how full the store's bounded scope table is, and
+//! what reaching the bound did — `tollgate.scopes.live`,
+//! `tollgate.scopes.limit`, `tollgate.scopes.evicted` (by reason: `idle`,
+//! swept after the idle TTL; `room`, the coldest evicted at the limit to
+//! admit a new scope) and `tollgate.scopes.refused` (operations refused
+//! because every scope was live).
+//!
+//! Read from [`Store::counts`] at collection, so nothing is counted twice
+//! and a store without a bound of its own (Redis) exports none of them. The
+//! callbacks hold the store weakly: the meter provider is process-wide and
+//! outlives a server stopped in a test.
+
+use std::sync::{Arc, Weak};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+
+use crate::store::{ScopeCounts, Store};
+
+fn counts(store: &Weak<dyn Store>) -> Option<ScopeCounts> {
+    store.upgrade().and_then(|s| s.counts())
+}
+
+/// Registers the scope-table instruments on `meter`, reading `store`.
+pub(crate) fn register(meter: &Meter, store: &Arc<dyn Store>) {
+    if store.counts().is_none() {
+        return;
+    }
+    let weak = Arc::downgrade(store);
+    let live = weak.clone();
+    meter
+        .u64_observable_gauge("tollgate.scopes.live")
+        .with_description("Routes and caller scopes the store holds now")
+        .with_callback(move |observer| {
+            if let Some(c) = counts(&live) {
+                observer.observe(c.live as u64, &[]);
+            }
+        })
+        .build();
+    let limit = weak.clone();
+    meter
+        .u64_observable_gauge("tollgate.scopes.limit")
+        .with_description("The store's bound on scopes (max_scopes)")
+        .with_callback(move |observer| {
+            if let Some(c) = counts(&limit) {
+                observer.observe(c.limit as u64, &[]);
+            }
+        })
+        .build();
+    let evicted = weak.clone();
+    meter
+        .u64_observable_counter("tollgate.scopes.evicted")
+        .with_description(
+            "Scopes evicted: idle (swept after the idle TTL) or room (coldest, to admit a new scope at the limit)",
+        )
+        .with_callback(move |observer| {
+            if let Some(c) = counts(&evicted) {
+                observer.observe(c.evicted_idle, &[KeyValue::new("tollgate.reason", "idle")]);
+                observer.observe(
+                    c.evicted_for_room,
+                    &[KeyValue::new("tollgate.reason", "room")],
+                );
+            }
+        })
+        .build();
+    meter
+        .u64_observable_counter("tollgate.scopes.refused")
+        .with_description("Operations refused at the scope limit because every scope was live")
+        .with_callback(move |observer| {
+            if let Some(c) = counts(&weak) {
+                observer.observe(c.refused, &[]);
+            }
+        })
+        .build();
+}
