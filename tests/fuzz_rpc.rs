@@ -481,6 +481,18 @@ async fn call_admin(
 /// may change for everyone) is exactly as it was.
 #[test]
 fn admin_rpcs_answer_every_input_and_keep_the_canary() {
+    // The Admin calls' futures are large in a debug build and are polled on
+    // this thread by `block_on`: the default test-thread stack overflows.
+    let property = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(admin_property)
+        .expect("spawn the property's thread");
+    if let Err(panic) = property.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn admin_property() {
     let rt = runtime();
     let (coordinator, canary) = rt.block_on(async {
         let coordinator = Coordinator::start(support::config(POLICY)).await;
