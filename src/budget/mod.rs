@@ -45,7 +45,7 @@
 //! the fleet exceed the formula.
 //!
 //! # Memory
-//! A route's ledger is a few small vectors (see [`window`] for the series):
+//! A route's ledger is a few small vectors (see the `window` module for the series):
 //! workers and leases are linear lists, bounded by
 //! [`MAX_WORKERS_PER_CLASS`] and [`MAX_LEASES_PER_ROUTE`], because a grant
 //! walks every worker of its class anyway (the fair share) and a hash map
