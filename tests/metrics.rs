@@ -13,9 +13,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use support::Coordinator;
+use support::metrics::{MetricsEndpoint, scrape};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
-use tollgate::telemetry::{Telemetry, TelemetryConfig, metrics_http};
+use tokio::net::TcpStream;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
@@ -26,24 +26,6 @@ use tollgate_proto::v1::{self, LeaseRequest, Priority, RetryClass};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// `GET /metrics` over a plain TCP connection; returns the body.
-async fn scrape(addr: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: tollgate\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("send");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("read response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("text/plain"), "{head}");
-    body.to_owned()
 }
 
 /// Text format 0.0.4: `name{labels} value` → summed value per
@@ -66,20 +48,9 @@ fn parse(body: &str) -> (HashMap<String, f64>, HashMap<String, f64>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_scraped_over_http_and_a_lease_counts() {
-    let telemetry = Telemetry::new(&TelemetryConfig {
-        prometheus: true,
-        ..TelemetryConfig::default()
-    })
-    .expect("telemetry");
     // Before the coordinator starts: its instruments come from this provider.
-    telemetry.install_meter_provider();
-    let registry = telemetry.registry().expect("a registry").clone();
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let metrics_addr = listener.local_addr().expect("addr");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(metrics_http::serve(listener, registry, async {
-        let _ = stopped.await;
-    }));
+    let endpoint = MetricsEndpoint::start().await;
+    let metrics_addr = endpoint.addr;
 
     let coordinator = Coordinator::open().await;
     let mut client = coordinator.client().await;
@@ -180,9 +151,7 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
 
     drop(gate);
     coordinator.stop().await;
-    let _ = stop.send(());
-    server.await.expect("join").expect("metrics server");
-    let _ = tokio::task::spawn_blocking(move || drop(telemetry)).await;
+    endpoint.stop().await;
 }
 
 /// `rpc_server_duration_milliseconds` series of `method` with `code`: their

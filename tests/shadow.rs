@@ -7,10 +7,8 @@ mod support;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+use support::metrics::{MetricsEndpoint, scrape};
 use support::{Coordinator, T0, config, rate_limited, reconsider, scope};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
-use tollgate::telemetry::{Telemetry, TelemetryConfig, metrics_http};
 use tollgate_proto::v1::{self, Priority};
 
 /// No budget at all on `GET /x`, in shadow mode.
@@ -24,14 +22,8 @@ mode = "shadow"
 
 /// `tollgate_shadow_total` series by their labels.
 async fn shadow_counts(addr: SocketAddr) -> HashMap<String, f64> {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    scrape(addr)
         .await
-        .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    response
         .lines()
         .filter(|l| l.starts_with("tollgate_shadow_total{"))
         .filter_map(|l| l.rsplit_once(' '))
@@ -52,19 +44,8 @@ fn count(counts: &HashMap<String, f64>, rpc: &str, decision: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_scope_lets_through_what_enforce_refuses() {
-    let telemetry = Telemetry::new(&TelemetryConfig {
-        prometheus: true,
-        ..TelemetryConfig::default()
-    })
-    .expect("telemetry");
-    telemetry.install_meter_provider();
-    let registry = telemetry.registry().expect("a registry").clone();
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let metrics = listener.local_addr().expect("addr");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(metrics_http::serve(listener, registry, async {
-        let _ = stopped.await;
-    }));
+    let endpoint = MetricsEndpoint::start().await;
+    let metrics = endpoint.addr;
 
     let coordinator = Coordinator::start(config(SHADOW_POLICY)).await;
     let mut client = coordinator.client().await;
@@ -160,7 +141,5 @@ async fn a_shadow_scope_lets_through_what_enforce_refuses() {
     assert!(bad.message().contains("mode"), "{bad:?}");
 
     coordinator.stop().await;
-    let _ = stop.send(());
-    server.await.expect("join").expect("metrics server");
-    let _ = tokio::task::spawn_blocking(move || drop(telemetry)).await;
+    endpoint.stop().await;
 }

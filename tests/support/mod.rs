@@ -16,6 +16,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub(crate) mod fuzz;
+pub(crate) mod metrics;
 pub(crate) mod pipes;
 pub(crate) mod tcp;
 
