@@ -135,6 +135,16 @@ fn json(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("json output")
 }
 
+/// The `action` of every record of `tollgate audit -o json`, newest first.
+fn actions(audit: &serde_json::Value) -> Vec<&str> {
+    audit
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["action"].as_str().expect("action"))
+        .collect()
+}
+
 fn setup(name: &str) -> Server {
     let dir = temp_dir(name);
     std::fs::write(dir.join("policy.toml"), POLICY).expect("policy file");
@@ -179,12 +189,7 @@ fn a_cli_change_survives_sigkill_and_restart() {
     assert_eq!(scope["freeze"]["frozen"], true);
     assert_eq!(scope["freeze"]["by"], "oncall");
     let audit = json(&server.cli(&["audit", "-o", "json"]));
-    let actions: Vec<&str> = audit
-        .as_array()
-        .expect("records")
-        .iter()
-        .map(|r| r["action"].as_str().expect("action"))
-        .collect();
+    let actions = actions(&audit);
     assert_eq!(actions, ["scope.freeze", "policy.patch"]);
     let record = &audit[1];
     assert_eq!(record["who"], "oncall");
@@ -658,12 +663,7 @@ async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
     ]);
     assert!(unmuted.status.success(), "{}", stderr(&unmuted));
     let audit = json(&server.cli(&["audit", "-o", "json"]));
-    let actions: Vec<&str> = audit
-        .as_array()
-        .expect("records")
-        .iter()
-        .map(|r| r["action"].as_str().expect("action"))
-        .collect();
+    let actions = actions(&audit);
     assert_eq!(actions, ["scope.unmute", "scope.mute"]);
     assert!(!server.log().contains(CALLER), "no token in the log");
 }
