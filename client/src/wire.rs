@@ -61,6 +61,7 @@ pub(crate) fn report_request(
         worker_id: String::new(),
         first_attempts,
         successes,
+        rejections: 0,
         evidence,
     }
 }

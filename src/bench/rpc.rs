@@ -464,6 +464,7 @@ async fn call(
             .is_ok(),
         Op::Report => budget
             .report(ReportRequest {
+                rejections: 0,
                 scope: scope_of(scope),
                 worker_id: worker_id.to_owned(),
                 first_attempts: 10,

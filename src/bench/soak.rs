@@ -297,6 +297,7 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> bool {
             .is_ok(),
         3 => client
             .report(v1::ReportRequest {
+                rejections: 0,
                 scope,
                 worker_id,
                 first_attempts: 10,

@@ -17,7 +17,7 @@ use crate::auth::Authenticator;
 use crate::config::{PolicyDoc, RuleSpec};
 use crate::coordinator::Coordinator;
 use crate::hints::HintRecord;
-use crate::policy::{Pattern, PolicySpec, Shares};
+use crate::policy::{Pattern, PolicySpec, Shares, WakeRate};
 use crate::scope::{Priority, RouteKey};
 use crate::store::ScopeFilter;
 
@@ -118,7 +118,13 @@ pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
         clock_skew_tolerance: duration_text("clock_skew_tolerance", f.clock_skew_tolerance)?,
         backoff_base: duration_text("backoff_base", f.backoff_base)?,
         backoff_max: duration_text("backoff_max", f.backoff_max)?,
-        wake_rate: f.wake_rate,
+        wake_rate: f.wake_rate.map(WakeRate::from_wire),
+        upstream_limit: duration_text("upstream_limit", f.upstream_limit)?,
+        upstream_share: f.upstream_share,
+        wake_floor: f.wake_floor,
+        wake_ceiling: f.wake_ceiling,
+        reconsider_horizon: duration_text("reconsider_horizon", f.reconsider_horizon)?,
+        hold_first_attempts: f.hold_first_attempts,
         corroborate_workers: f.corroborate_workers,
         corroborate_fraction: f.corroborate_fraction,
         uncorroborated_cap: duration_text("uncorroborated_cap", f.uncorroborated_cap)?,
@@ -146,7 +152,13 @@ pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
         clock_skew_tolerance: s.clock_skew_tolerance.clone(),
         backoff_base: s.backoff_base.clone(),
         backoff_max: s.backoff_max.clone(),
-        wake_rate: s.wake_rate,
+        wake_rate: s.wake_rate.map(WakeRate::to_wire),
+        upstream_limit: s.upstream_limit.clone(),
+        upstream_share: s.upstream_share,
+        wake_floor: s.wake_floor,
+        wake_ceiling: s.wake_ceiling,
+        reconsider_horizon: s.reconsider_horizon.clone(),
+        hold_first_attempts: s.hold_first_attempts,
         corroborate_workers: s.corroborate_workers,
         corroborate_fraction: s.corroborate_fraction,
         uncorroborated_cap: s.uncorroborated_cap.clone(),

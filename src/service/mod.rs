@@ -355,6 +355,8 @@ impl Budget for BudgetService {
             cooldown_until_unix_ms: out.view.cooldown_until_ms,
             policy_version: out.policy_version,
             reserves_token: false,
+            ask_again_unix_ms: 0,
+            wake_rate: 0.0,
         }))
     }
 

@@ -73,6 +73,8 @@ impl Watched {
             reason: self.frozen.clone().unwrap_or_default(),
             cooldown_corroborated: self.support.corroborated,
             cooldown_workers: self.support.workers,
+            hold_first_attempts: false,
+            pacing_state: String::new(),
         }
     }
 }

@@ -528,7 +528,7 @@ impl<'g> Run<'g> {
             )),
             Ok(ReconsiderDecision::DeadlineInfeasible) => Some(Slot::Infeasible),
             Ok(ReconsiderDecision::Frozen) => Some(Slot::Frozen),
-            Ok(ReconsiderDecision::Unspecified) | Err(_) => None,
+            Ok(ReconsiderDecision::Unspecified | ReconsiderDecision::AskAgain) | Err(_) => None,
         }
     }
 

@@ -240,7 +240,14 @@ impl Coordinated {
             caller_scope: CALLER_SCOPE.to_owned(),
             route: ROUTE.to_owned(),
         };
-        let wake_rate = tuning.config.policies.resolve(&route).wake_rate_per_sec;
+        let wake_rate = tuning
+            .config
+            .policies
+            .resolve(&route)
+            .pacing
+            .pinned_m
+            .unwrap_or(0) as u32
+            / 1000;
         let clock = Arc::new(TokioClock::new(config.wall_at_start));
         let (pipes, incoming) = Pipes::new();
         let shutdown = CancellationToken::new();

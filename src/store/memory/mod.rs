@@ -435,7 +435,10 @@ impl Store for MemoryStore {
                     floor_ms: ask.floor_ms.max(view.floor_ms),
                     ..ask
                 };
-                let decided = match state.slots_mut().assign(ask, policy.wake_rate_per_sec)? {
+                let decided = match state.slots_mut().assign(
+                    ask,
+                    u32::try_from(policy.pacing.pinned_m.map_or(50, |m| m / 1000)).unwrap_or(50),
+                )? {
                     SlotOutcome::Slot(at) => Reconsidered::Slot(at),
                     SlotOutcome::DeadlineInfeasible(at) => Reconsidered::DeadlineInfeasible(at),
                 };

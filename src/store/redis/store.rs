@@ -379,7 +379,7 @@ impl RedisStore {
             .arg(ask.deadline_ms)
             .arg(ask.reserve_ms)
             .arg(ask.jitter_ppm)
-            .arg(policy.wake_rate_per_sec);
+            .arg(policy.pacing.pinned_m.map_or(50, |m| m / 1000));
         let reply = Reply::ok(self.run(&inv).await?)?;
         let at = reply.int(2)?;
         let decided = match reply.text(1).as_deref() {

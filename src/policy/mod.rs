@@ -14,7 +14,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::pacing::PacingPolicy;
 use crate::scope::{Priority, RetryClass, RouteKey};
+
+mod pacing;
+
+pub use pacing::{MAX_WAKE_RATE, WakeRate, parse_rate};
 
 /// Milli-tokens per token: budgets are counted ×1000 so ratios are exact.
 pub const MILLI: u64 = 1000;
@@ -90,9 +95,13 @@ pub struct Policy {
     pub backoff_base_ms: u64,
     /// The widest the backoff gets.
     pub backoff_max_ms: u64,
-    /// Waiting intents released per second after a cooldown: the peak wake-up
-    /// rate is this number, not the size of the fleet.
-    pub wake_rate_per_sec: u32,
+    /// How fast waiting intents are woken: learned per route unless pinned
+    /// (`wake_rate`), under a known upstream limit, between a floor and a
+    /// ceiling ([`crate::pacing`]).
+    pub pacing: PacingPolicy,
+    /// Whether first attempts wait out a known cooldown for a slot instead
+    /// of going to an upstream that is known to refuse them.
+    pub hold_first_attempts: bool,
     /// Distinct workers whose hints must agree before a cooldown longer
     /// than `uncorroborated_cap_ms` holds the whole fleet (fewer when the
     /// route has fewer workers): one faulty worker must not stall a tenant.
@@ -142,7 +151,7 @@ impl Policy {
         let ratio = spec.retry_ratio.or(d.retry_ratio).unwrap_or_default();
         let transient = spec.cost_transient.or(d.cost_transient).unwrap_or(1.0);
         let throttled = spec.cost_throttled.or(d.cost_throttled).unwrap_or(1.0);
-        let shares = spec.shares.clone().or(d.shares).unwrap_or_default();
+        let shares = spec.shares.clone().or(d.shares.clone()).unwrap_or_default();
         let shares_permille = [
             milli("shares.critical", shares.critical, 0.0, 1.0)?,
             milli("shares.normal", shares.normal, 0.0, 1.0)?,
@@ -172,13 +181,7 @@ impl Policy {
                 reason: "must be at least backoff_base".into(),
             });
         }
-        let wake_rate = spec.wake_rate.or(d.wake_rate).unwrap_or(1);
-        if !(1..=100_000).contains(&wake_rate) {
-            return Err(PolicyError::OutOfRange {
-                field: "wake_rate",
-                reason: "must be 1..=100000 per second".into(),
-            });
-        }
+        let pacing = pacing::pacing_of(spec, &d)?;
         let corroborate_workers = spec
             .corroborate_workers
             .or(d.corroborate_workers)
@@ -249,7 +252,11 @@ impl Policy {
             )?,
             backoff_base_ms,
             backoff_max_ms,
-            wake_rate_per_sec: wake_rate,
+            pacing,
+            hold_first_attempts: spec
+                .hold_first_attempts
+                .or(d.hold_first_attempts)
+                .unwrap_or(true),
             corroborate_workers,
             // At most 1000 by the range check above.
             corroborate_permille: u32::try_from(corroborate_permille).unwrap_or(1000),
@@ -319,9 +326,33 @@ pub struct PolicySpec {
     /// Widest backoff. Default `"30s"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff_max: Option<String>,
-    /// Intents woken per second after a cooldown, 1..=100000. Default 50.
+    /// Intents woken per second after a cooldown: `"auto"` (the default,
+    /// learned per route) or a number 1..=100000 that pins it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub wake_rate: Option<u32>,
+    pub wake_rate: Option<WakeRate>,
+    /// The upstream's published limit, `"600/min"`, `"10/s"` or `"36000/h"`:
+    /// the fleet's attempts are paced under `upstream_share` of it from the
+    /// start. None by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_limit: Option<String>,
+    /// The part of `upstream_limit` this fleet may use, 0.001..=1. Default 0.5.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_share: Option<f64>,
+    /// The slowest a learned wake rate goes, slots per second. Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake_floor: Option<f64>,
+    /// The fastest a learned wake rate goes, slots per second. Default 100000.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake_ceiling: Option<f64>,
+    /// A slot further ahead than this is not given: the intent is told to
+    /// ask again, so a rate learned meanwhile applies. 100 ms..=60 s.
+    /// Default `"1s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconsider_horizon: Option<String>,
+    /// Whether first attempts wait out a known cooldown for a slot. Default
+    /// true.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold_first_attempts: Option<bool>,
     /// Distinct workers that must agree before a long cooldown holds the
     /// fleet, 1..=1024 (fewer when the route has fewer workers). Default 3.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -379,7 +410,13 @@ impl PolicySpec {
             clock_skew_tolerance: Some("5s".into()),
             backoff_base: Some("500ms".into()),
             backoff_max: Some("30s".into()),
-            wake_rate: Some(50),
+            wake_rate: Some(WakeRate::Auto),
+            upstream_limit: None,
+            upstream_share: Some(0.5),
+            wake_floor: Some(1.0),
+            wake_ceiling: Some(f64::from(MAX_WAKE_RATE)),
+            reconsider_horizon: Some("1s".into()),
+            hold_first_attempts: Some(true),
             corroborate_workers: Some(3),
             corroborate_fraction: Some(0.1),
             uncorroborated_cap: Some("5s".into()),
@@ -413,6 +450,18 @@ impl PolicySpec {
                 .clone()
                 .or_else(|| under.backoff_max.clone()),
             wake_rate: self.wake_rate.or(under.wake_rate),
+            upstream_limit: self
+                .upstream_limit
+                .clone()
+                .or_else(|| under.upstream_limit.clone()),
+            upstream_share: self.upstream_share.or(under.upstream_share),
+            wake_floor: self.wake_floor.or(under.wake_floor),
+            wake_ceiling: self.wake_ceiling.or(under.wake_ceiling),
+            reconsider_horizon: self
+                .reconsider_horizon
+                .clone()
+                .or_else(|| under.reconsider_horizon.clone()),
+            hold_first_attempts: self.hold_first_attempts.or(under.hold_first_attempts),
             corroborate_workers: self.corroborate_workers.or(under.corroborate_workers),
             corroborate_fraction: self.corroborate_fraction.or(under.corroborate_fraction),
             uncorroborated_cap: self
@@ -631,131 +680,4 @@ impl PolicySet {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rule(caller: &str, route: &str, version: u64) -> PolicyRule {
-        PolicyRule {
-            caller_scope: Pattern::parse(caller),
-            route: Pattern::parse(route),
-            policy: Arc::new(
-                Policy::try_new(&PolicySpec {
-                    policy_version: Some(version),
-                    ..PolicySpec::default()
-                })
-                .expect("valid"),
-            ),
-        }
-    }
-
-    fn key(caller: &str, route: &str) -> RouteKey {
-        RouteKey {
-            caller_scope: caller.into(),
-            route: route.into(),
-        }
-    }
-
-    #[test]
-    fn defaults_are_the_documented_numbers() {
-        let p = Policy::default();
-        assert_eq!(p.window_secs, 10);
-        assert_eq!(p.floor_milli_per_sec, 10_000);
-        assert_eq!(p.ratio_milli, 200);
-        assert_eq!(p.cost_milli, [1000, 2000]);
-        assert_eq!(p.shares_permille, [200, 600, 200]);
-        assert_eq!(p.max_hint_ms, 300_000);
-        assert_eq!(p.wake_rate_per_sec, 50);
-        assert_eq!(p.policy_version, 1);
-    }
-
-    #[test]
-    fn out_of_range_fields_are_named() {
-        let cases: [(PolicySpec, &str); 5] = [
-            (
-                PolicySpec {
-                    window: Some("61s".into()),
-                    ..PolicySpec::default()
-                },
-                "window",
-            ),
-            (
-                PolicySpec {
-                    window: Some("1500ms".into()),
-                    ..PolicySpec::default()
-                },
-                "window",
-            ),
-            (
-                PolicySpec {
-                    retry_ratio: Some(0.0001),
-                    ..PolicySpec::default()
-                },
-                "retry_ratio",
-            ),
-            (
-                PolicySpec {
-                    shares: Some(Shares {
-                        critical: 0.5,
-                        normal: 0.5,
-                        bulk: 0.5,
-                    }),
-                    ..PolicySpec::default()
-                },
-                "shares",
-            ),
-            (
-                PolicySpec {
-                    max_hint: Some("soon".into()),
-                    ..PolicySpec::default()
-                },
-                "max_hint",
-            ),
-        ];
-        for (spec, field) in cases {
-            let err = Policy::try_new(&spec).expect_err(field);
-            assert!(err.to_string().starts_with(field), "{err}");
-        }
-    }
-
-    #[test]
-    fn exact_beats_prefix_beats_wildcard() {
-        let set = PolicySet::try_new(
-            Policy::default(),
-            vec![
-                rule("*", "*", 2),
-                rule("*", "GET /users*", 3),
-                rule("*", "GET /users/{id}", 4),
-                rule("*", "GET /u*", 5),
-                rule("tenant-a", "GET /users*", 6),
-            ],
-        )
-        .expect("valid set");
-        assert_eq!(set.resolve(&key("t", "GET /users/{id}")).policy_version, 4);
-        assert_eq!(set.resolve(&key("t", "GET /users")).policy_version, 3);
-        assert_eq!(
-            set.resolve(&key("tenant-a", "GET /users")).policy_version,
-            6
-        );
-        assert_eq!(set.resolve(&key("t", "GET /up")).policy_version, 5);
-        assert_eq!(set.resolve(&key("t", "POST /x")).policy_version, 2);
-        let bare = PolicySet::try_new(Policy::default(), vec![]).expect("empty");
-        assert_eq!(bare.resolve(&key("t", "POST /x")).policy_version, 1);
-    }
-
-    #[test]
-    fn duplicate_patterns_are_refused() {
-        let err = PolicySet::try_new(
-            Policy::default(),
-            vec![rule("*", "a*", 1), rule("*", "a*", 2)],
-        )
-        .expect_err("duplicate");
-        assert!(matches!(
-            err,
-            PolicyError::DuplicateRule {
-                first: 0,
-                second: 1,
-                ..
-            }
-        ));
-    }
-}
+mod tests;
