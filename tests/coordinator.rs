@@ -27,6 +27,8 @@ use tollgate_proto::v1::{
 use tonic::Code;
 
 const ROUTE: &str = "GET /users/{id}";
+/// A pinned wake rate: the fixed-rate cursor, slots at any distance.
+const PINNED_50: &str = "[defaults]\nwake_rate = 50\n";
 
 #[tokio::test]
 async fn a_delay_hint_seen_by_one_worker_holds_back_another() {
@@ -49,11 +51,12 @@ async fn a_delay_hint_seen_by_one_worker_holds_back_another() {
     assert!(report.verdicts[0].valid);
     assert_eq!(report.verdicts[0].form, "delay");
 
-    let answer = worker_b
-        .reconsider(reconsider(s, "intent-1"))
-        .await
-        .expect("reconsider")
-        .into_inner();
+    // A slot 30 s ahead is not given at once: worker b is told to ask
+    // again (never past the cooldown) until its slot is near.
+    let (answer, asked) = coordinator
+        .reconsider_until_answered(&mut worker_b, reconsider(s, "intent-1"))
+        .await;
+    assert!(asked > 0, "a far slot is ask-again under learned pacing");
     assert_eq!(answer.decision(), ReconsiderDecision::Slot);
     assert!(
         answer.slot_unix_ms >= T0 + 30_000,
@@ -81,11 +84,10 @@ async fn an_http_date_hint_works_the_same() {
         .expect("report")
         .into_inner();
     assert_eq!(report.verdicts[0].form, "date");
-    let answer = client
-        .reconsider(reconsider(s, "intent-1"))
-        .await
-        .expect("reconsider")
-        .into_inner();
+    let (answer, _) = coordinator
+        .reconsider_until_answered(&mut client, reconsider(s, "intent-1"))
+        .await;
+    assert_eq!(answer.decision(), ReconsiderDecision::Slot);
     assert!(answer.slot_unix_ms >= T0 + 30_000);
     coordinator.stop().await;
 }
@@ -118,27 +120,31 @@ async fn uncertain_evidence_holds_back_the_whole_caller_scope() {
         ))
         .await
         .expect("report");
-    let other_route = client
-        .reconsider(reconsider(scope("tenant-a", ROUTE, Priority::Bulk), "i"))
-        .await
-        .expect("reconsider")
-        .into_inner();
-    assert!(other_route.slot_unix_ms >= T0 + 20_000);
     let other_caller = client
         .reconsider(reconsider(scope("tenant-b", ROUTE, Priority::Bulk), "i"))
         .await
         .expect("reconsider")
         .into_inner();
+    assert_eq!(other_caller.decision(), ReconsiderDecision::Slot);
     assert!(
         other_caller.slot_unix_ms < T0 + 20_000,
         "other callers are not held back"
     );
+    let (other_route, _) = coordinator
+        .reconsider_until_answered(
+            &mut client,
+            reconsider(scope("tenant-a", ROUTE, Priority::Bulk), "i"),
+        )
+        .await;
+    assert_eq!(other_route.decision(), ReconsiderDecision::Slot);
+    assert!(other_route.slot_unix_ms >= T0 + 20_000);
     coordinator.stop().await;
 }
 
 #[tokio::test]
 async fn a_thousand_waiting_intents_wake_at_the_wake_rate() {
-    let coordinator = Coordinator::open().await; // wake_rate 50/s
+    // A pinned rate: every intent gets its slot at once, however far.
+    let coordinator = Coordinator::start(config(PINNED_50)).await;
     let mut client = coordinator.client().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
     client
@@ -195,7 +201,7 @@ async fn a_thousand_waiting_intents_wake_at_the_wake_rate() {
 
 #[tokio::test]
 async fn reconsider_is_idempotent_and_refuses_infeasible_deadlines() {
-    let coordinator = Coordinator::open().await;
+    let coordinator = Coordinator::start(config(PINNED_50)).await;
     let mut client = coordinator.client().await;
     let s = scope("tenant-a", ROUTE, Priority::Normal);
     client

@@ -16,7 +16,7 @@ use tollgate::server::{self, ServeError};
 use tollgate::store::redis::EventRelay;
 use tollgate::store::{MemoryStore, Store};
 use tollgate_client::clock::{Clock, ManualClock, from_unix_ms};
-use tollgate_proto::v1::{admin_client::AdminClient, budget_client::BudgetClient};
+use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetClient};
 use tonic::transport::Channel;
 
 use super::T0;
@@ -122,6 +122,35 @@ impl Coordinator {
 
     pub(crate) async fn client(&self) -> BudgetClient<Channel> {
         BudgetClient::new(self.channel().await)
+    }
+
+    /// Asks `request` as a worker would: on ASK_AGAIN the manual clock
+    /// moves to the instant named and the same intent asks again. Returns
+    /// the first other answer and how many times it was told to ask again.
+    #[allow(dead_code)]
+    pub(crate) async fn reconsider_until_answered(
+        &self,
+        client: &mut BudgetClient<Channel>,
+        request: v1::ReconsiderRequest,
+    ) -> (v1::ReconsiderResponse, u32) {
+        for asked in 0..64 {
+            let answer = client
+                .reconsider(request.clone())
+                .await
+                .expect("reconsider")
+                .into_inner();
+            if answer.decision() != v1::ReconsiderDecision::AskAgain {
+                return (answer, asked);
+            }
+            let now = tollgate_client::clock::to_unix_ms(self.clock.now());
+            assert!(
+                answer.ask_again_unix_ms > now,
+                "asked to ask again at {} at {now}",
+                answer.ask_again_unix_ms
+            );
+            self.clock.set(from_unix_ms(answer.ask_again_unix_ms));
+        }
+        panic!("still asked to ask again after 64 asks");
     }
 
     pub(crate) async fn admin(&self) -> AdminClient<Channel> {
