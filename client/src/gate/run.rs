@@ -281,13 +281,22 @@ impl<'g> Run<'g> {
         }
     }
 
-    /// Reports the reply to the fleet: successes, throttling evidence (raw
-    /// hint, send and receipt wall times), and every other answer to the
-    /// adaptive throttle.
+    /// Reports the reply to the fleet: successes (a retry's success earns
+    /// its leased token back), throttling evidence (raw hint, send and
+    /// receipt wall times), and every other answer to the adaptive throttle.
     fn report(&self, observation: &Observation, sent_wall: SystemTime) {
         let cache = &self.gate.inner.cache;
         match observation.classification.class {
-            ResponseClass::Success => cache.record_success(&self.scope),
+            ResponseClass::Success => {
+                cache.record_success(&self.scope);
+                // Only a retry holds a token: a first attempt is
+                // `TokenSource::FirstAttempt`, a fallback one has no lease.
+                if let Some(TokenSource::Leased { lease_id }) =
+                    self.attempts.last().map(|a| &a.token)
+                {
+                    cache.record_retry_success(&self.scope, lease_id);
+                }
+            }
             ResponseClass::Throttled => {
                 let receipt_wall = self.gate.inner.clock.now();
                 cache.record_evidence(
