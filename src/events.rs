@@ -59,6 +59,14 @@ pub enum StateChange {
         /// Its new version.
         policy_version: u64,
     },
+    /// A route's learned pacing entered or left penalty-extending: nothing
+    /// is woken until the latest hint passes.
+    Pacing {
+        /// The route.
+        route: RouteKey,
+        /// The mode now.
+        mode: crate::pacing::Mode,
+    },
     /// An operator reset a route: its own cooldown is gone, so a watcher
     /// must drop the one it holds (a `max` merge would keep it forever).
     Reset {
@@ -149,4 +157,7 @@ pub struct ScopeSnapshot {
     pub policy_version: u64,
     /// The freeze reason, when frozen.
     pub frozen: Option<String>,
+    /// Whether first attempts wait out the cooldown (the policy's
+    /// `hold_first_attempts`).
+    pub hold_first_attempts: bool,
 }

@@ -5,7 +5,9 @@
 //! a uniformly jittered point inside its interval, so any one-second span
 //! holds at most `wake_rate + 1` slots however large the fleet is. The
 //! cursor is kept in microseconds so the bound holds for rates that do not
-//! divide a second evenly.
+//! divide a second evenly. The wake rate and whether a slot is given now or
+//! the intent is told to ask again are [`crate::pacing`]'s decision; this
+//! module keeps the cursor and the intents waiting on it.
 //!
 //! A slot reserves nothing (no token, no capacity): it is a time to re-check.
 //! A slot that would not leave the intent's attempt reserve before its
@@ -13,6 +15,8 @@
 //! never push feasible ones later.
 
 use std::collections::HashMap;
+
+use crate::pacing::{PacingPolicy, PacingState, SlotDecision, WINDOW_MS, WakeAsk};
 
 /// Intents waiting per route; beyond it (after dropping those whose slot has
 /// passed) a new intent is refused rather than growing memory.
@@ -53,6 +57,9 @@ pub enum SlotOutcome {
     Slot(i64),
     /// The earliest slot would end after the deadline; nothing was recorded.
     DeadlineInfeasible(i64),
+    /// No slot yet: ask again at this instant (the rate may have risen by
+    /// then).
+    AskAgain(i64),
 }
 
 /// The slot cursor of one route and the intents waiting on it.
@@ -62,11 +69,23 @@ pub struct SlotCursor {
     next_us: i64,
     /// Pending slots by intent, for idempotent asks.
     pending: HashMap<String, i64>,
+    /// Intents told to ask again, by their deadline: the queue ahead of the
+    /// next one asking, for the estimate of its wait.
+    asking: HashMap<String, i64>,
+    /// When `asking` was last cleared of intents past their deadline.
+    pruned_ms: i64,
 }
 
 impl SlotCursor {
-    /// Gives `ask` a slot at `wake_rate` slots per second.
-    pub fn assign(&mut self, ask: SlotAsk<'_>, wake_rate: u32) -> Result<SlotOutcome, SlotError> {
+    /// Gives `ask` a slot at the rate `pacing` has learned (or is pinned
+    /// to), tells it to ask again, or refuses it when no slot can fit its
+    /// deadline.
+    pub fn assign(
+        &mut self,
+        ask: SlotAsk<'_>,
+        pacing: &mut PacingState,
+        policy: &PacingPolicy,
+    ) -> Result<SlotOutcome, SlotError> {
         let floor_ms = ask.floor_ms.max(ask.now_ms);
         if let Some(&slot) = self.pending.get(ask.intent_id) {
             // Still pending and still after the floor: the same answer. A
@@ -76,28 +95,65 @@ impl SlotCursor {
             }
             self.pending.remove(ask.intent_id);
         }
-        let interval_us = i64::from(1_000_000u32.div_ceil(wake_rate.max(1)));
-        let start_us = self.next_us.max(floor_ms.saturating_mul(1000));
-        let offset_us =
-            interval_us * i64::from(ask.jitter_ppm.min(JITTER_SCALE - 1)) / i64::from(JITTER_SCALE);
-        let slot = (start_us + offset_us).div_euclid(1000);
-        if slot.saturating_add(ask.reserve_ms) > ask.deadline_ms {
-            return Ok(SlotOutcome::DeadlineInfeasible(slot));
-        }
-        if self.pending.len() >= MAX_PENDING_PER_ROUTE {
-            self.pending.retain(|_, &mut s| s > ask.now_ms);
-            if self.pending.len() >= MAX_PENDING_PER_ROUTE {
-                return Err(SlotError::TooManyWaiting);
+        self.prune_asking(ask.now_ms);
+        let asked_before = self.asking.contains_key(ask.intent_id);
+        let wake = WakeAsk {
+            now_ms: ask.now_ms,
+            floor_ms,
+            deadline_ms: ask.deadline_ms,
+            reserve_ms: ask.reserve_ms,
+            jitter_ppm: ask.jitter_ppm,
+            // The intents ahead of this one: not itself.
+            waiting: (self.asking.len() - usize::from(asked_before)) as i64,
+            cursor_us: self.next_us,
+        };
+        match pacing.decide(&wake, policy) {
+            SlotDecision::Slot { at_ms, cursor_us } => {
+                if self.pending.len() >= MAX_PENDING_PER_ROUTE {
+                    self.pending.retain(|_, &mut s| s > ask.now_ms);
+                    if self.pending.len() >= MAX_PENDING_PER_ROUTE {
+                        return Err(SlotError::TooManyWaiting);
+                    }
+                }
+                self.asking.remove(ask.intent_id);
+                self.next_us = cursor_us;
+                self.pending.insert(ask.intent_id.to_owned(), at_ms);
+                Ok(SlotOutcome::Slot(at_ms))
+            }
+            SlotDecision::AskAgain { at_ms } => {
+                if !asked_before && self.asking.len() >= MAX_PENDING_PER_ROUTE {
+                    return Err(SlotError::TooManyWaiting);
+                }
+                self.asking
+                    .insert(ask.intent_id.to_owned(), ask.deadline_ms);
+                Ok(SlotOutcome::AskAgain(at_ms))
+            }
+            SlotDecision::Infeasible { at_ms } => {
+                self.asking.remove(ask.intent_id);
+                Ok(SlotOutcome::DeadlineInfeasible(at_ms))
             }
         }
-        self.next_us = start_us + interval_us;
-        self.pending.insert(ask.intent_id.to_owned(), slot);
-        Ok(SlotOutcome::Slot(slot))
     }
 
-    /// Intents whose slot is still ahead, for idle eviction.
+    /// Drops intents told to ask again whose deadline has passed, at most
+    /// once a window (it walks the whole map).
+    fn prune_asking(&mut self, now_ms: i64) {
+        if now_ms - self.pruned_ms >= WINDOW_MS || self.asking.len() >= MAX_PENDING_PER_ROUTE {
+            self.asking.retain(|_, &mut deadline| deadline > now_ms);
+            self.pruned_ms = now_ms;
+        }
+    }
+
+    /// Intents told to ask again and not yet given a slot.
+    pub fn asking(&self) -> usize {
+        self.asking.len()
+    }
+
+    /// Intents whose slot is still ahead or who will ask again before
+    /// their deadline, for idle eviction.
     pub fn waiting(&self, now_ms: i64) -> usize {
         self.pending.values().filter(|&&s| s > now_ms).count()
+            + self.asking.values().filter(|&&d| d > now_ms).count()
     }
 }
 
@@ -107,6 +163,21 @@ mod tests {
     use rand::{RngExt, SeedableRng, rngs::StdRng};
 
     const NOW: i64 = 1_700_000_000_000;
+
+    /// A pinned rate: the fixed-rate cursor, slots at any distance.
+    fn assign(
+        cursor: &mut SlotCursor,
+        ask: SlotAsk<'_>,
+        rate: u32,
+    ) -> Result<SlotOutcome, SlotError> {
+        let policy = PacingPolicy {
+            pinned_m: Some(i64::from(rate) * 1000),
+            horizon_ms: 10 * 365 * 86_400_000,
+            ..PacingPolicy::default()
+        };
+        let mut pacing = PacingState::new(ask.now_ms, &policy);
+        cursor.assign(ask, &mut pacing, &policy)
+    }
 
     fn ask(intent: &str, floor_ms: i64, deadline_ms: i64, jitter_ppm: u32) -> SlotAsk<'_> {
         SlotAsk {
@@ -128,7 +199,11 @@ mod tests {
             let mut slots: Vec<i64> = (0..1000)
                 .map(|i| {
                     let jitter = rng.random_range(0..JITTER_SCALE);
-                    match cursor.assign(ask(&format!("i{i}"), cooldown, i64::MAX, jitter), rate) {
+                    match assign(
+                        &mut cursor,
+                        ask(&format!("i{i}"), cooldown, i64::MAX, jitter),
+                        rate,
+                    ) {
                         Ok(SlotOutcome::Slot(slot)) => slot,
                         other => panic!("no deadline pressure here: {other:?}"),
                     }
@@ -155,16 +230,10 @@ mod tests {
     #[test]
     fn asking_again_while_pending_returns_the_same_slot() {
         let mut cursor = SlotCursor::default();
-        let first = cursor
-            .assign(ask("a", NOW + 5000, i64::MAX, 10), 10)
-            .expect("ok");
-        let again = cursor
-            .assign(ask("a", NOW + 5000, i64::MAX, 999_999), 10)
-            .expect("ok");
+        let first = assign(&mut cursor, ask("a", NOW + 5000, i64::MAX, 10), 10).expect("ok");
+        let again = assign(&mut cursor, ask("a", NOW + 5000, i64::MAX, 999_999), 10).expect("ok");
         assert_eq!(first, again);
-        let other = cursor
-            .assign(ask("b", NOW + 5000, i64::MAX, 10), 10)
-            .expect("ok");
+        let other = assign(&mut cursor, ask("b", NOW + 5000, i64::MAX, 10), 10).expect("ok");
         assert_ne!(first, other);
     }
 
@@ -172,38 +241,28 @@ mod tests {
     fn a_refused_slot_does_not_advance_the_cursor() {
         let mut cursor = SlotCursor::default();
         let deadline = NOW + 5_500;
-        let refused = cursor
-            .assign(ask("late", NOW + 5000, deadline, 0), 1)
-            .expect("ok");
+        let refused = assign(&mut cursor, ask("late", NOW + 5000, deadline, 0), 1).expect("ok");
         assert_eq!(refused, SlotOutcome::DeadlineInfeasible(NOW + 5000));
         // Still the first interval: the refusal took nothing.
-        let given = cursor
-            .assign(ask("ok", NOW + 5000, i64::MAX, 0), 1)
-            .expect("ok");
+        let given = assign(&mut cursor, ask("ok", NOW + 5000, i64::MAX, 0), 1).expect("ok");
         assert_eq!(given, SlotOutcome::Slot(NOW + 5000));
-        let next = cursor
-            .assign(ask("next", NOW + 5000, i64::MAX, 0), 1)
-            .expect("ok");
+        let next = assign(&mut cursor, ask("next", NOW + 5000, i64::MAX, 0), 1).expect("ok");
         assert_eq!(next, SlotOutcome::Slot(NOW + 6000));
     }
 
     #[test]
     fn a_later_floor_voids_a_pending_slot() {
         let mut cursor = SlotCursor::default();
-        let first = cursor
-            .assign(ask("a", NOW + 1000, i64::MAX, 0), 10)
-            .expect("ok");
+        let first = assign(&mut cursor, ask("a", NOW + 1000, i64::MAX, 0), 10).expect("ok");
         assert_eq!(first, SlotOutcome::Slot(NOW + 1000));
-        let moved = cursor
-            .assign(ask("a", NOW + 9000, i64::MAX, 0), 10)
-            .expect("ok");
+        let moved = assign(&mut cursor, ask("a", NOW + 9000, i64::MAX, 0), 10).expect("ok");
         assert_eq!(moved, SlotOutcome::Slot(NOW + 9000));
     }
 
     #[test]
     fn slots_are_never_before_now() {
         let mut cursor = SlotCursor::default();
-        let out = cursor.assign(ask("a", 0, i64::MAX, 0), 10).expect("ok");
+        let out = assign(&mut cursor, ask("a", 0, i64::MAX, 0), 10).expect("ok");
         assert_eq!(out, SlotOutcome::Slot(NOW));
     }
 }

@@ -206,6 +206,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
             worker_id: "w".into(),
             first_attempts: 100,
             successes: 0,
+            rejections: 0,
             evidence: vec![],
         })
         .await

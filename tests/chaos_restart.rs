@@ -23,6 +23,7 @@ async fn busy_report(coordinator: &Coordinator, scope: &Option<v1::Scope>) {
             worker_id: "worker-a".into(),
             first_attempts: 1000,
             successes: 1000,
+            rejections: 0,
             evidence: Vec::new(),
         })
         .await
@@ -168,6 +169,7 @@ async fn chaos_kill_stop_restart_workers_fall_back_within_one_rpc_timeout() {
             worker_id: "worker-0".into(),
             first_attempts: 1000,
             successes: 1000,
+            rejections: 0,
             evidence: Vec::new(),
         })
         .await

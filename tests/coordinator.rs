@@ -18,8 +18,8 @@ use tollgate::policy::Policy;
 use tollgate::scope::{RouteKey, ScopeKey};
 use tollgate::slots::SlotAsk;
 use tollgate::store::{
-    LeaseOutcome, MemoryStore, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail,
-    ScopeFilter, ScopePage, Store, StoreFuture,
+    LeaseOutcome, MemoryStore, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
+    ScopePage, Slotted, Store, StoreFuture,
 };
 use tollgate_proto::v1::{
     self, LeaseLimit, Priority, ReconsiderDecision, ScopeCertainty, ScopeEventKind,
@@ -641,7 +641,7 @@ impl Store for GatedStore {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
+    ) -> StoreFuture<'a, Slotted> {
         self.inner.reconsider(route, ask, policy)
     }
     fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView> {

@@ -336,6 +336,7 @@ async fn storm(channel: Channel) {
             worker_id: "w1".into(),
             first_attempts: 20,
             successes: 5,
+            rejections: 1,
             evidence: vec![Evidence {
                 http_status: 429,
                 has_retry_after: true,

@@ -105,6 +105,7 @@ fn budget_call() -> impl Strategy<Value = BudgetCall> {
                     worker_id,
                     first_attempts,
                     successes,
+                    rejections: 0,
                     evidence,
                 })
             }),
@@ -241,6 +242,14 @@ fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
             of(duration_text()),
             of(any_text()),
         ),
+        (
+            of(any_text()),
+            of(any_f64()),
+            of(any_f64()),
+            of(any_f64()),
+            of(duration_text()),
+            of(any::<bool>()),
+        ),
     )
         .prop_map(
             |(
@@ -249,6 +258,14 @@ fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
                 (lease_ttl, max_hint, clock_skew_tolerance),
                 (backoff_base, backoff_max, wake_rate),
                 (corroborate_workers, corroborate_fraction, uncorroborated_cap, mode),
+                (
+                    upstream_limit,
+                    upstream_share,
+                    wake_floor,
+                    wake_ceiling,
+                    reconsider_horizon,
+                    hold_first_attempts,
+                ),
             )| v1::PolicyFields {
                 window,
                 min_retries_per_sec,
@@ -271,6 +288,12 @@ fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
                 corroborate_fraction,
                 uncorroborated_cap,
                 mode,
+                upstream_limit,
+                upstream_share,
+                wake_floor,
+                wake_ceiling,
+                reconsider_horizon,
+                hold_first_attempts,
             },
         )
 }

@@ -171,6 +171,7 @@ fn first_attempts(s: Option<v1::Scope>, worker: &str, n: u32) -> v1::ReportReque
         worker_id: worker.into(),
         first_attempts: n,
         successes: 0,
+        rejections: 0,
         evidence: Vec::new(),
     }
 }

@@ -185,6 +185,7 @@ async fn one_budget(workers: &[BudgetClient<Channel>]) {
             worker_id: format!("w{i}"),
             first_attempts: 100,
             successes: 0,
+            rejections: 0,
             evidence: Vec::new(),
         };
         worker

@@ -126,6 +126,7 @@ async fn lease_and_report(
         now_ms,
     };
     let report = ReportBatch {
+        rejections: 0,
         worker_id: "bench-worker",
         first_attempts: 1,
         successes: 1,

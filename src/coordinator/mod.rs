@@ -28,11 +28,13 @@ use tollgate_client::clock::{Clock, to_unix_ms};
 use crate::admin::Control;
 use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
 use crate::events::{EventHub, ScopeSnapshot, StateChange};
+use crate::pacing::PacingView;
 use crate::policy::SharedPolicies;
 use crate::scope::{RetryClass, RouteKey, ScopeKey};
 use crate::slots::{JITTER_SCALE, SlotAsk};
 use crate::store::{
-    LeaseOutcome, Reconsidered, RouteView, ScopeDetail, ScopeFilter, ScopePage, Store, StoreError,
+    LeaseOutcome, Reconsidered, RouteView, ScopeDetail, ScopeFilter, ScopePage, Slotted, Store,
+    StoreError,
 };
 
 pub use report::{ReportIn, ReportOut, ReportedResponse};
@@ -118,6 +120,8 @@ pub struct Reconsideration {
     pub shadowed: Option<Shadowed>,
     /// The route's state at the decision.
     pub view: RouteView,
+    /// The route's pacing at the decision.
+    pub pacing: PacingView,
     /// The scope's policy version.
     pub policy_version: u64,
     /// The coordinator's clock at the decision.
@@ -278,13 +282,17 @@ impl Coordinator {
             now_ms,
             jitter_ppm: self.jitter(),
         };
-        let (decided, view) = self.store.reconsider(route, ask, &policy).await?;
+        let Slotted {
+            decided,
+            view,
+            pacing,
+        } = self.store.reconsider(route, ask, &policy).await?;
         // Shadow: the cursor moved as enforcing would move it; the intent
         // goes as soon as it asked to (a freeze still holds it).
         let through = now_ms.max(request.not_before_ms);
         let (decided, shadowed) = match decided {
             _ if !policy.shadow => (decided, None),
-            Reconsidered::Slot(at) if at > through => {
+            Reconsidered::Slot(at) | Reconsidered::AskAgain(at) if at > through => {
                 (Reconsidered::Slot(through), Some(Shadowed::WouldDelay))
             }
             Reconsidered::DeadlineInfeasible(_) => {
@@ -296,6 +304,7 @@ impl Coordinator {
             decided,
             shadowed,
             view,
+            pacing,
             policy_version: policy.policy_version,
             now_ms,
         })
@@ -315,10 +324,12 @@ impl Coordinator {
         let mut snapshots = Vec::with_capacity(scopes.len());
         for key in scopes {
             let view = self.store.view(&key.route, now_ms).await?;
+            let policy = policies.resolve(&key.route);
             snapshots.push(ScopeSnapshot {
                 key: key.clone(),
                 cooldown_until_ms: view.cooldown_until_ms,
-                policy_version: policies.resolve(&key.route).policy_version,
+                policy_version: policy.policy_version,
+                hold_first_attempts: policy.hold_first_attempts,
                 frozen: view.frozen,
             });
         }

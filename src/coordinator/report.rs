@@ -4,6 +4,7 @@
 //! cooldown the report raised.
 
 use crate::hints::{Assessment, EvidenceInput, Merge, assess};
+use crate::pacing::{Mode, PacingView};
 use crate::scope::{EvidenceLevel, ScopeKey};
 use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
 
@@ -29,6 +30,8 @@ pub struct ReportIn<'a> {
     pub first_attempts: u32,
     /// Successes since its last report.
     pub successes: u32,
+    /// Attempts refused for capacity since its last report.
+    pub rejections: u32,
     /// The rate-limit evidence, in the order the worker saw it.
     pub responses: Vec<ReportedResponse<'a>>,
 }
@@ -48,6 +51,10 @@ pub struct ReportOut {
     pub merges: Vec<Merge>,
     /// The route's state after the report.
     pub view: RouteView,
+    /// The route's pacing after the report.
+    pub pacing: PacingView,
+    /// Whether first attempts wait out the scope's cooldown.
+    pub hold_first_attempts: bool,
     /// The scope's policy version.
     pub policy_version: u64,
     /// The coordinator's clock at the report.
@@ -83,10 +90,22 @@ impl Coordinator {
             worker_id: report.worker_id,
             first_attempts: report.first_attempts,
             successes: report.successes,
+            rejections: report.rejections,
             hints: &hints,
             now_ms,
         };
         let reported = self.store.report(scope, batch, &policy).await?;
+        let penalty = |mode| mode == Mode::PenaltyExtending;
+        if penalty(reported.pacing_was) != penalty(reported.pacing.mode) {
+            tracing::info!(route = %scope.route, pacing_state = reported.pacing.mode.as_str(),
+                penalty_until_unix_ms = reported.pacing.penalty_until_ms,
+                "pacing: penalty-extending limiter {}",
+                if penalty(reported.pacing.mode) { "detected" } else { "released" });
+            self.hub.publish(StateChange::Pacing {
+                route: scope.route.clone(),
+                mode: reported.pacing.mode,
+            });
+        }
         let mut raised = Vec::new();
         let mut backoff_ms = 0;
         for (hint, merge) in hints.iter().zip(&reported.merges) {
@@ -116,6 +135,8 @@ impl Coordinator {
             backoff_ms,
             merges: reported.merges,
             view: reported.view,
+            pacing: reported.pacing,
+            hold_first_attempts: policy.hold_first_attempts,
             policy_version: policy.policy_version,
             now_ms,
         })

@@ -246,6 +246,13 @@ fn scope_json(s: &v1::ScopeState) -> Value {
         "last_touched_unix_ms": s.last_touched_unix_ms,
         "route_evidence": evidence::evidence_json(s.route_evidence.as_ref()),
         "caller_evidence": evidence::evidence_json(s.caller_evidence.as_ref()),
+        "pacing": s.pacing.as_ref().map(|p| json!({
+            "state": p.state, "wake_rate": p.wake_rate,
+            "capacity_estimate": p.capacity_estimate,
+            "first_attempt_rate": p.first_attempt_rate,
+            "spare_capacity": p.spare_capacity,
+            "penalty_until_unix_ms": p.penalty_until_unix_ms, "asking": p.asking,
+        })),
     })
 }
 
@@ -286,6 +293,23 @@ fn print_scope(s: &v1::ScopeState) {
     );
     evidence::print_evidence(s);
     println!("slot backlog    {} waiting intents", s.slot_backlog);
+    if let Some(p) = &s.pacing {
+        println!(
+            "pacing          {}: wake rate {:.1}/s, capacity {:.1}/s, first attempts {:.1}/s, spare {:.1}/s, {} asking again",
+            p.state,
+            p.wake_rate,
+            p.capacity_estimate,
+            p.first_attempt_rate,
+            p.spare_capacity,
+            p.asking
+        );
+        if p.penalty_until_unix_ms > 0 {
+            println!(
+                "  penalty       the upstream re-arms its window: closed until {}",
+                time(p.penalty_until_unix_ms)
+            );
+        }
+    }
     println!(
         "leases          {} outstanding, {} tokens",
         s.leases_outstanding, s.tokens_outstanding

@@ -87,7 +87,9 @@ impl Mode {
         }
     }
 
-    fn from_i64(v: i64) -> Mode {
+    /// From its integer code (as stored and as the Lua port answers);
+    /// an unknown code reads as steady.
+    pub fn from_code(v: i64) -> Mode {
         match v {
             1 => Mode::Probing,
             2 => Mode::BackingOff,
@@ -127,6 +129,32 @@ impl Default for PacingPolicy {
             // One window: the rate's own reaction time.
             horizon_ms: WINDOW_MS,
         }
+    }
+}
+
+/// What an operator sees of a route's pacing (GetScope, metrics, spans).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PacingView {
+    /// What the controller is doing.
+    pub mode: Mode,
+    /// Slots per second in force, milli-units (0 while penalty-extending).
+    pub wake_rate_m: i64,
+    /// Capacity estimate, milli-attempts per second.
+    pub capacity_m: i64,
+    /// First-attempt rate, milli-attempts per second.
+    pub first_rate_m: i64,
+    /// What first attempts leave of the capacity, milli-attempts per second.
+    pub spare_m: i64,
+    /// While penalty-extending: when the latest hint passes; 0 otherwise.
+    pub penalty_until_ms: i64,
+    /// Intents told to ask again and still waiting.
+    pub asking: usize,
+}
+
+impl PacingView {
+    /// A milli-unit rate per second as a number per second.
+    pub fn per_sec(milli: i64) -> f64 {
+        milli as f64 / MILLI as f64
     }
 }
 
@@ -218,7 +246,7 @@ impl PacingState {
 
     /// The current [`Mode`].
     pub fn mode(&self) -> Mode {
-        Mode::from_i64(self.mode)
+        Mode::from_code(self.mode)
     }
 
     /// The wake rate in force, milli-slots per second; 0 while a penalty
@@ -239,6 +267,20 @@ impl PacingState {
     /// What first attempts leave of the capacity, milli-attempts per second.
     pub fn spare_m(&self) -> i64 {
         (self.cap_m - self.lam_m).max(0)
+    }
+
+    /// What an operator sees, with `asking` intents waiting to ask again.
+    pub fn view(&self, asking: usize) -> PacingView {
+        let penalty = self.mode() == Mode::PenaltyExtending;
+        PacingView {
+            mode: self.mode(),
+            wake_rate_m: self.wake_rate_m(),
+            capacity_m: self.cap_m,
+            first_rate_m: self.lam_m,
+            spare_m: self.spare_m(),
+            penalty_until_ms: if penalty { self.penalty_until } else { 0 },
+            asking,
+        }
     }
 
     /// Brings the state to `now_ms` (closing finished windows) and applies a

@@ -17,6 +17,7 @@ use crate::auth::Authenticator;
 use crate::config::{PolicyDoc, RuleSpec};
 use crate::coordinator::Coordinator;
 use crate::hints::HintRecord;
+use crate::pacing::PacingView;
 use crate::policy::{Pattern, PolicySpec, Shares, WakeRate};
 use crate::scope::{Priority, RouteKey};
 use crate::store::ScopeFilter;
@@ -588,6 +589,16 @@ impl Admin for AdminService {
         let recorded = self.control().mutes_of(&key);
         state.route_evidence = Some(evidence::evidence_of(&d.route_evidence, &recorded));
         state.caller_evidence = Some(evidence::evidence_of(&d.caller_evidence, &recorded));
+        let per_sec = PacingView::per_sec;
+        state.pacing = Some(v1::PacingState {
+            state: d.pacing.mode.as_str().to_owned(),
+            wake_rate: per_sec(d.pacing.wake_rate_m),
+            capacity_estimate: per_sec(d.pacing.capacity_m),
+            first_attempt_rate: per_sec(d.pacing.first_rate_m),
+            spare_capacity: per_sec(d.pacing.spare_m),
+            penalty_until_unix_ms: d.pacing.penalty_until_ms,
+            asking: count(d.pacing.asking),
+        });
         Ok(Response::new(state))
     }
 

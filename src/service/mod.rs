@@ -33,6 +33,7 @@ use crate::coordinator::{Coordinator, ReportIn, ReportedResponse, SlotRequest};
 use crate::hints::EvidenceInput;
 use crate::hints::corroboration::Claim;
 use crate::metrics::CoordinatorMetrics;
+use crate::pacing::PacingView;
 use crate::scope::ScopeKey;
 use crate::store::Reconsidered;
 
@@ -215,6 +216,7 @@ impl Budget for BudgetService {
         validate::worker_id(&req.worker_id)?;
         let first_attempts = validate::count("first_attempts", req.first_attempts)?;
         let successes = validate::count("successes", req.successes)?;
+        let rejections = validate::count("rejections", req.rejections)?;
         if req.evidence.len() > validate::MAX_EVIDENCE {
             return Err(ServiceError::invalid(
                 "evidence",
@@ -246,6 +248,7 @@ impl Budget for BudgetService {
             worker_id: &req.worker_id,
             first_attempts,
             successes,
+            rejections,
             responses,
         };
         let out = self
@@ -279,6 +282,7 @@ impl Budget for BudgetService {
             out.view.cooldown_until_ms,
         );
         span.record("tollgate.policy_version", out.policy_version);
+        self.metrics.pacing(&scope.route, &out.pacing);
         let verdicts = out
             .assessments
             .iter()
@@ -296,10 +300,11 @@ impl Budget for BudgetService {
             policy_version: out.policy_version,
             verdicts,
             backoff_ms: out.backoff_ms,
+            hold_first_attempts: out.hold_first_attempts,
         }))
     }
 
-    #[instrument(name = "tollgate.reconsider", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.decision = Empty, tollgate.slot_unix_ms = Empty, tollgate.slot.delay_ms = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
+    #[instrument(name = "tollgate.reconsider", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.decision = Empty, tollgate.slot_unix_ms = Empty, tollgate.pacing.wake_rate = Empty, tollgate.pacing.capacity = Empty, tollgate.pacing.spare = Empty, tollgate.pacing.state = Empty, tollgate.slot.delay_ms = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
     async fn reconsider(
         &self,
         request: Request<ReconsiderRequest>,
@@ -331,11 +336,26 @@ impl Budget for BudgetService {
                 "deadline_infeasible",
             ),
             Reconsidered::Frozen => (ReconsiderDecision::Frozen, 0, "frozen"),
+            Reconsidered::AskAgain(at) => (ReconsiderDecision::AskAgain, at, "ask_again"),
         };
         let span = Span::current();
         let slot_delay = (slot > 0).then(|| slot - out.now_ms);
         span.record("tollgate.decision", label);
         span.record("tollgate.slot_unix_ms", slot);
+        span.record(
+            "tollgate.pacing.wake_rate",
+            PacingView::per_sec(out.pacing.wake_rate_m),
+        );
+        span.record(
+            "tollgate.pacing.capacity",
+            PacingView::per_sec(out.pacing.capacity_m),
+        );
+        span.record(
+            "tollgate.pacing.spare",
+            PacingView::per_sec(out.pacing.spare_m),
+        );
+        span.record("tollgate.pacing.state", out.pacing.mode.as_str());
+        self.metrics.pacing(&scope.route, &out.pacing);
         if let Some(delay) = slot_delay {
             span.record("tollgate.slot.delay_ms", delay);
         }
@@ -355,8 +375,12 @@ impl Budget for BudgetService {
             cooldown_until_unix_ms: out.view.cooldown_until_ms,
             policy_version: out.policy_version,
             reserves_token: false,
-            ask_again_unix_ms: 0,
-            wake_rate: 0.0,
+            ask_again_unix_ms: if decision == ReconsiderDecision::AskAgain {
+                slot
+            } else {
+                0
+            },
+            wake_rate: PacingView::per_sec(out.pacing.wake_rate_m),
         }))
     }
 

@@ -22,6 +22,7 @@ use tollgate_proto::v1::{self, ScopeEvent, ScopeEventKind};
 use tonic::Status;
 
 use crate::events::{CooldownSupport, PolicySnapshot, ScopeSnapshot, StateChange};
+use crate::pacing::Mode;
 use crate::scope::{EvidenceLevel, ScopeKey};
 
 /// A cooldown's end is re-checked at least this often, because the wall
@@ -46,6 +47,10 @@ pub struct Watched {
     /// The corroboration of the cooldown last announced (unknown, so
     /// uncorroborated, in a snapshot).
     pub support: CooldownSupport,
+    /// Whether first attempts wait out the cooldown, by the policy.
+    pub hold_first_attempts: bool,
+    /// The pacing mode last announced by a PACING_CHANGED event.
+    pub pacing: Option<Mode>,
 }
 
 impl Watched {
@@ -60,6 +65,8 @@ impl Watched {
             policy_version: snapshot.policy_version,
             frozen: snapshot.frozen,
             support: CooldownSupport::default(),
+            hold_first_attempts: snapshot.hold_first_attempts,
+            pacing: None,
         }
     }
 
@@ -73,8 +80,11 @@ impl Watched {
             reason: self.frozen.clone().unwrap_or_default(),
             cooldown_corroborated: self.support.corroborated,
             cooldown_workers: self.support.workers,
-            hold_first_attempts: false,
-            pacing_state: String::new(),
+            hold_first_attempts: self.hold_first_attempts,
+            pacing_state: self
+                .pacing
+                .map(|m| m.as_str().to_owned())
+                .unwrap_or_default(),
         }
     }
 }
@@ -219,12 +229,20 @@ fn events_for(w: &mut Watched, change: &StateChange, now_ms: i64) -> Vec<ScopeEv
             ScopeEventKind::PolicyChanged
         }
         StateChange::Policies(PolicySnapshot(set)) => {
-            let version = set.resolve(&w.key.route).policy_version;
-            if version == w.policy_version {
+            let policy = set.resolve(&w.key.route);
+            if policy.policy_version == w.policy_version {
                 return Vec::new();
             }
-            w.policy_version = version;
+            w.policy_version = policy.policy_version;
+            w.hold_first_attempts = policy.hold_first_attempts;
             ScopeEventKind::PolicyChanged
+        }
+        StateChange::Pacing { route, mode } => {
+            if *route != w.key.route || w.pacing == Some(*mode) {
+                return Vec::new();
+            }
+            w.pacing = Some(*mode);
+            ScopeEventKind::PacingChanged
         }
         StateChange::Reset {
             route,
@@ -269,6 +287,8 @@ mod tests {
             policy_version: 1,
             frozen: None,
             support: CooldownSupport::default(),
+            hold_first_attempts: true,
+            pacing: None,
         }]
     }
 

@@ -4,6 +4,7 @@
 //! and the Rust modules agree.
 
 pub(crate) mod corroboration;
+pub(crate) mod pacing;
 
 use super::{ReportBatch, Store, StoreError};
 use crate::scope::ScopeKey;
@@ -20,6 +21,7 @@ pub(crate) async fn deposit(
         worker_id: "w",
         first_attempts,
         successes: 0,
+        rejections: 0,
         hints: &[],
         now_ms,
     };
@@ -93,19 +95,30 @@ macro_rules! contract_tests {
         }
     };
     (@cases $mode:ident $make:path) => {
-        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze, one_report_deposits_and_merges_every_hint_in_order, one_enormous_hint_among_quiet_workers_reaches_only_the_cap, three_agreeing_workers_corroborate_the_full_cooldown, an_outlier_among_twenty_does_not_set_the_cooldown, uncertain_evidence_from_one_worker_does_not_broaden, a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged, a_normal_only_fleet_uses_most_of_the_budget, lower_classes_never_take_criticals_reserve, a_retry_that_succeeded_earns_its_token_back);
+        crate::store::contract::contract_tests!(@$mode $make; leases_take_tokens_and_release_returns_them, a_cooldown_reaches_every_priority_and_slots_follow_it, uncertain_evidence_covers_the_whole_caller_scope, a_frozen_scope_grants_nothing_and_gives_no_slot, idle_scopes_are_evicted_and_live_ones_kept, first_attempts_grow_the_allowance_and_slide_out, leases_are_fair_and_expired_ones_keep_their_charge, throttled_retries_cost_more_and_classes_do_not_share, hintless_rejections_widen_the_backoff_and_successes_narrow_it, slots_are_spread_jittered_idempotent_and_deadline_checked, a_later_cooldown_voids_a_pending_slot_and_unfreezing_works, the_store_is_healthy_when_it_can_serve, scopes_are_listed_in_pages_and_filtered, scope_detail_shows_balance_leases_and_the_cooldown_hint, reset_forgets_budget_and_cooldown_but_keeps_a_freeze, one_report_deposits_and_merges_every_hint_in_order, one_enormous_hint_among_quiet_workers_reaches_only_the_cap, three_agreeing_workers_corroborate_the_full_cooldown, an_outlier_among_twenty_does_not_set_the_cooldown, uncertain_evidence_from_one_worker_does_not_broaden, a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged, a_normal_only_fleet_uses_most_of_the_budget, lower_classes_never_take_criticals_reserve, a_retry_that_succeeded_earns_its_token_back, a_far_slot_is_ask_again_and_a_near_one_is_given, rejections_outside_a_cooldown_cut_the_wake_rate, a_limiter_that_rearms_its_window_is_detected);
 
         /// The cases, each a function of the store under test.
         mod cases {
         pub(super) use crate::store::contract::corroboration::*;
+        pub(super) use crate::store::contract::pacing::*;
         use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
         use crate::hints::{Assessment, EvidenceInput, Merge, assess};
-        use crate::policy::Policy;
+        use crate::policy::{Policy, PolicySpec, WakeRate};
         use crate::scope::{EvidenceLevel, Priority, RetryClass, RouteKey, ScopeKey};
         use crate::slots::SlotAsk;
-        use crate::store::{LevelHint, Reconsidered, ReportBatch, Store, StoreError};
+        use crate::store::{LevelHint, Reconsidered, ReportBatch, Slotted, Store, StoreError};
 
         const T0: i64 = 1_700_000_000_000;
+
+        /// A pinned wake rate: slots at any distance, the cursor's own
+        /// rules, nothing learned.
+        fn pinned(rate: u32) -> Policy {
+            Policy::try_new(&PolicySpec {
+                wake_rate: Some(WakeRate::Pinned(rate)),
+                ..PolicySpec::default()
+            })
+            .expect("valid")
+        }
 
         fn scope(caller: &str, route: &str) -> ScopeKey {
             ScopeKey::new(caller, route, Priority::Critical)
@@ -147,6 +160,7 @@ macro_rules! contract_tests {
                 worker_id: worker,
                 first_attempts,
                 successes,
+                rejections: 0,
                 hints: &[],
                 now_ms,
             };
@@ -171,6 +185,7 @@ macro_rules! contract_tests {
                 worker_id: "w",
                 first_attempts: 0,
                 successes: 0,
+                rejections: 0,
                 hints: &hints,
                 now_ms: T0,
             };
@@ -217,7 +232,7 @@ macro_rules! contract_tests {
         }
 
         pub(super) async fn a_cooldown_reaches_every_priority_and_slots_follow_it(s: &dyn Store) {
-            let p = Policy::default();
+            let p = pinned(50);
             let key = scope("c", "r");
             let m = merge_429(s, EvidenceLevel::Route(key.route.clone()), "30", &p).await;
             assert!(m.raised);
@@ -234,10 +249,10 @@ macro_rules! contract_tests {
                 .await
                 .expect("lease");
             assert_eq!(leased.view.cooldown_until_ms, T0 + 30_000);
-            let (slot, _) = s
+            let slot = s
                 .reconsider(&key.route, slot_ask("i", T0), &p)
                 .await
-                .expect("slot");
+                .expect("slot").decided;
             assert_eq!(slot, Reconsidered::Slot(T0 + 30_000));
         }
 
@@ -272,10 +287,10 @@ macro_rules! contract_tests {
             let leased = s.lease(&key, ask("w", 5, T0), &p).await.expect("lease");
             assert_eq!(leased.grant.granted, 0);
             assert_eq!(leased.grant.limit, GrantLimit::Frozen);
-            let (r, _) = s
+            let r = s
                 .reconsider(&key.route, slot_ask("i", T0), &p)
                 .await
-                .expect("slot");
+                .expect("slot").decided;
             assert_eq!(r, Reconsidered::Frozen);
         }
 
@@ -578,29 +593,29 @@ macro_rules! contract_tests {
         }
 
         pub(super) async fn slots_are_spread_jittered_idempotent_and_deadline_checked(s: &dyn Store) {
-            let p = Policy::default();
+            let p = pinned(50);
             let route = scope("c", "r").route;
-            let rate = i64::from(p.wake_rate_per_sec);
+            let rate = 50;
             let interval = 1_000_000i64.div_euclid(rate) / 1000; // ms, for rates dividing 1e6
             // A floor ahead of now, so the slots are still pending when asked again.
             let at = |intent| SlotAsk {
                 floor_ms: T0 + 1_000,
                 ..slot_ask(intent, T0)
             };
-            let (a, _) = s.reconsider(&route, at("a"), &p).await.expect("slot");
+            let a = s.reconsider(&route, at("a"), &p).await.expect("slot").decided;
             assert_eq!(a, Reconsidered::Slot(T0 + 1_000));
             let again = SlotAsk {
                 jitter_ppm: 999_999,
                 ..at("a")
             };
-            let (again, _) = s.reconsider(&route, again, &p).await.expect("slot");
+            let again = s.reconsider(&route, again, &p).await.expect("slot").decided;
             assert_eq!(again, a, "asking again while pending: the same slot");
             let late = SlotAsk {
                 deadline_ms: T0 + 1_000 + interval,
                 reserve_ms: 1,
                 ..at("late")
             };
-            let (refused, _) = s.reconsider(&route, late, &p).await.expect("slot");
+            let refused = s.reconsider(&route, late, &p).await.expect("slot").decided;
             assert_eq!(
                 refused,
                 Reconsidered::DeadlineInfeasible(T0 + 1_000 + interval)
@@ -609,7 +624,7 @@ macro_rules! contract_tests {
                 jitter_ppm: 500_000,
                 ..at("b")
             };
-            let (b, _) = s.reconsider(&route, half, &p).await.expect("slot");
+            let b = s.reconsider(&route, half, &p).await.expect("slot").decided;
             assert_eq!(
                 b,
                 Reconsidered::Slot(T0 + 1_000 + interval + interval / 2),
@@ -618,15 +633,15 @@ macro_rules! contract_tests {
         }
 
         pub(super) async fn a_later_cooldown_voids_a_pending_slot_and_unfreezing_works(s: &dyn Store) {
-            let p = Policy::default();
+            let p = pinned(50);
             let key = scope("c", "r");
-            let (first, _) = s
+            let first = s
                 .reconsider(&key.route, slot_ask("i", T0), &p)
                 .await
-                .expect("slot");
+                .expect("slot").decided;
             assert_eq!(first, Reconsidered::Slot(T0));
             merge_429(s, EvidenceLevel::Caller("c".into()), "10", &p).await;
-            let (moved, view) = s
+            let Slotted { decided: moved, view: view, .. } = s
                 .reconsider(&key.route, slot_ask("i", T0), &p)
                 .await
                 .expect("slot");
@@ -662,6 +677,7 @@ macro_rules! contract_tests {
                 worker_id: "w",
                 first_attempts: 100,
                 successes: 1,
+                rejections: 0,
                 hints: &hints,
                 now_ms: T0,
             };

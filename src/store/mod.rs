@@ -23,9 +23,10 @@ use std::pin::Pin;
 
 use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk, LeaseEnd};
 use crate::hints::{Assessment, EvidenceDetail, HintRecord, Merge};
+use crate::pacing::{Mode, PacingView};
 use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
-use crate::slots::{SlotAsk, SlotError};
+use crate::slots::{SlotAsk, SlotError, SlotOutcome};
 
 pub use admin_state::{AdminSnapshot, AdminStateStore, Committed};
 pub use memory::MemoryStore;
@@ -95,6 +96,29 @@ pub enum Reconsidered {
     DeadlineInfeasible(i64),
     /// The scope is frozen: no slots.
     Frozen,
+    /// No slot yet: ask again at this instant.
+    AskAgain(i64),
+}
+
+/// What `Reconsider` decided, with the route's state and pacing then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slotted {
+    /// A slot, ask again, a refusal, or frozen.
+    pub decided: Reconsidered,
+    /// The route's effective state.
+    pub view: RouteView,
+    /// The route's pacing at the decision.
+    pub pacing: PacingView,
+}
+
+impl From<SlotOutcome> for Reconsidered {
+    fn from(outcome: SlotOutcome) -> Self {
+        match outcome {
+            SlotOutcome::Slot(at) => Reconsidered::Slot(at),
+            SlotOutcome::DeadlineInfeasible(at) => Reconsidered::DeadlineInfeasible(at),
+            SlotOutcome::AskAgain(at) => Reconsidered::AskAgain(at),
+        }
+    }
 }
 
 /// One assessed hint of a report, and whether it covers the reported route
@@ -130,10 +154,35 @@ pub struct ReportBatch<'a> {
     pub first_attempts: u32,
     /// Successes since the last report: each narrows the backoff step.
     pub successes: u32,
+    /// Attempts refused for capacity since the last report (at least the
+    /// rejections among `hints`): what pacing judges capacity from.
+    pub rejections: u32,
     /// The rate-limit evidence, in the order the worker saw it.
     pub hints: &'a [LevelHint],
     /// The coordinator's clock at the report.
     pub now_ms: i64,
+}
+
+impl ReportBatch<'_> {
+    /// The hint ends pacing learns from: those the fleet agreed with. An
+    /// outlier's or an uncorroborated claim is one worker's word (pacing
+    /// would read a liar's ever-later claims as a re-arming limiter), and a
+    /// muted worker's is evidence only.
+    pub fn agreed_hint_ends(&self, merges: &[Merge]) -> Vec<i64> {
+        self.hints
+            .iter()
+            .zip(merges)
+            .filter(|(_, m)| m.claim == crate::hints::corroboration::Claim::Agreed)
+            .filter_map(|(h, _)| h.assessment.cooldown_until_ms)
+            .collect()
+    }
+
+    /// The rejections pacing counts: the report's count, and never fewer
+    /// than the hints it carries (an older worker sends no count).
+    pub fn rejections_counted(&self) -> u32 {
+        self.rejections
+            .max(u32::try_from(self.hints.len()).unwrap_or(u32::MAX))
+    }
 }
 
 /// What a report changed.
@@ -144,6 +193,10 @@ pub struct Reported {
     pub merges: Vec<Merge>,
     /// The route's effective state after the whole report.
     pub view: RouteView,
+    /// The route's pacing after the report.
+    pub pacing: PacingView,
+    /// The pacing mode before the report, to tell a change.
+    pub pacing_was: Mode,
 }
 
 /// Which routes [`Store::list_scopes`] returns.
@@ -213,6 +266,8 @@ pub struct ScopeDetail {
     pub route_evidence: EvidenceDetail,
     /// The same for the caller scope's (uncertain) evidence.
     pub caller_evidence: EvidenceDetail,
+    /// How fast the route's waiting intents are woken, and what was learned.
+    pub pacing: PacingView,
 }
 
 /// How full a store's bounded scope table is, for the `tollgate.scopes.*`
@@ -248,8 +303,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies one worker report as one state change: deposits first
     /// attempts (they grow the budget) and successes (they narrow the
-    /// backoff of the route and of its caller scope), then merges every
-    /// assessed hint, in order, into the cooldown and backoff of its level.
+    /// backoff of the route and of its caller scope), merges every
+    /// assessed hint, in order, into the cooldown and backoff of its level,
+    /// and feeds the counts to the route's pacing ([`crate::pacing`]).
     /// Returns one [`Merge`] per hint and the route's state afterwards.
     fn report<'a>(
         &'a self,
@@ -259,13 +315,15 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreFuture<'a, Reported>;
 
     /// Gives an intent a slot after the route's floor (and `ask.floor_ms`,
-    /// the worker's own not-before), advancing the route's cursor.
+    /// the worker's own not-before) at the route's learned or pinned wake
+    /// rate (`policy.pacing`), advancing the route's cursor; or tells it to
+    /// ask again when its slot would lie beyond the policy's horizon.
     fn reconsider<'a>(
         &'a self,
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, RouteView)>;
+    ) -> StoreFuture<'a, Slotted>;
 
     /// The route's effective state; an unknown route has the empty state
     /// (and reading it creates nothing).

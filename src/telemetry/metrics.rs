@@ -24,7 +24,10 @@ use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_client::telemetry::caller_scope_attr;
 
 use crate::budget::{Grant, GrantLimit};
-use crate::scope::{Priority, ScopeKey};
+use crate::pacing::PacingView;
+use crate::scope::{Priority, RouteKey, ScopeKey};
+
+use super::pacing::PacingBook;
 
 /// Scopes shown by `tollgate.budget.lowest`.
 pub const LOWEST_BALANCES: usize = 5;
@@ -45,6 +48,8 @@ pub struct CoordinatorMetrics {
     slot_delay: Histogram<f64>,
     shadow: Counter<u64>,
     books: Arc<Books>,
+    pacing: Arc<PacingBook>,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for CoordinatorMetrics {
@@ -160,6 +165,8 @@ impl CoordinatorMetrics {
                 .build();
         }
         super::freezes::register(meter);
+        let pacing = Arc::new(PacingBook::default());
+        PacingBook::register(&pacing, meter, &clock);
         CoordinatorMetrics {
             leases: meter
                 .u64_counter("tollgate.leases")
@@ -206,7 +213,15 @@ impl CoordinatorMetrics {
                 )
                 .build(),
             books,
+            pacing,
+            clock,
         }
+    }
+
+    /// What a Report or Reconsider left of `route`'s pacing.
+    pub fn pacing(&self, route: &RouteKey, view: &PacingView) {
+        self.pacing
+            .record(route, view, to_unix_ms(self.clock.now()));
     }
 
     /// A decision a shadow policy let through; `rpc` is `lease` or

@@ -32,6 +32,7 @@
 pub mod freezes;
 pub mod metrics;
 pub mod metrics_http;
+pub mod pacing;
 pub mod propagation;
 pub mod rpc;
 pub mod scopes;

@@ -149,6 +149,7 @@ pub(crate) fn rate_limited_at(
         worker_id: worker.into(),
         first_attempts: 1,
         successes: 0,
+        rejections: 1,
         evidence: vec![v1::Evidence {
             http_status: 429,
             has_retry_after: true,

@@ -21,6 +21,7 @@ async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
             worker_id: &format!("w{i}"),
             first_attempts: 1,
             successes: 0,
+            rejections: 0,
             hints: &[],
             now_ms: T0,
         };
@@ -44,6 +45,7 @@ async fn report_429(s: &dyn Store, worker: &str, hint: &str, uncertain: bool, p:
         worker_id: worker,
         first_attempts: 0,
         successes: 0,
+        rejections: 0,
         hints: &hints,
         now_ms: T0,
     };

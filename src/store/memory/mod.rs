@@ -38,13 +38,14 @@ use dashmap::DashMap;
 
 use crate::budget::{BudgetLedger, GrantAsk, GrantLimit, LeaseEnd, MAX_WINDOW_SECS};
 use crate::hints::{Assessment, EvidenceDetail, HintState, Merge, Reporter};
+use crate::pacing::Observation;
 use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
-use crate::slots::{SlotAsk, SlotOutcome};
+use crate::slots::SlotAsk;
 
 use super::{
     LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeCounts, ScopeDetail,
-    ScopeFilter, ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
+    ScopeFilter, ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
 use route::{RouteName, RouteState};
 
@@ -308,6 +309,9 @@ impl MemoryStore {
             caller.hints.decay();
         }
         let mut merges: Vec<Option<Merge>> = vec![None; report.hints.len()];
+        // Rejections that arrive while a cooldown already held are explained
+        // by it: pacing is told the cooldown as it was before this report.
+        let cooldown_before = self.view_now(&scope.route).cooldown_until_ms;
         let active = self.with_route(&scope.route, now_ms, |state| {
             state.budget(now_ms).deposit(
                 policy,
@@ -350,9 +354,27 @@ impl MemoryStore {
                     Some(self.merge_caller(caller, &hint.assessment, reporter, policy, now_ms)?);
             }
         }
+        let merges: Vec<Merge> = merges.into_iter().flatten().collect();
+        let hint_ends = report.agreed_hint_ends(&merges);
+        let observation = Observation {
+            now_ms,
+            first_attempts: report.first_attempts,
+            successes: report.successes,
+            rejections: report.rejections_counted(),
+            hint_until_ms: &hint_ends,
+            cooldown_until_ms: cooldown_before,
+        };
+        let (pacing, pacing_was) = self.with_route(&scope.route, now_ms, |state| {
+            let pacing = state.pacing_mut(now_ms, &policy.pacing);
+            let was = pacing.mode();
+            pacing.observe(&observation, &policy.pacing);
+            (state.pacing_view(now_ms, &policy.pacing), was)
+        })?;
         Ok(Reported {
-            merges: merges.into_iter().flatten().collect(),
+            merges,
             view: self.view_now(&scope.route),
+            pacing,
+            pacing_was,
         })
     }
 
@@ -423,26 +445,29 @@ impl Store for MemoryStore {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
+    ) -> StoreFuture<'a, Slotted> {
         let caller = self.caller_floor(&route.caller_scope);
         let result = self
             .with_route(route, ask.now_ms, |state| {
                 let view = Self::view_of(state, caller);
                 if view.frozen.is_some() {
-                    return Ok((Reconsidered::Frozen, view));
+                    let pacing = state.pacing_view(ask.now_ms, &policy.pacing);
+                    return Ok(Slotted {
+                        decided: Reconsidered::Frozen,
+                        view,
+                        pacing,
+                    });
                 }
                 let ask = SlotAsk {
                     floor_ms: ask.floor_ms.max(view.floor_ms),
                     ..ask
                 };
-                let decided = match state.slots_mut().assign(
-                    ask,
-                    u32::try_from(policy.pacing.pinned_m.map_or(50, |m| m / 1000)).unwrap_or(50),
-                )? {
-                    SlotOutcome::Slot(at) => Reconsidered::Slot(at),
-                    SlotOutcome::DeadlineInfeasible(at) => Reconsidered::DeadlineInfeasible(at),
-                };
-                Ok((decided, view))
+                let (outcome, pacing) = state.assign_slot(ask, &policy.pacing)?;
+                Ok(Slotted {
+                    decided: outcome.into(),
+                    view,
+                    pacing,
+                })
             })
             .and_then(|r| r);
         Box::pin(ready(result))
@@ -560,6 +585,7 @@ impl Store for MemoryStore {
                 caller_hints,
                 route_evidence: state.hints().evidence(now_ms),
                 caller_evidence,
+                pacing: state.pacing_view(now_ms, &policy.pacing),
             }
         });
         Box::pin(ready(Ok(detail)))

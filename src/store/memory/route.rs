@@ -13,8 +13,9 @@
 
 use crate::budget::BudgetLedger;
 use crate::hints::{HintRecord, HintState};
+use crate::pacing::{PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
-use crate::slots::SlotCursor;
+use crate::slots::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
 
 /// A [`RouteKey`] as one allocation: `"{caller_len}:{caller_scope}{route}"`.
 /// The length prefix makes it injective for any two names (no separator
@@ -64,11 +65,14 @@ impl RouteName {
     }
 }
 
-/// Hints, slots and a freeze: absent for most routes most of the time.
+/// Hints, slots, pacing and a freeze: absent for most routes most of the
+/// time.
 #[derive(Debug, Default)]
 struct Extras {
     hints: HintState,
     slots: SlotCursor,
+    /// Boxed apart: a route that reports but never waits needs none.
+    pacing: Option<Box<PacingState>>,
     frozen: Option<String>,
 }
 
@@ -132,8 +136,36 @@ impl RouteState {
         &mut self.extras().hints
     }
 
-    pub(super) fn slots_mut(&mut self) -> &mut SlotCursor {
-        &mut self.extras().slots
+    /// The route's pacing, started at `now_ms` under `policy` if new.
+    pub(super) fn pacing_mut(&mut self, now_ms: i64, policy: &PacingPolicy) -> &mut PacingState {
+        self.extras()
+            .pacing
+            .get_or_insert_with(|| Box::new(PacingState::new(now_ms, policy)))
+    }
+
+    /// What an operator sees of the route's pacing at `now_ms`, read from a
+    /// copy so looking changes nothing.
+    pub(super) fn pacing_view(&self, now_ms: i64, policy: &PacingPolicy) -> PacingView {
+        let extras = self.extras.as_deref();
+        let mut pacing = extras
+            .and_then(|e| e.pacing.as_deref().copied())
+            .unwrap_or_else(|| PacingState::new(now_ms, policy));
+        pacing.advance(now_ms, policy);
+        pacing.view(extras.map_or(0, |e| e.slots.asking()))
+    }
+
+    /// A slot, ask again, or a refusal, at the route's wake rate.
+    pub(super) fn assign_slot(
+        &mut self,
+        ask: SlotAsk<'_>,
+        policy: &PacingPolicy,
+    ) -> Result<(SlotOutcome, PacingView), SlotError> {
+        let extras = self.extras();
+        let pacing = extras
+            .pacing
+            .get_or_insert_with(|| Box::new(PacingState::new(ask.now_ms, policy)));
+        let outcome = extras.slots.assign(ask, pacing, policy)?;
+        Ok((outcome, pacing.view(extras.slots.asking())))
     }
 
     pub(super) fn frozen(&self) -> Option<&String> {

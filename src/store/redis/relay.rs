@@ -187,6 +187,9 @@ fn encode(origin: u64, change: &StateChange) -> Option<Value> {
         } => {
             json!({"o": origin, "k": "reset", "route": route_json(route), "until": cooldown_until_ms})
         }
+        StateChange::Pacing { route, mode } => {
+            json!({"o": origin, "k": "pacing", "route": route_json(route), "mode": *mode as u8})
+        }
         StateChange::Policies(_) => return None,
     })
 }
@@ -233,6 +236,10 @@ fn decode(text: &str) -> Option<(u64, StateChange)> {
             route: route()?,
             cooldown_until_ms: v.get("until")?.as_i64()?,
         },
+        "pacing" => StateChange::Pacing {
+            route: route()?,
+            mode: crate::pacing::Mode::from_code(v.get("mode")?.as_i64()?),
+        },
         _ => return None,
     };
     Some((origin, change))
@@ -273,6 +280,10 @@ mod tests {
             StateChange::Policy {
                 route: route.clone(),
                 policy_version: 7,
+            },
+            StateChange::Pacing {
+                route: route.clone(),
+                mode: crate::pacing::Mode::PenaltyExtending,
             },
             StateChange::Reset {
                 route,

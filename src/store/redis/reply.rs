@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use crate::hints::corroboration::Claim;
 use crate::hints::{Corroboration, EvidenceDetail, HintRecord, Merge, WorkerEvidence};
+use crate::pacing::{Mode, PacingView};
 use crate::scope::RouteKey;
 use crate::slots::SlotError;
 use crate::store::{RouteView, ScopeSummary, StoreError};
@@ -130,6 +131,22 @@ pub(super) fn merges(r: &Reply, n: usize) -> Result<Vec<Merge>, StoreError> {
             })
         })
         .collect()
+}
+
+/// Fields of a pacing view in a reply (`pacing.lua`'s `pace_view_out`).
+pub(super) const PACING_VIEW_FIELDS: usize = 7;
+
+/// The pacing view `pace_view_out` wrote from field `at`.
+pub(super) fn pacing_at(r: &Reply, at: usize) -> Result<PacingView, StoreError> {
+    Ok(PacingView {
+        mode: Mode::from_code(r.int(at)?),
+        wake_rate_m: r.int(at + 1)?,
+        capacity_m: r.int(at + 2)?,
+        first_rate_m: r.int(at + 3)?,
+        spare_m: r.int(at + 4)?,
+        penalty_until_ms: r.int(at + 5)?,
+        asking: count(r.int(at + 6)?),
+    })
 }
 
 /// Fields per merge in a report's reply (the prelude's `merge_hint`).

@@ -10,6 +10,7 @@ use redis::{Script, ScriptInvocation};
 use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
 use crate::hints::corroboration::{MAX_EVIDENCE_WORKERS, MAX_MUTES, NOISY_MIN_DISAGREEMENTS};
 use crate::hints::{MAX_BACKOFF_STEP, RECENT_HINTS};
+use crate::pacing::PacingPolicy;
 use crate::policy::Policy;
 use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 use crate::store::LevelHint;
@@ -58,17 +59,20 @@ pub(crate) fn prelude() -> String {
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let prelude = prelude();
     let with_prelude = |body: &str| Script::new(&format!("{prelude}\n{body}"));
+    // The scripts that pace include the controller's port after the prelude.
+    let pacing = include_str!("lua/pacing.lua");
+    let paced = |body: &str| Script::new(&format!("{prelude}\n{pacing}\n{body}"));
     Scripts {
         lease: with_prelude(include_str!("lua/lease.lua")),
         release: with_prelude(include_str!("lua/release.lua")),
-        report: with_prelude(include_str!("lua/report.lua")),
+        report: paced(include_str!("lua/report.lua")),
         report_caller: with_prelude(include_str!("lua/report_caller.lua")),
-        reconsider: with_prelude(include_str!("lua/reconsider.lua")),
+        reconsider: paced(include_str!("lua/reconsider.lua")),
         view: with_prelude(include_str!("lua/view.lua")),
         caller: with_prelude(include_str!("lua/caller.lua")),
         freeze: with_prelude(include_str!("lua/freeze.lua")),
         evict: with_prelude(include_str!("lua/evict.lua")),
-        detail: with_prelude(include_str!("lua/detail.lua")),
+        detail: paced(include_str!("lua/detail.lua")),
         caller_detail: with_prelude(include_str!("lua/caller_detail.lua")),
         reset: with_prelude(include_str!("lua/reset.lua")),
         mute: with_prelude(include_str!("lua/mute.lua")),
@@ -90,6 +94,16 @@ pub(super) fn hint_args(inv: &mut ScriptInvocation<'_>, hint: &LevelHint) {
         .arg(u8::from(a.valid))
         .arg(u8::from(a.capped))
         .arg(u8::from(a.clock_skew));
+}
+
+/// Appends the five pacing policy arguments, in the order `pacing.lua`'s
+/// `pace_policy` reads them (-1 for a key not set).
+pub(super) fn pacing_args(inv: &mut ScriptInvocation<'_>, pacing: &PacingPolicy) {
+    inv.arg(pacing.pinned_m.unwrap_or(-1))
+        .arg(pacing.known_limit_m.unwrap_or(-1))
+        .arg(pacing.floor_m)
+        .arg(pacing.ceiling_m)
+        .arg(pacing.horizon_ms);
 }
 
 /// Appends the policy's corroboration keys, in the order the prelude's

@@ -8,19 +8,21 @@ use std::time::Duration;
 use crate::budget::{
     BudgetError, BudgetSnapshot, ClassSnapshot, Grant, GrantAsk, GrantLimit, LeaseEnd,
 };
+use crate::pacing::Mode;
 use crate::policy::Policy;
 use crate::scope::{Priority, RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
 use crate::store::{
     LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
-    ScopePage, ScopeSummary, Store, StoreError, StoreFuture,
+    ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
 
 use super::connection::{Conn, RedisTarget};
 use super::reply::{
-    MERGE_FIELDS, Reply, count, evidence_after, hints_at, merges, summary_of, unsigned, view_at,
+    MERGE_FIELDS, PACING_VIEW_FIELDS, Reply, count, evidence_after, hints_at, merges, pacing_at,
+    summary_of, unsigned, view_at,
 };
-use super::scripts::{SCRIPTS, corroboration_args, hint_args};
+use super::scripts::{SCRIPTS, corroboration_args, hint_args, pacing_args};
 
 /// The Redis [`Store`].
 pub struct RedisStore {
@@ -88,6 +90,7 @@ impl RedisStore {
             for priority in Priority::ALL {
                 inv.arg(policy.share(priority));
             }
+            pacing_args(&mut inv, &policy.pacing);
         }
         let reply = Reply::ok(self.run(&inv).await?)?;
         Ok((reply.int(1)? == 1).then_some(reply))
@@ -186,10 +189,11 @@ impl RedisStore {
             route_cooldown_until_ms: r.int(23)?,
             caller_cooldown_until_ms: ccd,
             backoff_step: u8::try_from(r.int(24)?).unwrap_or(u8::MAX),
-            route_hints: hints_at(&r, 25)?,
+            route_hints: hints_at(&r, 25 + PACING_VIEW_FIELDS)?,
             caller_hints: hints_at(&caller, 3)?,
-            route_evidence: evidence_after(&r, 25, now_ms)?,
+            route_evidence: evidence_after(&r, 25 + PACING_VIEW_FIELDS, now_ms)?,
             caller_evidence: evidence_after(&caller, 3, now_ms)?,
+            pacing: pacing_at(&r, 25)?,
         }))
     }
 
@@ -349,13 +353,18 @@ impl RedisStore {
             hint_args(&mut inv, &report.hints[i]);
         }
         corroboration_args(&mut inv, policy);
+        inv.arg(report.rejections_counted());
+        pacing_args(&mut inv, &policy.pacing);
         let reply = Reply::ok(self.run(&inv).await?)?;
         for (&i, merge) in route_hints.iter().zip(merges(&reply, route_hints.len())?) {
             merged[i] = Some(merge);
         }
+        let at = 1 + MERGE_FIELDS * route_hints.len();
         Ok(Reported {
             merges: merged.into_iter().flatten().collect(),
-            view: view_at(&reply, 1 + MERGE_FIELDS * route_hints.len())?,
+            view: view_at(&reply, at)?,
+            pacing: pacing_at(&reply, at + 3)?,
+            pacing_was: Mode::from_code(reply.int(at + 3 + PACING_VIEW_FIELDS)?),
         })
     }
 
@@ -364,7 +373,7 @@ impl RedisStore {
         route: &RouteKey,
         ask: SlotAsk<'_>,
         policy: &Policy,
-    ) -> Result<(Reconsidered, RouteView), StoreError> {
+    ) -> Result<Slotted, StoreError> {
         let (keys, ccd, cfloor) = self.route_keys(route).await?;
         let mut inv = SCRIPTS.reconsider.prepare_invoke();
         for k in &keys {
@@ -378,16 +387,21 @@ impl RedisStore {
             .arg(ask.floor_ms)
             .arg(ask.deadline_ms)
             .arg(ask.reserve_ms)
-            .arg(ask.jitter_ppm)
-            .arg(policy.pacing.pinned_m.map_or(50, |m| m / 1000));
+            .arg(ask.jitter_ppm);
+        pacing_args(&mut inv, &policy.pacing);
         let reply = Reply::ok(self.run(&inv).await?)?;
         let at = reply.int(2)?;
         let decided = match reply.text(1).as_deref() {
             Some("slot") => Reconsidered::Slot(at),
             Some("infeasible") => Reconsidered::DeadlineInfeasible(at),
+            Some("again") => Reconsidered::AskAgain(at),
             _ => Reconsidered::Frozen,
         };
-        Ok((decided, view_at(&reply, 3)?))
+        Ok(Slotted {
+            decided,
+            view: view_at(&reply, 3)?,
+            pacing: pacing_at(&reply, 6)?,
+        })
     }
 
     async fn view_now(&self, route: &RouteKey) -> Result<RouteView, StoreError> {
@@ -492,7 +506,7 @@ impl Store for RedisStore {
         route: &'a RouteKey,
         ask: SlotAsk<'a>,
         policy: &'a Policy,
-    ) -> StoreFuture<'a, (Reconsidered, RouteView)> {
+    ) -> StoreFuture<'a, Slotted> {
         Box::pin(self.reconsider_now(route, ask, policy))
     }
 

@@ -2,7 +2,8 @@
 -- ScopeDetail), read-only: creates nothing and saves nothing (the series
 -- advance in the decoded copy only), so looking never keeps a scope alive.
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
--- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3.
+-- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3, then
+-- the five pacing policy arguments (pace_policy).
 local ccd, cfloor = caller_floor()
 local now = tonumber(ARGV[3])
 local st = load(KEYS[1])
@@ -13,6 +14,7 @@ for _, l in pairs(st.leases) do
 end
 local waiting = 0
 for _, s in pairs(st.slots.pending) do if s > now then waiting = waiting + 1 end end
+for _, d in pairs(st.slots.asking or {}) do if d > now then waiting = waiting + 1 end end
 local out = {
   'ok', 1, math.max(st.hints.cd, ccd), math.max(hints_floor(st.hints), cfloor),
   st.frozen or false, leases, waiting, st.touched,
@@ -45,6 +47,11 @@ end
 out[#out + 1] = tokens
 out[#out + 1] = st.hints.cd
 out[#out + 1] = st.hints.step
+-- A copy brought to now: looking changes nothing (nothing is saved here).
+local P = pace_policy(12)
+local pace = st.pace or pace_new(now, P)
+pace_advance(pace, now, P)
+pace_view_out(out, pace, count(st.slots.asking or {}))
 hints_out(out, st.hints)
 evidence_out(out, st.hints)
 return out

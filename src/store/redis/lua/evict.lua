@@ -12,6 +12,7 @@ if ARGV[3] == '1' then
   if st.frozen then return 0 end
   for _, l in pairs(st.leases) do if l.exp > now then return 0 end end
   for _, s in pairs(st.slots.pending) do if s > now then return 0 end end
+  for _, d in pairs(st.slots.asking or {}) do if d > now then return 0 end end
 end
 redis.call('DEL', KEYS[1])
 return 1

@@ -234,3 +234,34 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   local last_chance = math.max(deadline - reserve - horizon, now + 1)
   return 'again', math.min(again, last_chance)
 end
+
+-- The pacing policy from five arguments starting at ARGV[i] (pinned, known
+-- limit, floor, ceiling, horizon; -1 for none), as scripts.rs pacing_args
+-- writes them.
+local function pace_policy(i)
+  return {
+    pinned_m = tonumber(ARGV[i]), known_m = tonumber(ARGV[i + 1]),
+    floor_m = tonumber(ARGV[i + 2]), ceiling_m = tonumber(ARGV[i + 3]),
+    horizon_ms = tonumber(ARGV[i + 4]),
+  }
+end
+
+-- The route's pacing, started under P if it has none (stored in the route
+-- blob as `st.pace`).
+local function pace_of(st, now, P)
+  if not st.pace then st.pace = pace_new(now, P) end
+  return st.pace
+end
+
+-- Appends what an operator sees (PacingState::view, PACING_VIEW_FIELDS in
+-- reply.rs): mode, wake rate, capacity, first-attempt rate, spare, penalty
+-- end, intents asking.
+local function pace_view_out(out, p, asking)
+  out[#out + 1] = p.mode
+  out[#out + 1] = pace_wake_rate(p)
+  out[#out + 1] = p.cap_m
+  out[#out + 1] = p.lam_m
+  out[#out + 1] = pace_spare(p)
+  out[#out + 1] = p.mode == M_PENALTY and p.penalty_until or 0
+  out[#out + 1] = asking
+end

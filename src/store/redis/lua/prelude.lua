@@ -39,6 +39,10 @@ end
 -- Euclidean seconds of a millisecond instant (Rust's div_euclid(1000)).
 local function sec_of(ms) return math.floor(ms / 1000) end
 
+-- The longest any key is kept without being touched: past every hint
+-- (max_hint is at most a day), lease and slot.
+local MAX_TTL_MS = 30 * 86400000
+
 local function load(key)
   local raw = redis.call('GET', key)
   if not raw then return nil end
@@ -53,7 +57,9 @@ local function save(key, st, live_until, now, idle_ms)
   if st.frozen then
     redis.call('SET', key, blob)
   else
-    local ttl = idle_ms + math.max(0, live_until - now)
+    -- Bounded: an intent may name a deadline far off (it waits only as
+    -- long as it keeps asking), and PX takes at most a 64-bit integer.
+    local ttl = math.min(idle_ms + math.max(0, live_until - now), MAX_TTL_MS)
     redis.call('SET', key, blob, 'PX', math.max(1, ttl))
   end
 end
@@ -311,6 +317,7 @@ local function live_until(st, now)
   local t = hints_live(st.hints)
   for _, l in pairs(st.leases) do t = math.max(t, l.exp) end
   for _, s in pairs(st.slots.pending) do t = math.max(t, s) end
+  for _, d in pairs(st.slots.asking or {}) do t = math.max(t, d) end
   return t
 end
 

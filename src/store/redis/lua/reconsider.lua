@@ -1,48 +1,76 @@
--- Gives an intent a slot after the route's floor (SlotCursor::assign):
--- one slot per 1/wake_rate interval, jittered inside it; a slot that would
--- not fit the deadline is refused and takes nothing. The jitter is drawn by
--- the coordinator from its seedable RNG and passed in.
+-- Gives an intent a slot after the route's floor (SlotCursor::assign): at
+-- the route's learned or pinned wake rate (pacing.lua's pace_decide), a
+-- slot within the horizon, "ask again", or a refusal that takes nothing.
+-- The jitter is drawn by the coordinator from its seedable RNG and passed
+-- in.
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
--- idle_ms, intent, floor, deadline, reserve, jitter ppm, wake rate.
+-- idle_ms, intent, floor, deadline, reserve, jitter ppm, then the five
+-- pacing policy arguments (pace_policy).
+-- Reply: 'ok', kind, at, cooldown, floor, freeze, then the pacing view.
 local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local intent = ARGV[5]
 local ask_floor, deadline = tonumber(ARGV[6]), tonumber(ARGV[7])
-local reserve, jitter, rate = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local reserve, jitter = tonumber(ARGV[8]), tonumber(ARGV[9])
+local P = pace_policy(10)
 local ccd, cfloor = caller_floor()
 local st = route_get(KEYS[1], now)
 local cd = math.max(st.hints.cd, ccd)
 local vfloor = math.max(hints_floor(st.hints), cfloor)
+local cur = st.slots
+cur.asking = cur.asking or {}
+local pace = pace_of(st, now, P)
 
-local function done(...)
+local function done(kind, at)
   save(KEYS[1], st, live_until(st, now), now, idle_ms)
-  return { ... }
+  local out = { 'ok', kind, at, cd, vfloor, st.frozen or false }
+  pace_view_out(out, pace, count(cur.asking))
+  return out
 end
 
-if st.frozen then return done('ok', 'frozen', 0, cd, vfloor, st.frozen) end
+if st.frozen then
+  pace_advance(pace, now, P)
+  return done('frozen', 0)
+end
 local floor = math.max(ask_floor, vfloor, now)
-local cur = st.slots
 local pending = cur.pending[intent]
 if pending then
   -- Still pending and after the floor: the same answer. A floor that moved
   -- past it (a newer cooldown) voids it.
   if pending > now and pending >= floor then
-    return done('ok', 'slot', pending, cd, vfloor, false)
+    pace_advance(pace, now, P)
+    return done('slot', pending)
   end
   cur.pending[intent] = nil
 end
-local interval = math.ceil(1000000 / math.max(rate, 1))
-local start = math.max(cur.next, floor * 1000)
-local offset = idiv(interval * math.min(jitter, JITTER_SCALE - 1), JITTER_SCALE)
-local slot = math.floor((start + offset) / 1000)
-if slot + reserve > deadline then
-  return done('ok', 'infeasible', slot, cd, vfloor, false)
-end
-if count(cur.pending) >= MAX_PENDING then
-  for i, s in pairs(cur.pending) do
-    if s <= now then cur.pending[i] = nil end
+-- Intents past their deadline stop counting as waiting, checked at most
+-- once a window (it walks the whole table).
+if now - (cur.pruned or 0) >= PACE_WINDOW or count(cur.asking) >= MAX_PENDING then
+  for i, d in pairs(cur.asking) do
+    if d <= now then cur.asking[i] = nil end
   end
-  if count(cur.pending) >= MAX_PENDING then return { 'err', 'too_many_waiting' } end
+  cur.pruned = now
 end
-cur.next = start + interval
-cur.pending[intent] = slot
-return done('ok', 'slot', slot, cd, vfloor, false)
+local asked_before = cur.asking[intent] ~= nil
+local waiting = count(cur.asking) - (asked_before and 1 or 0)
+local kind, at, cursor = pace_decide(pace, P, now, floor, deadline, reserve, jitter,
+  waiting, cur.next)
+if kind == 'slot' then
+  if count(cur.pending) >= MAX_PENDING then
+    for i, s in pairs(cur.pending) do
+      if s <= now then cur.pending[i] = nil end
+    end
+    if count(cur.pending) >= MAX_PENDING then return { 'err', 'too_many_waiting' } end
+  end
+  cur.asking[intent] = nil
+  cur.next = cursor
+  cur.pending[intent] = at
+  return done('slot', at)
+elseif kind == 'again' then
+  if not asked_before and count(cur.asking) >= MAX_PENDING then
+    return { 'err', 'too_many_waiting' }
+  end
+  cur.asking[intent] = deadline
+  return done('again', at)
+end
+cur.asking[intent] = nil
+return done('infeasible', at)

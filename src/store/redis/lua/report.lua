@@ -8,9 +8,11 @@
 -- ARGV: caller cooldown, caller floor, now, idle_ms, worker, class (1..3),
 -- first attempts, successes, window seconds, backoff base, backoff max,
 -- hint count, then HINT_FIELDS per hint, then the corroboration keys
--- (corr_rules).
+-- (corr_rules), then the rejection count and the five pacing policy
+-- arguments (pace_policy).
 -- Reply: 'ok', MERGE_FIELDS per hint (merge_hint), then cooldown, floor,
--- freeze of the route's view.
+-- freeze of the route's view, the pacing view (pace_view_out) and the
+-- pacing mode before the report.
 local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local wid, p = ARGV[5], tonumber(ARGV[6])
 local first, successes, window = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -19,12 +21,18 @@ local c, c_merged = nil, false
 if KEYS[2] then c = load(KEYS[2]) end
 if successes > 0 and c then decay(c.hints) end
 local st = route_get(KEYS[1], now)
+-- Rejections that arrive while a cooldown already held are explained by it:
+-- pacing is told the cooldown as it was before this report.
+local cd_before = math.max(st.hints.cd, c and c.hints.cd or tonumber(ARGV[1]))
 s_add(st.fa, sec_of(now), first)
 touch(st.cls[p], wid, now, window * 1000)
 if successes > 0 then decay(st.hints) end
 local R = corr_rules(13 + n * HINT_FIELDS)
 local active = active_workers(st, now, window * 1000)
 local out = { 'ok' }
+-- The hint ends pacing learns from: those the fleet agreed with (claim 1,
+-- ReportBatch::agreed_hint_ends).
+local ends = {}
 for i = 1, n do
   local a = hint_at(13 + (i - 1) * HINT_FIELDS)
   if a.route then
@@ -35,7 +43,13 @@ for i = 1, n do
     c_merged = true
     merge_hint(out, c.hints, a, now, base, max, wid, active, R)
   end
+  if out[#out - 1] == 1 and a.until_ms >= 0 then ends[#ends + 1] = a.until_ms end
 end
+local pi = 13 + n * HINT_FIELDS + 3
+local P = pace_policy(pi + 1)
+local pace = pace_of(st, now, P)
+local was = pace.mode
+pace_observe(pace, P, now, first, successes, math.max(tonumber(ARGV[pi]), n), ends, cd_before)
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
 local ccd, cfloor = caller_floor()
 if c then
@@ -45,4 +59,6 @@ end
 out[#out + 1] = math.max(st.hints.cd, ccd)
 out[#out + 1] = math.max(hints_floor(st.hints), cfloor)
 out[#out + 1] = st.frozen or false
+pace_view_out(out, pace, count(st.slots.asking or {}))
+out[#out + 1] = was
 return out

@@ -1,0 +1,156 @@
+//! Contract cases for learned pacing: both stores wake intents at the same
+//! learned rate, tell far ones to ask again, back off on rejections and
+//! detect a limiter that re-arms its window.
+
+use crate::hints::{EvidenceInput, assess};
+use crate::pacing::{Mode, PacingView};
+use crate::policy::Policy;
+use crate::scope::{Priority, ScopeKey};
+use crate::slots::SlotAsk;
+use crate::store::{LevelHint, Reconsidered, ReportBatch, Store};
+
+const T0: i64 = 1_700_000_000_000;
+
+fn key() -> ScopeKey {
+    ScopeKey::new("c", "r", Priority::Critical)
+}
+
+/// One worker's report at `now_ms`: counts, and a 429 with
+/// `Retry-After: hint` received then when `hint` is given.
+async fn report(
+    s: &dyn Store,
+    now_ms: i64,
+    counts: (u32, u32, u32),
+    hint: Option<&str>,
+    p: &Policy,
+) {
+    let (first_attempts, successes, rejections) = counts;
+    let hints: Vec<LevelHint> = hint
+        .map(|h| LevelHint {
+            caller_wide: false,
+            assessment: assess(
+                &EvidenceInput {
+                    http_status: 429,
+                    retry_after: Some(h),
+                    receipt_ms: now_ms,
+                    ..EvidenceInput::default()
+                },
+                p,
+                now_ms,
+            ),
+        })
+        .into_iter()
+        .collect();
+    let batch = ReportBatch {
+        worker_id: "w",
+        first_attempts,
+        successes,
+        rejections,
+        hints: &hints,
+        now_ms,
+    };
+    s.report(&key(), batch, p).await.expect("report");
+}
+
+async fn pacing(s: &dyn Store, now_ms: i64, p: &Policy) -> PacingView {
+    s.scope_detail(&key().route, p, now_ms)
+        .await
+        .expect("detail")
+        .expect("known")
+        .pacing
+}
+
+fn asking(intent: &str, now_ms: i64) -> SlotAsk<'_> {
+    SlotAsk {
+        intent_id: intent,
+        floor_ms: 0,
+        deadline_ms: now_ms + 60_000,
+        reserve_ms: 100,
+        now_ms,
+        jitter_ppm: 0,
+    }
+}
+
+pub(crate) async fn a_far_slot_is_ask_again_and_a_near_one_is_given(s: &dyn Store) {
+    let p = Policy::default();
+    report(s, T0, (0, 0, 1), Some("10"), &p).await;
+    let far = s
+        .reconsider(&key().route, asking("i", T0), &p)
+        .await
+        .expect("answer");
+    let Reconsidered::AskAgain(again) = far.decided else {
+        panic!("a slot 10 s ahead is beyond the horizon: {far:?}");
+    };
+    assert!(
+        again > T0 && again < T0 + 10_000,
+        "ask again before the cooldown ends: {again}"
+    );
+    assert_eq!(far.pacing.asking, 1);
+    let near = s
+        .reconsider(&key().route, asking("i", T0 + 9_500), &p)
+        .await
+        .expect("answer");
+    assert_eq!(near.decided, Reconsidered::Slot(T0 + 10_000));
+    assert_eq!(
+        near.pacing.asking, 0,
+        "given a slot, it no longer waits to ask"
+    );
+}
+
+pub(crate) async fn rejections_outside_a_cooldown_cut_the_wake_rate(s: &dyn Store) {
+    let p = Policy::default();
+    // One clean window measures capacity and first attempts, the next
+    // rejects: a saturated window is what the upstream serves.
+    report(s, T0, (100, 100, 0), None, &p).await;
+    report(s, T0 + 1_000, (100, 100, 50), None, &p).await;
+    let view = pacing(s, T0 + 2_000, &p).await;
+    assert_eq!(view.mode, Mode::BackingOff);
+    assert_eq!(view.capacity_m, 100_000);
+    assert_eq!(view.first_rate_m, 100_000);
+    assert_eq!(view.spare_m, 0);
+    assert_eq!(view.wake_rate_m, p.pacing.floor_m, "never below the floor");
+}
+
+pub(crate) async fn a_limiter_that_rearms_its_window_is_detected(s: &dyn Store) {
+    let p = Policy::default();
+    // Every rejection inside the window moves its end later: no countdown.
+    for (i, at) in [T0, T0 + 2_000, T0 + 4_000].into_iter().enumerate() {
+        report(s, at, (0, 0, 1), Some("10"), &p).await;
+        let mode = pacing(s, at, &p).await.mode;
+        assert_eq!(
+            mode == Mode::PenaltyExtending,
+            i == 2,
+            "after report {i}: {mode:?}"
+        );
+    }
+    let view = pacing(s, T0 + 5_000, &p).await;
+    assert_eq!(view.penalty_until_ms, T0 + 14_000);
+    assert_eq!(view.wake_rate_m, 0);
+    let held = s
+        .reconsider(&key().route, asking("i", T0 + 5_000), &p)
+        .await
+        .expect("answer");
+    assert!(
+        matches!(held.decided, Reconsidered::AskAgain(at) if at >= T0 + 14_000),
+        "nothing is woken before the latest hint passes: {held:?}"
+    );
+    // Then exactly one probe; its success reopens the route.
+    let probe = s
+        .reconsider(&key().route, asking("i", T0 + 14_000), &p)
+        .await
+        .expect("answer");
+    assert_eq!(probe.decided, Reconsidered::Slot(T0 + 14_000));
+    let second = s
+        .reconsider(&key().route, asking("j", T0 + 14_100), &p)
+        .await
+        .expect("answer");
+    assert!(
+        matches!(second.decided, Reconsidered::AskAgain(_)),
+        "{second:?}"
+    );
+    report(s, T0 + 14_200, (0, 1, 0), None, &p).await;
+    assert_ne!(
+        pacing(s, T0 + 14_300, &p).await.mode,
+        Mode::PenaltyExtending
+    );
+}
