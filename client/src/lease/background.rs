@@ -93,6 +93,7 @@ pub(super) async fn flush_reports(shared: &Shared) {
         match report.origin.scope(shared.link.report(request)).await {
             Ok(answer) => merge_view(shared, &scope, |v| {
                 v.policy_version = v.policy_version.max(answer.policy_version);
+                v.hold_first_attempts = answer.hold_first_attempts;
                 if answer.cooldown_until_unix_ms > 0 {
                     let until = from_unix_ms(answer.cooldown_until_unix_ms);
                     v.cooldown_until = v.cooldown_until.max(Some(until));
