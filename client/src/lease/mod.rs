@@ -628,3 +628,6 @@ impl LeaseCache {
         flush_reports(&self.shared).await;
     }
 }
+
+#[cfg(test)]
+mod tests;
