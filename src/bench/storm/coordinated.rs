@@ -43,7 +43,7 @@ use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::admin_client::AdminClient;
-use tollgate_proto::v1::{Evidence, GetScopeRequest, ScopeCertainty, ScopeState};
+use tollgate_proto::v1::{self, Evidence, GetScopeRequest, ScopeCertainty, ScopeState};
 use tonic::transport::Endpoint;
 
 use super::pipes::{Pipes, RpcCounts};
@@ -81,10 +81,16 @@ const SCOPE_FIELDS: &[(&str, ScopeReader)] = &[
     }),
     ("slot_backlog", |s, _| f64::from(s.slot_backlog)),
     ("tokens_outstanding", |s, _| s.tokens_outstanding as f64),
-    // `ScopeState` carries no wake rate yet: this is the resolved policy's,
-    // read from the configuration the coordinator was started with.
-    ("wake_rate_per_s", |_, at| at.policy_wake_rate),
+    ("wake_rate_per_s", |s, _| pacing(s, |p| p.wake_rate)),
+    ("capacity_per_s", |s, _| pacing(s, |p| p.capacity_estimate)),
+    ("spare_per_s", |s, _| pacing(s, |p| p.spare_capacity)),
+    ("asking", |s, _| pacing(s, |p| f64::from(p.asking))),
 ];
+
+/// A pacing field of a `GetScope` answer; 0 when the scope has none yet.
+fn pacing(s: &ScopeState, read: impl Fn(&v1::PacingState) -> f64) -> f64 {
+    s.pacing.as_ref().map_or(0.0, read)
+}
 
 /// Reads one sampled value from a `GetScope` answer.
 type ScopeReader = fn(&ScopeState, &Sample) -> f64;
@@ -92,7 +98,6 @@ type ScopeReader = fn(&ScopeState, &Sample) -> f64;
 /// What a `SCOPE_FIELDS` reader may use besides the scope itself.
 struct Sample {
     now_unix_ms: i64,
-    policy_wake_rate: f64,
 }
 
 /// Where a coordinated strategy's policy comes from.
@@ -205,8 +210,9 @@ shares = {{ critical = 0.0, normal = 1.0, bulk = 0.0 }}
 /// needs to reach it.
 pub(super) struct Coordinated {
     tuning: Tuning,
-    /// The resolved policy's wake rate, for the table and the samples.
-    wake_rate: u32,
+    /// The resolved policy's pinned wake rate, for the table; `None`:
+    /// learned.
+    wake_rate: Option<u32>,
     clock: Arc<TokioClock>,
     pipes: Pipes,
     counts: Arc<RpcCounts>,
@@ -246,8 +252,7 @@ impl Coordinated {
             .resolve(&route)
             .pacing
             .pinned_m
-            .unwrap_or(0) as u32
-            / 1000;
+            .map(|m| u32::try_from(m / 1000).unwrap_or(u32::MAX));
         let clock = Arc::new(TokioClock::new(config.wall_at_start));
         let (pipes, incoming) = Pipes::new();
         let shutdown = CancellationToken::new();
@@ -260,7 +265,6 @@ impl Coordinated {
         let sampler = tokio::spawn(sample_scope(
             pipes.clone(),
             clock.clone(),
-            f64::from(wake_rate),
             samples.clone(),
             shutdown.clone(),
         ));
@@ -290,7 +294,6 @@ impl Coordinated {
 async fn sample_scope(
     pipes: Pipes,
     clock: Arc<TokioClock>,
-    policy_wake_rate: f64,
     samples: Arc<Mutex<ScopeSeries>>,
     stop: CancellationToken,
 ) {
@@ -310,7 +313,6 @@ async fn sample_scope(
         let state = admin.get_scope(request).await.ok().map(|r| r.into_inner());
         let at = Sample {
             now_unix_ms: to_unix_ms(clock.now()),
-            policy_wake_rate,
         };
         let mut samples = samples.lock().unwrap_or_else(PoisonError::into_inner);
         for (name, read) in SCOPE_FIELDS {
@@ -324,9 +326,10 @@ impl Strategy for Coordinated {
     fn describe(&self) -> String {
         format!(
             "Tollgate gate per worker, real coordinator over in-memory pipes, {}; \
-             wake rate: {} slots/s; leases of {}; {} attempts max{}",
+             wake rate: {}; leases of {}; {} attempts max{}",
             self.tuning.description,
-            self.wake_rate,
+            self.wake_rate
+                .map_or_else(|| "learned".to_owned(), |r| format!("{r} slots/s")),
             self.tuning.lease.batch,
             self.max_attempts,
             if self.liars > 0 {

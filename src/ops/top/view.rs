@@ -24,8 +24,8 @@ pub struct Column {
     pub cell: fn(&ScopeRow, i64) -> String,
 }
 
-/// The columns, left to right; one line each. A new `GetScope` field is one
-/// more line, e.g. `col("WAKE/s", 7, |r, _| ...r.state.pacing...)`.
+/// The columns, left to right; one line each: a new `GetScope` field is one
+/// more line.
 pub const COLUMNS: &[Column] = &[
     col("SCOPE", 0, |r, _| r.name()),
     col("REJ/1m", 6, |r, _| r.rejections.to_string()),
@@ -33,10 +33,18 @@ pub const COLUMNS: &[Column] = &[
     col("BACKOFF", 10, backoff),
     col("LEFT C/N/B", 14, |r, _| budget_left(&r.state)),
     col("WAITING", 7, |r, _| r.state.slot_backlog.to_string()),
+    col("WAKE/s", 7, |r, _| pacing(r, |p| format!("{:.0}", p.wake_rate))),
+    col("SPARE/s", 7, |r, _| pacing(r, |p| format!("{:.0}", p.spare_capacity))),
+    col("PACING", 12, |r, _| pacing(r, |p| p.state.clone())),
     col("LEASES", 6, |r, _| r.state.leases_outstanding.to_string()),
     col("FROZEN", 11, frozen),
     col("VER", 4, |r, _| r.state.policy_version.to_string()),
 ];
+
+/// A pacing cell, `-` for a scope the coordinator holds nothing for.
+fn pacing(r: &ScopeRow, cell: impl Fn(&v1::PacingState) -> String) -> String {
+    r.state.pacing.as_ref().map_or_else(|| "-".to_owned(), cell)
+}
 
 /// A [`Column`], short enough that rustfmt keeps each on one line.
 const fn col(title: &'static str, width: u16, cell: fn(&ScopeRow, i64) -> String) -> Column {
