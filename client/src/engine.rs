@@ -43,6 +43,13 @@
 //! Naming the scope is not the engine's: the gate names it when it asks the
 //! coordinator.
 //!
+//! # Before the first attempt
+//! A scope whose upstream is known to refuse everyone until a cooldown ends
+//! may hold first attempts too: [`Intent::hold`] moves the first start
+//! later (never earlier) and runs the same deadline gate, ending a `Fresh`
+//! intent `deadline_infeasible` with no attempt at all when the held start
+//! cannot fit. The first attempt may not start before the hold.
+//!
 //! # At reconsideration
 //! The gate may insert coordinator steps between `Wait` and the next start:
 //! [`Intent::defer`] to a later slot (re-running the deadline gate),
@@ -89,6 +96,9 @@ pub struct Intent {
     waited_time: Duration,
     /// 500-class failures are retried at most once per intent.
     retry_once_spent: bool,
+    /// When a hold began and the earliest first start it allows
+    /// ([`Intent::hold`]); `None` for a first attempt that was not held.
+    held: Option<(Duration, Duration)>,
 }
 
 impl Intent {
@@ -103,6 +113,7 @@ impl Intent {
             request_time: Duration::ZERO,
             waited_time: Duration::ZERO,
             retry_once_spent: false,
+            held: None,
         }
     }
 
@@ -119,7 +130,16 @@ impl Intent {
     pub fn start_attempt(&mut self, now: Duration) -> Result<AttemptStart, EngineError> {
         self.check_call("start_attempt", now)?;
         match self.phase {
-            Phase::Fresh => {}
+            Phase::Fresh => match self.held {
+                Some((_, until)) if now < until => {
+                    return Err(EngineError::EarlyWake {
+                        now,
+                        next_start: until,
+                    });
+                }
+                Some((since, _)) => self.waited_time += now - since,
+                None => {}
+            },
             Phase::Admitted { at } if at == now => {}
             Phase::Admitted { at } => {
                 return Err(EngineError::StaleAdmission {
@@ -330,6 +350,47 @@ impl Intent {
         })
     }
 
+    /// Holds the first attempt until at least `until` (a scope's cooldown,
+    /// then a coordinator slot after it) and runs the deadline gate for a
+    /// start then: an attempt that could not fit ends the intent
+    /// `deadline_infeasible` now, before any attempt. Only before the first
+    /// start, and only ever later.
+    pub fn hold(&mut self, now: Duration, until: Duration) -> Result<Decision, EngineError> {
+        self.check_call("hold", now)?;
+        if self.phase != Phase::Fresh {
+            return Err(EngineError::WrongPhase {
+                call: "hold",
+                phase: self.phase,
+            });
+        }
+        let since = match self.held {
+            Some((_, held_until)) if until < held_until => {
+                return Err(EngineError::DeferEarlier {
+                    until,
+                    next_start: held_until,
+                });
+            }
+            Some((since, _)) => since,
+            None => now,
+        };
+        self.latest = now;
+        self.held = Some((since, until));
+        if !self.fits(until) {
+            self.end(now, Outcome::DeadlineInfeasible);
+            return Ok(Decision::Stop(Outcome::DeadlineInfeasible));
+        }
+        Ok(Decision::Wait {
+            next_start: until,
+            wait: until - since,
+        })
+    }
+
+    /// The earliest first start a hold allows, when the first attempt was
+    /// held.
+    pub fn held_until(&self) -> Option<Duration> {
+        self.held.map(|(_, until)| until)
+    }
+
     /// Ends the intent for a reason only the gate can see (no token, no
     /// capacity, another owner), before an attempt starts.
     pub fn refuse(&mut self, now: Duration, refusal: GateRefusal) -> Result<Outcome, EngineError> {
@@ -388,7 +449,12 @@ impl Intent {
         match self.phase {
             Phase::InFlight { start } => self.request_time += now - start,
             Phase::Waiting { since, .. } => self.waited_time += now - since,
-            Phase::Fresh | Phase::Admitted { .. } | Phase::Ended { .. } => {}
+            Phase::Fresh => {
+                if let Some((since, _)) = self.held {
+                    self.waited_time += now - since;
+                }
+            }
+            Phase::Admitted { .. } | Phase::Ended { .. } => {}
         }
         self.phase = Phase::Ended { outcome, at: now };
     }

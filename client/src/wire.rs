@@ -15,6 +15,7 @@ use tollgate_proto::v1::{
 use crate::clock::to_unix_ms;
 use crate::engine::Observation;
 use crate::hint::{MAX_RAW_HINT_BYTES, bounded_to};
+use crate::lease::PendingReport;
 use crate::outcome::ResponseStatus;
 use crate::scope::Scope;
 
@@ -36,33 +37,33 @@ pub(crate) fn lease_request(scope: &Scope, want: u32, class: RetryClass) -> Leas
     }
 }
 
-/// Gives back a lease, saying how many of its tokens were spent.
-pub(crate) fn release_request(scope: &Scope, lease_id: String, spent: u32) -> ReleaseRequest {
+/// Gives back a lease, saying how many of its tokens were spent and how many
+/// of those retries succeeded (their tokens are refunded).
+pub(crate) fn release_request(
+    scope: &Scope,
+    lease_id: String,
+    spent: u32,
+    retry_successes: u32,
+) -> ReleaseRequest {
     ReleaseRequest {
         scope: Some(scope.to_wire()),
         worker_id: String::new(),
         lease_id,
         spent,
-        // The lease cache does not yet count which of its retries
-        // succeeded, so it claims no refund (the conservative direction).
-        retry_successes: 0,
+        // The proto refuses a refund above `spent`.
+        retry_successes: retry_successes.min(spent),
     }
 }
 
-/// One batched report for `scope`.
-pub(crate) fn report_request(
-    scope: &Scope,
-    first_attempts: u32,
-    successes: u32,
-    evidence: Vec<Evidence>,
-) -> ReportRequest {
+/// One batched report for `scope`: its counts and the newest evidence.
+pub(crate) fn report_request(scope: &Scope, report: &PendingReport) -> ReportRequest {
     ReportRequest {
         scope: Some(scope.to_wire()),
         worker_id: String::new(),
-        first_attempts,
-        successes,
-        rejections: 0,
-        evidence,
+        first_attempts: report.first_attempts,
+        successes: report.successes,
+        rejections: report.rejections,
+        evidence: report.evidence.clone(),
     }
 }
 

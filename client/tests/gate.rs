@@ -132,8 +132,17 @@ async fn coordinator_killed_while_intents_wait_for_slots_falls_back_and_recovers
         let (during, starts) = task.await.unwrap();
         assert_eq!(during.outcome, Outcome::Succeeded, "{during:?}");
         let wait = during.attempts[0].wait.clone().unwrap();
-        let slot = wait.slot.expect("a slot, given before the host died");
-        assert!(slot >= Duration::from_secs(1), "the slot follows the hint");
+        // A slot further off than the coordinator's reconsider horizon is
+        // not given yet: the intent is told to ask again, and the host may
+        // die before it does. Either way it never goes before the hint.
+        let slot = match wait.slot {
+            Some(slot) => slot,
+            None => {
+                assert!(wait.asked_again > 0 && wait.degraded, "{wait:?}");
+                wait.planned_start
+            }
+        };
+        assert!(slot >= Duration::from_secs(1), "the wait follows the hint");
         assert_eq!(
             during.attempts[1].token,
             TokenSource::Fallback,

@@ -8,12 +8,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{Upstream, http};
 use support::pipes::*;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -27,63 +29,6 @@ use tollgate_client::hint::{HintForm, HintVerdict};
 use tollgate_client::link::{LinkConfig, LinkState};
 use tollgate_client::outcome::{Outcome, RecordDecision};
 use tollgate_proto::v1::{GetPolicyRequest, PolicyFields, ReconsiderRequest, SetPolicyRequest};
-
-/// An upstream that answers attempt `n` with `answers[n - 1]` (the last one
-/// repeats) after `latency`, logging when each attempt started.
-#[derive(Clone)]
-struct Upstream {
-    answers: Arc<Vec<Observation>>,
-    latency: Duration,
-    started: Arc<Mutex<Vec<(u32, Instant)>>>,
-}
-
-impl Upstream {
-    fn new(answers: Vec<Observation>) -> Self {
-        Upstream {
-            answers: Arc::new(answers),
-            latency: ms(20),
-            started: Arc::default(),
-        }
-    }
-
-    fn calls(&self) -> usize {
-        self.started.lock().unwrap().len()
-    }
-
-    fn starts(&self) -> Vec<Instant> {
-        self.started
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, at)| *at)
-            .collect()
-    }
-
-    fn attempt(
-        &self,
-    ) -> impl FnMut(Attempt) -> std::pin::Pin<Box<dyn Future<Output = Reply<u32>> + Send>> + use<>
-    {
-        let this = self.clone();
-        move |attempt: Attempt| {
-            let this = this.clone();
-            Box::pin(async move {
-                this.started
-                    .lock()
-                    .unwrap()
-                    .push((attempt.number, Instant::now()));
-                tokio::time::sleep(this.latency).await;
-                let index = usize::try_from(attempt.number - 1)
-                    .unwrap()
-                    .min(this.answers.len() - 1);
-                Reply::new(this.answers[index].clone(), attempt.number)
-            })
-        }
-    }
-}
-
-fn http(status: u16, retry_after: Option<&str>) -> Observation {
-    Observation::http(status, retry_after)
-}
 
 fn intent(id: &str, policy: tollgate_client::engine::IntentPolicy) -> GateIntent {
     GateIntent::new(id, scope(), policy)
@@ -212,7 +157,8 @@ async fn malformed_negative_and_enormous_hints_fall_back_visibly_never_immediate
         assert_eq!(hint.raw.as_deref(), Some(raw), "raw text kept as evidence");
         // The fallback is the policy's backoff (2 s after one attempt); the
         // coordinator's slot may only put it later, by at most one slot
-        // interval (1/50 s at the default wake rate).
+        // interval (1 s: a new route's learned wake rate starts at its
+        // floor, one a second).
         let waited = result.attempts[0].wait.clone().unwrap();
         assert_eq!(
             waited.engine_next_start - record.receipt.unwrap(),
@@ -222,7 +168,7 @@ async fn malformed_negative_and_enormous_hints_fall_back_visibly_never_immediate
         assert!(record.wait >= Some(secs(2)), "{raw:?}");
         let slot = waited.slot.expect("a slot from the coordinator");
         assert!(
-            slot >= waited.engine_next_start && slot < waited.engine_next_start + ms(20),
+            slot >= waited.engine_next_start && slot <= waited.engine_next_start + secs(1),
             "{raw:?}: {slot:?}"
         );
         let starts = upstream.starts();

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
@@ -249,36 +250,6 @@ impl Budget for Busy {
     }
 }
 
-/// Serves a gRPC upstream over in-memory pipes (paused time again) and
-/// returns a channel to it.
-fn serve_upstream<B: Budget>(service: B) -> tonic::transport::Channel {
-    let (conns, incoming) = tokio::sync::mpsc::channel::<tokio::io::DuplexStream>(8);
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::ReceiverStream::new(incoming),
-        Ok::<_, std::io::Error>,
-    );
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(tollgate_proto::v1::budget_server::BudgetServer::new(
-                service,
-            ))
-            .serve_with_incoming(incoming),
-    );
-    tonic::transport::Endpoint::from_static("http://upstream.invalid").connect_with_connector_lazy(
-        tower::service_fn(move |_| {
-            let conns = conns.clone();
-            async move {
-                let (client, server) = tokio::io::duplex(64 * 1024);
-                conns
-                    .send(server)
-                    .await
-                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionRefused))?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(client))
-            }
-        }),
-    )
-}
-
 fn grpc_layer(gate: &tollgate_client::gate::Gate, repetition: Repetition) -> TollgateLayer {
     TollgateLayer::new(
         gate.clone(),
@@ -293,7 +264,7 @@ fn grpc_layer(gate: &tollgate_client::gate::Gate, repetition: Repetition) -> Tol
 async fn tonic_channel_retries_resource_exhausted_after_its_pushback() {
     let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
-    let channel = serve_upstream(Busy {
+    let channel = common::serve_budget(Busy {
         calls: calls.clone(),
         refusals: 1,
     });
@@ -312,7 +283,7 @@ async fn tonic_channel_retries_resource_exhausted_after_its_pushback() {
 async fn tonic_calls_are_not_repeated_unless_declared_repeatable() {
     let h = harness();
     let calls = Arc::new(AtomicU32::new(0));
-    let channel = serve_upstream(Busy {
+    let channel = common::serve_budget(Busy {
         calls: calls.clone(),
         refusals: 5,
     });

@@ -716,3 +716,5 @@ fn completion_evidence_while_waiting_ends_succeeded_without_another_start() {
         Err(EngineError::WrongPhase { .. })
     ));
 }
+
+mod hold;

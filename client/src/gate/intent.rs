@@ -221,7 +221,8 @@ pub enum TokenSource {
     Fallback,
 }
 
-/// What the gate learned while waiting after an attempt.
+/// What the gate learned while waiting after an attempt, or before the first
+/// one when a cooldown held it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WaitEvidence {
     /// The engine's earliest reconsideration time (hint or backoff, floored).
@@ -242,6 +243,11 @@ pub struct WaitEvidence {
     pub policy_version_at_wake: u64,
     /// How often the wake-up was re-evaluated for a changed version.
     pub reevaluations: u32,
+    /// How often the coordinator said "ask again" (no slot yet, call
+    /// `Reconsider` again later) before this wait ended. Apart from
+    /// `reevaluations`: asking again is the coordinator pacing the queue,
+    /// not a policy change.
+    pub asked_again: u32,
 }
 
 /// The evidence of one attempt: the engine's record plus what only the gate
@@ -272,6 +278,10 @@ pub struct IntentResult<T> {
     pub last_response: Option<Observation>,
     /// One per attempt started, in order.
     pub attempts: Vec<AttemptEvidence>,
+    /// The wait before the first attempt, when the scope's known cooldown
+    /// held it (`cooldown` is its end, `slot` the coordinator's slot after
+    /// it); also set when the intent ended while held, with no attempt.
+    pub held: Option<WaitEvidence>,
 }
 
 impl<T> IntentResult<T> {

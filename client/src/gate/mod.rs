@@ -22,8 +22,12 @@
 //! 5. **scope**: the scope's cooldown, freeze and policy version from the
 //!    lease cache's Watch-fed [`ScopeView`](crate::lease::ScopeView).
 //! 8. **`Reconsider`**: the coordinator's slot may only move the start later
-//!    ([`Intent::defer`](crate::engine::Intent::defer)). With the coordinator unreachable there is no slot,
-//!    so the gate spreads the wait with local jitter instead.
+//!    ([`Intent::defer`](crate::engine::Intent::defer)). A slot further ahead than the coordinator's
+//!    horizon comes as "ask again at": the gate waits until then (cancellable,
+//!    as any wait) and asks again, never attempting at that instant
+//!    ([`WaitEvidence::asked_again`] counts them). With the coordinator
+//!    unreachable there is no slot, so the gate spreads the wait with local
+//!    jitter instead.
 //! 9. **wait** on tokio time; cancellation and completion evidence end the
 //!    wait at once.
 //! 10. **re-check** cancellation, the deadline at the *current* time and the
@@ -33,6 +37,12 @@
 //!     `tokio::time::timeout` of its reserved cap. The permit comes first
 //!     because it can be given back; a token cannot.
 //!
+//! Before the first attempt, a scope whose known cooldown the coordinator
+//! says first attempts should wait out (`ScopeView::hold_first_attempts`)
+//! holds it the same way: `Reconsider` from the cooldown's end, then the first
+//! attempt at its slot, or `deadline_infeasible` with no attempt when that
+//! cannot fit ([`IntentResult::held`]).
+//!
 //! The result is the outcome, the last reply kept separately, and one
 //! [`AttemptEvidence`] per attempt (never a payload).
 
@@ -41,7 +51,8 @@
 //!   [`Repetition`], [`Attempt`], [`Reply`], [`IntentResult`] and the
 //!   per-attempt [`AttemptEvidence`]).
 //! - `run`: the driver, one `Run` per call to [`Gate::run`], in the decision
-//!   order above.
+//!   order above; `run::hold` holds a first attempt inside a cooldown,
+//!   `run::wait` is the wait between attempts.
 //! - `completion`: the registry [`Gate::complete`] delivers evidence through.
 //! - `spans`: the `tollgate.intent` and `tollgate.attempt` spans.
 //!
@@ -192,7 +203,7 @@ impl Gate {
             .instrument(span.clone())
             .await;
         let outcome = result.outcome.as_str();
-        spans::record_end(&span, outcome, result.attempts.len());
+        spans::record_end(&span, outcome, result.attempts.len(), result.held.is_some());
         crate::telemetry::record_intent(
             outcome,
             result.attempts.len(),

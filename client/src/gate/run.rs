@@ -1,17 +1,19 @@
 //! The driver: one [`Run`] per [`Gate::run`] call takes an intent through
 //! the decision order in the gate's module docs, against the engine, the
 //! lease cache, the coordinator and the local capacity semaphore.
+//!
+//! - `hold`: before the first attempt, a known cooldown the coordinator says
+//!   first attempts should wait out.
+//! - `wait`: between attempts, `Reconsider`, the wait, the re-check and
+//!   admission.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use rand::RngExt;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tollgate_proto::v1::{ReconsiderDecision, RetryClass};
 use tracing::Instrument;
 
 use super::Gate;
@@ -22,20 +24,18 @@ use super::intent::{
 use super::spans::{attempt_span, record_response};
 use crate::classify::{Classification, Effect, ResponseClass, TransportFailure};
 use crate::engine::{
-    AttemptStart, Decision, EngineError, GateRefusal, Intent, IntentSpec, Observation, Phase,
-    RetryOwner, WakeCheck, WakeDecision,
+    AttemptStart, Decision, EngineError, GateRefusal, Intent, IntentSpec, Observation, RetryOwner,
 };
-use crate::lease::{ScopeView, Take};
-use crate::link::LinkState;
 use crate::outcome::{Outcome, ResponseStatus};
 use crate::owner::OwnerMark;
 use crate::scope::Scope;
 use crate::wire;
 
-/// Re-evaluations of one wake-up when the policy version keeps changing; past
-/// it the newest version is used as is. Bounds the loop, not the safety: each
-/// re-evaluation still ends in the same admission checks.
-const MAX_REEVALUATIONS: u32 = 4;
+mod hold;
+mod wait;
+
+use hold::Held;
+use wait::Admitted;
 
 /// How an attempt's execution ended.
 enum Executed<T> {
@@ -55,16 +55,8 @@ pub(super) struct Run<'g> {
     engine: Intent,
     epoch: Instant,
     attempts: Vec<AttemptEvidence>,
-}
-
-/// What the wait after a reply came to.
-enum Admitted {
-    Yes {
-        permit: OwnedSemaphorePermit,
-        token: TokenSource,
-        at: Duration,
-    },
-    Ended,
+    /// The wait before the first attempt, when a cooldown held it.
+    held: Option<WaitEvidence>,
 }
 
 impl<'g> Run<'g> {
@@ -90,6 +82,7 @@ impl<'g> Run<'g> {
             engine: Intent::new(spec, intent.policy),
             epoch: Instant::now(),
             attempts: Vec::new(),
+            held: None,
         }
     }
 
@@ -129,12 +122,16 @@ impl<'g> Run<'g> {
         if let Some(outcome) = self.first_checks(&completion.token) {
             return self.finish(outcome, value, last_response);
         }
+        let mut at = match self.hold(&completion.token).await {
+            Held::No => Duration::ZERO,
+            Held::StartAt(at) => at,
+            Held::Ended(outcome) => return self.finish(outcome, value, last_response),
+        };
         let Ok(mut permit) = self.gate.inner.capacity.clone().try_acquire_owned() else {
             let outcome = self.refuse(GateRefusal::CapacityUnavailable);
             return self.finish(outcome, value, last_response);
         };
         let mut token = TokenSource::FirstAttempt;
-        let mut at = Duration::ZERO;
         loop {
             let start = match self.engine.start_attempt(at) {
                 Ok(start) => start,
@@ -154,7 +151,7 @@ impl<'g> Run<'g> {
                 });
             }
             let sent_wall = self.gate.inner.clock.now();
-            let attempt_span = attempt_span(start.number, &self.attempts);
+            let attempt_span = attempt_span(start.number, &self.attempts, self.held.as_ref());
             let executed = self
                 .execute(start, &mut attempt)
                 .instrument(attempt_span.clone())
@@ -281,13 +278,22 @@ impl<'g> Run<'g> {
         }
     }
 
-    /// Reports the reply to the fleet: successes, throttling evidence (raw
-    /// hint, send and receipt wall times), and every other answer to the
-    /// adaptive throttle.
+    /// Reports the reply to the fleet: successes (a retry's success earns
+    /// its leased token back), throttling evidence (raw hint, send and
+    /// receipt wall times), and every other answer to the adaptive throttle.
     fn report(&self, observation: &Observation, sent_wall: SystemTime) {
         let cache = &self.gate.inner.cache;
         match observation.classification.class {
-            ResponseClass::Success => cache.record_success(&self.scope),
+            ResponseClass::Success => {
+                cache.record_success(&self.scope);
+                // Only a retry holds a token: a first attempt is
+                // `TokenSource::FirstAttempt`, a fallback one has no lease.
+                if let Some(TokenSource::Leased { lease_id }) =
+                    self.attempts.last().map(|a| &a.token)
+                {
+                    cache.record_retry_success(&self.scope, lease_id);
+                }
+            }
             ResponseClass::Throttled => {
                 let receipt_wall = self.gate.inner.clock.now();
                 cache.record_evidence(
@@ -342,252 +348,6 @@ impl<'g> Run<'g> {
         })
     }
 
-    /// After a `Wait` decision: scope, `Reconsider`, wait, re-check, admit.
-    async fn wait(&mut self, completion: &CancellationToken) -> Admitted {
-        let view = self.gate.inner.cache.view(&self.scope);
-        let mut evidence = WaitEvidence {
-            engine_next_start: self.next_start().unwrap_or_default(),
-            policy_version_at_wait: view.policy_version,
-            policy_version_at_wake: view.policy_version,
-            ..WaitEvidence::default()
-        };
-        let mut view = view;
-        loop {
-            if !self.plan(&view, &mut evidence).await {
-                return self.end_wait(evidence);
-            }
-            let Some(next_start) = self.next_start() else {
-                return self.end_wait(evidence);
-            };
-            evidence.planned_start = next_start;
-            tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => {
-                    let now = self.now();
-                    self.cancel_at(now);
-                    return self.end_wait(evidence);
-                }
-                () = completion.cancelled() => {
-                    let now = self.now();
-                    if let Err(err) = self.engine.complete(now) {
-                        engine_bug(&err);
-                    }
-                    return self.end_wait(evidence);
-                }
-                () = tokio::time::sleep_until(self.epoch + next_start) => {}
-            }
-            let current = self.gate.inner.cache.view(&self.scope);
-            // Version 0 means the worker had not heard of the scope's policy
-            // yet: learning it is not a rotation.
-            let rotated = evidence.policy_version_at_wake != 0
-                && current.policy_version != evidence.policy_version_at_wake;
-            evidence.policy_version_at_wake = current.policy_version;
-            view = current;
-            if rotated && evidence.reevaluations < MAX_REEVALUATIONS {
-                // A timer set under the old version must not bypass the new
-                // one: plan again (cooldown, slot, deadline) under it.
-                evidence.reevaluations += 1;
-                tracing::debug!(
-                    policy_version = view.policy_version,
-                    "policy changed while waiting; re-evaluating"
-                );
-                continue;
-            }
-            break;
-        }
-        let admitted = self.admit(&view).await;
-        self.attach_wait(evidence);
-        admitted
-    }
-
-    fn end_wait(&mut self, evidence: WaitEvidence) -> Admitted {
-        self.attach_wait(evidence);
-        self.sync_record();
-        Admitted::Ended
-    }
-
-    fn attach_wait(&mut self, evidence: WaitEvidence) {
-        if let Some(last) = self.attempts.last_mut() {
-            last.wait = Some(evidence);
-        }
-    }
-
-    /// The engine's current earliest reconsideration time, while waiting.
-    fn next_start(&self) -> Option<Duration> {
-        match self.engine.phase() {
-            Phase::Waiting { next_start, .. } => Some(next_start),
-            _ => None,
-        }
-    }
-
-    /// Before the wait: floor, scope state, coordinator slot or local spread.
-    /// Returns false if the intent ended.
-    async fn plan(&mut self, view: &ScopeView, evidence: &mut WaitEvidence) -> bool {
-        let Phase::Waiting { since, next_start } = self.engine.phase() else {
-            return false;
-        };
-        let now = self.now();
-        if view.frozen {
-            self.refuse(GateRefusal::BudgetExhausted);
-            return false;
-        }
-        let mut until = next_start.max(since.saturating_add(self.gate.inner.config.min_wait));
-        if let Some(cooldown) = view.cooldown_until {
-            let at = self.elapsed_at(cooldown);
-            if at > until {
-                evidence.cooldown = Some(at);
-                until = at;
-            }
-        }
-        until = until.max(now);
-        let reconsidered = if self.gate.link_state() == LinkState::Connected {
-            self.reconsider(until).await
-        } else {
-            None
-        };
-        match reconsidered {
-            Some(Slot::At(at)) => {
-                evidence.slot = Some(at);
-                until = until.max(at);
-            }
-            Some(Slot::Infeasible) => {
-                // The coordinator's refusal stands even if this clock thinks
-                // the slot would fit: defer past the budget to end the intent.
-                until = until.max(self.engine.policy().total_budget());
-            }
-            Some(Slot::Frozen) => {
-                self.refuse(GateRefusal::BudgetExhausted);
-                return false;
-            }
-            None => {
-                evidence.degraded = true;
-                let spread = self.local_spread(until);
-                if !spread.is_zero() {
-                    evidence.local_spread = Some(spread);
-                }
-                until += spread;
-            }
-        }
-        if until > next_start {
-            let now = self.now();
-            match self.engine.defer(now, until) {
-                Ok(Decision::Wait { .. }) => {}
-                Ok(Decision::Stop(_)) => return false,
-                Err(err) => {
-                    engine_bug(&err);
-                    return false;
-                }
-            }
-        }
-        true
-    }
-
-    /// Up to `local_spread` of extra wait, no more than the wait itself, and
-    /// never so much that the next attempt stops fitting the deadline.
-    fn local_spread(&self, until: Duration) -> Duration {
-        let Phase::Waiting { since, .. } = self.engine.phase() else {
-            return Duration::ZERO;
-        };
-        let policy = self.engine.policy();
-        let latest_fit = policy.total_budget().saturating_sub(policy.attempt_cap());
-        let bound = self
-            .gate
-            .inner
-            .config
-            .local_spread
-            .min(until.saturating_sub(since))
-            .min(latest_fit.saturating_sub(until));
-        if bound.is_zero() {
-            return Duration::ZERO;
-        }
-        let nanos = lock(&self.gate.inner.rng).random_range(0..=bound.as_nanos());
-        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-    }
-
-    /// `Reconsider`: asks the coordinator for a slot. `None` when it could not be
-    /// asked or gave no usable answer.
-    async fn reconsider(&self, not_before: Duration) -> Option<Slot> {
-        let policy = self.engine.policy();
-        let request = wire::reconsider_request(
-            &self.scope,
-            &self.intent_id,
-            self.wall_at(not_before),
-            self.wall_at(policy.total_budget()),
-            policy.attempt_cap(),
-        );
-        let answer = match self.gate.inner.cache.link().reconsider(request).await {
-            Ok(answer) => answer,
-            Err(err) => {
-                tracing::debug!(cause = %err, "no slot; deciding locally");
-                return None;
-            }
-        };
-        match ReconsiderDecision::try_from(answer.decision) {
-            Ok(ReconsiderDecision::Slot) => Some(Slot::At(
-                self.elapsed_at(crate::clock::from_unix_ms(answer.slot_unix_ms)),
-            )),
-            Ok(ReconsiderDecision::DeadlineInfeasible) => Some(Slot::Infeasible),
-            Ok(ReconsiderDecision::Frozen) => Some(Slot::Frozen),
-            Ok(ReconsiderDecision::Unspecified | ReconsiderDecision::AskAgain) | Err(_) => None,
-        }
-    }
-
-    /// Re-check and admit at the wake-up: re-check, then capacity, then a token,
-    /// then the engine's own re-check at the current time.
-    async fn admit(&mut self, view: &ScopeView) -> Admitted {
-        let now = self.now();
-        let check = WakeCheck {
-            cancelled: self.cancel.is_cancelled(),
-        };
-        if check.cancelled || !self.engine.fits(now) {
-            // The engine ends it (cancelled or deadline_infeasible) at now;
-            // nothing is taken.
-            let _ = self.engine.on_wake(now, check);
-            self.sync_record();
-            return Admitted::Ended;
-        }
-        if view.frozen {
-            self.refuse(GateRefusal::BudgetExhausted);
-            return Admitted::Ended;
-        }
-        let Ok(permit) = self.gate.inner.capacity.clone().try_acquire_owned() else {
-            self.refuse(GateRefusal::CapacityUnavailable);
-            return Admitted::Ended;
-        };
-        let class = match self.engine.records().last().and_then(|r| r.classification) {
-            Some(c) if c.class == ResponseClass::Throttled => RetryClass::Throttled,
-            _ => RetryClass::Transient,
-        };
-        let token = match self.gate.inner.cache.take(&self.scope, class).await {
-            Take::Leased { lease_id, .. } => TokenSource::Leased { lease_id },
-            Take::Fallback(true) => TokenSource::Fallback,
-            Take::Exhausted | Take::Frozen | Take::Fallback(false) => {
-                self.refuse(GateRefusal::BudgetExhausted);
-                return Admitted::Ended;
-            }
-        };
-        // Taking a token may have cost an RPC: the engine re-checks
-        // cancellation and the deadline at the instant of admission.
-        let now = self.now();
-        let check = WakeCheck {
-            cancelled: self.cancel.is_cancelled(),
-        };
-        let decision = self.engine.on_wake(now, check);
-        self.sync_record();
-        match decision {
-            Ok(WakeDecision::Start) => Admitted::Yes {
-                permit,
-                token,
-                at: now,
-            },
-            Ok(WakeDecision::Stop(_)) => Admitted::Ended,
-            Err(err) => {
-                engine_bug(&err);
-                Admitted::Ended
-            }
-        }
-    }
-
     fn refuse(&mut self, refusal: GateRefusal) -> Outcome {
         let now = self.now();
         let outcome = self
@@ -626,15 +386,9 @@ impl<'g> Run<'g> {
             value,
             last_response,
             attempts: self.attempts,
+            held: self.held,
         }
     }
-}
-
-/// The coordinator's answer to `Reconsider`.
-enum Slot {
-    At(Duration),
-    Infeasible,
-    Frozen,
 }
 
 /// An engine error is a bug in this driver; the intent ends `indeterminate`

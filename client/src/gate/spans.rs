@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::intent::{AttemptEvidence, GateIntent, TokenSource};
+use super::intent::{AttemptEvidence, GateIntent, TokenSource, WaitEvidence};
 use crate::hint::HintVerdict;
 use crate::outcome::{AttemptRecord, ResponseStatus};
 use crate::scope::Priority;
@@ -21,19 +21,29 @@ pub(super) fn intent_span(intent: &GateIntent) -> tracing::Span {
         tollgate.priority = priority_attr(intent.scope().priority),
         tollgate.outcome = tracing::field::Empty,
         tollgate.attempts = tracing::field::Empty,
+        tollgate.held = tracing::field::Empty,
     )
 }
 
-/// How the intent ended, on its span.
-pub(super) fn record_end(span: &tracing::Span, outcome: &str, attempts: usize) {
+/// How the intent ended, on its span; `held` says whether a cooldown held
+/// its first attempt (visible even when it ended with none).
+pub(super) fn record_end(span: &tracing::Span, outcome: &str, attempts: usize, held: bool) {
     span.record("tollgate.outcome", outcome);
     span.record("tollgate.attempts", attempts);
+    if held {
+        span.record("tollgate.held", true);
+    }
 }
 
 /// The `tollgate.attempt` span of the attempt just pushed: its number,
 /// the attempts before it (gRFC A45's `previous-rpc-attempts`), how it
-/// was admitted, and the wait that preceded it.
-pub(super) fn attempt_span(number: u32, attempts: &[AttemptEvidence]) -> tracing::Span {
+/// was admitted, and the wait that preceded it (for a first attempt, the
+/// hold inside a cooldown, if any).
+pub(super) fn attempt_span(
+    number: u32,
+    attempts: &[AttemptEvidence],
+    held: Option<&WaitEvidence>,
+) -> tracing::Span {
     let span = tracing::info_span!(
         "tollgate.attempt",
         tollgate.attempt = number,
@@ -44,6 +54,8 @@ pub(super) fn attempt_span(number: u32, attempts: &[AttemptEvidence]) -> tracing
         tollgate.slot_delay_ms = tracing::field::Empty,
         tollgate.cooldown = tracing::field::Empty,
         tollgate.degraded = tracing::field::Empty,
+        tollgate.asked_again = tracing::field::Empty,
+        tollgate.held = tracing::field::Empty,
         tollgate.status = tracing::field::Empty,
         tollgate.class = tracing::field::Empty,
         tollgate.hint.form = tracing::field::Empty,
@@ -63,21 +75,33 @@ pub(super) fn attempt_span(number: u32, attempts: &[AttemptEvidence]) -> tracing
         );
         span.record("tollgate.policy_version", current.policy_version);
     }
-    if let Some(previous) = n.checked_sub(2).and_then(|i| attempts.get(i)) {
-        let start = attempts[n - 1].record.start;
-        if let Some(receipt) = previous.record.receipt {
-            span.record("tollgate.wait_ms", millis(start.saturating_sub(receipt)));
-        }
-        if let Some(wait) = &previous.wait {
-            if let Some(slot) = wait.slot {
-                span.record(
-                    "tollgate.slot_delay_ms",
-                    millis(slot.saturating_sub(wait.engine_next_start)),
-                );
+    // The wait before this attempt: after the previous reply, or, for a held
+    // first attempt, since the intent began.
+    let (waited_since, wait) = match n.checked_sub(2).and_then(|i| attempts.get(i)) {
+        Some(previous) => (previous.record.receipt, previous.wait.as_ref()),
+        None => {
+            if held.is_some() {
+                span.record("tollgate.held", true);
             }
-            span.record("tollgate.cooldown", wait.cooldown.is_some());
-            span.record("tollgate.degraded", wait.degraded);
+            (held.map(|_| Duration::ZERO), held)
         }
+    };
+    if let (Some(since), Some(current)) = (waited_since, attempts.last()) {
+        span.record(
+            "tollgate.wait_ms",
+            millis(current.record.start.saturating_sub(since)),
+        );
+    }
+    if let Some(wait) = wait {
+        if let Some(slot) = wait.slot {
+            span.record(
+                "tollgate.slot_delay_ms",
+                millis(slot.saturating_sub(wait.engine_next_start)),
+            );
+        }
+        span.record("tollgate.cooldown", wait.cooldown.is_some());
+        span.record("tollgate.degraded", wait.degraded);
+        span.record("tollgate.asked_again", wait.asked_again);
     }
     span
 }

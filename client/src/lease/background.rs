@@ -47,12 +47,11 @@ pub(super) async fn refill(shared: &Shared, key: TokenKey) {
     tokens.view.frozen = lease.limit == LeaseLimit::Frozen as i32;
     tokens.exhausted_until = None;
     if lease.granted > 0 {
-        tokens.leases.push_back(HeldLease {
-            id: lease.lease_id.into(),
-            granted: lease.granted,
-            remaining: lease.granted,
-            expires_at: from_unix_ms(lease.expires_at_unix_ms),
-        });
+        tokens.leases.push_back(HeldLease::new(
+            lease.lease_id.into(),
+            lease.granted,
+            from_unix_ms(lease.expires_at_unix_ms),
+        ));
     } else {
         // Nothing granted: asking again on every take would turn an
         // exhausted budget into an RPC storm. Wait a report interval.
@@ -90,15 +89,11 @@ pub(super) async fn flush_reports(shared: &Shared) {
         if report.is_empty() {
             continue;
         }
-        let request = wire::report_request(
-            &scope,
-            report.first_attempts,
-            report.successes,
-            report.evidence.clone(),
-        );
+        let request = wire::report_request(&scope, &report);
         match report.origin.scope(shared.link.report(request)).await {
             Ok(answer) => merge_view(shared, &scope, |v| {
                 v.policy_version = v.policy_version.max(answer.policy_version);
+                v.hold_first_attempts = answer.hold_first_attempts;
                 if answer.cooldown_until_unix_ms > 0 {
                     let until = from_unix_ms(answer.cooldown_until_unix_ms);
                     v.cooldown_until = v.cooldown_until.max(Some(until));
@@ -118,7 +113,9 @@ pub(super) async fn flush_reports(shared: &Shared) {
     }
 }
 
-/// Gives back tokens of leases about to expire; drops expired ones.
+/// Gives back leases about to expire, held or retired (spent, with retries
+/// that succeeded on them); drops expired ones and spent ones with nothing to
+/// refund.
 async fn tend_leases(shared: &Shared) {
     let now = shared.clock.now();
     shared
@@ -128,49 +125,70 @@ async fn tend_leases(shared: &Shared) {
     let mut releases = Vec::new();
     for entry in shared.tokens.iter() {
         for slot in entry.value().each() {
-            lock(&slot.state).leases.retain(|lease| {
+            let mut tokens = lock(&slot.state);
+            let mut keep = |lease: &HeldLease| {
                 if lease.expires_at <= now {
                     return false;
                 }
                 if lease.expires_at <= horizon {
-                    releases.push((
-                        entry.key().clone(),
-                        lease.id.to_string(),
-                        lease.granted - lease.remaining,
-                    ));
+                    if lease.worth_releasing() {
+                        releases.push(Release::of(entry.key(), lease));
+                    }
                     return false;
                 }
                 true
-            });
+            };
+            tokens.leases.retain(&mut keep);
+            tokens.retired.retain(&mut keep);
         }
     }
-    for (scope, lease_id, spent) in releases {
-        release(shared, &scope, lease_id, spent).await;
+    for release in releases {
+        release.send(shared).await;
     }
 }
 
-async fn release(shared: &Shared, scope: &Scope, lease_id: String, spent: u32) {
-    let request = wire::release_request(scope, lease_id, spent);
-    // A failed release only means the tokens count as spent at expiry,
-    // which is the conservative direction.
-    let _ = shared.link.release(request).await;
+/// One lease to give back, taken out of the cache before any RPC.
+struct Release {
+    scope: Scope,
+    lease_id: String,
+    spent: u32,
+    retry_successes: u32,
+}
+
+impl Release {
+    fn of(scope: &Scope, lease: &HeldLease) -> Self {
+        Release {
+            scope: scope.clone(),
+            lease_id: lease.id.to_string(),
+            spent: lease.spent(),
+            retry_successes: lease.refunds(),
+        }
+    }
+
+    async fn send(self, shared: &Shared) {
+        let request =
+            wire::release_request(&self.scope, self.lease_id, self.spent, self.retry_successes);
+        // A failed release only means the tokens count as spent at expiry,
+        // which is the conservative direction.
+        let _ = shared.link.release(request).await;
+    }
 }
 
 async fn release_all(shared: &Shared) {
     let mut releases = Vec::new();
     for entry in shared.tokens.iter() {
         for slot in entry.value().each() {
-            for lease in lock(&slot.state).leases.drain(..) {
-                releases.push((
-                    entry.key().clone(),
-                    lease.id.to_string(),
-                    lease.granted - lease.remaining,
-                ));
+            let mut tokens = lock(&slot.state);
+            let tokens = &mut *tokens;
+            for lease in tokens.leases.drain(..).chain(tokens.retired.drain(..)) {
+                if lease.worth_releasing() {
+                    releases.push(Release::of(entry.key(), &lease));
+                }
             }
         }
     }
-    for (scope, lease_id, spent) in releases {
-        release(shared, &scope, lease_id, spent).await;
+    for release in releases {
+        release.send(shared).await;
     }
 }
 
@@ -202,6 +220,7 @@ async fn watch(shared: Arc<Shared>, scopes: Vec<Scope>) {
                 _ => v.cooldown_until = cooldown.max(v.cooldown_until),
             }
             v.frozen = event.frozen;
+            v.hold_first_attempts = event.hold_first_attempts;
         };
         merge_view(&shared, &scope, update);
         if let Some(entry) = shared.tokens.get(&scope) {

@@ -14,8 +14,14 @@
 //! spent; a lease that expires anyway is simply dropped (the coordinator has
 //! already counted it).
 //!
+//! A retry that succeeded earns its token back ([`LeaseCache::record_retry_success`]):
+//! the count travels in that lease's `Release`. A lease whose last token is
+//! taken is therefore kept (retired, no longer taken from) until it nears
+//! its expiry, and released then if any of its retries succeeded; the replies
+//! of its last retries usually arrive after the token was taken.
+//!
 //! # Reports
-//! First attempts, successes and rate-limit evidence are counted locally and
+//! First attempts, successes, rejections and rate-limit evidence are counted locally and
 //! sent in one `Report` per scope at least every [`LeaseCacheConfig::report_interval`].
 //! A report that fails is merged back and sent again (bounded), so nothing is
 //! lost to a short outage.
@@ -132,6 +138,10 @@ pub struct ScopeView {
     pub policy_version: u64,
     /// Whether an operator froze the scope.
     pub frozen: bool,
+    /// Whether first attempts should wait out `cooldown_until` instead of
+    /// hitting an upstream known to refuse them. The coordinator's policy
+    /// decides (from `Report` answers and Watch events), not the worker.
+    pub hold_first_attempts: bool,
 }
 
 #[derive(Debug)]
@@ -140,11 +150,47 @@ struct HeldLease {
     granted: u32,
     remaining: u32,
     expires_at: SystemTime,
+    /// Retries that succeeded with a token of this lease; sent in its
+    /// `Release` so their tokens are refunded.
+    retry_successes: u32,
+}
+
+impl HeldLease {
+    fn new(id: Arc<str>, granted: u32, expires_at: SystemTime) -> Self {
+        HeldLease {
+            id,
+            granted,
+            remaining: granted,
+            expires_at,
+            retry_successes: 0,
+        }
+    }
+
+    fn spent(&self) -> u32 {
+        self.granted.saturating_sub(self.remaining)
+    }
+
+    /// The refund claimed, never more than the tokens spent: the coordinator
+    /// refuses a `Release` that claims more.
+    fn refunds(&self) -> u32 {
+        self.retry_successes.min(self.spent())
+    }
+
+    /// Whether a `Release` would give anything back; otherwise the lease may
+    /// just expire, as the coordinator already counts it spent.
+    fn worth_releasing(&self) -> bool {
+        self.remaining > 0 || self.refunds() > 0
+    }
 }
 
 #[derive(Debug, Default)]
 struct ScopeTokens {
     leases: VecDeque<HeldLease>,
+    /// Leases no longer taken from (spent, or too near expiry), kept until
+    /// the background task's `tend_leases` releases or drops them, so a retry
+    /// that succeeds after its lease's last token was taken still earns a
+    /// refund.
+    retired: Vec<HeldLease>,
     refilling: bool,
     /// The coordinator granted nothing: do not ask again before this.
     exhausted_until: Option<SystemTime>,
@@ -154,6 +200,22 @@ struct ScopeTokens {
 impl ScopeTokens {
     fn held(&self) -> u32 {
         self.leases.iter().map(|l| l.remaining).sum()
+    }
+
+    /// Counts a successful retry on lease `id`, if it is still held.
+    fn retry_succeeded(&mut self, id: &str) -> bool {
+        let lease = self
+            .leases
+            .iter_mut()
+            .chain(self.retired.iter_mut())
+            .find(|l| &*l.id == id);
+        match lease {
+            Some(lease) => {
+                lease.retry_successes = lease.retry_successes.saturating_add(1).min(lease.spent());
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -186,11 +248,16 @@ impl ScopeEntry {
     }
 }
 
+/// What a scope's next `Report` will carry.
 #[derive(Debug, Default)]
-struct PendingReport {
-    first_attempts: u32,
-    successes: u32,
-    evidence: Vec<Evidence>,
+pub(crate) struct PendingReport {
+    pub(crate) first_attempts: u32,
+    pub(crate) successes: u32,
+    /// Every refusal for capacity, counted even when `evidence` is full and
+    /// keeps only the newest items: learned pacing judges the upstream's
+    /// capacity from how many were refused, not from the sample.
+    pub(crate) rejections: u32,
+    pub(crate) evidence: Vec<Evidence>,
     /// The trace the report is sent under: the newest intent whose evidence
     /// it holds, else the first intent counted in it.
     origin: TraceOrigin,
@@ -200,6 +267,7 @@ impl PendingReport {
     fn merge(&mut self, other: PendingReport) {
         self.first_attempts = self.first_attempts.saturating_add(other.first_attempts);
         self.successes = self.successes.saturating_add(other.successes);
+        self.rejections = self.rejections.saturating_add(other.rejections);
         if !self.origin.is_set() {
             self.origin = other.origin;
         }
@@ -217,7 +285,10 @@ impl PendingReport {
     }
 
     fn is_empty(&self) -> bool {
-        self.first_attempts == 0 && self.successes == 0 && self.evidence.is_empty()
+        self.first_attempts == 0
+            && self.successes == 0
+            && self.rejections == 0
+            && self.evidence.is_empty()
     }
 }
 
@@ -350,7 +421,9 @@ impl LeaseCache {
             .front()
             .is_some_and(|l| l.remaining == 0 || l.expires_at <= now + margin)
         {
-            tokens.leases.pop_front();
+            if let Some(lease) = tokens.leases.pop_front() {
+                tokens.retired.push(lease);
+            }
         }
         let policy_version = tokens.view.policy_version;
         let taken = tokens.leases.front_mut().map(|lease| {
@@ -390,12 +463,9 @@ impl LeaseCache {
         expires_at: SystemTime,
     ) {
         let entry = self.entry(scope);
-        lock(&entry.class(class).state).leases.push_back(HeldLease {
-            id: "bench-seeded".into(),
-            granted: tokens,
-            remaining: tokens,
-            expires_at,
-        });
+        lock(&entry.class(class).state)
+            .leases
+            .push_back(HeldLease::new("bench-seeded".into(), tokens, expires_at));
     }
 
     /// Like [`try_take`](Self::try_take), but when the cache holds nothing for
@@ -509,10 +579,26 @@ impl LeaseCache {
         self.with_report(scope, |r| r.successes = r.successes.saturating_add(1));
     }
 
-    /// Queues rate-limit evidence for the next report.
+    /// Counts a retry that succeeded with a token of lease `lease_id`: the
+    /// lease's `Release` claims its token back. Returns whether the lease was
+    /// still held (one that expired or was released already earns nothing).
+    pub fn record_retry_success(&self, scope: &Scope, lease_id: &str) -> bool {
+        let Some(entry) = self.shared.tokens.get(scope) else {
+            return false;
+        };
+        // The token's class is not carried with it; a scope holds a few
+        // leases per class, so looking in both is cheap.
+        entry
+            .each()
+            .any(|slot| lock(&slot.state).retry_succeeded(lease_id))
+    }
+
+    /// Counts a refusal for capacity and queues its rate-limit evidence for
+    /// the next report.
     pub fn record_evidence(&self, scope: &Scope, evidence: Evidence) {
         self.record_upstream_answer(false);
         self.with_report(scope, |r| {
+            r.rejections = r.rejections.saturating_add(1);
             r.push_evidence(evidence);
             let origin = TraceOrigin::current();
             if origin.is_set() {
@@ -542,3 +628,6 @@ impl LeaseCache {
         flush_reports(&self.shared).await;
     }
 }
+
+#[cfg(test)]
+mod tests;

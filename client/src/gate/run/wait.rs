@@ -1,0 +1,345 @@
+//! The wait between attempts: the scope's state, `Reconsider` (a slot, or
+//! "ask again" until one is near), the wait itself, the re-check at the
+//! wake-up and admission with a permit and a token.
+
+use std::time::Duration;
+
+use rand::RngExt;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tollgate_proto::v1::{ReconsiderDecision, RetryClass};
+
+use super::{Run, engine_bug, lock};
+use crate::classify::ResponseClass;
+use crate::engine::{Decision, GateRefusal, Phase, WakeCheck, WakeDecision};
+use crate::gate::intent::{TokenSource, WaitEvidence};
+use crate::lease::{ScopeView, Take};
+use crate::link::LinkState;
+use crate::wire;
+
+/// Re-evaluations of one wake-up when the policy version keeps changing; past
+/// it the newest version is used as is. Bounds the loop, not the safety: each
+/// re-evaluation still ends in the same admission checks.
+const MAX_REEVALUATIONS: u32 = 4;
+
+/// The least time between two `Reconsider` calls of one intent told to ask
+/// again, whatever instant the coordinator named (one in the past included):
+/// with the gate's `min_wait` above it, every ask-again makes progress toward
+/// the deadline, so the loop ends.
+const ASK_AGAIN_FLOOR: Duration = Duration::from_millis(1);
+
+/// What the wait after a reply came to.
+pub(super) enum Admitted {
+    Yes {
+        permit: OwnedSemaphorePermit,
+        token: TokenSource,
+        at: Duration,
+    },
+    Ended,
+}
+
+/// The coordinator's answer to `Reconsider`.
+pub(super) enum Slot {
+    At(Duration),
+    /// Nothing given yet: ask again at this elapsed instant.
+    AskAgain(Duration),
+    Infeasible,
+    Frozen,
+}
+
+/// What planning a wait came to.
+enum Planned {
+    /// Wait until the engine's next start, then re-check and admit.
+    Wake,
+    /// Wait until this instant, then plan again; never an attempt then.
+    AskAgain(Duration),
+    /// The intent ended.
+    Ended,
+}
+
+impl Run<'_> {
+    /// After a `Wait` decision: scope, `Reconsider`, wait, re-check, admit.
+    pub(super) async fn wait(&mut self, completion: &CancellationToken) -> Admitted {
+        let view = self.gate.inner.cache.view(&self.scope);
+        let mut evidence = WaitEvidence {
+            engine_next_start: self.next_start().unwrap_or_default(),
+            policy_version_at_wait: view.policy_version,
+            policy_version_at_wake: view.policy_version,
+            ..WaitEvidence::default()
+        };
+        let mut view = view;
+        loop {
+            let (until, asking) = match self.plan(&view, &mut evidence).await {
+                Planned::Ended => return self.end_wait(evidence),
+                Planned::AskAgain(at) => (at, true),
+                Planned::Wake => match self.next_start() {
+                    Some(next_start) => (next_start, false),
+                    None => return self.end_wait(evidence),
+                },
+            };
+            if !asking {
+                evidence.planned_start = until;
+            }
+            if !self.pause(until, completion).await {
+                return self.end_wait(evidence);
+            }
+            let current = self.gate.inner.cache.view(&self.scope);
+            // Version 0 means the worker had not heard of the scope's policy
+            // yet: learning it is not a rotation.
+            let rotated = evidence.policy_version_at_wake != 0
+                && current.policy_version != evidence.policy_version_at_wake;
+            evidence.policy_version_at_wake = current.policy_version;
+            view = current;
+            if asking {
+                // An ask-again instant is a time to ask, not to start: plan
+                // again (under whatever version is current) and ask.
+                continue;
+            }
+            if rotated && evidence.reevaluations < MAX_REEVALUATIONS {
+                // A timer set under the old version must not bypass the new
+                // one: plan again (cooldown, slot, deadline) under it.
+                evidence.reevaluations += 1;
+                tracing::debug!(
+                    policy_version = view.policy_version,
+                    "policy changed while waiting; re-evaluating"
+                );
+                continue;
+            }
+            break;
+        }
+        let admitted = self.admit(&view).await;
+        self.attach_wait(evidence);
+        admitted
+    }
+
+    /// Waits until elapsed `until`; cancellation and completion evidence end
+    /// the wait (and the intent) at once. Returns whether it ran to `until`.
+    pub(super) async fn pause(&mut self, until: Duration, completion: &CancellationToken) -> bool {
+        tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => {
+                let now = self.now();
+                self.cancel_at(now);
+                false
+            }
+            () = completion.cancelled() => {
+                let now = self.now();
+                if let Err(err) = self.engine.complete(now) {
+                    engine_bug(&err);
+                }
+                false
+            }
+            () = tokio::time::sleep_until(self.epoch + until) => true,
+        }
+    }
+
+    fn end_wait(&mut self, evidence: WaitEvidence) -> Admitted {
+        self.attach_wait(evidence);
+        self.sync_record();
+        Admitted::Ended
+    }
+
+    fn attach_wait(&mut self, evidence: WaitEvidence) {
+        if let Some(last) = self.attempts.last_mut() {
+            last.wait = Some(evidence);
+        }
+    }
+
+    /// The engine's current earliest reconsideration time, while waiting.
+    fn next_start(&self) -> Option<Duration> {
+        match self.engine.phase() {
+            Phase::Waiting { next_start, .. } => Some(next_start),
+            _ => None,
+        }
+    }
+
+    /// Before the wait: floor, scope state, coordinator slot or local spread.
+    async fn plan(&mut self, view: &ScopeView, evidence: &mut WaitEvidence) -> Planned {
+        let Phase::Waiting { since, next_start } = self.engine.phase() else {
+            return Planned::Ended;
+        };
+        let now = self.now();
+        if view.frozen {
+            self.refuse(GateRefusal::BudgetExhausted);
+            return Planned::Ended;
+        }
+        let mut until = next_start.max(since.saturating_add(self.gate.inner.config.min_wait));
+        if let Some(cooldown) = view.cooldown_until {
+            let at = self.elapsed_at(cooldown);
+            if at > until {
+                evidence.cooldown = Some(at);
+                until = at;
+            }
+        }
+        until = until.max(now);
+        let reconsidered = if self.gate.link_state() == LinkState::Connected {
+            self.reconsider(until).await
+        } else {
+            None
+        };
+        match reconsidered {
+            Some(Slot::At(at)) => {
+                evidence.slot = Some(at);
+                until = until.max(at);
+            }
+            Some(Slot::AskAgain(at)) => {
+                evidence.asked_again = evidence.asked_again.saturating_add(1);
+                let at = self.ask_again_at(at);
+                // Nothing starts before the instant to ask again: the
+                // deadline gate runs for it now, not after a pointless wait.
+                if at > next_start && !self.defer(at) {
+                    return Planned::Ended;
+                }
+                return Planned::AskAgain(at);
+            }
+            Some(Slot::Infeasible) => {
+                // The coordinator's refusal stands even if this clock thinks
+                // the slot would fit: defer past the budget to end the intent.
+                until = until.max(self.engine.policy().total_budget());
+            }
+            Some(Slot::Frozen) => {
+                self.refuse(GateRefusal::BudgetExhausted);
+                return Planned::Ended;
+            }
+            None => {
+                evidence.degraded = true;
+                let spread = self.local_spread(until);
+                if !spread.is_zero() {
+                    evidence.local_spread = Some(spread);
+                }
+                until += spread;
+            }
+        }
+        if until > next_start && !self.defer(until) {
+            return Planned::Ended;
+        }
+        Planned::Wake
+    }
+
+    /// Moves the engine's next start to `until`; false if the intent ended
+    /// (it no longer fits the deadline).
+    fn defer(&mut self, until: Duration) -> bool {
+        let now = self.now();
+        match self.engine.defer(now, until) {
+            Ok(Decision::Wait { .. }) => true,
+            Ok(Decision::Stop(_)) => false,
+            Err(err) => {
+                engine_bug(&err);
+                false
+            }
+        }
+    }
+
+    /// The instant to ask again: the coordinator's, but never sooner than
+    /// `min_wait` (at least [`ASK_AGAIN_FLOOR`]) from now.
+    pub(super) fn ask_again_at(&self, at: Duration) -> Duration {
+        let floor = self.gate.inner.config.min_wait.max(ASK_AGAIN_FLOOR);
+        at.max(self.now().saturating_add(floor))
+    }
+
+    /// Up to `local_spread` of extra wait, no more than the wait itself, and
+    /// never so much that the next attempt stops fitting the deadline.
+    fn local_spread(&self, until: Duration) -> Duration {
+        let Phase::Waiting { since, .. } = self.engine.phase() else {
+            return Duration::ZERO;
+        };
+        let policy = self.engine.policy();
+        let latest_fit = policy.total_budget().saturating_sub(policy.attempt_cap());
+        let bound = self
+            .gate
+            .inner
+            .config
+            .local_spread
+            .min(until.saturating_sub(since))
+            .min(latest_fit.saturating_sub(until));
+        if bound.is_zero() {
+            return Duration::ZERO;
+        }
+        let nanos = lock(&self.gate.inner.rng).random_range(0..=bound.as_nanos());
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// `Reconsider`: asks the coordinator for a slot. `None` when it could not be
+    /// asked or gave no usable answer.
+    pub(super) async fn reconsider(&self, not_before: Duration) -> Option<Slot> {
+        let policy = self.engine.policy();
+        let request = wire::reconsider_request(
+            &self.scope,
+            &self.intent_id,
+            self.wall_at(not_before),
+            self.wall_at(policy.total_budget()),
+            policy.attempt_cap(),
+        );
+        let answer = match self.gate.inner.cache.link().reconsider(request).await {
+            Ok(answer) => answer,
+            Err(err) => {
+                tracing::debug!(cause = %err, "no slot; deciding locally");
+                return None;
+            }
+        };
+        let at = |unix_ms| self.elapsed_at(crate::clock::from_unix_ms(unix_ms));
+        match ReconsiderDecision::try_from(answer.decision) {
+            Ok(ReconsiderDecision::Slot) => Some(Slot::At(at(answer.slot_unix_ms))),
+            Ok(ReconsiderDecision::AskAgain) => Some(Slot::AskAgain(at(answer.ask_again_unix_ms))),
+            Ok(ReconsiderDecision::DeadlineInfeasible) => Some(Slot::Infeasible),
+            Ok(ReconsiderDecision::Frozen) => Some(Slot::Frozen),
+            Ok(ReconsiderDecision::Unspecified) | Err(_) => None,
+        }
+    }
+
+    /// Re-check and admit at the wake-up: re-check, then capacity, then a token,
+    /// then the engine's own re-check at the current time.
+    async fn admit(&mut self, view: &ScopeView) -> Admitted {
+        let now = self.now();
+        let check = WakeCheck {
+            cancelled: self.cancel.is_cancelled(),
+        };
+        if check.cancelled || !self.engine.fits(now) {
+            // The engine ends it (cancelled or deadline_infeasible) at now;
+            // nothing is taken.
+            let _ = self.engine.on_wake(now, check);
+            self.sync_record();
+            return Admitted::Ended;
+        }
+        if view.frozen {
+            self.refuse(GateRefusal::BudgetExhausted);
+            return Admitted::Ended;
+        }
+        let Ok(permit) = self.gate.inner.capacity.clone().try_acquire_owned() else {
+            self.refuse(GateRefusal::CapacityUnavailable);
+            return Admitted::Ended;
+        };
+        let class = match self.engine.records().last().and_then(|r| r.classification) {
+            Some(c) if c.class == ResponseClass::Throttled => RetryClass::Throttled,
+            _ => RetryClass::Transient,
+        };
+        let token = match self.gate.inner.cache.take(&self.scope, class).await {
+            Take::Leased { lease_id, .. } => TokenSource::Leased { lease_id },
+            Take::Fallback(true) => TokenSource::Fallback,
+            Take::Exhausted | Take::Frozen | Take::Fallback(false) => {
+                self.refuse(GateRefusal::BudgetExhausted);
+                return Admitted::Ended;
+            }
+        };
+        // Taking a token may have cost an RPC: the engine re-checks
+        // cancellation and the deadline at the instant of admission.
+        let now = self.now();
+        let check = WakeCheck {
+            cancelled: self.cancel.is_cancelled(),
+        };
+        let decision = self.engine.on_wake(now, check);
+        self.sync_record();
+        match decision {
+            Ok(WakeDecision::Start) => Admitted::Yes {
+                permit,
+                token,
+                at: now,
+            },
+            Ok(WakeDecision::Stop(_)) => Admitted::Ended,
+            Err(err) => {
+                engine_bug(&err);
+                Admitted::Ended
+            }
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The bookkeeping of refunds and rejections, without a coordinator.
+
+use std::time::{Duration, SystemTime};
+
+use super::*;
+
+fn lease(id: &str, granted: u32) -> HeldLease {
+    HeldLease::new(
+        id.into(),
+        granted,
+        SystemTime::UNIX_EPOCH + Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn a_retired_lease_still_counts_retry_successes_up_to_what_it_spent() {
+    let mut tokens = ScopeTokens::default();
+    let mut spent = lease("spent", 2);
+    spent.remaining = 0;
+    tokens.retired.push(spent);
+    let mut held = lease("held", 3);
+    held.remaining = 2;
+    tokens.leases.push_back(held);
+
+    assert!(tokens.retry_succeeded("spent"));
+    assert!(tokens.retry_succeeded("spent"));
+    assert!(tokens.retry_succeeded("spent"), "counted, but capped");
+    assert!(tokens.retry_succeeded("held"));
+    assert!(!tokens.retry_succeeded("released-already"));
+
+    let retired = &tokens.retired[0];
+    assert_eq!((retired.spent(), retired.refunds()), (2, 2));
+    assert!(
+        retired.worth_releasing(),
+        "spent, but with a refund to claim"
+    );
+    let held = &tokens.leases[0];
+    assert_eq!((held.spent(), held.refunds()), (1, 1));
+
+    let mut nothing_back = lease("nothing", 1);
+    nothing_back.remaining = 0;
+    assert!(
+        !nothing_back.worth_releasing(),
+        "spent without a success: left to expire, as the coordinator counts it spent"
+    );
+}
+
+#[test]
+fn rejections_merge_and_keep_a_report_non_empty() {
+    let mut report = PendingReport {
+        rejections: 70,
+        ..PendingReport::default()
+    };
+    assert!(!report.is_empty(), "a count alone is worth sending");
+    report.merge(PendingReport {
+        rejections: 30,
+        first_attempts: 1,
+        ..PendingReport::default()
+    });
+    assert_eq!(report.rejections, 100);
+    assert_eq!(
+        crate::wire::report_request(&Scope::new("tenant-a", "GET /x"), &report).rejections,
+        100
+    );
+}

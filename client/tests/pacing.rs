@@ -1,0 +1,424 @@
+//! The gate under the coordinator's learned pacing, against the real
+//! coordinator on paused time (see `support::pipes`): intents told to ask
+//! again, first attempts held inside a known cooldown, the rejection count
+//! in reports, and the refund of retries that succeeded on a leased token.
+//!
+//! The worker's gate talks to the coordinator through a recording proxy
+//! (a `Budget` service forwarding every call to the real one), so a test can
+//! see what crossed the wire as well as what the coordinator made of it.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use common::{Upstream, http, serve_budget};
+use support::pipes::*;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tollgate_client::clock::{Clock, TokioClock, to_unix_ms};
+use tollgate_client::engine::IntentPolicy;
+use tollgate_client::gate::{Gate, GateConfig, GateIntent, TokenSource};
+use tollgate_client::link::{CoordinatorLink, LinkConfig};
+use tollgate_client::outcome::Outcome;
+use tollgate_proto::v1::budget_client::BudgetClient;
+use tollgate_proto::v1::budget_server::Budget;
+use tollgate_proto::v1::{
+    GetScopeRequest, LeaseRequest, LeaseResponse, Priority, ReconsiderDecision, ReconsiderRequest,
+    ReconsiderResponse, ReleaseRequest, ReleaseResponse, ReportRequest, ReportResponse, ScopeEvent,
+    WatchRequest,
+};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+/// What crossed the wire between the worker and the coordinator.
+#[derive(Default)]
+struct Wire {
+    reports: Vec<ReportRequest>,
+    releases: Vec<(ReleaseRequest, ReleaseResponse)>,
+    /// Each `Reconsider`: when it arrived (Unix ms) and the answer.
+    reconsiders: Vec<(i64, ReconsiderResponse)>,
+}
+
+/// Forwards every `Budget` call to the real coordinator and keeps a copy.
+#[derive(Clone)]
+struct Recorder {
+    coordinator: BudgetClient<Channel>,
+    clock: Arc<TokioClock>,
+    wire: Arc<Mutex<Wire>>,
+}
+
+#[tonic::async_trait]
+impl Budget for Recorder {
+    async fn lease(&self, r: Request<LeaseRequest>) -> Result<Response<LeaseResponse>, Status> {
+        self.coordinator
+            .clone()
+            .lease(Request::new(r.into_inner()))
+            .await
+    }
+    async fn release(
+        &self,
+        r: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        let request = r.into_inner();
+        let answer = self
+            .coordinator
+            .clone()
+            .release(Request::new(request.clone()))
+            .await?;
+        let reply = *answer.get_ref();
+        self.wire.lock().unwrap().releases.push((request, reply));
+        Ok(answer)
+    }
+    async fn report(&self, r: Request<ReportRequest>) -> Result<Response<ReportResponse>, Status> {
+        let request = r.into_inner();
+        self.wire.lock().unwrap().reports.push(request.clone());
+        self.coordinator.clone().report(Request::new(request)).await
+    }
+    async fn reconsider(
+        &self,
+        r: Request<ReconsiderRequest>,
+    ) -> Result<Response<ReconsiderResponse>, Status> {
+        let asked_at = to_unix_ms(self.clock.now());
+        let answer = self
+            .coordinator
+            .clone()
+            .reconsider(Request::new(r.into_inner()))
+            .await?;
+        let reply = *answer.get_ref();
+        self.wire
+            .lock()
+            .unwrap()
+            .reconsiders
+            .push((asked_at, reply));
+        Ok(answer)
+    }
+    type WatchStream = tonic::Streaming<ScopeEvent>;
+    async fn watch(&self, r: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        self.coordinator
+            .clone()
+            .watch(Request::new(r.into_inner()))
+            .await
+    }
+}
+
+/// The real coordinator (configured by `toml`) and a worker's gate that
+/// reaches it through a [`Recorder`].
+struct Recorded {
+    h: Harness,
+    gate: Gate,
+    wire: Arc<Mutex<Wire>>,
+}
+
+fn recorded(toml: &str, gate_config: GateConfig) -> Recorded {
+    let h = harness_on(config(toml), gate_config.clone());
+    let wire = Arc::new(Mutex::new(Wire::default()));
+    let proxy = serve_budget(Recorder {
+        coordinator: h.coordinator.client(),
+        clock: h.clock.clone(),
+        wire: wire.clone(),
+    });
+    let mut link = LinkConfig::new("http://coordinator.invalid", "worker-paced");
+    link.rpc_timeout = RPC_TIMEOUT;
+    let link = CoordinatorLink::with_channel(proxy, &link).unwrap();
+    let gate = support::gate(link, h.clock.clone(), 13, gate_config);
+    Recorded { h, gate, wire }
+}
+
+/// One worker's hint is enough for a fleet cooldown here, so a single gate
+/// can start one.
+const ONE_WORKER_COOLDOWNS: &str = r#"
+[server]
+rng_seed = 7
+
+[defaults]
+corroborate_workers = 1
+"#;
+
+fn intent(id: &str, policy: IntentPolicy) -> GateIntent {
+    GateIntent::new(id, scope(), policy)
+}
+
+/// 60 s end to end, 3 attempts, 5 s each.
+fn roomy() -> IntentPolicy {
+    policy(secs(60), 3, secs(5), None)
+}
+
+#[tokio::test(start_paused = true)]
+async fn told_to_ask_again_it_asks_at_that_instant_then_goes_at_its_slot() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    // Far beyond the coordinator's one-second horizon: no slot yet.
+    let upstream = Upstream::new(vec![http(429, Some("20")), http(200, None)]);
+    let result = r
+        .gate
+        .run(intent("i-ask", roomy()), upstream.attempt())
+        .await;
+    assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+    assert_eq!(upstream.calls(), 2, "no attempt at an ask-again instant");
+
+    let wait = result.attempts[0].wait.clone().unwrap();
+    assert!(!wait.degraded);
+    assert_eq!(wait.reevaluations, 0, "asking again is not a policy change");
+    let wire = r.wire.lock().unwrap();
+    let asked = wire
+        .reconsiders
+        .iter()
+        .filter(|(_, a)| a.decision() == ReconsiderDecision::AskAgain)
+        .count();
+    assert!(asked >= 1, "the coordinator said to ask again");
+    assert_eq!(wait.asked_again as usize, asked, "each one is evidence");
+    // The delay halves toward the wait: a handful of calls, not a poll.
+    assert!(asked <= 10, "{asked} calls for a 20 s wait");
+    // Each call after an ask-again came at the instant named, not before,
+    // and not later than a scheduler tick after it.
+    for pair in wire.reconsiders.windows(2) {
+        let ((_, told), (next, _)) = (&pair[0], &pair[1]);
+        if told.decision() == ReconsiderDecision::AskAgain {
+            assert!(*next >= told.ask_again_unix_ms, "asked early: {pair:?}");
+            assert!(*next <= told.ask_again_unix_ms + 20, "asked late: {pair:?}");
+        }
+    }
+    let (_, last) = wire.reconsiders.last().unwrap();
+    assert_eq!(last.decision(), ReconsiderDecision::Slot);
+
+    // Then the retry goes at its slot: after the 20 s hint, at the slot.
+    let slot = wait.slot.expect("a slot in the end");
+    assert!(slot >= secs(20), "{slot:?}");
+    let start = result.attempts[1].record.start;
+    assert!(
+        start >= slot && start <= slot + ms(20),
+        "{start:?} vs {slot:?}"
+    );
+    assert!(matches!(
+        result.attempts[1].token,
+        TokenSource::Leased { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_while_told_to_ask_again_it_ends_with_no_further_attempt() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    let upstream = Upstream::new(vec![http(429, Some("20")), http(200, None)]);
+    let cancel = CancellationToken::new();
+    let canceller = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(secs(3)).await;
+        canceller.cancel();
+    });
+    let began = Instant::now();
+    let result = r
+        .gate
+        .run(
+            intent("i-ask-cancel", roomy()).cancel_token(cancel),
+            upstream.attempt(),
+        )
+        .await;
+    assert_eq!(result.outcome, Outcome::Cancelled);
+    assert_eq!(upstream.calls(), 1, "no attempt after cancellation");
+    assert!(began.elapsed() < secs(4), "ended at the cancellation");
+    let wait = result.attempts[0].wait.clone().unwrap();
+    assert!(wait.asked_again >= 1, "{wait:?}");
+    assert_eq!(wait.slot, None, "it never got as far as a slot");
+
+    // Nothing asks on its behalf after it ended.
+    let calls = r.wire.lock().unwrap().reconsiders.len();
+    tokio::time::sleep(secs(30)).await;
+    assert_eq!(r.wire.lock().unwrap().reconsiders.len(), calls);
+}
+
+/// A first intent meets a 429 with `Retry-After: retry_after` (one attempt
+/// only, so it ends there); once its report is in, the worker knows the
+/// scope's cooldown and that first attempts should wait it out. Returns the
+/// instant the cooldown ends.
+async fn cooldown_from_a_429(r: &Recorded, retry_after: &str) -> Instant {
+    let result = r
+        .gate
+        .run(
+            intent("i-first-429", policy(secs(60), 1, secs(5), None)),
+            Upstream::new(vec![http(429, Some(retry_after))]).attempt(),
+        )
+        .await;
+    assert_eq!(result.outcome, Outcome::AttemptCap);
+    support::poll("the worker learns the cooldown", secs(5), || async {
+        let view = r.gate.cache().view(&scope());
+        view.cooldown_until.is_some() && view.hold_first_attempts
+    })
+    .await;
+    let until = r.gate.cache().view(&scope()).cooldown_until.unwrap();
+    Instant::now() + until.duration_since(r.h.clock.now()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_attempt_inside_a_known_cooldown_is_held_until_its_slot() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    let cooldown_ends = cooldown_from_a_429(&r, "10").await;
+
+    let upstream = Upstream::new(vec![http(200, None)]);
+    let began = Instant::now();
+    let result = r
+        .gate
+        .run(intent("i-held", roomy()), upstream.attempt())
+        .await;
+    assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+    let starts = upstream.starts();
+    assert_eq!(starts.len(), 1);
+    assert!(
+        starts[0] >= cooldown_ends,
+        "the upstream saw no attempt during the cooldown"
+    );
+    let first = &result.attempts[0];
+    assert_eq!(first.record.number, 1, "still the first attempt");
+    assert_eq!(first.token, TokenSource::FirstAttempt, "no retry token");
+    let held = result.held.clone().expect("the hold is evidence");
+    assert_eq!(held.cooldown, Some(cooldown_ends - began));
+    let slot = held.slot.expect("it went at the coordinator's slot");
+    assert!(slot >= cooldown_ends - began);
+    assert!(first.record.start >= slot && first.record.start <= slot + ms(20));
+    assert!(!held.degraded);
+
+    // It still counts as a first attempt for the fleet's budget.
+    r.gate.cache().flush().await;
+    let firsts: u32 = r
+        .wire
+        .lock()
+        .unwrap()
+        .reports
+        .iter()
+        .map(|report| report.first_attempts)
+        .sum();
+    assert_eq!(firsts, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_before_the_cooldown_ends_is_infeasible_with_no_attempt() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    cooldown_from_a_429(&r, "10").await;
+
+    let upstream = Upstream::new(vec![http(200, None)]);
+    let began = Instant::now();
+    let result = r
+        .gate
+        .run(
+            intent("i-too-short", policy(secs(5), 3, secs(1), None)),
+            upstream.attempt(),
+        )
+        .await;
+    assert_eq!(result.outcome, Outcome::DeadlineInfeasible);
+    assert_eq!(upstream.calls(), 0, "no attempt at all");
+    assert!(result.attempts.is_empty());
+    assert!(result.held.is_some(), "the hold is evidence");
+    assert!(began.elapsed() < secs(1), "decided now, not after a wait");
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejections_are_counted_in_the_report_past_the_evidence_limit() {
+    let r = recorded(
+        ONE_WORKER_COOLDOWNS,
+        GateConfig {
+            max_in_flight: 256,
+            ..gate_config()
+        },
+    );
+    // A hundred intents refused for capacity together, one attempt each:
+    // more than the 64 evidence items a report carries.
+    let upstream = Upstream::new(vec![http(429, None)]);
+    let mut runs = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let (gate, upstream) = (r.gate.clone(), upstream.clone());
+        runs.spawn(async move {
+            let policy = policy(secs(60), 1, secs(5), None);
+            gate.run(
+                intent(&format!("i-refused-{i}"), policy),
+                upstream.attempt(),
+            )
+            .await
+        });
+    }
+    while let Some(result) = runs.join_next().await {
+        assert_eq!(result.unwrap().outcome, Outcome::AttemptCap);
+    }
+    r.gate.cache().flush().await;
+
+    let wire = r.wire.lock().unwrap();
+    let rejections: u32 = wire.reports.iter().map(|report| report.rejections).sum();
+    assert_eq!(rejections, 100, "every refusal is counted");
+    assert!(
+        wire.reports
+            .iter()
+            .all(|report| report.evidence.len() <= 64)
+    );
+    assert!(
+        wire.reports
+            .iter()
+            .any(|report| report.rejections as usize > report.evidence.len()),
+        "the count went past the evidence kept"
+    );
+}
+
+/// A budget of one retry token a window, all for normal work, on leases
+/// that expire after two seconds.
+const ONE_TOKEN: &str = r#"
+[server]
+rng_seed = 7
+
+[defaults]
+max_retries_per_window = 1
+shares = { critical = 0.0, normal = 1.0, bulk = 0.0 }
+lease_ttl = "2s"
+
+[[admin_token]]
+name = "oncall"
+token = "sre-token-for-tests"
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_succeeded_on_a_leased_token_is_refunded_at_release() {
+    let r = recorded(ONE_TOKEN, gate_config());
+    // A 502 then a success: the retry spends the lease's only token.
+    let upstream = Upstream::new(vec![http(502, None), http(200, None)]);
+    let result = r
+        .gate
+        .run(intent("i-refund", roomy()), upstream.attempt())
+        .await;
+    assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+    let TokenSource::Leased { lease_id } = result.attempts[1].token.clone() else {
+        panic!("the retry spent a leased token: {result:?}");
+    };
+    // The lease is released before it expires, claiming the refund.
+    support::poll("the spent lease is released", secs(5), || async {
+        !r.wire.lock().unwrap().releases.is_empty()
+    })
+    .await;
+    let (release, reply) = r.wire.lock().unwrap().releases[0].clone();
+    assert_eq!(release.lease_id, *lease_id);
+    // One token granted, one spent: the lease was fully spent, and is
+    // released all the same.
+    assert_eq!(release.spent, 1);
+    assert_eq!(release.retry_successes, 1);
+    assert_eq!(reply.returned, 1, "granted − spent + retry_successes");
+
+    // The coordinator credited the token back to the scope's budget.
+    let state =
+        r.h.coordinator
+            .admin()
+            .get_scope(with_token(
+                GetScopeRequest {
+                    caller_scope: "tenant-a".into(),
+                    route: "POST /orders".into(),
+                },
+                "sre-token-for-tests",
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(state.leases_outstanding, 0);
+    let normal = state
+        .classes
+        .iter()
+        .find(|c| c.priority() == Priority::Normal)
+        .unwrap();
+    assert!(normal.spent.abs() < 1e-9, "{normal:?}");
+}
