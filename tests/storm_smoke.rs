@@ -72,9 +72,19 @@ fn every_strategy_runs_and_keeps_the_invariants() {
         );
         assert_eq!(r.attempts_after_cancel, 0, "{key}: attempts after cancel");
         assert_eq!(r.unfinished, 0, "{key}: unfinished intents");
+        // Every intent makes a first attempt, except one the coordinated
+        // gate held inside a known cooldown that then ran out of time or
+        // was cancelled before its slot.
+        let unattempted = match r.strategy {
+            StrategyKind::E | StrategyKind::F => ["deadline_infeasible", "cancelled"]
+                .iter()
+                .map(|o| r.outcomes.get(o).copied().unwrap_or(0))
+                .sum(),
+            _ => 0,
+        };
         assert!(
-            r.attempts >= r.intents,
-            "{key}: fewer attempts than intents"
+            r.attempts + unattempted >= r.intents,
+            "{key}: fewer attempts than intents that could have made one"
         );
         // (a) is over in tens of milliseconds, before most cancellations;
         // the patient strategies wait seconds, so some land mid-intent.

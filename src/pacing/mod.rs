@@ -192,6 +192,9 @@ pub struct PacingState {
     pub w_rej: i64,
     /// Slots it granted in it: whether the rate was actually used.
     pub w_granted: i64,
+    /// Intents it told to ask again because the rate, not a cooldown, put
+    /// their slot past the horizon: demand the rate fell short of.
+    pub w_short: i64,
     /// 1 when a cooldown or a closing hint explained something in it.
     pub w_frozen: i64,
     /// The wake rate, milli-slots per second.
@@ -228,6 +231,7 @@ impl PacingState {
             w_ok: 0,
             w_rej: 0,
             w_granted: 0,
+            w_short: 0,
             w_frozen: 0,
             rate_m: policy.floor_m,
             rate_max_m: 0,
@@ -386,6 +390,7 @@ impl PacingState {
         self.w_ok = 0;
         self.w_rej = 0;
         self.w_granted = 0;
+        self.w_short = 0;
         self.w_frozen = 0;
     }
 
@@ -415,7 +420,10 @@ impl PacingState {
         // Retries are the attempts beyond the first ones; when nothing was
         // rejected every attempt was a success, so this is exact then.
         let retries = (self.w_ok + self.w_rej - self.w_first).max(0);
-        let used = 2 * self.w_granted.max(retries) * MILLI >= self.rate_m;
+        // Used: half its slots were taken, or intents were turned away for
+        // lack of rate (they will ask again later, so the slots they would
+        // take are not taken now).
+        let used = 2 * self.w_granted.max(retries) * MILLI >= self.rate_m || self.w_short > 0;
         if self.w_rej > 0 {
             // A saturated window measures what the upstream serves now.
             self.cap_m = served_m;
@@ -497,13 +505,14 @@ impl PacingState {
     }
 
     /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
-    pub fn to_fields(&self) -> [(&'static str, i64); 16] {
+    pub fn to_fields(&self) -> [(&'static str, i64); 17] {
         [
             ("win", self.win),
             ("w_first", self.w_first),
             ("w_ok", self.w_ok),
             ("w_rej", self.w_rej),
             ("w_granted", self.w_granted),
+            ("w_short", self.w_short),
             ("w_frozen", self.w_frozen),
             ("rate_m", self.rate_m),
             ("rate_max_m", self.rate_max_m),
@@ -529,6 +538,7 @@ impl PacingState {
                 "w_ok" => &mut st.w_ok,
                 "w_rej" => &mut st.w_rej,
                 "w_granted" => &mut st.w_granted,
+                "w_short" => &mut st.w_short,
                 "w_frozen" => &mut st.w_frozen,
                 "rate_m" => &mut st.rate_m,
                 "rate_max_m" => &mut st.rate_max_m,

@@ -58,6 +58,25 @@ pub enum SlotDecision {
     },
 }
 
+/// Windows an estimate of the wait looks ahead at most.
+const MAX_DRAIN_WINDOWS: i64 = 64;
+
+/// How long `waiting` intents take to be woken if the rate doubles every
+/// window up to the ceiling, the fastest probing raises it. The estimate is
+/// optimistic on purpose: an intent asked back too early is only asked
+/// again, one asked back too late cannot use a rate that rose meanwhile.
+fn drain_ms(waiting: i64, rate_m: i64, ceiling_m: i64) -> i64 {
+    let mut left = waiting.clamp(0, MAX_WAITING) * MILLI;
+    let mut rate = rate_m.max(1);
+    let mut windows = 0;
+    while left > 0 && windows < MAX_DRAIN_WINDOWS {
+        left -= rate;
+        rate = (2 * rate).min(ceiling_m.max(rate));
+        windows += 1;
+    }
+    windows * WINDOW_MS
+}
+
 impl PacingState {
     /// Decides a Reconsider: a slot within the horizon, ask again, or a
     /// refusal. Brings the state to `ask.now_ms` first.
@@ -90,14 +109,11 @@ impl PacingState {
         if floor.saturating_add(ask.reserve_ms) > ask.deadline_ms {
             return SlotDecision::Infeasible { at_ms: floor };
         }
-        let queued_us = ask
-            .waiting
-            .clamp(0, MAX_WAITING)
-            .saturating_mul(interval_us);
-        let estimate = slot
-            .saturating_mul(1000)
-            .saturating_add(queued_us)
-            .div_euclid(1000);
+        if floor <= now + horizon {
+            // The rate, not a cooldown, put the slot past the horizon.
+            self.w_short += 1;
+        }
+        let estimate = slot.saturating_add(drain_ms(ask.waiting, self.rate_m, policy.ceiling_m));
         let halfway = now + (estimate.saturating_sub(now + horizon) / 2).max(horizon / 2);
         let again = halfway.max(floor - horizon) + spread(horizon / 2);
         // Ask again while a slot can still fit.

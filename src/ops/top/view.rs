@@ -33,8 +33,12 @@ pub const COLUMNS: &[Column] = &[
     col("BACKOFF", 10, backoff),
     col("LEFT C/N/B", 14, |r, _| budget_left(&r.state)),
     col("WAITING", 7, |r, _| r.state.slot_backlog.to_string()),
-    col("WAKE/s", 7, |r, _| pacing(r, |p| format!("{:.0}", p.wake_rate))),
-    col("SPARE/s", 7, |r, _| pacing(r, |p| format!("{:.0}", p.spare_capacity))),
+    col("WAKE/s", 7, |r, _| {
+        pacing(r, |p| format!("{:.0}", p.wake_rate))
+    }),
+    col("SPARE/s", 7, |r, _| {
+        pacing(r, |p| format!("{:.0}", p.spare_capacity))
+    }),
     col("PACING", 12, |r, _| pacing(r, |p| p.state.clone())),
     col("LEASES", 6, |r, _| r.state.leases_outstanding.to_string()),
     col("FROZEN", 11, frozen),

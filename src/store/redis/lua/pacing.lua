@@ -17,17 +17,18 @@ local PACE_WINDOW = 1000
 local PACE_GRANULARITY = 1000
 local PACE_EXTENSIONS = 2
 local PACE_CATCH_UP = 16
+local PACE_DRAIN_WINDOWS = 64
 local MILLI = 1000
 local M_STEADY, M_PROBING, M_BACKING_OFF = 0, 1, 2
 local M_PENALTY, M_PINNED, M_KNOWN = 3, 4, 5
 local PACE_FIELDS = {
-  'win', 'w_first', 'w_ok', 'w_rej', 'w_granted', 'w_frozen', 'rate_m',
+  'win', 'w_first', 'w_ok', 'w_rej', 'w_granted', 'w_short', 'w_frozen', 'rate_m',
   'rate_max_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
   'penalty_until', 'probe_at', 'mode',
 }
 
 local function pace_clear_window(p)
-  p.w_first, p.w_ok, p.w_rej, p.w_granted, p.w_frozen = 0, 0, 0, 0, 0
+  p.w_first, p.w_ok, p.w_rej, p.w_granted, p.w_short, p.w_frozen = 0, 0, 0, 0, 0, 0
 end
 
 local function pace_apply_policy(p, P)
@@ -101,7 +102,7 @@ local function pace_learn(p, P)
   end
   local served = p.w_ok * MILLI
   local retries = math.max(p.w_ok + p.w_rej - p.w_first, 0)
-  local used = 2 * math.max(p.w_granted, retries) * MILLI >= p.rate_m
+  local used = 2 * math.max(p.w_granted, retries) * MILLI >= p.rate_m or p.w_short > 0
   if p.w_rej > 0 then
     p.cap_m = served
     local measured = math.max(p.cap_m - p.lam_m, 0)
@@ -197,6 +198,20 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown)
   p.w_rej = p.w_rej + rejections - explained
 end
 
+-- drain_ms in slot.rs: the wait of `waiting` intents if the rate doubled
+-- every window up to the ceiling.
+local function pace_drain_ms(waiting, rate, ceiling)
+  local left = math.min(math.max(waiting, 0), MAX_PENDING) * MILLI
+  rate = math.max(rate, 1)
+  local windows = 0
+  while left > 0 and windows < PACE_DRAIN_WINDOWS do
+    left = left - rate
+    rate = math.min(2 * rate, math.max(ceiling, rate))
+    windows = windows + 1
+  end
+  return windows * PACE_WINDOW
+end
+
 -- The slot decision at wake time. Returns one of
 --   'slot', at_ms, cursor_us | 'again', at_ms | 'infeasible', at_ms
 local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, waiting, cursor)
@@ -225,7 +240,8 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
     return 'slot', slot, start + interval
   end
   if floor + reserve > deadline then return 'infeasible', floor end
-  local estimate = idiv(slot * 1000 + math.min(math.max(waiting, 0), MAX_PENDING) * interval, 1000)
+  if floor <= now + horizon then p.w_short = p.w_short + 1 end
+  local estimate = slot + pace_drain_ms(waiting, p.rate_m, P.ceiling_m)
   local gap = estimate - now - horizon
   -- Rust truncates toward zero; a negative gap is replaced below either way.
   local half = gap >= 0 and idiv(gap, 2) or -idiv(-gap, 2)
