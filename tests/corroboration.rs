@@ -74,11 +74,9 @@ async fn one_workers_enormous_hint_holds_ten_quiet_workers_only_to_the_cap() {
 
     // Another worker's intent waits the cap, not 300 s (plus at most a
     // second of slot pacing).
-    let answer = client
-        .reconsider(reconsider(route(), "intent-1"))
-        .await
-        .expect("reconsider")
-        .into_inner();
+    let (answer, _) = coordinator
+        .reconsider_until_answered(&mut client, reconsider(route(), "intent-1"))
+        .await;
     assert_eq!(answer.decision(), ReconsiderDecision::Slot);
     assert!(answer.slot_unix_ms < T0 + 6_000, "{}", answer.slot_unix_ms);
 

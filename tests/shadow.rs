@@ -110,11 +110,11 @@ async fn a_shadow_scope_lets_through_what_enforce_refuses() {
     let refused = client.lease(lease()).await.expect("lease").into_inner();
     assert_eq!(refused.granted, 0);
     assert_eq!(refused.limit(), v1::LeaseLimit::BudgetExhausted);
-    let delayed = client
-        .reconsider(reconsider(x.clone(), "intent-2"))
-        .await
-        .expect("reconsider")
-        .into_inner();
+    // Enforced: asked to ask again until the slot, after the cooldown.
+    let (delayed, _) = coordinator
+        .reconsider_until_answered(&mut client, reconsider(x.clone(), "intent-2"))
+        .await;
+    assert_eq!(delayed.decision(), v1::ReconsiderDecision::Slot);
     assert!(delayed.slot_unix_ms >= T0 + 30_000, "{delayed:?}");
     let counts = shadow_counts(metrics).await;
     assert_eq!(

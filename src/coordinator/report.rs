@@ -4,7 +4,7 @@
 //! cooldown the report raised.
 
 use crate::hints::{Assessment, EvidenceInput, Merge, assess};
-use crate::pacing::{Mode, PacingView};
+use crate::pacing::{Mode, PacingView, holds_first_attempts};
 use crate::scope::{EvidenceLevel, ScopeKey};
 use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
 
@@ -129,6 +129,7 @@ impl Coordinator {
                 backoff_ms = backoff_ms.max(merge.backoff_ms);
             }
         }
+        let cooldown_until_ms = reported.view.cooldown_until_ms;
         Ok(ReportOut {
             assessments: hints.into_iter().map(|h| h.assessment).collect(),
             raised,
@@ -136,7 +137,11 @@ impl Coordinator {
             merges: reported.merges,
             view: reported.view,
             pacing: reported.pacing,
-            hold_first_attempts: policy.hold_first_attempts,
+            hold_first_attempts: holds_first_attempts(
+                policy.hold_first_attempts,
+                cooldown_until_ms,
+                now_ms,
+            ),
             policy_version: policy.policy_version,
             now_ms,
         })

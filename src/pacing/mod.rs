@@ -54,6 +54,19 @@ pub const EXTENSIONS_TO_DETECT: i64 = 2;
 const MAX_CATCH_UP: i64 = 16;
 /// Milli-units per unit.
 pub const MILLI: i64 = 1000;
+/// A cooldown longer than this says the upstream is out, not that the
+/// fleet is over its capacity: nothing is learned under it, and first
+/// attempts wait it out.
+pub const CLOSING_MS: i64 = 2 * WINDOW_MS;
+
+/// Whether first attempts should wait out a cooldown ending at
+/// `cooldown_until_ms`: when the policy says so (`hold`) and the cooldown
+/// closes the route. A short one (a hint of a second, the kind an overload
+/// draws) holds retries, which pacing answers for; holding the fleet's
+/// first attempts for it would leave the capacity they use idle.
+pub fn holds_first_attempts(hold: bool, cooldown_until_ms: i64, now_ms: i64) -> bool {
+    hold && cooldown_until_ms.saturating_sub(now_ms) > CLOSING_MS
+}
 
 /// What the controller is doing, for operators (GetScope, Watch, metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -333,7 +346,7 @@ impl PacingState {
         let hints = obs.hint_until_ms.len() as i64;
         let mut closing = 0;
         for &until in obs.hint_until_ms {
-            if until.saturating_sub(now) > 2 * WINDOW_MS {
+            if until.saturating_sub(now) > CLOSING_MS {
                 closing += 1;
                 self.closed_until = self.closed_until.max(until);
             }

@@ -95,7 +95,9 @@ impl PacingState {
             .saturating_add(spread(interval_us))
             .div_euclid(1000);
         let horizon = policy.horizon_ms.max(1);
-        if slot <= now + horizon {
+        // The interval's start decides: its jitter is the slot's own, not
+        // a reason to make the intent ask again.
+        if start_us.div_euclid(1000) <= now + horizon {
             if slot.saturating_add(ask.reserve_ms) > ask.deadline_ms {
                 return SlotDecision::Infeasible { at_ms: slot };
             }

@@ -338,7 +338,9 @@ pub struct PolicySpec {
     /// The part of `upstream_limit` this fleet may use, 0.001..=1. Default 0.5.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_share: Option<f64>,
-    /// The slowest a learned wake rate goes, slots per second. Default 1.
+    /// The slowest a learned wake rate goes, slots per second. Default: the
+    /// scope's `min_retries_per_sec` (at least 1), the retries its budget
+    /// lets through whatever the traffic.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_floor: Option<f64>,
     /// The fastest a learned wake rate goes, slots per second. Default 100000.
@@ -413,7 +415,8 @@ impl PolicySpec {
             wake_rate: Some(WakeRate::Auto),
             upstream_limit: None,
             upstream_share: Some(0.5),
-            wake_floor: Some(1.0),
+            // Unset: the scope's min_retries_per_sec (see pacing_of).
+            wake_floor: None,
             wake_ceiling: Some(f64::from(MAX_WAKE_RATE)),
             reconsider_horizon: Some("1s".into()),
             hold_first_attempts: Some(true),

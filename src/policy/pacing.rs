@@ -5,7 +5,8 @@
 //! # wake_rate = 200           # a number pins it
 //! upstream_limit = "600/min"  # optional: pace the fleet under a known limit
 //! upstream_share = 0.5        # the part of that limit this fleet may use
-//! wake_floor = 1              # slots per second, never fewer
+//! wake_floor = 10             # slots per second, never fewer (default:
+//!                             # min_retries_per_sec, at least 1)
 //! wake_ceiling = 100000       # never more
 //! reconsider_horizon = "1s"   # a slot further ahead is "ask again"
 //! hold_first_attempts = true  # first attempts wait out a known cooldown
@@ -141,7 +142,14 @@ pub(super) fn pacing_of(spec: &PolicySpec, d: &PolicySpec) -> Result<PacingPolic
         }
     };
     let max = f64::from(MAX_WAKE_RATE);
-    let floor = spec.wake_floor.or(d.wake_floor).unwrap_or(1.0);
+    // Waking fewer intents a second than the budget lets retry whatever the
+    // traffic (min_retries_per_sec) would only leave budget unused.
+    let floor = spec.wake_floor.or(d.wake_floor).unwrap_or_else(|| {
+        spec.min_retries_per_sec
+            .or(d.min_retries_per_sec)
+            .unwrap_or(1.0)
+            .clamp(1.0, max)
+    });
     let floor_m = i64::try_from(milli("wake_floor", floor, 0.001, max)?).unwrap_or(MILLI);
     let ceiling = spec.wake_ceiling.or(d.wake_ceiling).unwrap_or(max);
     let ceiling_m = i64::try_from(milli("wake_ceiling", ceiling, 0.001, max)?).unwrap_or(MILLI);

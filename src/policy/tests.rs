@@ -30,7 +30,12 @@ fn defaults_are_the_documented_numbers() {
     assert_eq!(p.cost_milli, [1000, 2000]);
     assert_eq!(p.shares_permille, [200, 600, 200]);
     assert_eq!(p.max_hint_ms, 300_000);
-    assert_eq!(p.pacing, crate::pacing::PacingPolicy::default());
+    // Learned, between a floor of min_retries_per_sec and the ceiling.
+    let learned = crate::pacing::PacingPolicy {
+        floor_m: 10_000,
+        ..crate::pacing::PacingPolicy::default()
+    };
+    assert_eq!(p.pacing, learned);
     assert!(p.hold_first_attempts);
     assert_eq!(p.policy_version, 1);
 }

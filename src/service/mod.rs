@@ -369,17 +369,16 @@ impl Budget for BudgetService {
             span.record("tollgate.shadow", shadowed.as_str());
             self.metrics.shadow("reconsider", shadowed);
         }
+        let ask_again = decision == ReconsiderDecision::AskAgain;
         Ok(Response::new(ReconsiderResponse {
             decision: decision.into(),
-            slot_unix_ms: slot,
+            // Only a slot (or a refusal's would-be slot) is a slot: a worker
+            // that does not know ASK_AGAIN must not read one here.
+            slot_unix_ms: if ask_again { 0 } else { slot },
             cooldown_until_unix_ms: out.view.cooldown_until_ms,
             policy_version: out.policy_version,
             reserves_token: false,
-            ask_again_unix_ms: if decision == ReconsiderDecision::AskAgain {
-                slot
-            } else {
-                0
-            },
+            ask_again_unix_ms: if ask_again { slot } else { 0 },
             wake_rate: PacingView::per_sec(out.pacing.wake_rate_m),
         }))
     }

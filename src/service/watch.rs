@@ -22,7 +22,7 @@ use tollgate_proto::v1::{self, ScopeEvent, ScopeEventKind};
 use tonic::Status;
 
 use crate::events::{CooldownSupport, PolicySnapshot, ScopeSnapshot, StateChange};
-use crate::pacing::Mode;
+use crate::pacing::{Mode, holds_first_attempts};
 use crate::scope::{EvidenceLevel, ScopeKey};
 
 /// A cooldown's end is re-checked at least this often, because the wall
@@ -70,7 +70,7 @@ impl Watched {
         }
     }
 
-    fn event(&self, kind: ScopeEventKind) -> ScopeEvent {
+    fn event(&self, kind: ScopeEventKind, now_ms: i64) -> ScopeEvent {
         ScopeEvent {
             scope: Some(self.scope.clone()),
             kind: kind.into(),
@@ -80,7 +80,11 @@ impl Watched {
             reason: self.frozen.clone().unwrap_or_default(),
             cooldown_corroborated: self.support.corroborated,
             cooldown_workers: self.support.workers,
-            hold_first_attempts: self.hold_first_attempts,
+            hold_first_attempts: holds_first_attempts(
+                self.hold_first_attempts,
+                self.cooldown_until_ms,
+                now_ms,
+            ),
             pacing_state: self
                 .pacing
                 .map(|m| m.as_str().to_owned())
@@ -120,8 +124,9 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     shutdown: CancellationToken,
 ) {
+    let now = to_unix_ms(clock.now());
     for w in &watched {
-        if let Flow::Stop = send(&tx, w.event(ScopeEventKind::Snapshot)) {
+        if let Flow::Stop = send(&tx, w.event(ScopeEventKind::Snapshot, now)) {
             return;
         }
     }
@@ -130,7 +135,7 @@ pub async fn run(
         for w in watched.iter_mut() {
             if w.cooldown_until_ms > 0 && !w.ended_sent && w.cooldown_until_ms <= now {
                 w.ended_sent = true;
-                if let Flow::Stop = send(&tx, w.event(ScopeEventKind::CooldownEnded)) {
+                if let Flow::Stop = send(&tx, w.event(ScopeEventKind::CooldownEnded, now)) {
                     return;
                 }
             }
@@ -176,7 +181,7 @@ pub async fn run(
 fn apply(watched: &mut [Watched], change: &StateChange, now_ms: i64, tx: &Tx) -> Flow {
     for w in watched.iter_mut() {
         for kind in events_for(w, change, now_ms) {
-            if let Flow::Stop = send(tx, w.event(kind)) {
+            if let Flow::Stop = send(tx, w.event(kind, now_ms)) {
                 return Flow::Stop;
             }
         }

@@ -77,23 +77,26 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// here, and `storm.json` and the chart pick it up by name.
 const SCOPE_FIELDS: &[(&str, ScopeReader)] = &[
     ("cooldown_left_s", |s, at| {
-        (s.cooldown_until_unix_ms - at.now_unix_ms).max(0) as f64 / 1000.0
+        Some((s.cooldown_until_unix_ms - at.now_unix_ms).max(0) as f64 / 1000.0)
     }),
-    ("slot_backlog", |s, _| f64::from(s.slot_backlog)),
-    ("tokens_outstanding", |s, _| s.tokens_outstanding as f64),
+    ("slot_backlog", |s, _| Some(f64::from(s.slot_backlog))),
+    ("tokens_outstanding", |s, _| {
+        Some(s.tokens_outstanding as f64)
+    }),
     ("wake_rate_per_s", |s, _| pacing(s, |p| p.wake_rate)),
     ("capacity_per_s", |s, _| pacing(s, |p| p.capacity_estimate)),
     ("spare_per_s", |s, _| pacing(s, |p| p.spare_capacity)),
     ("asking", |s, _| pacing(s, |p| f64::from(p.asking))),
 ];
 
-/// A pacing field of a `GetScope` answer; 0 when the scope has none yet.
-fn pacing(s: &ScopeState, read: impl Fn(&v1::PacingState) -> f64) -> f64 {
-    s.pacing.as_ref().map_or(0.0, read)
+/// A pacing field of a `GetScope` answer; `None` while the coordinator
+/// holds nothing for the scope.
+fn pacing(s: &ScopeState, read: impl Fn(&v1::PacingState) -> f64) -> Option<f64> {
+    s.pacing.as_ref().map(read)
 }
 
-/// Reads one sampled value from a `GetScope` answer.
-type ScopeReader = fn(&ScopeState, &Sample) -> f64;
+/// Reads one sampled value from a `GetScope` answer (`None`: not known).
+type ScopeReader = fn(&ScopeState, &Sample) -> Option<f64>;
 
 /// What a `SCOPE_FIELDS` reader may use besides the scope itself.
 struct Sample {
@@ -316,7 +319,7 @@ async fn sample_scope(
         };
         let mut samples = samples.lock().unwrap_or_else(PoisonError::into_inner);
         for (name, read) in SCOPE_FIELDS {
-            let value = state.as_ref().map(|s| read(s, &at));
+            let value = state.as_ref().and_then(|s| read(s, &at));
             samples.entry(name).or_default().push(value);
         }
     }

@@ -33,17 +33,23 @@ pub const COLUMNS: &[Column] = &[
     col("BACKOFF", 10, backoff),
     col("LEFT C/N/B", 14, |r, _| budget_left(&r.state)),
     col("WAITING", 7, |r, _| r.state.slot_backlog.to_string()),
-    col("WAKE/s", 7, |r, _| {
-        pacing(r, |p| format!("{:.0}", p.wake_rate))
-    }),
-    col("SPARE/s", 7, |r, _| {
-        pacing(r, |p| format!("{:.0}", p.spare_capacity))
-    }),
-    col("PACING", 12, |r, _| pacing(r, |p| p.state.clone())),
+    col("WAKE/s", 12, |r, _| pacing(r, wake)),
     col("LEASES", 6, |r, _| r.state.leases_outstanding.to_string()),
     col("FROZEN", 11, frozen),
     col("VER", 4, |r, _| r.state.policy_version.to_string()),
 ];
+
+/// The learned pacing in a few cells: its state, shortened, and the rate
+/// it wakes intents at.
+fn wake(p: &v1::PacingState) -> String {
+    let state = match p.state.as_str() {
+        "backing_off" => "backoff",
+        "penalty_extending" => "penalty",
+        "known_limit" => "limit",
+        other => other,
+    };
+    format!("{state} {:.0}", p.wake_rate)
+}
 
 /// A pacing cell, `-` for a scope the coordinator holds nothing for.
 fn pacing(r: &ScopeRow, cell: impl Fn(&v1::PacingState) -> String) -> String {

@@ -234,7 +234,7 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   local start = math.max(cursor, floor * 1000)
   local slot = idiv(start + spread(interval), 1000)
   local horizon = math.max(P.horizon_ms, 1)
-  if slot <= now + horizon then
+  if math.floor(start / 1000) <= now + horizon then
     if slot + reserve > deadline then return 'infeasible', slot end
     p.w_granted = p.w_granted + 1
     return 'slot', slot, start + interval
