@@ -121,11 +121,14 @@ impl SlotCursor {
                 Ok(SlotOutcome::Slot(at_ms))
             }
             SlotDecision::AskAgain { at_ms } => {
-                if !asked_before && self.asking.len() >= MAX_PENDING_PER_ROUTE {
-                    return Err(SlotError::TooManyWaiting);
+                // Past the bound the intent is still told to ask again, just
+                // not recorded: the wait estimate saturates there anyway, and
+                // refusing would send it to decide alone, all at once with
+                // every other refused intent when the cooldown ends.
+                if asked_before || self.asking.len() < MAX_PENDING_PER_ROUTE {
+                    self.asking
+                        .insert(ask.intent_id.to_owned(), ask.deadline_ms);
                 }
-                self.asking
-                    .insert(ask.intent_id.to_owned(), ask.deadline_ms);
                 Ok(SlotOutcome::AskAgain(at_ms))
             }
             SlotDecision::Infeasible { at_ms } => {

@@ -19,7 +19,7 @@ local out = {}
 for _, s in ipairs(steps) do
   local line
   if s.k == 'o' then
-    pace_observe(p, P, s.now, s.first, s.ok, s.rej, s.hints, s.cd)
+    pace_observe(p, P, s.now, s.first, s.ok, s.rej, s.hints, s.cd, s.cda)
     line = 'o'
   else
     local kind, a, b = pace_decide(p, P, s.now, s.floor, s.deadline, s.reserve,
@@ -59,6 +59,7 @@ fn steps(seed: u64) -> Vec<Value> {
                 "k": "o", "now": now, "first": next(120), "ok": next(150),
                 "rej": next(40), "hints": hints,
                 "cd": if next(4) == 0 { now + 500 } else { 0 },
+                "cda": match next(4) { 0 => now + 30_000, 1 => now + 1_000, _ => 0 },
             }));
         } else {
             out.push(json!({
@@ -94,6 +95,7 @@ fn run_rust(p: &PacingPolicy, steps: &[Value]) -> Vec<String> {
                         rejections: n(s, "rej") as u32,
                         hint_until_ms: &hints,
                         cooldown_until_ms: n(s, "cd"),
+                        cooldown_after_ms: n(s, "cda"),
                     },
                     p,
                 );

@@ -14,7 +14,7 @@
 //! - **spare capacity** is the difference, what retries may use;
 //! - the **wake rate** follows the spare while nobody waits, and is probed
 //!   upward only in windows where it was actually used and nothing was
-//!   rejected: doubling (keeping the fleet's total within a quarter above the
+//!   rejected: doubling (keeping the fleet's total within an eighth above the
 //!   most the upstream has served) until the first rejection, then halfway
 //!   back toward the rate that drew it, then an eighth at a time (so a probe
 //!   that finds the edge oversteps the spare by an eighth at most). A window
@@ -54,6 +54,12 @@ pub const EXTENSIONS_TO_DETECT: i64 = 2;
 const MAX_CATCH_UP: i64 = 16;
 /// Milli-units per unit.
 pub const MILLI: i64 = 1000;
+/// Before anything pushed back, the fleet's total may grow to the most the
+/// upstream has served plus this fraction of it (1/N) per window. The
+/// rate is halved at the first rejection, and slots are handed out at most
+/// a horizon (a quarter window) ahead, so an eighth keeps the window that
+/// finds the edge within a tenth above what was served.
+pub const PROBE_HEADROOM: i64 = 8;
 /// A cooldown longer than this says the upstream is out, not that the
 /// fleet is over its capacity: nothing is learned under it, and first
 /// attempts wait it out.
@@ -139,8 +145,9 @@ impl Default for PacingPolicy {
             known_limit_m: None,
             floor_m: MILLI,
             ceiling_m: 100_000 * MILLI,
-            // One window: the rate's own reaction time.
-            horizon_ms: WINDOW_MS,
+            // A quarter window: slots given ahead run at the rate they were
+            // given at, so this is how long a cut takes to bite.
+            horizon_ms: WINDOW_MS / 4,
         }
     }
 }
@@ -189,6 +196,11 @@ pub struct Observation<'a> {
     /// The route's cooldown as it was *before* this report's evidence was
     /// merged: rejections received while it held are explained by it.
     pub cooldown_until_ms: i64,
+    /// The route's cooldown after this report's evidence was merged, as
+    /// the fleet accepted it (corroborated or capped): a cooldown that
+    /// closes the route freezes the windows it covers, whether or not any
+    /// one hint in the report did.
+    pub cooldown_after_ms: i64,
 }
 
 /// The controller of one route. Every field is an integer so it maps onto
@@ -205,6 +217,8 @@ pub struct PacingState {
     pub w_rej: i64,
     /// Slots it granted in it: whether the rate was actually used.
     pub w_granted: i64,
+    /// The rate before the cut at its first rejection (0: no cut yet).
+    pub w_cut_from: i64,
     /// Intents it told to ask again because the rate, not a cooldown, put
     /// their slot past the horizon: demand the rate fell short of.
     pub w_short: i64,
@@ -214,6 +228,8 @@ pub struct PacingState {
     pub rate_m: i64,
     /// The rate in force when rejections last came back (0: never).
     pub rate_max_m: i64,
+    /// The last rate a window used without a rejection (0: none yet).
+    pub rate_ok_m: i64,
     /// Capacity estimate, milli-attempts per second.
     pub cap_m: i64,
     /// First-attempt rate, moving average, milli-attempts per second.
@@ -244,10 +260,12 @@ impl PacingState {
             w_ok: 0,
             w_rej: 0,
             w_granted: 0,
+            w_cut_from: 0,
             w_short: 0,
             w_frozen: 0,
             rate_m: policy.floor_m,
             rate_max_m: 0,
+            rate_ok_m: 0,
             cap_m: 0,
             lam_m: 0,
             hint_until: 0,
@@ -322,6 +340,9 @@ impl PacingState {
         self.w_first += i64::from(obs.first_attempts);
         self.w_ok += i64::from(obs.successes);
         let rejections = i64::from(obs.rejections).max(obs.hint_until_ms.len() as i64);
+        if obs.cooldown_after_ms.saturating_sub(now) > CLOSING_MS {
+            self.closed_until = self.closed_until.max(obs.cooldown_after_ms);
+        }
         for &until in obs.hint_until_ms {
             self.track_hint(now, until);
         }
@@ -362,6 +383,28 @@ impl PacingState {
             0
         };
         self.w_rej += rejections - explained;
+        if self.w_rej > 0 && self.w_cut_from == 0 && self.learning() {
+            // Back to the last rate that drew nothing, at the first
+            // rejection the fleet answers for rather than at the window's
+            // end: a probe that found the edge stops overshooting within a
+            // report interval, and the rest of the window still measures
+            // the upstream near its capacity. Once per window; the window's
+            // end decides the rate from what it measured (see learn).
+            self.w_cut_from = self.rate_m;
+            let back = if self.rate_ok_m > 0 {
+                self.rate_ok_m
+            } else {
+                self.rate_m / 2
+            };
+            self.rate_m = self.rate_m.min(back).max(policy.floor_m);
+            self.mode = Mode::BackingOff as i64;
+        }
+    }
+
+    /// Whether the rate is the controller's to set (not pinned, not under
+    /// a known limit, not held by a penalty).
+    fn learning(&self) -> bool {
+        matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff)
     }
 
     /// Follows the latest hint end; counts jumps that can only be a limiter
@@ -403,6 +446,7 @@ impl PacingState {
         self.w_ok = 0;
         self.w_rej = 0;
         self.w_granted = 0;
+        self.w_cut_from = 0;
         self.w_short = 0;
         self.w_frozen = 0;
     }
@@ -441,17 +485,33 @@ impl PacingState {
             // A saturated window measures what the upstream serves now.
             self.cap_m = served_m;
             let measured = (self.cap_m - self.lam_m).max(0);
-            let cut = self.rate_m.min(measured.max(self.rate_m / 2));
+            // The rate that drew them, before the cut at the first one.
+            let before = if self.w_cut_from > 0 {
+                self.w_cut_from
+            } else {
+                self.rate_m
+            };
+            // Back to the last rate that drew nothing, trusted once (a window
+            // a short cooldown paused measures low); rejections again, and
+            // the cut is multiplicative: never below half.
+            let fallback = if self.rate_ok_m > 0 {
+                self.rate_ok_m.min(before)
+            } else {
+                before / 2
+            };
+            let cut = before.min(measured.max(fallback));
+            self.rate_ok_m = 0;
             // Recovery heads halfway back to the rate that drew the
             // rejections, not all of it: that rate is known to be too much,
             // and heading for it again repeats the overshoot.
-            self.rate_max_m = cut + (self.rate_m - cut) / 2;
+            self.rate_max_m = cut + (before - cut) / 2;
             self.rate_m = cut;
             self.mode = Mode::BackingOff as i64;
         } else {
             self.cap_m = self.cap_m.max(served_m);
             let spare = self.spare_m();
             if used {
+                self.rate_ok_m = self.rate_m;
                 self.rate_m = spare.max(self.grown());
                 if self.rate_m >= 2 * self.rate_max_m {
                     // An edge found at half the rate now served cleanly is
@@ -476,13 +536,15 @@ impl PacingState {
         let r = self.rate_m;
         if self.rate_max_m == 0 {
             // Nothing has pushed back yet: double, but keep the fleet's total
-            // within a quarter above the most the upstream has served.
-            let bound = self.cap_m + self.cap_m / 4 - self.lam_m;
+            // within an eighth above the most the upstream has served.
+            let bound = self.cap_m + self.cap_m / PROBE_HEADROOM - self.lam_m;
             (2 * r).max(r + self.cap_m / 8).min(bound.max(r))
         } else if r < self.rate_max_m {
-            // Back toward the rate that last drew rejections, halfway a
-            // window, and never slower than probing beyond it would be.
-            r + ((self.rate_max_m - r) / 2).max(r / 8).max(MILLI)
+            // Straight to the midpoint between the rate the cut went back
+            // to and the one that drew rejections (`rate_max_m`): the edge
+            // is bisected, and a probe that finds it oversteps by half the
+            // gap at most.
+            self.rate_max_m.max(r + MILLI)
         } else {
             // Beyond it: an eighth of the rate at a time, so a probe that
             // finds the edge oversteps the spare by an eighth at most.
@@ -518,17 +580,19 @@ impl PacingState {
     }
 
     /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
-    pub fn to_fields(&self) -> [(&'static str, i64); 17] {
+    pub fn to_fields(&self) -> [(&'static str, i64); 19] {
         [
             ("win", self.win),
             ("w_first", self.w_first),
             ("w_ok", self.w_ok),
             ("w_rej", self.w_rej),
             ("w_granted", self.w_granted),
+            ("w_cut_from", self.w_cut_from),
             ("w_short", self.w_short),
             ("w_frozen", self.w_frozen),
             ("rate_m", self.rate_m),
             ("rate_max_m", self.rate_max_m),
+            ("rate_ok_m", self.rate_ok_m),
             ("cap_m", self.cap_m),
             ("lam_m", self.lam_m),
             ("hint_until", self.hint_until),
@@ -551,10 +615,12 @@ impl PacingState {
                 "w_ok" => &mut st.w_ok,
                 "w_rej" => &mut st.w_rej,
                 "w_granted" => &mut st.w_granted,
+                "w_cut_from" => &mut st.w_cut_from,
                 "w_short" => &mut st.w_short,
                 "w_frozen" => &mut st.w_frozen,
                 "rate_m" => &mut st.rate_m,
                 "rate_max_m" => &mut st.rate_max_m,
+                "rate_ok_m" => &mut st.rate_ok_m,
                 "cap_m" => &mut st.cap_m,
                 "lam_m" => &mut st.lam_m,
                 "hint_until" => &mut st.hint_until,

@@ -348,7 +348,7 @@ pub struct PolicySpec {
     pub wake_ceiling: Option<f64>,
     /// A slot further ahead than this is not given: the intent is told to
     /// ask again, so a rate learned meanwhile applies. 100 ms..=60 s.
-    /// Default `"1s"`.
+    /// Default `"250ms"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reconsider_horizon: Option<String>,
     /// Whether first attempts wait out a known cooldown for a slot. Default
@@ -418,7 +418,7 @@ impl PolicySpec {
             // Unset: the scope's min_retries_per_sec (see pacing_of).
             wake_floor: None,
             wake_ceiling: Some(f64::from(MAX_WAKE_RATE)),
-            reconsider_horizon: Some("1s".into()),
+            reconsider_horizon: Some("250ms".into()),
             hold_first_attempts: Some(true),
             corroborate_workers: Some(3),
             corroborate_fraction: Some(0.1),

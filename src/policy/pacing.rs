@@ -8,7 +8,7 @@
 //! wake_floor = 10             # slots per second, never fewer (default:
 //!                             # min_retries_per_sec, at least 1)
 //! wake_ceiling = 100000       # never more
-//! reconsider_horizon = "1s"   # a slot further ahead is "ask again"
+//! reconsider_horizon = "250ms" # a slot further ahead is "ask again"
 //! hold_first_attempts = true  # first attempts wait out a known cooldown
 //! ```
 

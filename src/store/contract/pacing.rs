@@ -86,8 +86,10 @@ pub(crate) async fn a_far_slot_is_ask_again_and_a_near_one_is_given(s: &dyn Stor
         "ask again before the cooldown ends: {again}"
     );
     assert_eq!(far.pacing.asking, 1);
+    // Within the reconsider horizon of the cooldown's end.
+    let near_at = T0 + 10_000 - p.pacing.horizon_ms / 2;
     let near = s
-        .reconsider(&key().route, asking("i", T0 + 9_500), &p)
+        .reconsider(&key().route, asking("i", near_at), &p)
         .await
         .expect("answer");
     assert_eq!(near.decided, Reconsidered::Slot(T0 + 10_000));

@@ -363,6 +363,7 @@ impl MemoryStore {
             rejections: report.rejections_counted(),
             hint_until_ms: &hint_ends,
             cooldown_until_ms: cooldown_before,
+            cooldown_after_ms: self.view_now(&scope.route).cooldown_until_ms,
         };
         let (pacing, pacing_was) = self.with_route(&scope.route, now_ms, |state| {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);

@@ -11,8 +11,9 @@
 //! "ask again", deadline infeasible and a freeze), then goes as the first
 //! attempt: it needs no retry token and is counted as a first attempt.
 //!
-//! With the coordinator unreachable it waits locally until the cooldown
-//! ends, if that still fits the deadline. A held start that cannot fit ends
+//! With the coordinator unreachable (or giving no usable answer) it waits
+//! locally until the cooldown ends plus a local spread, as a retry would,
+//! if that still fits the deadline. A held start that cannot fit ends
 //! the intent `deadline_infeasible` before any attempt.
 
 use std::time::Duration;
@@ -56,6 +57,7 @@ impl Run<'_> {
             ..WaitEvidence::default()
         };
         tracing::debug!("first attempt held inside the scope's cooldown");
+        let started = self.now();
         let mut until = cooldown;
         loop {
             if !self.hold_until(until) {
@@ -89,7 +91,14 @@ impl Run<'_> {
                     return self.end_hold(evidence);
                 }
                 None => {
+                    // Alone, like a retry: spread, or every intent held in
+                    // this cooldown starts at the instant it ends.
                     evidence.degraded = true;
+                    let spread = self.spread_after(started, until);
+                    if !spread.is_zero() {
+                        evidence.local_spread = Some(spread);
+                    }
+                    until += spread;
                     (until, false)
                 }
             };

@@ -243,6 +243,13 @@ impl Run<'_> {
         let Phase::Waiting { since, .. } = self.engine.phase() else {
             return Duration::ZERO;
         };
+        self.spread_after(since, until)
+    }
+
+    /// Up to `local_spread` of extra wait after a wait from `since` to
+    /// `until`, no more than that wait, and never so much that an attempt
+    /// stops fitting the deadline.
+    pub(super) fn spread_after(&self, since: Duration, until: Duration) -> Duration {
         let policy = self.engine.policy();
         let latest_fit = policy.total_budget().saturating_sub(policy.attempt_cap());
         let bound = self

@@ -18,17 +18,20 @@ local PACE_GRANULARITY = 1000
 local PACE_EXTENSIONS = 2
 local PACE_CATCH_UP = 16
 local PACE_DRAIN_WINDOWS = 64
+local PACE_HEADROOM = 8
 local MILLI = 1000
 local M_STEADY, M_PROBING, M_BACKING_OFF = 0, 1, 2
 local M_PENALTY, M_PINNED, M_KNOWN = 3, 4, 5
 local PACE_FIELDS = {
-  'win', 'w_first', 'w_ok', 'w_rej', 'w_granted', 'w_short', 'w_frozen', 'rate_m',
-  'rate_max_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
+  'win', 'w_first', 'w_ok', 'w_rej', 'w_granted', 'w_cut_from', 'w_short', 'w_frozen',
+  'rate_m',
+  'rate_max_m', 'rate_ok_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
   'penalty_until', 'probe_at', 'mode',
 }
 
 local function pace_clear_window(p)
   p.w_first, p.w_ok, p.w_rej, p.w_granted, p.w_short, p.w_frozen = 0, 0, 0, 0, 0, 0
+  p.w_cut_from = 0
 end
 
 local function pace_apply_policy(p, P)
@@ -86,10 +89,10 @@ end
 local function pace_grown(p)
   local r = p.rate_m
   if p.rate_max_m == 0 then
-    local bound = p.cap_m + idiv(p.cap_m, 4) - p.lam_m
+    local bound = p.cap_m + idiv(p.cap_m, PACE_HEADROOM) - p.lam_m
     return math.min(math.max(2 * r, r + idiv(p.cap_m, 8)), math.max(bound, r))
   elseif r < p.rate_max_m then
-    return r + math.max(idiv(p.rate_max_m - r, 2), idiv(r, 8), MILLI)
+    return math.max(p.rate_max_m, r + MILLI)
   end
   return r + math.max(idiv(r, 8), MILLI)
 end
@@ -106,14 +109,20 @@ local function pace_learn(p, P)
   if p.w_rej > 0 then
     p.cap_m = served
     local measured = math.max(p.cap_m - p.lam_m, 0)
-    local cut = math.min(p.rate_m, math.max(measured, idiv(p.rate_m, 2)))
-    p.rate_max_m = cut + idiv(p.rate_m - cut, 2)
+    local before = p.rate_m
+    if p.w_cut_from > 0 then before = p.w_cut_from end
+    local fallback = idiv(before, 2)
+    if p.rate_ok_m > 0 then fallback = math.min(p.rate_ok_m, before) end
+    local cut = math.min(before, math.max(measured, fallback))
+    p.rate_ok_m = 0
+    p.rate_max_m = cut + idiv(before - cut, 2)
     p.rate_m = cut
     p.mode = M_BACKING_OFF
   else
     p.cap_m = math.max(p.cap_m, served)
     local spare = pace_spare(p)
     if used then
+      p.rate_ok_m = p.rate_m
       p.rate_m = math.max(spare, pace_grown(p))
       if p.rate_m >= 2 * p.rate_max_m then p.rate_max_m = 0 end
       p.mode = M_PROBING
@@ -170,11 +179,14 @@ end
 
 -- One report: first attempts, successes, rejections (>= #hints), the end
 -- instant of each valid hint, and the cooldown before this report merged.
-local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown)
+local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, cooldown_after)
   pace_advance(p, now, P)
   p.w_first = p.w_first + first
   p.w_ok = p.w_ok + ok
   rejections = math.max(rejections, #hints)
+  if cooldown_after - now > 2 * PACE_WINDOW then
+    p.closed_until = math.max(p.closed_until, cooldown_after)
+  end
   for _, u in ipairs(hints) do pace_track_hint(p, now, u) end
   if p.mode == M_PENALTY then
     if ok > 0 and now >= p.penalty_until then pace_leave_penalty(p, P) end
@@ -196,6 +208,14 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown)
   local explained = 0
   if #hints > 0 then explained = idiv(rejections * closing, #hints) end
   p.w_rej = p.w_rej + rejections - explained
+  local learning = p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
+  if p.w_rej > 0 and p.w_cut_from == 0 and learning then
+    p.w_cut_from = p.rate_m
+    local back = idiv(p.rate_m, 2)
+    if p.rate_ok_m > 0 then back = p.rate_ok_m end
+    p.rate_m = math.max(math.min(p.rate_m, back), P.floor_m)
+    p.mode = M_BACKING_OFF
+  end
 end
 
 -- drain_ms in slot.rs: the wait of `waiting` intents if the rate doubled

@@ -66,10 +66,8 @@ if kind == 'slot' then
   cur.pending[intent] = at
   return done('slot', at)
 elseif kind == 'again' then
-  if not asked_before and count(cur.asking) >= MAX_PENDING then
-    return { 'err', 'too_many_waiting' }
-  end
-  cur.asking[intent] = deadline
+  -- Past the bound: still ask again, not recorded (SlotCursor::assign).
+  if asked_before or count(cur.asking) < MAX_PENDING then cur.asking[intent] = deadline end
   return done('again', at)
 end
 cur.asking[intent] = nil

@@ -49,7 +49,9 @@ local pi = 13 + n * HINT_FIELDS + 3
 local P = pace_policy(pi + 1)
 local pace = pace_of(st, now, P)
 local was = pace.mode
-pace_observe(pace, P, now, first, successes, math.max(tonumber(ARGV[pi]), n), ends, cd_before)
+local cd_after = math.max(st.hints.cd, c and c.hints.cd or tonumber(ARGV[1]))
+pace_observe(pace, P, now, first, successes, math.max(tonumber(ARGV[pi]), n), ends, cd_before,
+  cd_after)
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
 local ccd, cfloor = caller_floor()
 if c then
