@@ -178,8 +178,12 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
         .expect("the only subscriber in this binary");
 
     // A coordinator that requires the token, and a worker that sends it.
+    // Its clock is a manual one that this test never moves, so a slot must
+    // be given however far ahead it is (nothing would ever come nearer):
+    // the horizon covers the whole intent.
     let config = support::config(&format!(
-        "[[token]]\ntoken = \"{TOKEN}\"\ncaller_scopes = [\"tenant-a\"]\n"
+        "[defaults]\nreconsider_horizon = \"10s\"\n\
+         [[token]]\ntoken = \"{TOKEN}\"\ncaller_scopes = [\"tenant-a\"]\n"
     ));
     let coordinator = Coordinator::start(config).await;
     let mut link = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-1");
