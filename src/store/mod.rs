@@ -197,6 +197,10 @@ pub struct Reported {
     pub pacing: PacingView,
     /// The pacing mode before the report, to tell a change.
     pub pacing_was: Mode,
+    /// Whether the effective cooldown (the route's, or the caller scope's
+    /// when later) rests on enough distinct workers: one worker's claim,
+    /// capped, must not hold the whole fleet's first attempts.
+    pub cooldown_corroborated: bool,
 }
 
 /// Which routes [`Store::list_scopes`] returns.

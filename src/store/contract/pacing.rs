@@ -156,3 +156,50 @@ pub(crate) async fn a_limiter_that_rearms_its_window_is_detected(s: &dyn Store) 
         Mode::PenaltyExtending
     );
 }
+
+pub(crate) async fn one_workers_claim_is_not_a_corroborated_cooldown(s: &dyn Store) {
+    let policy = Policy::default();
+    let p = &policy;
+    // Eleven active workers: three must agree before the fleet holds.
+    for i in 0..11 {
+        let batch = ReportBatch {
+            worker_id: &format!("w{i}"),
+            first_attempts: 1,
+            successes: 0,
+            rejections: 0,
+            hints: &[],
+            now_ms: T0,
+        };
+        s.report(&key(), batch, p).await.expect("deposit");
+    }
+    let claim = |worker: &'static str| async move {
+        let hints = [LevelHint {
+            caller_wide: false,
+            assessment: assess(
+                &EvidenceInput {
+                    http_status: 429,
+                    retry_after: Some("60"),
+                    receipt_ms: T0,
+                    ..EvidenceInput::default()
+                },
+                p,
+                T0,
+            ),
+        }];
+        let batch = ReportBatch {
+            worker_id: worker,
+            first_attempts: 0,
+            successes: 0,
+            rejections: 1,
+            hints: &hints,
+            now_ms: T0,
+        };
+        s.report(&key(), batch, p).await.expect("report")
+    };
+    let alone = claim("w0").await;
+    assert!(alone.view.cooldown_until_ms > T0, "capped, but a cooldown");
+    assert!(!alone.cooldown_corroborated, "one worker's word");
+    claim("w1").await;
+    let agreed = claim("w2").await;
+    assert!(agreed.cooldown_corroborated, "three workers agree");
+}

@@ -376,7 +376,31 @@ impl MemoryStore {
             view: self.view_now(&scope.route),
             pacing,
             pacing_was,
+            cooldown_corroborated: self.cooldown_corroborated(&scope.route),
         })
+    }
+
+    /// Whether the level whose cooldown is the route's effective one has it
+    /// corroborated.
+    fn cooldown_corroborated(&self, route: &RouteKey) -> bool {
+        let caller = self.callers.get(&route.caller_scope).map(|c| {
+            (
+                c.hints.cooldown_until_ms,
+                c.hints.corroboration.corroborated,
+            )
+        });
+        let own = self.routes.get(&RouteName::of(route)).map(|s| {
+            (
+                s.hints().cooldown_until_ms,
+                s.hints().corroboration.corroborated,
+            )
+        });
+        match (own, caller) {
+            (Some((own, corroborated)), Some((by_caller, _))) if own >= by_caller => corroborated,
+            (_, Some((_, corroborated))) => corroborated,
+            (Some((_, corroborated)), None) => corroborated,
+            (None, None) => false,
+        }
     }
 
     /// A route's effective state; an unknown route has its caller scope's.

@@ -365,6 +365,7 @@ impl RedisStore {
             view: view_at(&reply, at)?,
             pacing: pacing_at(&reply, at + 3)?,
             pacing_was: Mode::from_code(reply.int(at + 3 + PACING_VIEW_FIELDS)?),
+            cooldown_corroborated: reply.int(at + 4 + PACING_VIEW_FIELDS)? == 1,
         })
     }
 

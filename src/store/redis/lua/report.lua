@@ -11,8 +11,8 @@
 -- (corr_rules), then the rejection count and the five pacing policy
 -- arguments (pace_policy).
 -- Reply: 'ok', MERGE_FIELDS per hint (merge_hint), then cooldown, floor,
--- freeze of the route's view, the pacing view (pace_view_out) and the
--- pacing mode before the report.
+-- freeze of the route's view, the pacing view (pace_view_out), the
+-- pacing mode before the report and whether the cooldown is corroborated.
 local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local wid, p = ARGV[5], tonumber(ARGV[6])
 local first, successes, window = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -63,4 +63,10 @@ out[#out + 1] = math.max(hints_floor(st.hints), cfloor)
 out[#out + 1] = st.frozen or false
 pace_view_out(out, pace, count(st.slots.asking or {}))
 out[#out + 1] = was
+-- Whether the effective cooldown's level has it corroborated (on a cluster
+-- the caller's is not known here: not corroborated).
+local function corroborated(h) return h.corr ~= nil and h.corr.c == 1 end
+local corr = corroborated(st.hints)
+if ccd > st.hints.cd then corr = c ~= nil and corroborated(c.hints) end
+out[#out + 1] = corr and 1 or 0
 return out
