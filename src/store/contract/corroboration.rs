@@ -15,7 +15,7 @@ fn key() -> ScopeKey {
 
 /// Workers `w0..wN` report first attempts: they are the route's active
 /// workers, none with evidence.
-async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
+pub(super) async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
     for i in 0..n {
         let batch = ReportBatch {
             worker_id: &format!("w{i}"),

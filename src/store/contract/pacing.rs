@@ -161,17 +161,7 @@ pub(crate) async fn one_workers_claim_is_not_a_corroborated_cooldown(s: &dyn Sto
     let policy = Policy::default();
     let p = &policy;
     // Eleven active workers: three must agree before the fleet holds.
-    for i in 0..11 {
-        let batch = ReportBatch {
-            worker_id: &format!("w{i}"),
-            first_attempts: 1,
-            successes: 0,
-            rejections: 0,
-            hints: &[],
-            now_ms: T0,
-        };
-        s.report(&key(), batch, p).await.expect("deposit");
-    }
+    super::corroboration::quiet_fleet(s, 11, p).await;
     let claim = |worker: &'static str| async move {
         let hints = [LevelHint {
             caller_wide: false,
