@@ -5,8 +5,8 @@
 //! is told to ask again. Slots fixed far ahead at the low rate in force
 //! during an outage would lie past most deadlines, and a later rise of the
 //! rate could not pull them back; an intent that asks again gets the new
-//! rate. How soon it asks again grows with its estimated wait (half the
-//! distance to the horizon each time), so a long wait costs a few
+//! rate. How soon it asks again grows with its estimated wait (three
+//! quarters of the way there each time), so a long wait costs a few
 //! coordinator calls, not one per horizon.
 
 use super::{MILLI, Mode, PacingPolicy, PacingState, WINDOW_MS};
@@ -116,8 +116,13 @@ impl PacingState {
             self.w_short += 1;
         }
         let estimate = slot.saturating_add(drain_ms(ask.waiting, self.rate_m, policy.ceiling_m));
-        let halfway = now + (estimate.saturating_sub(now + horizon) / 2).max(horizon / 2);
-        let again = halfway.max(floor - horizon) + spread(horizon / 2);
+        // Three quarters of the way to the estimate: it is optimistic (the
+        // rate doubling every window), so this rarely overshoots the slot,
+        // and a long wait costs a few calls (the distance shrinks fourfold
+        // each time).
+        let gap = estimate.saturating_sub(now + horizon);
+        let toward = now + (gap.saturating_mul(3) / 4).max(horizon / 2);
+        let again = toward.max(floor - horizon) + spread(horizon / 2);
         // Ask again while a slot can still fit.
         let last_chance = ask
             .deadline_ms

@@ -331,7 +331,7 @@ fn a_slot_beyond_the_horizon_is_ask_again_and_a_risen_rate_applies_at_once() {
     let SlotDecision::AskAgain { at_ms } = st.decide(&waiting, &p) else {
         panic!("a slot 10 s ahead is not given");
     };
-    // Halfway to the estimated wait (10 s + 4000 ahead at ~200/s), and
+    // Most of the way to the estimated wait (10 s + 4000 ahead), and
     // never before the cooldown is within the horizon.
     assert!(
         at_ms >= cooldown - p.horizon_ms && at_ms < now + 20_000,

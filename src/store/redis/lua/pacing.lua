@@ -264,9 +264,9 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   local estimate = slot + pace_drain_ms(waiting, p.rate_m, P.ceiling_m)
   local gap = estimate - now - horizon
   -- Rust truncates toward zero; a negative gap is replaced below either way.
-  local half = gap >= 0 and idiv(gap, 2) or -idiv(-gap, 2)
-  local halfway = now + math.max(half, idiv(horizon, 2))
-  local again = math.max(halfway, floor - horizon) + spread(idiv(horizon, 2))
+  local part = gap >= 0 and idiv(gap * 3, 4) or -idiv(-gap * 3, 4)
+  local toward = now + math.max(part, idiv(horizon, 2))
+  local again = math.max(toward, floor - horizon) + spread(idiv(horizon, 2))
   local last_chance = math.max(deadline - reserve - horizon, now + 1)
   return 'again', math.min(again, last_chance)
 end
