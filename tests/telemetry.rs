@@ -337,8 +337,8 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
     for key in ["tollgate.decision", "tollgate.slot.delay_ms"] {
         assert!(reconsider.contains_key(key), "reconsider lacks {key}");
     }
-    // The 429's `Retry-After: 0` (the 503 after it has no hint; the two may
-    // be flushed in separate reports, exported in either order).
+    // The 429's `Retry-After: 0`: a report span shows its newest valid hint,
+    // whether the 503 after it (no hint) was flushed with it or apart.
     let report = named("tollgate.report")
         .into_iter()
         .map(attrs)

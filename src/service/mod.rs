@@ -259,7 +259,17 @@ impl Budget for BudgetService {
         let span = Span::current();
         for a in &out.assessments {
             self.metrics.hint(a.form.as_str(), a.valid);
-            // The span keeps the newest hint; every one is counted above.
+        }
+        // The span keeps the newest valid hint, else the newest one: a
+        // hintless 503 reported with a 429's Retry-After must not hide it.
+        // Every hint is counted above.
+        let shown = out
+            .assessments
+            .iter()
+            .rev()
+            .find(|a| a.valid)
+            .or_else(|| out.assessments.last());
+        if let Some(a) = shown {
             span.record("tollgate.hint.form", a.form.as_str());
             span.record("tollgate.hint.valid", a.valid);
             span.record("tollgate.hint.delay_ms", a.delay_ms);
