@@ -3,13 +3,14 @@
 //!
 //! # Why the odd shapes
 //! The map entry (key and value inline, at hashbrown's load factor) is paid
-//! by every route, so it holds only a compact key and three words: the time
-//! it was last touched and two optional boxes. The budget ledger is boxed
+//! by every route, so it holds only a compact key and four words: the time
+//! it was last touched and three optional boxes. The budget ledger is boxed
 //! and dropped while it is quiet (nothing in the longest window, no live
-//! lease); hints, the slot cursor and a freeze are boxed together and
-//! dropped while inert. A route with no activity in its window costs its
-//! key and the entry; one with a lease and a report costs the ledger's few
-//! small vectors on top (`tollgate bench memory` measures both).
+//! lease); the learned pacing is boxed and dropped with it; hints, the slot
+//! cursor and a freeze are boxed together and dropped while inert. A route
+//! with no activity in its window costs its key and the entry; one with a
+//! lease and a report costs the ledger's few small vectors and the pacing
+//! controller on top (`tollgate bench memory` measures both).
 
 use crate::budget::BudgetLedger;
 use crate::hints::{HintRecord, HintState};
@@ -65,14 +66,11 @@ impl RouteName {
     }
 }
 
-/// Hints, slots, pacing and a freeze: absent for most routes most of the
-/// time.
+/// Hints, slots and a freeze: absent for most routes most of the time.
 #[derive(Debug, Default)]
 struct Extras {
     hints: HintState,
     slots: SlotCursor,
-    /// Boxed apart: a route that reports but never waits needs none.
-    pacing: Option<Box<PacingState>>,
     frozen: Option<String>,
 }
 
@@ -85,6 +83,9 @@ pub(super) struct RouteState {
     budget: Option<Box<BudgetLedger>>,
     /// `None` while hints, slots and freeze are all in their initial state.
     extras: Option<Box<Extras>>,
+    /// The learned pacing, kept apart from the extras so a route that only
+    /// reports pays for the controller alone; `None` while quiet.
+    pacing: Option<Box<PacingState>>,
 }
 
 /// The hint state of a route that never had any.
@@ -110,6 +111,7 @@ impl RouteState {
             last_touched_ms: now_ms,
             budget: None,
             extras: None,
+            pacing: None,
         }
     }
 
@@ -138,20 +140,20 @@ impl RouteState {
 
     /// The route's pacing, started at `now_ms` under `policy` if new.
     pub(super) fn pacing_mut(&mut self, now_ms: i64, policy: &PacingPolicy) -> &mut PacingState {
-        self.extras()
-            .pacing
+        self.pacing
             .get_or_insert_with(|| Box::new(PacingState::new(now_ms, policy)))
     }
 
     /// What an operator sees of the route's pacing at `now_ms`, read from a
     /// copy so looking changes nothing.
     pub(super) fn pacing_view(&self, now_ms: i64, policy: &PacingPolicy) -> PacingView {
-        let extras = self.extras.as_deref();
-        let mut pacing = extras
-            .and_then(|e| e.pacing.as_deref().copied())
+        let mut pacing = self
+            .pacing
+            .as_deref()
+            .copied()
             .unwrap_or_else(|| PacingState::new(now_ms, policy));
         pacing.advance(now_ms, policy);
-        pacing.view(extras.map_or(0, |e| e.slots.asking()))
+        pacing.view(self.extras.as_deref().map_or(0, |e| e.slots.asking()))
     }
 
     /// A slot, ask again, or a refusal, at the route's wake rate.
@@ -160,10 +162,10 @@ impl RouteState {
         ask: SlotAsk<'_>,
         policy: &PacingPolicy,
     ) -> Result<(SlotOutcome, PacingView), SlotError> {
-        let extras = self.extras();
-        let pacing = extras
+        let pacing = self
             .pacing
             .get_or_insert_with(|| Box::new(PacingState::new(ask.now_ms, policy)));
+        let extras = self.extras.get_or_insert_with(Box::default);
         let outcome = extras.slots.assign(ask, pacing, policy)?;
         Ok((outcome, pacing.view(extras.slots.asking())))
     }
@@ -193,6 +195,7 @@ impl RouteState {
     /// Forgets the budget, hints and slot cursor; keeps the freeze.
     pub(super) fn reset(&mut self, now_ms: i64) {
         self.budget = None;
+        self.pacing = None;
         // Mutes are an operator's decision, like the freeze.
         let (frozen, mutes) = self
             .extras
@@ -224,6 +227,9 @@ impl RouteState {
         if self.budget.as_mut().is_some_and(|b| b.is_quiet(now_ms)) {
             self.budget = None;
         }
+        // Nothing reported for a window: the learned pacing is stale (its
+        // windows would close as empty) and is learned again from traffic.
+        self.pacing = None;
         let inert = self.extras.as_ref().is_some_and(|e| {
             e.frozen.is_none()
                 && e.hints.recent.is_empty()
@@ -263,8 +269,8 @@ mod tests {
     }
 
     #[test]
-    fn the_entry_stays_three_words() {
-        assert_eq!(std::mem::size_of::<RouteState>(), 24);
+    fn the_entry_stays_four_words() {
+        assert_eq!(std::mem::size_of::<RouteState>(), 32);
         assert_eq!(std::mem::size_of::<RouteName>(), 16);
     }
 }
