@@ -729,3 +729,51 @@ async fn shutdown_lets_an_in_flight_call_finish_then_stops() {
     assert_eq!(answer.granted, 5);
     coordinator.stop().await;
 }
+
+#[tokio::test]
+async fn a_known_upstream_limit_paces_the_fleet_from_the_start() {
+    // 600/min is 10/s; the fleet may use half of it by default.
+    let coordinator =
+        Coordinator::start(config("[defaults]\nupstream_limit = \"600/min\"\n")).await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    client
+        .report(v1::ReportRequest {
+            scope: s.clone(),
+            worker_id: "worker-a".into(),
+            ..v1::ReportRequest::default()
+        })
+        .await
+        .expect("report");
+    let state = coordinator
+        .admin()
+        .await
+        .get_scope(v1::GetScopeRequest {
+            caller_scope: "tenant-a".into(),
+            route: ROUTE.into(),
+        })
+        .await
+        .expect("get scope")
+        .into_inner();
+    let pacing = state.pacing.expect("pacing");
+    assert_eq!(pacing.state, "known_limit");
+    assert!((pacing.wake_rate - 5.0).abs() < 1e-9, "{pacing:?}");
+    assert!((pacing.capacity_estimate - 5.0).abs() < 1e-9, "{pacing:?}");
+    // Slots one 200 ms interval apart, nothing learned by being rejected.
+    let first = client
+        .reconsider(reconsider(s.clone(), "intent-1"))
+        .await
+        .expect("reconsider")
+        .into_inner();
+    let second = client
+        .reconsider(reconsider(s, "intent-2"))
+        .await
+        .expect("reconsider")
+        .into_inner();
+    assert_eq!(first.decision(), ReconsiderDecision::Slot);
+    assert_eq!(second.decision(), ReconsiderDecision::Slot);
+    assert!(first.slot_unix_ms < T0 + 200, "{first:?}");
+    assert!(second.slot_unix_ms >= T0 + 200, "{second:?}");
+    assert!((second.wake_rate - 5.0).abs() < 1e-9, "{second:?}");
+    coordinator.stop().await;
+}

@@ -151,6 +151,12 @@ pub(super) fn pacing_of(spec: &PolicySpec, d: &PolicySpec) -> Result<PacingPolic
             .clamp(1.0, max)
     });
     let floor_m = i64::try_from(milli("wake_floor", floor, 0.001, max)?).unwrap_or(MILLI);
+    // A known limit is the fleet's whole allowance: the default floor (the
+    // budget's retries a second) must not pace above it.
+    let floor_m = match known_limit_m {
+        Some(limit) if spec.wake_floor.or(d.wake_floor).is_none() => floor_m.min(limit),
+        _ => floor_m,
+    };
     let ceiling = spec.wake_ceiling.or(d.wake_ceiling).unwrap_or(max);
     let ceiling_m = i64::try_from(milli("wake_ceiling", ceiling, 0.001, max)?).unwrap_or(MILLI);
     if ceiling_m < floor_m {
@@ -222,8 +228,9 @@ mod tests {
         };
         let p = pacing_of(&spec, &d).expect("valid");
         assert_eq!(p.pinned_m, Some(200_000));
-        // Half of 10/s by default.
+        // Half of 10/s by default, and the default floor (10/s) under it.
         assert_eq!(p.known_limit_m, Some(5_000));
+        assert_eq!(p.floor_m, 5_000);
         let bad = PolicySpec {
             wake_floor: Some(10.0),
             wake_ceiling: Some(5.0),
