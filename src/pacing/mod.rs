@@ -15,12 +15,13 @@
 //! - the **wake rate** follows the spare while nobody waits, and is probed
 //!   upward only in windows where it was actually used and nothing was
 //!   rejected: doubling (keeping the fleet's total within an eighth above the
-//!   most the upstream has served) until the first rejection, then halfway
-//!   back toward the rate that drew it, then an eighth at a time (so a probe
-//!   that finds the edge oversteps the spare by an eighth at most). A window
-//!   with rejections cuts it, once, to the spare it measured but never below
-//!   half — multiplicative back-off that trusts a saturated sample no
-//!   further than a halving.
+//!   most the upstream has served) until the first rejection, then straight
+//!   to the midpoint between the rate the cut went back to and the one that
+//!   drew it (bisection), then a sixteenth at a time. The first rejection of
+//!   a window cuts it at once back to the last rate a window used cleanly;
+//!   the window's end sets it from the spare it measured, not below that
+//!   clean rate once and never below half after — multiplicative back-off
+//!   that trusts a saturated sample no further than a halving.
 //!
 //! Rejections that arrive while a hint cooldown is in force, or whose hint
 //! closes the route for longer than two windows (an outage, not an
@@ -546,9 +547,11 @@ impl PacingState {
             // gap at most.
             self.rate_max_m.max(r + MILLI)
         } else {
-            // Beyond it: an eighth of the rate at a time, so a probe that
-            // finds the edge oversteps the spare by an eighth at most.
-            r + (r / 8).max(MILLI)
+            // Beyond it: a sixteenth of the rate at a time. Windows that a
+            // short cooldown paused look clean, so the rate is sometimes
+            // re-proven above the edge; small steps keep that overshoot
+            // small.
+            r + (r / 16).max(MILLI)
         }
     }
 

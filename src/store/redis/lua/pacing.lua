@@ -94,7 +94,7 @@ local function pace_grown(p)
   elseif r < p.rate_max_m then
     return math.max(p.rate_max_m, r + MILLI)
   end
-  return r + math.max(idiv(r, 8), MILLI)
+  return r + math.max(idiv(r, 16), MILLI)
 end
 
 local function pace_learn(p, P)
