@@ -138,8 +138,19 @@ async fn tend_leases(shared: &Shared) {
                 }
                 true
             };
+            // A retired lease whose refund has settled goes now; the rest
+            // by the rule above.
+            let mut settled = Vec::new();
+            tokens.retired.retain_mut(|lease| {
+                let now_or_never = lease.expires_at > now && lease.refund_settled();
+                if now_or_never {
+                    settled.push(Release::of(entry.key(), lease));
+                }
+                !now_or_never
+            });
             tokens.leases.retain(&mut keep);
             tokens.retired.retain(&mut keep);
+            releases.extend(settled);
         }
     }
     for release in releases {

@@ -16,9 +16,11 @@
 //!
 //! A retry that succeeded earns its token back ([`LeaseCache::record_retry_success`]):
 //! the count travels in that lease's `Release`. A lease whose last token is
-//! taken is therefore kept (retired, no longer taken from) until it nears
-//! its expiry, and released then if any of its retries succeeded; the replies
-//! of its last retries usually arrive after the token was taken.
+//! taken is therefore kept (retired, no longer taken from): the replies of
+//! its last retries usually arrive after the token was taken. It is
+//! released once its refund has settled (every token refunded, or no new
+//! success for one pass of the background task), else near its expiry if
+//! it holds anything to give back.
 //!
 //! # Reports
 //! First attempts, successes, rejections and rate-limit evidence are counted locally and
@@ -153,6 +155,9 @@ struct HeldLease {
     /// Retries that succeeded with a token of this lease; sent in its
     /// `Release` so their tokens are refunded.
     retry_successes: u32,
+    /// `retry_successes` at the background task's previous pass, to tell
+    /// when the replies of a retired lease's retries stopped coming.
+    seen_successes: u32,
 }
 
 impl HeldLease {
@@ -163,6 +168,7 @@ impl HeldLease {
             remaining: granted,
             expires_at,
             retry_successes: 0,
+            seen_successes: 0,
         }
     }
 
@@ -180,6 +186,17 @@ impl HeldLease {
     /// just expire, as the coordinator already counts it spent.
     fn worth_releasing(&self) -> bool {
         self.remaining > 0 || self.refunds() > 0
+    }
+
+    /// For a retired lease, at each pass of the background task: whether to
+    /// release it now rather than near its expiry. Its refund returns budget
+    /// the fleet's recovery needs, so it goes as soon as no more can come:
+    /// every spent token refunded, or no new success since the last pass.
+    fn refund_settled(&mut self) -> bool {
+        let settled = self.refunds() > 0
+            && (self.refunds() == self.spent() || self.retry_successes == self.seen_successes);
+        self.seen_successes = self.retry_successes;
+        settled
     }
 }
 

@@ -63,3 +63,23 @@ fn rejections_merge_and_keep_a_report_non_empty() {
         100
     );
 }
+
+#[test]
+fn a_retired_lease_is_released_once_its_refund_settles() {
+    let mut partly = lease("partly", 3);
+    partly.remaining = 0;
+    assert!(!partly.refund_settled(), "nothing to give back yet");
+    partly.retry_successes = 1;
+    assert!(
+        !partly.refund_settled(),
+        "a success just came: more may follow"
+    );
+    assert!(partly.refund_settled(), "none since the last pass: settled");
+    let mut full = lease("full", 2);
+    full.remaining = 0;
+    full.retry_successes = 2;
+    assert!(
+        full.refund_settled(),
+        "every spent token refunded: nothing more can come"
+    );
+}
