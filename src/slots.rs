@@ -175,7 +175,7 @@ mod tests {
     ) -> Result<SlotOutcome, SlotError> {
         let policy = PacingPolicy {
             pinned_m: Some(i64::from(rate) * 1000),
-            horizon_ms: 10 * 365 * 86_400_000,
+            horizon_ms: crate::pacing::PINNED_HORIZON_MS,
             ..PacingPolicy::default()
         };
         let mut pacing = PacingState::new(ask.now_ms, &policy);

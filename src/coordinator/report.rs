@@ -137,8 +137,12 @@ impl Coordinator {
             merges: reported.merges,
             view: reported.view,
             pacing: reported.pacing,
-            hold_first_attempts: reported.cooldown_corroborated
-                && holds_first_attempts(policy.hold_first_attempts, cooldown_until_ms, now_ms),
+            hold_first_attempts: holds_first_attempts(
+                policy.hold_first_attempts,
+                reported.cooldown_corroborated,
+                cooldown_until_ms,
+                now_ms,
+            ),
             policy_version: policy.policy_version,
             now_ms,
         })

@@ -67,13 +67,25 @@ pub const PROBE_HEADROOM: i64 = 8;
 pub const CLOSING_MS: i64 = 2 * WINDOW_MS;
 
 /// Whether first attempts should wait out a cooldown ending at
-/// `cooldown_until_ms`: when the policy says so (`hold`) and the cooldown
-/// closes the route. A short one (a hint of a second, the kind an overload
-/// draws) holds retries, which pacing answers for; holding the fleet's
-/// first attempts for it would leave the capacity they use idle.
-pub fn holds_first_attempts(hold: bool, cooldown_until_ms: i64, now_ms: i64) -> bool {
-    hold && cooldown_until_ms.saturating_sub(now_ms) > CLOSING_MS
+/// `cooldown_until_ms`: when the policy says so (`hold`), distinct workers
+/// corroborate the cooldown (one worker's capped claim must not hold the
+/// whole fleet's first attempts), and it closes the route. A short one (a
+/// hint of a second, the kind an overload draws) holds retries, which
+/// pacing answers for; holding the fleet's first attempts for it would
+/// leave the capacity they use idle.
+pub fn holds_first_attempts(
+    hold: bool,
+    corroborated: bool,
+    cooldown_until_ms: i64,
+    now_ms: i64,
+) -> bool {
+    hold && corroborated && cooldown_until_ms.saturating_sub(now_ms) > CLOSING_MS
 }
+
+/// The horizon of a pinned rate: ten years, far past any deadline, and
+/// exact in a Lua number. Nothing learned can pull a slot earlier, so slots
+/// are handed out at any distance, as a fixed rate always was.
+pub const PINNED_HORIZON_MS: i64 = 10 * 365 * 86_400_000;
 
 /// What the controller is doing, for operators (GetScope, Watch, metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -18,14 +18,10 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{PolicyError, PolicySpec, milli, ms_in};
-use crate::pacing::{MILLI, PacingPolicy};
+use crate::pacing::{MILLI, PINNED_HORIZON_MS, PacingPolicy};
 
 /// The most slots per second a route may be paced at, pinned or learned.
 pub const MAX_WAKE_RATE: u32 = 100_000;
-
-/// The horizon of a pinned rate: ten years, far past any deadline, and
-/// exact in a Lua number.
-const PINNED_HORIZON_MS: i64 = 10 * 365 * 86_400_000;
 
 /// `wake_rate` as written: `"auto"` (learned) or a pinned number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,9 +166,7 @@ pub(super) fn pacing_of(spec: &PolicySpec, d: &PolicySpec) -> Result<PacingPolic
         .clone()
         .or_else(|| d.reconsider_horizon.clone());
     let horizon_ms = ms_in("reconsider_horizon", horizon, 100, 60_000)?;
-    // A pinned rate is obeyed as given and nothing is learned that could
-    // pull a slot earlier: slots are handed out at any distance, as a fixed
-    // rate always was, and nobody is asked to ask again.
+    // A pinned rate is obeyed as given: nobody is asked to ask again.
     let horizon_ms = match pinned_m {
         Some(_) => PINNED_HORIZON_MS,
         None => i64::try_from(horizon_ms).unwrap_or(1000),

@@ -80,10 +80,12 @@ impl Watched {
             reason: self.frozen.clone().unwrap_or_default(),
             cooldown_corroborated: self.support.corroborated,
             cooldown_workers: self.support.workers,
-            // Only on a cooldown distinct workers corroborate: one worker's
-            // capped claim must not hold the whole fleet's first attempts.
-            hold_first_attempts: self.support.corroborated
-                && holds_first_attempts(self.hold_first_attempts, self.cooldown_until_ms, now_ms),
+            hold_first_attempts: holds_first_attempts(
+                self.hold_first_attempts,
+                self.support.corroborated,
+                self.cooldown_until_ms,
+                now_ms,
+            ),
             pacing_state: self
                 .pacing
                 .map(|m| m.as_str().to_owned())
