@@ -355,6 +355,7 @@ impl MemoryStore {
             }
         }
         let merges: Vec<Merge> = merges.into_iter().flatten().collect();
+        let view = self.view_now(&scope.route);
         let hint_ends = report.agreed_hint_ends(&merges);
         let observation = Observation {
             now_ms,
@@ -363,7 +364,7 @@ impl MemoryStore {
             rejections: report.rejections_counted(),
             hint_until_ms: &hint_ends,
             cooldown_until_ms: cooldown_before,
-            cooldown_after_ms: self.view_now(&scope.route).cooldown_until_ms,
+            cooldown_after_ms: view.cooldown_until_ms,
         };
         let (pacing, pacing_was) = self.with_route(&scope.route, now_ms, |state| {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);
@@ -373,7 +374,7 @@ impl MemoryStore {
         })?;
         Ok(Reported {
             merges,
-            view: self.view_now(&scope.route),
+            view,
             pacing,
             pacing_was,
             cooldown_corroborated: self.cooldown_corroborated(&scope.route),

@@ -49,16 +49,14 @@ local pi = 13 + n * HINT_FIELDS + 3
 local P = pace_policy(pi + 1)
 local pace = pace_of(st, now, P)
 local was = pace.mode
-local cd_after = math.max(st.hints.cd, c and c.hints.cd or tonumber(ARGV[1]))
+local ccd, cfloor = caller_floor()
+if c then ccd, cfloor = c.hints.cd, hints_floor(c.hints) end
+local cd_after = math.max(st.hints.cd, ccd)
 pace_observe(pace, P, now, first, successes, math.max(tonumber(ARGV[pi]), n), ends, cd_before,
   cd_after)
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
-local ccd, cfloor = caller_floor()
-if c then
-  if c_merged or successes > 0 then caller_save(KEYS[2], c, c_merged, now, idle_ms) end
-  ccd, cfloor = c.hints.cd, hints_floor(c.hints)
-end
-out[#out + 1] = math.max(st.hints.cd, ccd)
+if c and (c_merged or successes > 0) then caller_save(KEYS[2], c, c_merged, now, idle_ms) end
+out[#out + 1] = cd_after
 out[#out + 1] = math.max(hints_floor(st.hints), cfloor)
 out[#out + 1] = st.frozen or false
 pace_view_out(out, pace, count(st.slots.asking or {}))
