@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::wait::Slot;
-use super::{Run, engine_bug};
-use crate::engine::{Decision, GateRefusal};
+use super::Run;
+use super::wait::{Slot, still_waiting};
+use crate::engine::GateRefusal;
 use crate::gate::intent::WaitEvidence;
 use crate::link::LinkState;
 use crate::outcome::Outcome;
@@ -93,12 +93,7 @@ impl Run<'_> {
                 None => {
                     // Alone, like a retry: spread, or every intent held in
                     // this cooldown starts at the instant it ends.
-                    evidence.degraded = true;
-                    let spread = self.spread_after(started, until);
-                    if !spread.is_zero() {
-                        evidence.local_spread = Some(spread);
-                    }
-                    until += spread;
+                    until = self.alone(&mut evidence, started, until);
                     (until, false)
                 }
             };
@@ -136,14 +131,7 @@ impl Run<'_> {
     fn hold_until(&mut self, until: Duration) -> bool {
         let now = self.now();
         let until = until.max(self.engine.held_until().unwrap_or_default());
-        match self.engine.hold(now, until) {
-            Ok(Decision::Wait { .. }) => true,
-            Ok(Decision::Stop(_)) => false,
-            Err(err) => {
-                engine_bug(&err);
-                false
-            }
-        }
+        still_waiting(self.engine.hold(now, until))
     }
 
     fn end_hold(&mut self, evidence: WaitEvidence) -> Held {

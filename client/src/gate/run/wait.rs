@@ -11,7 +11,7 @@ use tollgate_proto::v1::{ReconsiderDecision, RetryClass};
 
 use super::{Run, engine_bug, lock};
 use crate::classify::ResponseClass;
-use crate::engine::{Decision, GateRefusal, Phase, WakeCheck, WakeDecision};
+use crate::engine::{Decision, EngineError, GateRefusal, Phase, WakeCheck, WakeDecision};
 use crate::gate::intent::{TokenSource, WaitEvidence};
 use crate::lease::{ScopeView, Take};
 use crate::link::LinkState;
@@ -202,12 +202,11 @@ impl Run<'_> {
                 return Planned::Ended;
             }
             None => {
-                evidence.degraded = true;
-                let spread = self.local_spread(until);
-                if !spread.is_zero() {
-                    evidence.local_spread = Some(spread);
-                }
-                until += spread;
+                let since = match self.engine.phase() {
+                    Phase::Waiting { since, .. } => since,
+                    _ => until,
+                };
+                until = self.alone(evidence, since, until);
             }
         }
         if until > next_start && !self.defer(until) {
@@ -220,14 +219,7 @@ impl Run<'_> {
     /// (it no longer fits the deadline).
     fn defer(&mut self, until: Duration) -> bool {
         let now = self.now();
-        match self.engine.defer(now, until) {
-            Ok(Decision::Wait { .. }) => true,
-            Ok(Decision::Stop(_)) => false,
-            Err(err) => {
-                engine_bug(&err);
-                false
-            }
-        }
+        still_waiting(self.engine.defer(now, until))
     }
 
     /// The instant to ask again: the coordinator's, but never sooner than
@@ -237,19 +229,27 @@ impl Run<'_> {
         at.max(self.now().saturating_add(floor))
     }
 
-    /// Up to `local_spread` of extra wait, no more than the wait itself, and
-    /// never so much that the next attempt stops fitting the deadline.
-    fn local_spread(&self, until: Duration) -> Duration {
-        let Phase::Waiting { since, .. } = self.engine.phase() else {
-            return Duration::ZERO;
-        };
-        self.spread_after(since, until)
+    /// Decided alone (no usable answer from the coordinator): the wake-up
+    /// is `until` plus a local spread, so the intents deciding alone do not
+    /// all start at one instant; recorded in `evidence`.
+    pub(super) fn alone(
+        &self,
+        evidence: &mut WaitEvidence,
+        since: Duration,
+        until: Duration,
+    ) -> Duration {
+        evidence.degraded = true;
+        let spread = self.spread_after(since, until);
+        if !spread.is_zero() {
+            evidence.local_spread = Some(spread);
+        }
+        until + spread
     }
 
     /// Up to `local_spread` of extra wait after a wait from `since` to
     /// `until`, no more than that wait, and never so much that an attempt
     /// stops fitting the deadline.
-    pub(super) fn spread_after(&self, since: Duration, until: Duration) -> Duration {
+    fn spread_after(&self, since: Duration, until: Duration) -> Duration {
         let policy = self.engine.policy();
         let latest_fit = policy.total_budget().saturating_sub(policy.attempt_cap());
         let bound = self
@@ -347,6 +347,19 @@ impl Run<'_> {
                 engine_bug(&err);
                 Admitted::Ended
             }
+        }
+    }
+}
+
+/// Whether an engine decision keeps the intent waiting; an engine error is
+/// a bug in this driver and ends it.
+pub(super) fn still_waiting(decision: Result<Decision, EngineError>) -> bool {
+    match decision {
+        Ok(Decision::Wait { .. }) => true,
+        Ok(Decision::Stop(_)) => false,
+        Err(err) => {
+            engine_bug(&err);
+            false
         }
     }
 }
