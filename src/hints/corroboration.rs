@@ -30,6 +30,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::pacing::HINT_GRANULARITY_MS;
 use crate::policy::Policy;
 
 /// Workers whose evidence is kept per route or caller scope; the one heard
@@ -151,7 +152,11 @@ pub fn evaluate(
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Corroboration {
         until_ms,
-        corroborated: corroborated_until > 0 && corroborated_until >= alone_until,
+        // Hints are whole seconds, rounded up when read: claims for the same
+        // instant differ by up to one, so the latest of them is agreed with
+        // when enough reach within a second of it.
+        corroborated: corroborated_until > 0
+            && corroborated_until.saturating_add(HINT_GRANULARITY_MS) >= alone_until,
         workers: count(claims.iter().filter(|&&c| c >= until_ms).count()),
         reporters: count(claims.len()),
         needed: count(needed),
@@ -372,6 +377,19 @@ mod tests {
         assert_eq!(v.until_ms, NOW + 59_000);
         assert!(v.corroborated);
         assert_eq!(v.workers, 3);
+    }
+
+    /// Whole-second hints read at different instants of an outage name
+    /// ends up to a second apart; under the cap, the latest of them is
+    /// still the fleet's agreed end.
+    #[test]
+    fn hints_a_second_apart_under_the_cap_corroborate() {
+        let m = fleet(&[(0, 4), (1, 4), (2, 4), (3, 5)]);
+        let v = evaluate(&m, RULES, 11, NOW);
+        assert_eq!(v.until_ms, NOW + 5_000);
+        assert!(v.corroborated);
+        let lone = fleet(&[(0, 3), (1, 3), (2, 3), (3, 5)]);
+        assert!(!evaluate(&lone, RULES, 11, NOW).corroborated);
     }
 
     #[test]

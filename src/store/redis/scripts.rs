@@ -10,7 +10,7 @@ use redis::{Script, ScriptInvocation};
 use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
 use crate::hints::corroboration::{MAX_EVIDENCE_WORKERS, MAX_MUTES, NOISY_MIN_DISAGREEMENTS};
 use crate::hints::{MAX_BACKOFF_STEP, RECENT_HINTS};
-use crate::pacing::PacingPolicy;
+use crate::pacing::{HINT_GRANULARITY_MS, PacingPolicy};
 use crate::policy::Policy;
 use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 use crate::store::LevelHint;
@@ -46,7 +46,8 @@ fn shared_bounds() -> String {
          local MAX_BACKOFF_STEP = {MAX_BACKOFF_STEP}\n\
          local MAX_EVIDENCE_WORKERS = {MAX_EVIDENCE_WORKERS}\n\
          local MAX_MUTES = {MAX_MUTES}\n\
-         local NOISY_MIN_DISAGREEMENTS = {NOISY_MIN_DISAGREEMENTS}\n"
+         local NOISY_MIN_DISAGREEMENTS = {NOISY_MIN_DISAGREEMENTS}\n\
+         local HINT_GRANULARITY = {HINT_GRANULARITY_MS}\n"
     )
 }
 
@@ -131,6 +132,7 @@ mod tests {
             "JITTER_SCALE",
             "RECENT_HINTS",
             "MAX_BACKOFF_STEP",
+            "HINT_GRANULARITY",
         ] {
             let definition = format!("local {name} =");
             assert!(

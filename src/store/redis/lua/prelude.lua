@@ -175,7 +175,7 @@ local function corr_evaluate(workers, R, active, now)
   local supporting = 0
   for _, c in ipairs(claims) do if c >= until_ms then supporting = supporting + 1 end end
   return {
-    u = until_ms, c = (corroborated > 0 and corroborated >= alone) and 1 or 0,
+    u = until_ms, c = (corroborated > 0 and corroborated + HINT_GRANULARITY >= alone) and 1 or 0,
     w = supporting, r = #claims, n = needed,
   }
 end
