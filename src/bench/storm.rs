@@ -125,8 +125,9 @@ pub struct StormArgs {
     /// Capacity after the outage, as a fraction of C.
     #[arg(long, default_value_t = 1.0)]
     pub capacity_after: f64,
-    /// A 429 during the outage asks for the time left plus a whole outage,
-    /// as limiters that restart the penalty on every rejected attempt do.
+    /// A 429 during the outage asks for the outage's whole length again, as
+    /// limiters that restart the penalty window on every rejected attempt
+    /// do: successive hints stop counting down.
     #[arg(long)]
     pub penalty_extending: bool,
     /// The fraction of (e)/(f) workers that report a 300 s Retry-After to

@@ -29,8 +29,9 @@
 //! outage, the time left in it; during a brownout, 1 s (it is serving,
 //! just less); outside the outage, 1 s (an ordinary rate limiter's answer).
 //! With `--penalty-extending`, a 429 during the outage (full or brownout)
-//! asks for the time left plus one more whole outage, like limiters that
-//! restart their penalty on every rejected attempt.
+//! asks for the outage's whole length again, like limiters that restart
+//! their penalty window on every rejected attempt: its hints stop counting
+//! down, and one received late in the outage outlasts it.
 //!
 //! The upstream is also the honest observer: it counts every attempt it is
 //! offered per 100 ms, and checks each one against the intent's real
@@ -207,7 +208,7 @@ impl Upstream {
         let delay = if (config.outage_start..config.outage_end).contains(&now) {
             let left = config.outage_end - now;
             if config.penalty_extending {
-                left + (config.outage_end - config.outage_start)
+                config.outage_end - config.outage_start
             } else if config.outage_capacity == 0.0 {
                 left
             } else {
