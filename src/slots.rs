@@ -37,7 +37,9 @@ pub enum SlotError {
 pub struct SlotAsk<'a> {
     /// Repeated asks while a slot is pending get the same slot.
     pub intent_id: &'a str,
-    /// `max(now, cooldown, backoff, the worker's not_before)`.
+    /// `max(now, cooldown, backoff, the worker's not_before)`; for a first
+    /// attempt, the cooldown only as far as it closes the route
+    /// ([`PacingState::floor_for`](crate::pacing::PacingState::floor_for)).
     pub floor_ms: i64,
     /// The intent's end-to-end deadline.
     pub deadline_ms: i64,
@@ -48,6 +50,8 @@ pub struct SlotAsk<'a> {
     /// Where inside its interval the slot falls, `0..JITTER_SCALE`; drawn by
     /// the caller from an injected RNG so runs can be replayed.
     pub jitter_ppm: u32,
+    /// A first attempt held for a slot, not a retry.
+    pub first_attempt: bool,
 }
 
 /// The answer to a [`SlotAsk`].
@@ -106,6 +110,7 @@ impl SlotCursor {
             // The intents ahead of this one: not itself.
             waiting: (self.asking.len() - usize::from(asked_before)) as i64,
             cursor_us: self.next_us,
+            first_attempt: ask.first_attempt,
         };
         match pacing.decide(&wake, policy) {
             SlotDecision::Slot { at_ms, cursor_us } => {
@@ -190,6 +195,7 @@ mod tests {
             reserve_ms: 1000,
             now_ms: NOW,
             jitter_ppm,
+            first_attempt: false,
         }
     }
 

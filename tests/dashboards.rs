@@ -358,6 +358,7 @@ async fn storm(channel: Channel) {
             not_before_unix_ms: receipt,
             deadline_unix_ms: receipt + 60_000,
             attempt_reserve_ms: 100,
+            first_attempt: false,
         })
         .await
         .expect("reconsider");

@@ -123,6 +123,8 @@ fn budget_call() -> impl Strategy<Value = BudgetCall> {
                         not_before_unix_ms: not_before,
                         deadline_unix_ms: deadline,
                         attempt_reserve_ms: reserve,
+                        // Either kind of ask, from the fuzzed bits.
+                        first_attempt: reserve % 2 == 1,
                     })
                 }
             ),

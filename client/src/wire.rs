@@ -75,14 +75,16 @@ pub(crate) fn watch_request(scopes: &[Scope]) -> WatchRequest {
     }
 }
 
-/// Asks for a retry slot no earlier than `not_before` that still leaves
-/// `attempt_reserve` before `deadline`.
+/// Asks for a slot no earlier than `not_before` that still leaves
+/// `attempt_reserve` before `deadline`, for a retry or a held
+/// `first_attempt`.
 pub(crate) fn reconsider_request(
     scope: &Scope,
     intent_id: &str,
     not_before: SystemTime,
     deadline: SystemTime,
     attempt_reserve: Duration,
+    first_attempt: bool,
 ) -> ReconsiderRequest {
     ReconsiderRequest {
         scope: Some(scope.to_wire()),
@@ -91,6 +93,7 @@ pub(crate) fn reconsider_request(
         not_before_unix_ms: to_unix_ms(not_before),
         deadline_unix_ms: to_unix_ms(deadline),
         attempt_reserve_ms: u64::try_from(attempt_reserve.as_millis()).unwrap_or(u64::MAX),
+        first_attempt,
     }
 }
 

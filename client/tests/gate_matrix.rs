@@ -859,6 +859,7 @@ async fn policy_rotated_while_waiting_is_re_evaluated_under_the_new_version() {
                     not_before_unix_ms: to_unix_ms(noon() + secs(3)),
                     deadline_unix_ms: to_unix_ms(noon() + secs(60)),
                     attempt_reserve_ms: 5_000,
+                    first_attempt: false,
                 })
                 .await
                 .expect("reconsider")

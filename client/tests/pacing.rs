@@ -292,6 +292,60 @@ async fn a_first_attempt_inside_a_known_cooldown_is_held_until_its_slot() {
     assert_eq!(firsts, 2);
 }
 
+/// The fleet's first attempts alone overflow the upstream: the coordinator
+/// paces them with everything else, and a worker told so holds a first
+/// attempt for a slot with no cooldown in force.
+#[tokio::test(start_paused = true)]
+async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    let warm = r
+        .gate
+        .run(
+            intent("i-warm", roomy()),
+            Upstream::new(vec![http(200, None)]).attempt(),
+        )
+        .await;
+    assert_eq!(warm.outcome, Outcome::Succeeded);
+    // The rest of the fleet: 100 first attempts in a window, 40 served.
+    let fleet = |first_attempts, successes, rejections| ReportRequest {
+        scope: Some(scope().to_wire()),
+        worker_id: "worker-fleet".into(),
+        first_attempts,
+        successes,
+        rejections,
+        ..ReportRequest::default()
+    };
+    let mut coordinator = r.h.coordinator.client();
+    coordinator.report(fleet(100, 40, 60)).await.unwrap();
+    tokio::time::sleep(secs(1)).await;
+    // The next report closes the window that overflowed.
+    coordinator.report(fleet(1, 0, 0)).await.unwrap();
+    support::poll(
+        "the worker is told to hold first attempts",
+        secs(5),
+        || async {
+            let view = r.gate.cache().view(&scope());
+            view.hold_first_attempts && view.cooldown_until.is_none()
+        },
+    )
+    .await;
+
+    let upstream = Upstream::new(vec![http(200, None)]);
+    let result = r
+        .gate
+        .run(intent("i-paced", roomy()), upstream.attempt())
+        .await;
+    assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+    let first = &result.attempts[0];
+    assert_eq!(first.record.number, 1, "still the first attempt");
+    assert_eq!(first.token, TokenSource::FirstAttempt, "no retry token");
+    let held = result.held.clone().expect("the hold is evidence");
+    assert_eq!(held.cooldown, None, "held with no cooldown in force");
+    let slot = held.slot.expect("it went at the coordinator's slot");
+    assert!(first.record.start >= slot && first.record.start <= slot + ms(20));
+    assert_eq!(r.wire.lock().unwrap().reconsiders.len(), 1, "one ask");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deadline_before_the_cooldown_ends_is_infeasible_with_no_attempt() {
     let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());

@@ -483,6 +483,7 @@ async fn call(
                     not_before_unix_ms: now,
                     deadline_unix_ms: now + 30_000,
                     attempt_reserve_ms: 100,
+                    first_attempt: false,
                 })
                 .await
                 .is_ok()

@@ -139,6 +139,8 @@ pub struct SlotRequest<'a> {
     pub deadline_ms: i64,
     /// Time the intent needs after its slot for one attempt.
     pub reserve_ms: i64,
+    /// A first attempt held for a slot, not a retry.
+    pub first_attempt: bool,
 }
 
 impl Coordinator {
@@ -281,12 +283,15 @@ impl Coordinator {
             reserve_ms: request.reserve_ms,
             now_ms,
             jitter_ppm: self.jitter(),
+            first_attempt: request.first_attempt,
         };
         let Slotted {
             decided,
             view,
             pacing,
+            pacing_was,
         } = self.store.reconsider(route, ask, &policy).await?;
+        self.announce_pacing(route, pacing_was, &pacing);
         // Shadow: the cursor moved as enforcing would move it; the intent
         // goes as soon as it asked to (a freeze still holds it).
         let through = now_ms.max(request.not_before_ms);

@@ -5,7 +5,7 @@
 
 use crate::hints::{Assessment, EvidenceInput, Merge, assess};
 use crate::pacing::{Mode, PacingView, holds_first_attempts};
-use crate::scope::{EvidenceLevel, ScopeKey};
+use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
 
 use super::Coordinator;
@@ -62,6 +62,28 @@ pub struct ReportOut {
 }
 
 impl Coordinator {
+    /// Publishes a change of `route`'s pacing into or out of a mode that
+    /// changes what workers do: a penalty holds the route closed,
+    /// saturation holds first attempts for slots. A window closes on
+    /// whichever call comes first after it ends, Report or Reconsider, so
+    /// both announce.
+    pub(super) fn announce_pacing(&self, route: &RouteKey, was: Mode, now: &PacingView) {
+        let announced = |mode| matches!(mode, Mode::PenaltyExtending | Mode::Saturated);
+        if was == now.mode || !(announced(was) || announced(now.mode)) {
+            return;
+        }
+        tracing::info!(route = %route, pacing_state = now.mode.as_str(),
+            pacing_state_was = was.as_str(),
+            penalty_until_unix_ms = now.penalty_until_ms,
+            "pacing: route {} {}",
+            if announced(now.mode) { "entered" } else { "left" },
+            if announced(now.mode) { now.mode.as_str() } else { was.as_str() });
+        self.hub.publish(StateChange::Pacing {
+            route: route.clone(),
+            mode: now.mode,
+        });
+    }
+
     /// Applies a worker's report to `scope` in one store operation and
     /// publishes the cooldowns it raised.
     pub async fn report(
@@ -95,17 +117,7 @@ impl Coordinator {
             now_ms,
         };
         let reported = self.store.report(scope, batch, &policy).await?;
-        let penalty = |mode| mode == Mode::PenaltyExtending;
-        if penalty(reported.pacing_was) != penalty(reported.pacing.mode) {
-            tracing::info!(route = %scope.route, pacing_state = reported.pacing.mode.as_str(),
-                penalty_until_unix_ms = reported.pacing.penalty_until_ms,
-                "pacing: penalty-extending limiter {}",
-                if penalty(reported.pacing.mode) { "detected" } else { "released" });
-            self.hub.publish(StateChange::Pacing {
-                route: scope.route.clone(),
-                mode: reported.pacing.mode,
-            });
-        }
+        self.announce_pacing(&scope.route, reported.pacing_was, &reported.pacing);
         let mut raised = Vec::new();
         let mut backoff_ms = 0;
         for (hint, merge) in hints.iter().zip(&reported.merges) {
@@ -139,8 +151,10 @@ impl Coordinator {
             pacing: reported.pacing,
             hold_first_attempts: holds_first_attempts(
                 policy.hold_first_attempts,
+                reported.pacing.mode,
                 reported.cooldown_corroborated,
                 cooldown_until_ms,
+                reported.pacing.closed_until_ms,
                 now_ms,
             ),
             policy_version: policy.policy_version,

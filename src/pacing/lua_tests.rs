@@ -23,7 +23,7 @@ for _, s in ipairs(steps) do
     line = 'o'
   else
     local kind, a, b = pace_decide(p, P, s.now, s.floor, s.deadline, s.reserve,
-      s.jitter, s.waiting, s.cursor)
+      s.jitter, s.waiting, s.cursor, s.first == 1)
     line = kind .. ' ' .. string.format('%d', a) .. ' ' .. string.format('%d', b or 0)
   end
   for _, f in ipairs(PACE_FIELDS) do line = line .. ' ' .. string.format('%d', p[f]) end
@@ -48,24 +48,25 @@ fn steps(seed: u64) -> Vec<Value> {
     while now < T0 + 90_000 {
         now += next(300);
         if next(3) == 0 {
-            let hints: Vec<i64> = (0..next(4))
-                .map(|_| match next(3) {
-                    0 => now + 1000,
-                    1 => T0 + 40_000,
-                    _ => now + 30_000 + next(5) * 1000,
+            let hints: Vec<i64> = (0..next(4) * next(2))
+                .map(|_| match next(6) {
+                    0 => T0 + 40_000,
+                    1 => now + 30_000 + next(5) * 1000,
+                    _ => now + 1000,
                 })
                 .collect();
             out.push(json!({
                 "k": "o", "now": now, "first": next(120), "ok": next(150),
-                "rej": next(40), "hints": hints,
+                "rej": next(40) * next(2), "hints": hints,
                 "cd": if next(4) == 0 { now + 500 } else { 0 },
-                "cda": match next(4) { 0 => now + 30_000, 1 => now + 1_000, _ => 0 },
+                "cda": match next(8) { 0 => now + 30_000, 1 => now + 1_000, _ => 0 },
             }));
         } else {
             out.push(json!({
                 "k": "d", "now": now, "floor": now + next(3) * next(5000),
                 "deadline": now + 200 + next(30_000), "reserve": 100,
                 "jitter": next(1_000_000), "waiting": next(5000), "cursor": cursor,
+                "first": next(2),
             }));
             cursor = cursor.max(now * 1000 + next(2_000_000));
         }
@@ -109,6 +110,7 @@ fn run_rust(p: &PacingPolicy, steps: &[Value]) -> Vec<String> {
                     jitter_ppm: n(s, "jitter") as u32,
                     waiting: n(s, "waiting"),
                     cursor_us: n(s, "cursor"),
+                    first_attempt: n(s, "first") == 1,
                 };
                 match st.decide(&ask, p) {
                     SlotDecision::Slot { at_ms, cursor_us } => format!("slot {at_ms} {cursor_us}"),
@@ -199,6 +201,7 @@ fn the_lua_port_agrees_with_the_rust_controller_step_by_step() {
         "mode 3",
         "mode 4",
         "mode 5",
+        "mode 6",
     ] {
         assert!(seen.contains(needle), "{needle} never reached: {seen}");
     }

@@ -23,6 +23,22 @@
 //!   clean rate once and never below half after — multiplicative back-off
 //!   that trusts a saturated sample no further than a halving.
 //!
+//! When first attempts alone ask for more than the upstream serves (a window
+//! that drew rejections served less than its first attempts, with a margin:
+//! a brownout, an upstream that came back smaller), no wake rate can help:
+//! the route becomes [`Mode::Saturated`]. Every attempt, first ones
+//! included, then waits for a slot (workers are told to hold first attempts),
+//! and the rate is the whole fleet's: just under what a saturated window
+//! served, back to that edge after a clean window, then past it by a
+//! sixteenth and by twice the distance from the edge in each clean window
+//! after, a quarter at most (slow where the edge was, fast once the
+//! upstream has grown back, which nothing else says while every attempt
+//! waits for a slot); a rejection goes back below the last clean rate. The
+//! overflow is judged as soon as the window holds a quarter of a window's
+//! first attempts, so the fleet stops sending them straight within the
+//! window that found it. A window whose demand the rate met in full lets
+//! first attempts go straight again.
+//!
 //! Rejections that arrive while a hint cooldown is in force, or whose hint
 //! closes the route for longer than two windows (an outage, not an
 //! overload), are explained by the cooldown: the window is frozen, nothing
@@ -66,20 +82,28 @@ pub const PROBE_HEADROOM: i64 = 8;
 /// attempts wait it out.
 pub const CLOSING_MS: i64 = 2 * WINDOW_MS;
 
-/// Whether first attempts should wait out a cooldown ending at
-/// `cooldown_until_ms`: when the policy says so (`hold`), distinct workers
-/// corroborate the cooldown (one worker's capped claim must not hold the
-/// whole fleet's first attempts), and it closes the route. A short one (a
-/// hint of a second, the kind an overload draws) holds retries, which
-/// pacing answers for; holding the fleet's first attempts for it would
-/// leave the capacity they use idle.
+/// Whether first attempts should wait for a slot, when the policy lets them
+/// (`hold`): while the route is [`Mode::Saturated`] (first attempts alone
+/// overflow the upstream, so they are paced with everything else), or
+/// inside a cooldown ending at `cooldown_until_ms` that distinct workers
+/// corroborate (one worker's capped claim must not hold the whole fleet's
+/// first attempts) and that closes the route: one that lasts longer than
+/// two windows, or the end of one that did (`closed_until_ms`, the end of
+/// the latest closing hint; 0 when not known). A short cooldown (a hint of
+/// a second, the kind an overload draws) holds retries, which pacing
+/// answers for; holding the fleet's first attempts for it would leave the
+/// capacity they use idle.
 pub fn holds_first_attempts(
     hold: bool,
+    mode: Mode,
     corroborated: bool,
     cooldown_until_ms: i64,
+    closed_until_ms: i64,
     now_ms: i64,
 ) -> bool {
-    hold && corroborated && cooldown_until_ms.saturating_sub(now_ms) > CLOSING_MS
+    let closing = cooldown_until_ms.saturating_sub(now_ms) > CLOSING_MS
+        || now_ms < closed_until_ms.min(cooldown_until_ms);
+    hold && (mode == Mode::Saturated || corroborated && closing)
 }
 
 /// The horizon of a pinned rate: ten years, far past any deadline, and
@@ -104,6 +128,9 @@ pub enum Mode {
     Pinned = 4,
     /// The policy names the upstream's limit; the fleet is paced under it.
     KnownLimit = 5,
+    /// First attempts alone ask for more than the upstream serves: every
+    /// attempt waits for a slot, paced at the capacity.
+    Saturated = 6,
 }
 
 impl Mode {
@@ -116,6 +143,7 @@ impl Mode {
             Mode::PenaltyExtending => "penalty_extending",
             Mode::Pinned => "pinned",
             Mode::KnownLimit => "known_limit",
+            Mode::Saturated => "saturated",
         }
     }
 
@@ -128,6 +156,7 @@ impl Mode {
             3 => Mode::PenaltyExtending,
             4 => Mode::Pinned,
             5 => Mode::KnownLimit,
+            6 => Mode::Saturated,
             _ => Mode::Steady,
         }
     }
@@ -180,6 +209,8 @@ pub struct PacingView {
     pub spare_m: i64,
     /// While penalty-extending: when the latest hint passes; 0 otherwise.
     pub penalty_until_ms: i64,
+    /// The end of the latest hint that closed the route (0: none).
+    pub closed_until_ms: i64,
     /// Intents told to ask again and still waiting.
     pub asking: usize,
 }
@@ -228,8 +259,14 @@ pub struct PacingState {
     pub w_ok: i64,
     /// Rejections in it that the controller must answer for.
     pub w_rej: i64,
+    /// Every rejection in it that no closing hint explains, a short
+    /// cooldown or not: what first attempts sent straight drew.
+    pub w_refused: i64,
     /// Slots it granted in it: whether the rate was actually used.
     pub w_granted: i64,
+    /// Of those, slots for first attempts held for one: a backlog released,
+    /// not first attempts arriving.
+    pub w_held: i64,
     /// The rate before the cut at its first rejection (0: no cut yet).
     pub w_cut_from: i64,
     /// Intents it told to ask again because the rate, not a cooldown, put
@@ -272,7 +309,9 @@ impl PacingState {
             w_first: 0,
             w_ok: 0,
             w_rej: 0,
+            w_refused: 0,
             w_granted: 0,
+            w_held: 0,
             w_cut_from: 0,
             w_short: 0,
             w_frozen: 0,
@@ -290,6 +329,20 @@ impl PacingState {
         };
         st.apply_policy(policy);
         st
+    }
+
+    /// The floor the route's own (`route_floor_ms`: cooldown, backoff,
+    /// mutes) puts under a slot. A held first attempt waits out a cooldown
+    /// only as far as it closes the route (the latest closing hint): a short
+    /// one after that, the kind an overload draws, is what pacing answers
+    /// for, and holding first attempts for it too would leave the capacity
+    /// idle until it ends.
+    pub fn floor_for(&self, route_floor_ms: i64, first_attempt: bool, now_ms: i64) -> i64 {
+        if first_attempt {
+            route_floor_ms.min(self.closed_until.max(now_ms))
+        } else {
+            route_floor_ms
+        }
     }
 
     /// The current [`Mode`].
@@ -327,6 +380,7 @@ impl PacingState {
             first_rate_m: self.lam_m,
             spare_m: self.spare_m(),
             penalty_until_ms: if penalty { self.penalty_until } else { 0 },
+            closed_until_ms: self.closed_until,
             asking,
         }
     }
@@ -369,34 +423,59 @@ impl PacingState {
         if obs.successes > 0 && now >= self.hint_until {
             self.streak = 0;
         }
-        if now < obs.cooldown_until_ms {
+        // A hint that closes the route for more than two windows says the
+        // upstream is out, not that the fleet is over its capacity. The
+        // hints are a sample of the rejections (evidence is bounded): the
+        // share they say was closing is explained.
+        let hints = obs.hint_until_ms.len() as i64;
+        let closing = obs
+            .hint_until_ms
+            .iter()
+            .filter(|&&until| until.saturating_sub(now) > CLOSING_MS)
+            .count() as i64;
+        let explained = if hints > 0 {
+            rejections * closing / hints
+        } else {
+            0
+        };
+        self.w_refused += rejections - explained;
+        if self.overflowing(now) {
+            // Part of a window: the share of first attempts served, at the
+            // first-attempt rate, is what the upstream serves; but reports
+            // lag, and successes of attempts made before the overflow still
+            // arrive in it, so the pace is half that until the window's end
+            // measures it.
+            let edge_m = self.lam_m * self.w_ok / self.w_first.max(1);
+            self.saturate(edge_m, edge_m / 2, policy);
+            // The rest of the window mixes two regimes: nothing is learned
+            // from it (its rejections are mostly the first attempts sent
+            // before the workers heard).
+            self.w_frozen = 1;
+        }
+        let saturated = self.mode() == Mode::Saturated;
+        // Every attempt is paced while saturated, so a short cooldown
+        // explains nothing then: the rate drew what came back.
+        if now < obs.cooldown_until_ms && !saturated {
             if rejections > 0 {
                 self.w_frozen = 1;
             }
             return;
         }
-        // A hint that closes the route for more than two windows says the
-        // upstream is out, not that the fleet is over its capacity.
-        let hints = obs.hint_until_ms.len() as i64;
-        let mut closing = 0;
         for &until in obs.hint_until_ms {
             if until.saturating_sub(now) > CLOSING_MS {
-                closing += 1;
                 self.closed_until = self.closed_until.max(until);
             }
         }
         if closing > 0 {
             self.w_frozen = 1;
         }
-        // The hints are a sample of the rejections (evidence is bounded):
-        // the share they say was closing is explained.
-        let explained = if hints > 0 {
-            rejections * closing / hints
-        } else {
-            0
-        };
         self.w_rej += rejections - explained;
-        if self.w_rej > 0 && self.w_cut_from == 0 && self.learning() {
+        let answered = if saturated {
+            self.w_refused
+        } else {
+            self.w_rej
+        };
+        if answered > 0 && self.w_cut_from == 0 && self.learning() {
             // Back to the last rate that drew nothing, at the first
             // rejection the fleet answers for rather than at the window's
             // end: a probe that found the edge stops overshooting within a
@@ -404,20 +483,74 @@ impl PacingState {
             // the upstream near its capacity. Once per window; the window's
             // end decides the rate from what it measured (see learn).
             self.w_cut_from = self.rate_m;
-            let back = if self.rate_ok_m > 0 {
+            let back = if saturated {
+                // Every attempt is paced: below the last rate a window used
+                // cleanly (a limiter's burst can make a rate over the edge
+                // look clean for a window).
+                self.rate_ok_m - self.rate_ok_m / 16
+            } else if self.rate_ok_m > 0 {
                 self.rate_ok_m
             } else {
                 self.rate_m / 2
             };
             self.rate_m = self.rate_m.min(back).max(policy.floor_m);
-            self.mode = Mode::BackingOff as i64;
+            if !saturated {
+                self.mode = Mode::BackingOff as i64;
+            }
         }
     }
 
     /// Whether the rate is the controller's to set (not pinned, not under
     /// a known limit, not held by a penalty).
     fn learning(&self) -> bool {
-        matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff)
+        matches!(
+            self.mode(),
+            Mode::Steady | Mode::Probing | Mode::BackingOff | Mode::Saturated
+        )
+    }
+
+    /// Whether the window says first attempts alone overflow the upstream:
+    /// it drew rejections and served less than the first attempts sent
+    /// straight, by more than `over / under` (attempts in flight blur the
+    /// edge). First attempts that waited for a slot are not sent straight:
+    /// a backlog released after an outage is paced already. Nothing served
+    /// is an outage, not an overflow.
+    fn overflowed(&self, over: i64, under: i64) -> bool {
+        let straight = self.w_first - self.w_held;
+        self.w_refused > 0 && self.w_ok > 0 && under * straight > over * self.w_ok
+    }
+
+    /// Whether first attempts alone have overflowed the upstream in the
+    /// window so far, judged once it holds a quarter of a window's worth of
+    /// them (fewer say little), and only when clear: by a quarter, with a
+    /// quarter of the first attempts sent straight refused (reports lag,
+    /// and an attempt is counted when it starts but its outcome when it
+    /// ends, so part of a window mixes before and after, and rejections
+    /// reported late from the window before prove nothing), and not in the
+    /// quarter window after a closing cooldown (rejections reported then
+    /// were drawn inside it): the fleet's first attempts then stop going
+    /// straight within the window that found it, not a window later.
+    fn overflowing(&self, now_ms: i64) -> bool {
+        let adaptive = matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff);
+        adaptive
+            && self.lam_m > 0
+            && now_ms >= self.closed_until.saturating_add(WINDOW_MS / 4)
+            && 4 * self.w_first * MILLI >= self.lam_m
+            && 4 * self.w_refused >= self.w_first - self.w_held
+            && self.overflowed(5, 4)
+    }
+
+    /// Paces every attempt from now on at `rate_m`, under `edge_m`, what the
+    /// upstream is estimated to serve.
+    fn saturate(&mut self, edge_m: i64, rate_m: i64, policy: &PacingPolicy) {
+        self.cap_m = edge_m;
+        self.rate_m = rate_m.clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+        self.rate_ok_m = self.rate_m;
+        self.rate_max_m = edge_m;
+        // A cut earlier in the window was of a retry rate: it says nothing
+        // of this one.
+        self.w_cut_from = 0;
+        self.mode = Mode::Saturated as i64;
     }
 
     /// Follows the latest hint end; counts jumps that can only be a limiter
@@ -458,7 +591,9 @@ impl PacingState {
         self.w_first = 0;
         self.w_ok = 0;
         self.w_rej = 0;
+        self.w_refused = 0;
         self.w_granted = 0;
+        self.w_held = 0;
         self.w_cut_from = 0;
         self.w_short = 0;
         self.w_frozen = 0;
@@ -470,21 +605,34 @@ impl PacingState {
         // capacity or demand (workers may hold first attempts in it).
         // Rejections the controller must answer for are answered even in a
         // window a short cooldown also explained some of.
-        let frozen = (self.w_frozen == 1 && self.w_rej == 0)
-            || self.win * WINDOW_MS < self.closed_until
-            || self.mode() == Mode::PenaltyExtending;
-        if !frozen {
-            self.learn(policy);
+        let closed =
+            self.win * WINDOW_MS < self.closed_until || self.mode() == Mode::PenaltyExtending;
+        if closed {
+            // Nothing to learn from.
+        } else if self.mode() == Mode::Saturated {
+            self.learn_saturated(policy);
+        } else {
+            if self.w_frozen == 0 || self.w_rej > 0 {
+                self.learn(policy);
+            }
+            let adaptive = matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff);
+            if adaptive && self.overflowed(17, 16) {
+                let served_m = self.w_ok * MILLI;
+                self.saturate(served_m, served_m - served_m / 16, policy);
+            }
         }
         self.clear_window();
     }
 
     fn learn(&mut self, policy: &PacingPolicy) {
+        // First attempts arriving: a backlog held through a cooldown and
+        // released by slots is not a rate first attempts keep up.
+        let arrived_m = (self.w_first - self.w_held).max(0) * MILLI;
         if self.cap_m == 0 && self.lam_m == 0 {
             // The first window learned from: no average to move yet.
-            self.lam_m = self.w_first * MILLI;
+            self.lam_m = arrived_m;
         } else {
-            self.lam_m += (self.w_first * MILLI - self.lam_m).div_euclid(4);
+            self.lam_m += (arrived_m - self.lam_m).div_euclid(4);
         }
         let served_m = self.w_ok * MILLI;
         // Retries are the attempts beyond the first ones; when nothing was
@@ -544,6 +692,60 @@ impl PacingState {
             .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
     }
 
+    /// Learns from a window in which every attempt was paced.
+    fn learn_saturated(&mut self, policy: &PacingPolicy) {
+        self.lam_m += (self.w_first * MILLI - self.lam_m).div_euclid(4);
+        let served_m = self.w_ok * MILLI;
+        if self.w_frozen == 1 {
+            // It became saturated in this window (or a closing hint covered
+            // part of it): what it served mixes two regimes.
+        } else if self.w_refused > 0 {
+            // Over the edge: just under what the window served (a
+            // saturated window measures the upstream), never below half
+            // the rate that drew the rejections.
+            let before = if self.w_cut_from > 0 {
+                self.w_cut_from
+            } else {
+                self.rate_m
+            };
+            self.cap_m = served_m;
+            self.rate_m = (served_m - served_m / 16).max(before / 2);
+            self.rate_ok_m = self.rate_m;
+            self.rate_max_m = served_m.max(self.rate_m);
+        } else if self.w_short > 0 {
+            // Clean, and demand went short: up a sixteenth at a time (a
+            // limiter's burst hides an overshoot for a window or two, so a
+            // bigger step near the edge is a bigger peak) until a quarter
+            // past the edge; past that, what a burst can hide is spent and
+            // the upstream has grown: the step doubles the distance from
+            // the edge, a quarter of the rate at most. Only from a rate the
+            // window used (slots nobody asked for in time prove nothing).
+            self.cap_m = self.cap_m.max(served_m);
+            let r = self.rate_m;
+            if 8 * self.w_granted * MILLI >= 7 * r {
+                self.rate_ok_m = r;
+                let edge = self.rate_max_m;
+                let step = if r < edge + edge / 4 {
+                    r / 16
+                } else {
+                    (2 * (r - edge)).clamp(r / 16, r / 4)
+                };
+                self.rate_m = r + step.max(MILLI);
+            }
+        } else if self.hint_until <= self.win * WINDOW_MS {
+            // The rate met every intent that asked, and no cooldown paused
+            // the window: first attempts fit again and go straight.
+            self.cap_m = self.cap_m.max(served_m);
+            self.rate_m = self.spare_m();
+            self.rate_ok_m = 0;
+            self.rate_max_m = 0;
+            self.mode = Mode::Steady as i64;
+        }
+        self.rate_m = self
+            .rate_m
+            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+    }
+
     /// The next rate after a window that used this one and drew nothing.
     fn grown(&self) -> i64 {
         let r = self.rate_m;
@@ -595,13 +797,15 @@ impl PacingState {
     }
 
     /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
-    pub fn to_fields(&self) -> [(&'static str, i64); 19] {
+    pub fn to_fields(&self) -> [(&'static str, i64); 21] {
         [
             ("win", self.win),
             ("w_first", self.w_first),
             ("w_ok", self.w_ok),
             ("w_rej", self.w_rej),
+            ("w_refused", self.w_refused),
             ("w_granted", self.w_granted),
+            ("w_held", self.w_held),
             ("w_cut_from", self.w_cut_from),
             ("w_short", self.w_short),
             ("w_frozen", self.w_frozen),
@@ -629,7 +833,9 @@ impl PacingState {
                 "w_first" => &mut st.w_first,
                 "w_ok" => &mut st.w_ok,
                 "w_rej" => &mut st.w_rej,
+                "w_refused" => &mut st.w_refused,
                 "w_granted" => &mut st.w_granted,
+                "w_held" => &mut st.w_held,
                 "w_cut_from" => &mut st.w_cut_from,
                 "w_short" => &mut st.w_short,
                 "w_frozen" => &mut st.w_frozen,

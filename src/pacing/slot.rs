@@ -34,6 +34,8 @@ pub struct WakeAsk {
     pub waiting: i64,
     /// The route's slot cursor (start of the next free interval, Unix µs).
     pub cursor_us: i64,
+    /// A first attempt held for a slot, not a retry.
+    pub first_attempt: bool,
 }
 
 /// The answer to a [`WakeAsk`].
@@ -62,16 +64,20 @@ pub enum SlotDecision {
 const MAX_DRAIN_WINDOWS: i64 = 64;
 
 /// How long `waiting` intents take to be woken if the rate doubles every
-/// window up to the ceiling, the fastest probing raises it. The estimate is
-/// optimistic on purpose: an intent asked back too early is only asked
-/// again, one asked back too late cannot use a rate that rose meanwhile.
-fn drain_ms(waiting: i64, rate_m: i64, ceiling_m: i64) -> i64 {
+/// window up to the ceiling, the fastest probing raises it; while
+/// `saturated`, at the rate in force (it is the upstream's capacity, and
+/// grows only by small steps). The estimate is optimistic on purpose: an
+/// intent asked back too early is only asked again, one asked back too
+/// late cannot use a rate that rose meanwhile.
+fn drain_ms(waiting: i64, rate_m: i64, ceiling_m: i64, saturated: bool) -> i64 {
     let mut left = waiting.clamp(0, MAX_WAITING) * MILLI;
     let mut rate = rate_m.max(1);
     let mut windows = 0;
     while left > 0 && windows < MAX_DRAIN_WINDOWS {
         left -= rate;
-        rate = (2 * rate).min(ceiling_m.max(rate));
+        if !saturated {
+            rate = (2 * rate).min(ceiling_m.max(rate));
+        }
         windows += 1;
     }
     windows * WINDOW_MS
@@ -102,6 +108,7 @@ impl PacingState {
                 return SlotDecision::Infeasible { at_ms: slot };
             }
             self.w_granted += 1;
+            self.w_held += i64::from(ask.first_attempt);
             return SlotDecision::Slot {
                 at_ms: slot,
                 cursor_us: start_us + interval_us,
@@ -111,18 +118,34 @@ impl PacingState {
         if floor.saturating_add(ask.reserve_ms) > ask.deadline_ms {
             return SlotDecision::Infeasible { at_ms: floor };
         }
-        if floor <= now + horizon {
-            // The rate, not a cooldown, put the slot past the horizon.
+        // The rate, not a cooldown, put the slot past the horizon.
+        let short = floor <= now + horizon;
+        if short {
             self.w_short += 1;
         }
-        let estimate = slot.saturating_add(drain_ms(ask.waiting, self.rate_m, policy.ceiling_m));
+        let saturated = self.mode() == Mode::Saturated;
+        let estimate = slot.saturating_add(drain_ms(
+            ask.waiting,
+            self.rate_m,
+            policy.ceiling_m,
+            saturated,
+        ));
         // Three quarters of the way to the estimate: it is optimistic (the
         // rate doubling every window), so this rarely overshoots the slot,
         // and a long wait costs a few calls (the distance shrinks fourfold
         // each time).
         let gap = estimate.saturating_sub(now + horizon);
         let toward = now + (gap.saturating_mul(3) / 4).max(horizon / 2);
-        let again = toward.max(floor - horizon) + spread(horizon / 2);
+        // Intents the rate turned away together are spread over a quarter
+        // of their wait, or they ask again together, and the slots between
+        // their asks go unused. Waiting out a cooldown, the horizon's half
+        // is spread enough: the rate decides after it ends.
+        let span = if short {
+            (gap / 4).max(horizon / 2)
+        } else {
+            horizon / 2
+        };
+        let again = toward.max(floor - horizon) + spread(span);
         // Ask again while a slot can still fit.
         let last_chance = ask
             .deadline_ms
@@ -150,6 +173,7 @@ impl PacingState {
         if self.probe_at == 0 || now - self.probe_at > 2 * WINDOW_MS {
             self.probe_at = now;
             self.w_granted += 1;
+            self.w_held += i64::from(ask.first_attempt);
             return SlotDecision::Slot {
                 at_ms: now,
                 cursor_us: ask.cursor_us.max(now.saturating_mul(1000)),

@@ -35,6 +35,7 @@ fn report(
 
 fn ask(now_ms: i64, cursor_us: i64) -> WakeAsk {
     WakeAsk {
+        first_attempt: false,
         now_ms,
         floor_ms: now_ms,
         deadline_ms: now_ms + 60_000,
@@ -101,11 +102,11 @@ fn a_burst_of_rejections_cuts_once_per_window() {
     // Fifty reports, each with rejections, all in one window; the upstream
     // served no less than before, so only the halving bound applies.
     for i in 0..50 {
-        report(&mut st, &p, at + i * 10, (16, 10, 5), &[at + 1000], 0);
+        report(&mut st, &p, at + i * 10, (16, 16, 5), &[at + 1000], 0);
     }
     st.advance(at + 1000, &p);
     assert_eq!(st.mode(), Mode::BackingOff);
-    // Served 500 against first attempts of 800: the measured spare is
+    // Served 800, as many as the first attempts: the measured spare is
     // nothing, and one cut halves.
     assert_eq!(st.wake_rate_m(), before / 2);
 }

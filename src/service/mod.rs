@@ -332,6 +332,7 @@ impl Budget for BudgetService {
             not_before_ms: not_before,
             deadline_ms: deadline,
             reserve_ms: reserve,
+            first_attempt: req.first_attempt,
         };
         let out = self
             .core

@@ -82,8 +82,10 @@ impl Watched {
             cooldown_workers: self.support.workers,
             hold_first_attempts: holds_first_attempts(
                 self.hold_first_attempts,
+                self.pacing.unwrap_or_default(),
                 self.support.corroborated,
                 self.cooldown_until_ms,
+                0,
                 now_ms,
             ),
             pacing_state: self

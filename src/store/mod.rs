@@ -109,6 +109,9 @@ pub struct Slotted {
     pub view: RouteView,
     /// The route's pacing at the decision.
     pub pacing: PacingView,
+    /// The pacing mode before the decision (closing a window there can
+    /// change it).
+    pub pacing_was: Mode,
 }
 
 impl From<SlotOutcome> for Reconsidered {

@@ -33,13 +33,14 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-const MODES: [Mode; 6] = [
+const MODES: [Mode; 7] = [
     Mode::Steady,
     Mode::Probing,
     Mode::BackingOff,
     Mode::PenaltyExtending,
     Mode::Pinned,
     Mode::KnownLimit,
+    Mode::Saturated,
 ];
 
 impl PacingBook {

@@ -170,6 +170,7 @@ pub(crate) fn reconsider(scope: Option<v1::Scope>, intent: &str) -> v1::Reconsid
         not_before_unix_ms: 0,
         deadline_unix_ms: T0 + 3_600_000,
         attempt_reserve_ms: 2_000,
+        first_attempt: false,
     }
 }
 

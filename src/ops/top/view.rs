@@ -46,6 +46,7 @@ fn wake(p: &v1::PacingState) -> String {
         "backing_off" => "backoff",
         "penalty_extending" => "penalty",
         "known_limit" => "limit",
+        "saturated" => "sat",
         other => other,
     };
     format!("{state} {:.0}", p.wake_rate)

@@ -68,6 +68,7 @@ fn asking(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         reserve_ms: 100,
         now_ms,
         jitter_ppm: 0,
+        first_attempt: false,
     }
 }
 
@@ -111,6 +112,43 @@ pub(crate) async fn rejections_outside_a_cooldown_cut_the_wake_rate(s: &dyn Stor
     assert_eq!(view.first_rate_m, 100_000);
     assert_eq!(view.spare_m, 0);
     assert_eq!(view.wake_rate_m, p.pacing.floor_m, "never below the floor");
+}
+
+pub(crate) async fn first_attempts_that_overflow_the_upstream_are_paced_too(s: &dyn Store) {
+    let p = Policy::default();
+    // First attempts alone ask for 100/s; the upstream serves 40 of them and
+    // answers the rest with 1 s hints (a short cooldown, not an outage).
+    report(s, T0, (100, 40, 60), Some("1"), &p).await;
+    let view = pacing(s, T0 + 1_000, &p).await;
+    assert_eq!(view.mode, Mode::Saturated);
+    assert_eq!(view.capacity_m, 40_000);
+    assert_eq!(
+        view.wake_rate_m, 37_500,
+        "every attempt is paced just under what the upstream served"
+    );
+    // Inside the next short cooldown a retry waits it out; a held first
+    // attempt is paced from now, as the pacing answers for the overload.
+    report(s, T0 + 1_000, (40, 0, 1), Some("2"), &p).await;
+    let retry = s
+        .reconsider(&key().route, asking("retry", T0 + 1_000), &p)
+        .await
+        .expect("answer");
+    assert!(
+        matches!(retry.decided, Reconsidered::AskAgain(at) if at < T0 + 3_000),
+        "a retry waits for the cooldown: {retry:?}"
+    );
+    let first = SlotAsk {
+        first_attempt: true,
+        ..asking("first", T0 + 1_000)
+    };
+    let held = s.reconsider(&key().route, first, &p).await.expect("answer");
+    assert!(
+        matches!(held.decided, Reconsidered::Slot(at) if at < T0 + 1_000 + p.pacing.horizon_ms),
+        "a held first attempt is paced from now: {held:?}"
+    );
+    // A window whose demand the rate met lets first attempts go straight.
+    report(s, T0 + 3_000, (10, 10, 0), None, &p).await;
+    assert_ne!(pacing(s, T0 + 5_000, &p).await.mode, Mode::Saturated);
 }
 
 pub(crate) async fn a_limiter_that_rearms_its_window_is_detected(s: &dyn Store) {

@@ -482,17 +482,16 @@ impl Store for MemoryStore {
                         decided: Reconsidered::Frozen,
                         view,
                         pacing,
+                        pacing_was: pacing.mode,
                     });
                 }
-                let ask = SlotAsk {
-                    floor_ms: ask.floor_ms.max(view.floor_ms),
-                    ..ask
-                };
-                let (outcome, pacing) = state.assign_slot(ask, &policy.pacing)?;
+                let (outcome, pacing, pacing_was) =
+                    state.assign_slot(ask, view.floor_ms, &policy.pacing)?;
                 Ok(Slotted {
                     decided: outcome.into(),
                     view,
                     pacing,
+                    pacing_was,
                 })
             })
             .and_then(|r| r);

@@ -14,7 +14,7 @@
 
 use crate::budget::BudgetLedger;
 use crate::hints::{HintRecord, HintState};
-use crate::pacing::{PacingPolicy, PacingState, PacingView};
+use crate::pacing::{Mode, PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
 use crate::slots::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
 
@@ -157,17 +157,29 @@ impl RouteState {
     }
 
     /// A slot, ask again, or a refusal, at the route's wake rate.
+    /// Assigns `ask` a slot after the route's floor (`route_floor_ms`: its
+    /// cooldown, backoff and mutes).
     pub(super) fn assign_slot(
         &mut self,
         ask: SlotAsk<'_>,
+        route_floor_ms: i64,
         policy: &PacingPolicy,
-    ) -> Result<(SlotOutcome, PacingView), SlotError> {
+    ) -> Result<(SlotOutcome, PacingView, Mode), SlotError> {
         let pacing = self
             .pacing
             .get_or_insert_with(|| Box::new(PacingState::new(ask.now_ms, policy)));
+        let ask = SlotAsk {
+            floor_ms: ask.floor_ms.max(pacing.floor_for(
+                route_floor_ms,
+                ask.first_attempt,
+                ask.now_ms,
+            )),
+            ..ask
+        };
+        let was = pacing.mode();
         let extras = self.extras.get_or_insert_with(Box::default);
         let outcome = extras.slots.assign(ask, pacing, policy)?;
-        Ok((outcome, pacing.view(extras.slots.asking())))
+        Ok((outcome, pacing.view(extras.slots.asking()), was))
     }
 
     pub(super) fn frozen(&self) -> Option<&String> {

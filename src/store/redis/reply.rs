@@ -134,7 +134,7 @@ pub(super) fn merges(r: &Reply, n: usize) -> Result<Vec<Merge>, StoreError> {
 }
 
 /// Fields of a pacing view in a reply (`pacing.lua`'s `pace_view_out`).
-pub(super) const PACING_VIEW_FIELDS: usize = 7;
+pub(super) const PACING_VIEW_FIELDS: usize = 8;
 
 /// The pacing view `pace_view_out` wrote from field `at`.
 pub(super) fn pacing_at(r: &Reply, at: usize) -> Result<PacingView, StoreError> {
@@ -146,6 +146,7 @@ pub(super) fn pacing_at(r: &Reply, at: usize) -> Result<PacingView, StoreError> 
         spare_m: r.int(at + 4)?,
         penalty_until_ms: r.int(at + 5)?,
         asking: count(r.int(at + 6)?),
+        closed_until_ms: r.int(at + 7)?,
     })
 }
 

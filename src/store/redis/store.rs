@@ -390,6 +390,7 @@ impl RedisStore {
             .arg(ask.reserve_ms)
             .arg(ask.jitter_ppm);
         pacing_args(&mut inv, &policy.pacing);
+        inv.arg(i64::from(ask.first_attempt));
         let reply = Reply::ok(self.run(&inv).await?)?;
         let at = reply.int(2)?;
         let decided = match reply.text(1).as_deref() {
@@ -402,6 +403,7 @@ impl RedisStore {
             decided,
             view: view_at(&reply, 3)?,
             pacing: pacing_at(&reply, 6)?,
+            pacing_was: Mode::from_code(reply.int(6 + PACING_VIEW_FIELDS)?),
         })
     }
 

@@ -1,15 +1,19 @@
-//! Holding a first attempt inside a known cooldown.
+//! Holding a first attempt for a slot.
 //!
 //! # Why
 //! A scope's cooldown says its upstream refuses everyone until it ends. A
 //! retry already waits it out; a first attempt made inside it only adds a
 //! refusal the fleet knew was coming, and a fleet of fresh intents arriving
-//! together then hits the upstream at the instant the cooldown ends. When the
-//! coordinator's policy says so (`ScopeView::hold_first_attempts`), a first
-//! attempt inside a known cooldown waits for a slot exactly as a retry does
-//! (`Reconsider` with `not_before` = the cooldown's end, honouring a slot,
-//! "ask again", deadline infeasible and a freeze), then goes as the first
-//! attempt: it needs no retry token and is counted as a first attempt.
+//! together then hits the upstream at the instant the cooldown ends. And when
+//! first attempts alone ask for more than the upstream serves (the
+//! coordinator's pacing is `saturated`), every one sent straight beyond its
+//! capacity is a refusal too. When the coordinator says so
+//! (`ScopeView::hold_first_attempts`), a first attempt waits for a slot
+//! exactly as a retry does (`Reconsider` marked `first_attempt`, which the
+//! coordinator floors by the cooldown as far as it closes the scope,
+//! honouring a slot, "ask again", deadline infeasible and a freeze), then
+//! goes as the first attempt: it needs no retry token and is counted as a
+//! first attempt.
 //!
 //! With the coordinator unreachable (or giving no usable answer) it waits
 //! locally until the cooldown ends plus a local spread, as a retry would,
@@ -38,40 +42,54 @@ pub(super) enum Held {
 }
 
 impl Run<'_> {
-    /// Holds the first attempt while the scope's known cooldown lasts, when
-    /// the coordinator says first attempts should.
+    /// Holds the first attempt for a slot (after the scope's known cooldown,
+    /// if one lasts), when the coordinator says first attempts should.
     pub(super) async fn hold(&mut self, completion: &CancellationToken) -> Held {
         let view = self.gate.inner.cache.view(&self.scope);
-        let Some(cooldown) = view.cooldown_until.filter(|_| view.hold_first_attempts) else {
-            return Held::No;
-        };
-        let cooldown = self.elapsed_at(cooldown);
-        if cooldown <= self.now() {
+        if !view.hold_first_attempts {
             return Held::No;
         }
+        let now = self.now();
+        let cooldown = view
+            .cooldown_until
+            .map(|c| self.elapsed_at(c))
+            .filter(|&c| c > now);
+        // Paced with no cooldown: a slot from now, and only while the
+        // coordinator can give one (deciding alone, a first attempt goes).
+        if cooldown.is_none() && self.gate.link_state() != LinkState::Connected {
+            return Held::No;
+        }
+        let start = cooldown.unwrap_or(now);
         let mut evidence = WaitEvidence {
-            engine_next_start: cooldown,
-            cooldown: Some(cooldown),
+            engine_next_start: start,
+            cooldown,
             policy_version_at_wait: view.policy_version,
             policy_version_at_wake: view.policy_version,
             ..WaitEvidence::default()
         };
-        tracing::debug!("first attempt held inside the scope's cooldown");
-        let started = self.now();
-        let mut until = cooldown;
+        tracing::debug!(
+            in_cooldown = cooldown.is_some(),
+            "first attempt held for a slot"
+        );
+        let started = now;
+        // The coordinator floors a held first attempt by the cooldown as far
+        // as it closes the scope (a short one is its pacing's to answer
+        // for), so the hold starts from now; deciding alone, from the end of
+        // the cooldown.
+        let mut until = now;
         loop {
             if !self.hold_until(until) {
                 return self.end_hold(evidence);
             }
             let reconsidered = if self.gate.link_state() == LinkState::Connected {
-                self.reconsider(until).await
+                self.reconsider(until, true).await
             } else {
                 None
             };
             let (wake, asking) = match reconsidered {
                 Some(Slot::At(at)) => {
                     evidence.slot = Some(at);
-                    until = until.max(at);
+                    until = at;
                     (until, false)
                 }
                 Some(Slot::AskAgain(at)) => {
@@ -93,7 +111,7 @@ impl Run<'_> {
                 None => {
                     // Alone, like a retry: spread, or every intent held in
                     // this cooldown starts at the instant it ends.
-                    until = self.alone(&mut evidence, started, until);
+                    until = self.alone(&mut evidence, started, until.max(start));
                     (until, false)
                 }
             };

@@ -173,7 +173,7 @@ impl Run<'_> {
         }
         until = until.max(now);
         let reconsidered = if self.gate.link_state() == LinkState::Connected {
-            self.reconsider(until).await
+            self.reconsider(until, false).await
         } else {
             None
         };
@@ -266,9 +266,14 @@ impl Run<'_> {
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
-    /// `Reconsider`: asks the coordinator for a slot. `None` when it could not be
-    /// asked or gave no usable answer.
-    pub(super) async fn reconsider(&self, not_before: Duration) -> Option<Slot> {
+    /// `Reconsider`: asks the coordinator for a slot, for a retry or a held
+    /// `first_attempt`. `None` when it could not be asked or gave no usable
+    /// answer.
+    pub(super) async fn reconsider(
+        &self,
+        not_before: Duration,
+        first_attempt: bool,
+    ) -> Option<Slot> {
         let policy = self.engine.policy();
         let request = wire::reconsider_request(
             &self.scope,
@@ -276,6 +281,7 @@ impl Run<'_> {
             self.wall_at(not_before),
             self.wall_at(policy.total_budget()),
             policy.attempt_cap(),
+            first_attempt,
         );
         let answer = match self.gate.inner.cache.link().reconsider(request).await {
             Ok(answer) => answer,

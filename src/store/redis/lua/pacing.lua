@@ -21,9 +21,9 @@ local PACE_DRAIN_WINDOWS = 64
 local PACE_HEADROOM = 8
 local MILLI = 1000
 local M_STEADY, M_PROBING, M_BACKING_OFF = 0, 1, 2
-local M_PENALTY, M_PINNED, M_KNOWN = 3, 4, 5
+local M_PENALTY, M_PINNED, M_KNOWN, M_SATURATED = 3, 4, 5, 6
 local PACE_FIELDS = {
-  'win', 'w_first', 'w_ok', 'w_rej', 'w_granted', 'w_cut_from', 'w_short', 'w_frozen',
+  'win', 'w_first', 'w_ok', 'w_rej', 'w_refused', 'w_granted', 'w_held', 'w_cut_from', 'w_short', 'w_frozen',
   'rate_m',
   'rate_max_m', 'rate_ok_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
   'penalty_until', 'probe_at', 'mode',
@@ -31,7 +31,7 @@ local PACE_FIELDS = {
 
 local function pace_clear_window(p)
   p.w_first, p.w_ok, p.w_rej, p.w_granted, p.w_short, p.w_frozen = 0, 0, 0, 0, 0, 0
-  p.w_cut_from = 0
+  p.w_cut_from, p.w_refused, p.w_held = 0, 0, 0
 end
 
 local function pace_apply_policy(p, P)
@@ -79,6 +79,13 @@ local function pace_to_hash(p)
   return out
 end
 
+-- PacingState::floor_for: a held first attempt waits out a cooldown only
+-- as far as it closes the route.
+local function pace_floor_for(p, route_floor, first_attempt, now)
+  if first_attempt then return math.min(route_floor, math.max(p.closed_until, now)) end
+  return route_floor
+end
+
 local function pace_spare(p) return math.max(p.cap_m - p.lam_m, 0) end
 
 local function pace_wake_rate(p)
@@ -98,10 +105,11 @@ local function pace_grown(p)
 end
 
 local function pace_learn(p, P)
+  local arrived = math.max(p.w_first - p.w_held, 0) * MILLI
   if p.cap_m == 0 and p.lam_m == 0 then
-    p.lam_m = p.w_first * MILLI
+    p.lam_m = arrived
   else
-    p.lam_m = p.lam_m + math.floor((p.w_first * MILLI - p.lam_m) / 4)
+    p.lam_m = p.lam_m + math.floor((arrived - p.lam_m) / 4)
   end
   local served = p.w_ok * MILLI
   local retries = math.max(p.w_ok + p.w_rej - p.w_first, 0)
@@ -134,10 +142,81 @@ local function pace_learn(p, P)
   p.rate_m = math.min(math.max(p.rate_m, P.floor_m), math.max(P.ceiling_m, P.floor_m))
 end
 
+local function pace_overflowed(p, over, under)
+  local straight = p.w_first - p.w_held
+  return p.w_refused > 0 and p.w_ok > 0 and under * straight > over * p.w_ok
+end
+
+local function pace_clamp(p, P)
+  p.rate_m = math.min(math.max(p.rate_m, P.floor_m), math.max(P.ceiling_m, P.floor_m))
+end
+
+local function pace_overflowing(p, now)
+  local adaptive = p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
+  return adaptive and p.lam_m > 0 and now >= p.closed_until + idiv(PACE_WINDOW, 4)
+    and 4 * p.w_first * MILLI >= p.lam_m and 4 * p.w_refused >= p.w_first - p.w_held
+    and pace_overflowed(p, 5, 4)
+end
+
+local function pace_saturate(p, P, edge, rate)
+  p.cap_m = edge
+  p.rate_m = rate
+  pace_clamp(p, P)
+  p.rate_ok_m = p.rate_m
+  p.rate_max_m = edge
+  p.w_cut_from = 0
+  p.mode = M_SATURATED
+end
+
+local function pace_learn_saturated(p, P)
+  p.lam_m = p.lam_m + math.floor((p.w_first * MILLI - p.lam_m) / 4)
+  local served = p.w_ok * MILLI
+  if p.w_frozen == 1 then
+    -- Became saturated in this window: nothing to learn.
+  elseif p.w_refused > 0 then
+    local before = p.rate_m
+    if p.w_cut_from > 0 then before = p.w_cut_from end
+    p.cap_m = served
+    p.rate_m = math.max(served - idiv(served, 16), idiv(before, 2))
+    p.rate_ok_m = p.rate_m
+    p.rate_max_m = math.max(served, p.rate_m)
+  elseif p.w_short > 0 then
+    p.cap_m = math.max(p.cap_m, served)
+    local r = p.rate_m
+    if 8 * p.w_granted * MILLI >= 7 * r then
+      p.rate_ok_m = r
+      local edge = p.rate_max_m
+      local step
+      if r < edge + idiv(edge, 4) then
+        step = idiv(r, 16)
+      else
+        step = math.min(math.max(2 * (r - edge), idiv(r, 16)), idiv(r, 4))
+      end
+      p.rate_m = r + math.max(step, MILLI)
+    end
+  elseif p.hint_until <= p.win * PACE_WINDOW then
+    p.cap_m = math.max(p.cap_m, served)
+    p.rate_m = pace_spare(p)
+    p.rate_ok_m, p.rate_max_m = 0, 0
+    p.mode = M_STEADY
+  end
+  pace_clamp(p, P)
+end
+
 local function pace_close_window(p, P)
-  local frozen = (p.w_frozen == 1 and p.w_rej == 0) or p.win * PACE_WINDOW < p.closed_until
-    or p.mode == M_PENALTY
-  if not frozen then pace_learn(p, P) end
+  local closed = p.win * PACE_WINDOW < p.closed_until or p.mode == M_PENALTY
+  if closed then
+    -- Nothing to learn from.
+  elseif p.mode == M_SATURATED then
+    pace_learn_saturated(p, P)
+  else
+    if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P) end
+    local adaptive = p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
+    if adaptive and pace_overflowed(p, 17, 16) then
+      local served = p.w_ok * MILLI
+      pace_saturate(p, P, served, served - idiv(served, 16))
+    end
+  end
   pace_clear_window(p)
 end
 
@@ -193,40 +272,54 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
     return
   end
   if ok > 0 and now >= p.hint_until then p.streak = 0 end
-  if now < cooldown then
+  local closing = 0
+  for _, u in ipairs(hints) do
+    if u - now > 2 * PACE_WINDOW then closing = closing + 1 end
+  end
+  local explained = 0
+  if #hints > 0 then explained = idiv(rejections * closing, #hints) end
+  p.w_refused = p.w_refused + rejections - explained
+  if pace_overflowing(p, now) then
+    local edge = idiv(p.lam_m * p.w_ok, math.max(p.w_first, 1))
+    pace_saturate(p, P, edge, idiv(edge, 2))
+    p.w_frozen = 1
+  end
+  local saturated = p.mode == M_SATURATED
+  if now < cooldown and not saturated then
     if rejections > 0 then p.w_frozen = 1 end
     return
   end
-  local closing = 0
   for _, u in ipairs(hints) do
-    if u - now > 2 * PACE_WINDOW then
-      closing = closing + 1
-      p.closed_until = math.max(p.closed_until, u)
-    end
+    if u - now > 2 * PACE_WINDOW then p.closed_until = math.max(p.closed_until, u) end
   end
   if closing > 0 then p.w_frozen = 1 end
-  local explained = 0
-  if #hints > 0 then explained = idiv(rejections * closing, #hints) end
   p.w_rej = p.w_rej + rejections - explained
+  local answered = p.w_rej
+  if saturated then answered = p.w_refused end
   local learning = p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
-  if p.w_rej > 0 and p.w_cut_from == 0 and learning then
+    or saturated
+  if answered > 0 and p.w_cut_from == 0 and learning then
     p.w_cut_from = p.rate_m
     local back = idiv(p.rate_m, 2)
-    if p.rate_ok_m > 0 then back = p.rate_ok_m end
+    if saturated then
+      back = p.rate_ok_m - idiv(p.rate_ok_m, 16)
+    elseif p.rate_ok_m > 0 then
+      back = p.rate_ok_m
+    end
     p.rate_m = math.max(math.min(p.rate_m, back), P.floor_m)
-    p.mode = M_BACKING_OFF
+    if not saturated then p.mode = M_BACKING_OFF end
   end
 end
 
 -- drain_ms in slot.rs: the wait of `waiting` intents if the rate doubled
 -- every window up to the ceiling.
-local function pace_drain_ms(waiting, rate, ceiling)
+local function pace_drain_ms(waiting, rate, ceiling, saturated)
   local left = math.min(math.max(waiting, 0), MAX_PENDING) * MILLI
   rate = math.max(rate, 1)
   local windows = 0
   while left > 0 and windows < PACE_DRAIN_WINDOWS do
     left = left - rate
-    rate = math.min(2 * rate, math.max(ceiling, rate))
+    if not saturated then rate = math.min(2 * rate, math.max(ceiling, rate)) end
     windows = windows + 1
   end
   return windows * PACE_WINDOW
@@ -234,7 +327,9 @@ end
 
 -- The slot decision at wake time. Returns one of
 --   'slot', at_ms, cursor_us | 'again', at_ms | 'infeasible', at_ms
-local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, waiting, cursor)
+local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, waiting, cursor,
+                           first_attempt)
+  local held = first_attempt and 1 or 0
   pace_advance(p, now, P)
   local floor = math.max(ask_floor, now)
   jitter = math.min(jitter, JITTER_SCALE - 1)
@@ -246,6 +341,7 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
     if p.probe_at == 0 or now - p.probe_at > 2 * PACE_WINDOW then
       p.probe_at = now
       p.w_granted = p.w_granted + 1
+      p.w_held = p.w_held + held
       return 'slot', now, math.max(cursor, now * 1000)
     end
     return 'again', now + PACE_WINDOW + spread(PACE_WINDOW)
@@ -257,16 +353,23 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   if math.floor(start / 1000) <= now + horizon then
     if slot + reserve > deadline then return 'infeasible', slot end
     p.w_granted = p.w_granted + 1
+    p.w_held = p.w_held + held
     return 'slot', slot, start + interval
   end
   if floor + reserve > deadline then return 'infeasible', floor end
-  if floor <= now + horizon then p.w_short = p.w_short + 1 end
-  local estimate = slot + pace_drain_ms(waiting, p.rate_m, P.ceiling_m)
+  local short = floor <= now + horizon
+  if short then p.w_short = p.w_short + 1 end
+  local estimate = slot + pace_drain_ms(waiting, p.rate_m, P.ceiling_m, p.mode == M_SATURATED)
   local gap = estimate - now - horizon
   -- Rust truncates toward zero; a negative gap is replaced below either way.
   local part = gap >= 0 and idiv(gap * 3, 4) or -idiv(-gap * 3, 4)
   local toward = now + math.max(part, idiv(horizon, 2))
-  local again = math.max(toward, floor - horizon) + spread(idiv(horizon, 2))
+  local span = idiv(horizon, 2)
+  if short then
+    local quarter = gap >= 0 and idiv(gap, 4) or -idiv(-gap, 4)
+    span = math.max(quarter, span)
+  end
+  local again = math.max(toward, floor - horizon) + spread(span)
   local last_chance = math.max(deadline - reserve - horizon, now + 1)
   return 'again', math.min(again, last_chance)
 end
@@ -291,7 +394,7 @@ end
 
 -- Appends what an operator sees (PacingState::view, PACING_VIEW_FIELDS in
 -- reply.rs): mode, wake rate, capacity, first-attempt rate, spare, penalty
--- end, intents asking.
+-- end, intents asking, the end of the latest closing hint.
 local function pace_view_out(out, p, asking)
   out[#out + 1] = p.mode
   out[#out + 1] = pace_wake_rate(p)
@@ -300,4 +403,5 @@ local function pace_view_out(out, p, asking)
   out[#out + 1] = pace_spare(p)
   out[#out + 1] = p.mode == M_PENALTY and p.penalty_until or 0
   out[#out + 1] = asking
+  out[#out + 1] = p.closed_until
 end

@@ -4,14 +4,17 @@
 -- The jitter is drawn by the coordinator from its seedable RNG and passed
 -- in.
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
--- idle_ms, intent, floor, deadline, reserve, jitter ppm, then the five
--- pacing policy arguments (pace_policy).
--- Reply: 'ok', kind, at, cooldown, floor, freeze, then the pacing view.
+-- idle_ms, intent, floor, deadline, reserve, jitter ppm, the five pacing
+-- policy arguments (pace_policy), then 1 for a held first attempt (0: a
+-- retry).
+-- Reply: 'ok', kind, at, cooldown, floor, freeze, the pacing view, then the
+-- pacing mode before this call.
 local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local intent = ARGV[5]
 local ask_floor, deadline = tonumber(ARGV[6]), tonumber(ARGV[7])
 local reserve, jitter = tonumber(ARGV[8]), tonumber(ARGV[9])
 local P = pace_policy(10)
+local first_attempt = tonumber(ARGV[15]) == 1
 local ccd, cfloor = caller_floor()
 local st = route_get(KEYS[1], now)
 local cd = math.max(st.hints.cd, ccd)
@@ -19,11 +22,13 @@ local vfloor = math.max(hints_floor(st.hints), cfloor)
 local cur = st.slots
 cur.asking = cur.asking or {}
 local pace = pace_of(st, now, P)
+local was = pace.mode
 
 local function done(kind, at)
   save(KEYS[1], st, live_until(st, now), now, idle_ms)
   local out = { 'ok', kind, at, cd, vfloor, st.frozen or false }
   pace_view_out(out, pace, count(cur.asking))
+  out[#out + 1] = was
   return out
 end
 
@@ -31,7 +36,7 @@ if st.frozen then
   pace_advance(pace, now, P)
   return done('frozen', 0)
 end
-local floor = math.max(ask_floor, vfloor, now)
+local floor = math.max(ask_floor, pace_floor_for(pace, vfloor, first_attempt, now), now)
 local pending = cur.pending[intent]
 if pending then
   -- Still pending and after the floor: the same answer. A floor that moved
@@ -53,7 +58,7 @@ end
 local asked_before = cur.asking[intent] ~= nil
 local waiting = count(cur.asking) - (asked_before and 1 or 0)
 local kind, at, cursor = pace_decide(pace, P, now, floor, deadline, reserve, jitter,
-  waiting, cur.next)
+  waiting, cur.next, first_attempt)
 if kind == 'slot' then
   if count(cur.pending) >= MAX_PENDING then
     for i, s in pairs(cur.pending) do
