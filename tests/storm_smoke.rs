@@ -127,7 +127,9 @@ fn every_strategy_runs_and_keeps_the_invariants() {
             tollgate.amplification
         );
         let rpcs = tollgate.rpcs.as_ref().expect("coordinated RPCs counted");
-        for method in ["Lease", "Report", "Watch"] {
+        // Not Lease: a fleet that held its first attempts through the
+        // outage may need no retry token at all.
+        for method in ["Report", "Reconsider", "Watch"] {
             assert!(rpcs.by_method[method] > 0, "{kind:?}: no {method} counted");
         }
         assert!(rpcs.steady_per_worker_per_s > 0.0, "{kind:?}: {rpcs:?}");
