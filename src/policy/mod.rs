@@ -99,8 +99,10 @@ pub struct Policy {
     /// (`wake_rate`), under a known upstream limit, between a floor and a
     /// ceiling ([`crate::pacing`]).
     pub pacing: PacingPolicy,
-    /// Whether first attempts wait out a known cooldown for a slot instead
-    /// of going to an upstream that is known to refuse them.
+    /// Whether first attempts wait for a slot instead of going to an
+    /// upstream that is known to refuse them: inside a cooldown that closes
+    /// the route, and while first attempts alone overflow it (learned pacing
+    /// is saturated).
     pub hold_first_attempts: bool,
     /// Distinct workers whose hints must agree before a cooldown longer
     /// than `uncorroborated_cap_ms` holds the whole fleet (fewer when the

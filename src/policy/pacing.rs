@@ -9,7 +9,8 @@
 //!                             # min_retries_per_sec, at least 1)
 //! wake_ceiling = 100000       # never more
 //! reconsider_horizon = "250ms" # a slot further ahead is "ask again"
-//! hold_first_attempts = true  # first attempts wait out a known cooldown
+//! hold_first_attempts = true  # first attempts wait for a slot in a closing
+//!                             # cooldown and while they alone overflow
 //! ```
 
 use std::fmt;
