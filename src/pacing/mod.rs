@@ -29,11 +29,11 @@
 //! the route becomes [`Mode::Saturated`]. Every attempt, first ones
 //! included, then waits for a slot (workers are told to hold first attempts),
 //! and the rate is the whole fleet's: just under what a saturated window
-//! served, back to that edge after a clean window, then past it by a
-//! sixteenth and by twice the distance from the edge in each clean window
-//! after, a quarter at most (slow where the edge was, fast once the
-//! upstream has grown back, which nothing else says while every attempt
-//! waits for a slot); a rejection goes back below the last clean rate. The
+//! served, then up a sixteenth per clean window while within a quarter of
+//! that edge and by twice the distance from it beyond, a quarter of the
+//! rate at most (slow where the edge was, fast once the upstream has grown
+//! back, which nothing else says while every attempt waits for a slot); a
+//! rejection goes back below the last clean rate. The
 //! overflow is judged as soon as the window holds a quarter of a window's
 //! first attempts, so the fleet stops sending them straight within the
 //! window that found it. A window whose demand the rate met in full lets
