@@ -503,10 +503,13 @@ impl PacingState {
     /// Whether the rate is the controller's to set (not pinned, not under
     /// a known limit, not held by a penalty).
     fn learning(&self) -> bool {
-        matches!(
-            self.mode(),
-            Mode::Steady | Mode::Probing | Mode::BackingOff | Mode::Saturated
-        )
+        self.adaptive() || self.mode() == Mode::Saturated
+    }
+
+    /// Whether the rate is learned as a retry rate: what may become
+    /// saturated.
+    fn adaptive(&self) -> bool {
+        matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff)
     }
 
     /// Whether the window says first attempts alone overflow the upstream:
@@ -531,8 +534,7 @@ impl PacingState {
     /// were drawn inside it): the fleet's first attempts then stop going
     /// straight within the window that found it, not a window later.
     fn overflowing(&self, now_ms: i64) -> bool {
-        let adaptive = matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff);
-        adaptive
+        self.adaptive()
             && self.lam_m > 0
             && now_ms >= self.closed_until.saturating_add(WINDOW_MS / 4)
             && 4 * self.w_first * MILLI >= self.lam_m
@@ -615,8 +617,7 @@ impl PacingState {
             if self.w_frozen == 0 || self.w_rej > 0 {
                 self.learn(policy);
             }
-            let adaptive = matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff);
-            if adaptive && self.overflowed(17, 16) {
+            if self.adaptive() && self.overflowed(17, 16) {
                 let served_m = self.w_ok * MILLI;
                 self.saturate(served_m, served_m - served_m / 16, policy);
             }

@@ -151,9 +151,13 @@ local function pace_clamp(p, P)
   p.rate_m = math.min(math.max(p.rate_m, P.floor_m), math.max(P.ceiling_m, P.floor_m))
 end
 
+-- PacingState::adaptive: the rate is learned as a retry rate.
+local function pace_adaptive(p)
+  return p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
+end
+
 local function pace_overflowing(p, now)
-  local adaptive = p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
-  return adaptive and p.lam_m > 0 and now >= p.closed_until + idiv(PACE_WINDOW, 4)
+  return pace_adaptive(p) and p.lam_m > 0 and now >= p.closed_until + idiv(PACE_WINDOW, 4)
     and 4 * p.w_first * MILLI >= p.lam_m and 4 * p.w_refused >= p.w_first - p.w_held
     and pace_overflowed(p, 5, 4)
 end
@@ -211,8 +215,7 @@ local function pace_close_window(p, P)
     pace_learn_saturated(p, P)
   else
     if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P) end
-    local adaptive = p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
-    if adaptive and pace_overflowed(p, 17, 16) then
+    if pace_adaptive(p) and pace_overflowed(p, 17, 16) then
       local served = p.w_ok * MILLI
       pace_saturate(p, P, served, served - idiv(served, 16))
     end
@@ -296,8 +299,7 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
   p.w_rej = p.w_rej + rejections - explained
   local answered = p.w_rej
   if saturated then answered = p.w_refused end
-  local learning = p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
-    or saturated
+  local learning = pace_adaptive(p) or saturated
   if answered > 0 and p.w_cut_from == 0 and learning then
     p.w_cut_from = p.rate_m
     local back = idiv(p.rate_m, 2)
