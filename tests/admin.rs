@@ -234,14 +234,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
     assert_eq!(event.kind(), ScopeEventKind::PolicyChanged);
     assert!(event.policy_version > snapshot.policy_version);
     // Now 10 + 10 = 20, all spent: nothing left, and no refill.
-    let state = admin
-        .get_scope(v1::GetScopeRequest {
-            caller_scope: "tenant-a".into(),
-            route: ROUTE.into(),
-        })
-        .await
-        .expect("scope")
-        .into_inner();
+    let state = coordinator.scope_state("tenant-a", ROUTE).await;
     let critical = &state.classes[0];
     assert_eq!(critical.spent, 20.0);
     assert_eq!(critical.allowance, 20.0);
@@ -295,14 +288,7 @@ async fn a_scope_in_a_storm_shows_its_cooldown_source_and_lists_in_pages() {
         .into_inner();
     assert_eq!(second.scopes.len(), 1);
     assert!(second.next_page_token.is_empty());
-    let state = admin
-        .get_scope(v1::GetScopeRequest {
-            caller_scope: "tenant-a".into(),
-            route: "b".into(),
-        })
-        .await
-        .expect("scope")
-        .into_inner();
+    let state = coordinator.scope_state("tenant-a", "b").await;
     assert!(state.known);
     assert_eq!(state.cooldown_until_unix_ms, T0 + 30_000);
     let source = state.cooldown_source.expect("a source hint");

@@ -745,16 +745,7 @@ async fn a_known_upstream_limit_paces_the_fleet_from_the_start() {
         })
         .await
         .expect("report");
-    let state = coordinator
-        .admin()
-        .await
-        .get_scope(v1::GetScopeRequest {
-            caller_scope: "tenant-a".into(),
-            route: ROUTE.into(),
-        })
-        .await
-        .expect("get scope")
-        .into_inner();
+    let state = coordinator.scope_state("tenant-a", ROUTE).await;
     let pacing = state.pacing.expect("pacing");
     assert_eq!(pacing.state, "known_limit");
     assert!((pacing.wake_rate - 5.0).abs() < 1e-9, "{pacing:?}");

@@ -45,19 +45,6 @@ async fn hint(
         .cooldown_until_unix_ms
 }
 
-async fn evidence(coordinator: &Coordinator) -> v1::ScopeState {
-    coordinator
-        .admin()
-        .await
-        .get_scope(v1::GetScopeRequest {
-            caller_scope: "tenant-a".into(),
-            route: ROUTE.into(),
-        })
-        .await
-        .expect("get scope")
-        .into_inner()
-}
-
 #[tokio::test]
 async fn one_workers_enormous_hint_holds_ten_quiet_workers_only_to_the_cap() {
     let coordinator = Coordinator::open().await;
@@ -80,7 +67,7 @@ async fn one_workers_enormous_hint_holds_ten_quiet_workers_only_to_the_cap() {
     assert_eq!(answer.decision(), ReconsiderDecision::Slot);
     assert!(answer.slot_unix_ms < T0 + 6_000, "{}", answer.slot_unix_ms);
 
-    let state = evidence(&coordinator).await;
+    let state = coordinator.scope_state("tenant-a", ROUTE).await;
     let e = state.route_evidence.expect("evidence");
     assert_eq!((e.corroborated, e.reporters, e.needed), (false, 1, 3));
     assert_eq!(e.disagreeing[0].worker_id, "w0");
@@ -117,7 +104,8 @@ async fn one_outlier_among_twenty_gets_the_robust_cooldown_and_is_counted() {
     }
     let cooldown = hint(&mut client, "w0", "300", ScopeCertainty::Known).await;
     assert_eq!(cooldown, T0 + 5_000);
-    let e = evidence(&coordinator)
+    let e = coordinator
+        .scope_state("tenant-a", ROUTE)
         .await
         .route_evidence
         .expect("evidence");
@@ -162,7 +150,8 @@ async fn a_worker_that_keeps_disagreeing_is_flagged_noisy() {
         hint(&mut client, "w7", "300", ScopeCertainty::Known).await;
     }
     hint(&mut client, "w1", "2", ScopeCertainty::Known).await;
-    let e = evidence(&coordinator)
+    let e = coordinator
+        .scope_state("tenant-a", ROUTE)
         .await
         .route_evidence
         .expect("evidence");

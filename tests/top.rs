@@ -99,16 +99,7 @@ async fn the_hottest_scope_is_first_with_its_countdown_and_a_freeze_reaches_the_
     }
     let action = action.expect("Enter gives the freeze");
     source.apply(&action).await.expect("freeze");
-    let state = coordinator
-        .admin()
-        .await
-        .get_scope(v1::GetScopeRequest {
-            caller_scope: HOT.0.into(),
-            route: HOT.1.into(),
-        })
-        .await
-        .expect("get scope")
-        .into_inner();
+    let state = coordinator.scope_state(HOT.0, HOT.1).await;
     let freeze = state.freeze.expect("frozen");
     assert!(freeze.frozen);
     assert_eq!(freeze.reason, "INC-7");

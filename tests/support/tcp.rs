@@ -157,6 +157,19 @@ impl Coordinator {
         AdminClient::new(self.channel().await)
     }
 
+    /// What the Admin API shows of one route (`GetScope`).
+    pub(crate) async fn scope_state(&self, caller_scope: &str, route: &str) -> v1::ScopeState {
+        self.admin()
+            .await
+            .get_scope(v1::GetScopeRequest {
+                caller_scope: caller_scope.into(),
+                route: route.into(),
+            })
+            .await
+            .expect("get scope")
+            .into_inner()
+    }
+
     pub(crate) fn advance(&self, by: Duration) {
         self.clock.advance(by);
     }
