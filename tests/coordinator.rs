@@ -21,14 +21,29 @@ use tollgate::store::{
     LeaseOutcome, MemoryStore, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
     ScopePage, Slotted, Store, StoreFuture,
 };
+use tollgate_proto::v1::budget_client::BudgetClient;
 use tollgate_proto::v1::{
     self, LeaseLimit, Priority, ReconsiderDecision, ScopeCertainty, ScopeEventKind,
 };
 use tonic::Code;
+use tonic::transport::Channel;
 
 const ROUTE: &str = "GET /users/{id}";
 /// A pinned wake rate: the fixed-rate cursor, slots at any distance.
 const PINNED_50: &str = "[defaults]\nwake_rate = 50\n";
+
+/// One worker's `Reconsider` for `intent`, answered.
+async fn ask(
+    client: &mut BudgetClient<Channel>,
+    s: Option<v1::Scope>,
+    intent: &str,
+) -> v1::ReconsiderResponse {
+    client
+        .reconsider(reconsider(s, intent))
+        .await
+        .expect("reconsider")
+        .into_inner()
+}
 
 #[tokio::test]
 async fn a_delay_hint_seen_by_one_worker_holds_back_another() {
@@ -120,11 +135,7 @@ async fn uncertain_evidence_holds_back_the_whole_caller_scope() {
         ))
         .await
         .expect("report");
-    let other_caller = client
-        .reconsider(reconsider(scope("tenant-b", ROUTE, Priority::Bulk), "i"))
-        .await
-        .expect("reconsider")
-        .into_inner();
+    let other_caller = ask(&mut client, scope("tenant-b", ROUTE, Priority::Bulk), "i").await;
     assert_eq!(other_caller.decision(), ReconsiderDecision::Slot);
     assert!(
         other_caller.slot_unix_ms < T0 + 20_000,
@@ -161,13 +172,7 @@ async fn a_thousand_waiting_intents_wake_at_the_wake_rate() {
     for i in 0..1000 {
         let mut client = client.clone();
         let s = s.clone();
-        tasks.spawn(async move {
-            client
-                .reconsider(reconsider(s, &format!("intent-{i}")))
-                .await
-                .expect("reconsider")
-                .into_inner()
-        });
+        tasks.spawn(async move { ask(&mut client, s, &format!("intent-{i}")).await });
     }
     let mut slots = Vec::with_capacity(1000);
     while let Some(answer) = tasks.join_next().await {
@@ -220,16 +225,8 @@ async fn reconsider_is_idempotent_and_refuses_infeasible_deadlines() {
     let refused = client.reconsider(tight).await.expect("call").into_inner();
     assert_eq!(refused.decision(), ReconsiderDecision::DeadlineInfeasible);
 
-    let first = client
-        .reconsider(reconsider(s.clone(), "same"))
-        .await
-        .expect("call")
-        .into_inner();
-    let again = client
-        .reconsider(reconsider(s, "same"))
-        .await
-        .expect("call")
-        .into_inner();
+    let first = ask(&mut client, s.clone(), "same").await;
+    let again = ask(&mut client, s, "same").await;
     assert_eq!(first.slot_unix_ms, again.slot_unix_ms);
     coordinator.stop().await;
 }
@@ -751,16 +748,8 @@ async fn a_known_upstream_limit_paces_the_fleet_from_the_start() {
     assert!((pacing.wake_rate - 5.0).abs() < 1e-9, "{pacing:?}");
     assert!((pacing.capacity_estimate - 5.0).abs() < 1e-9, "{pacing:?}");
     // Slots one 200 ms interval apart, nothing learned by being rejected.
-    let first = client
-        .reconsider(reconsider(s.clone(), "intent-1"))
-        .await
-        .expect("reconsider")
-        .into_inner();
-    let second = client
-        .reconsider(reconsider(s, "intent-2"))
-        .await
-        .expect("reconsider")
-        .into_inner();
+    let first = ask(&mut client, s.clone(), "intent-1").await;
+    let second = ask(&mut client, s, "intent-2").await;
     assert_eq!(first.decision(), ReconsiderDecision::Slot);
     assert_eq!(second.decision(), ReconsiderDecision::Slot);
     assert!(first.slot_unix_ms < T0 + 200, "{first:?}");
