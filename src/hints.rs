@@ -35,6 +35,7 @@ use tollgate_client::hint::{
     HintForm, HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after,
 };
 
+use crate::pacing::HINT_GRANULARITY_MS;
 use crate::policy::Policy;
 pub use corroboration::{Corroboration, EvidenceDetail, WorkerEvidence};
 
@@ -311,11 +312,22 @@ impl HintState {
             if corroboration::is_muted(&self.mutes, id, now_ms) {
                 claim = corroboration::Claim::Muted;
             } else {
-                let rules = corroboration::Rules::of(policy);
+                let rules = corroboration::Rules::of(policy).within_typical(
+                    self.recent.iter().filter_map(|r| {
+                        r.cooldown_until_ms
+                            .map(|until| until.saturating_sub(r.at_ms))
+                    }),
+                );
                 corroboration::claim(&mut self.workers, id, until, a.anchor_ms, now_ms);
-                let verdict =
+                let mut verdict =
                     corroboration::evaluate(&self.workers, rules, reporter.active, now_ms);
                 self.cooldown_until_ms = self.cooldown_until_ms.max(verdict.until_ms);
+                // A cooldown an earlier claim set may outlast what the claims
+                // support now (a lone claim's reach shrinks with the typical
+                // hint): then the cooldown in force is not corroborated, and
+                // must not hold the fleet's first attempts as if it were.
+                verdict.corroborated &=
+                    verdict.until_ms.saturating_add(HINT_GRANULARITY_MS) >= self.cooldown_until_ms;
                 claim = corroboration::judge(
                     &mut self.workers,
                     id,

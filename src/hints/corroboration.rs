@@ -11,7 +11,9 @@
 //! - **Uncorroborated**, a claim moves the fleet for at most
 //!   `uncorroborated_cap` counted from the start of that worker's streak of
 //!   claims (a streak ends when its claim expires), so reporting the same
-//!   lie again and again buys nothing more. The worker itself already waits
+//!   lie again and again buys nothing more; or for the route's typical
+//!   recent hint when that is shorter, so a lie told where honest hints say
+//!   a second costs the fleet a second. The worker itself already waits
 //!   its own hint (the client honours what it received).
 //! - **Corroborated**, the cooldown is the `needed`-th latest claim: the
 //!   latest instant that `needed` distinct workers agree on. `needed` is
@@ -109,6 +111,26 @@ impl Rules {
             min_workers: policy.corroborate_workers,
             fraction_permille: policy.corroborate_permille,
             cap_ms: i64::try_from(policy.uncorroborated_cap_ms).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// These rules with the cap no longer than the typical hint the level
+    /// received lately (the lower median of `lengths`, each a recent claim's
+    /// end less when it was merged; one hint granularity at least): a lone
+    /// worker's claim moves the fleet no further than its honest hints
+    /// usually do. It only ever shortens the cap, so reporters that lie
+    /// persistently cannot lengthen it; with no recent claims it is the
+    /// policy's.
+    pub fn within_typical(self, lengths: impl Iterator<Item = i64>) -> Rules {
+        let mut lengths: Vec<i64> = lengths.collect();
+        if lengths.is_empty() {
+            return self;
+        }
+        lengths.sort_unstable();
+        let typical = lengths[(lengths.len() - 1) / 2].max(HINT_GRANULARITY_MS);
+        Rules {
+            cap_ms: self.cap_ms.min(typical),
+            ..self
         }
     }
 
@@ -368,6 +390,17 @@ mod tests {
         assert_eq!(v.until_ms, NOW + 5_000);
         assert!(!v.corroborated);
         assert_eq!((v.workers, v.reporters, v.needed), (1, 1, 3));
+    }
+
+    #[test]
+    fn the_cap_shortens_to_the_typical_recent_hint_and_never_grows() {
+        let typical = RULES.within_typical([3_000, 1_000, 2_000, 300_000].into_iter());
+        assert_eq!(typical.cap_ms, 2_000, "the lower median");
+        let liars = RULES.within_typical([300_000, 300_000, 1_000].into_iter());
+        assert_eq!(liars.cap_ms, 5_000, "never past the policy's cap");
+        let past = RULES.within_typical([-4_000, 0].into_iter());
+        assert_eq!(past.cap_ms, HINT_GRANULARITY_MS, "one granularity at least");
+        assert_eq!(RULES.within_typical(std::iter::empty()), RULES);
     }
 
     #[test]

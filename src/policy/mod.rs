@@ -112,7 +112,9 @@ pub struct Policy {
     /// when more than `corroborate_workers`: a few percent of a large fleet
     /// lying identically must not corroborate each other.
     pub corroborate_permille: u32,
-    /// How far one worker's uncorroborated hint moves the fleet's cooldown.
+    /// How far one worker's uncorroborated hint moves the fleet's cooldown
+    /// at most: the route's typical recent hint when that is shorter
+    /// ([`crate::hints::corroboration::Rules::within_typical`]).
     pub uncorroborated_cap_ms: u64,
     /// Shadow mode (`mode = "shadow"`): every decision is made and counted as
     /// usual, but what it would have refused or delayed is let through, so

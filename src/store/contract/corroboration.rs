@@ -76,6 +76,49 @@ pub(crate) async fn one_enormous_hint_among_quiet_workers_reaches_only_the_cap(s
     assert_eq!(d.route_evidence.workers[0].1.uncorroborated, 1);
 }
 
+pub(crate) async fn a_lone_claim_reaches_no_further_than_the_typical_hint(s: &dyn Store) {
+    let p = Policy::default();
+    quiet_fleet(s, 11, &p).await;
+    // The route's hints lately say two seconds: an overload, not an outage.
+    for i in 1..=4 {
+        report_429(s, &format!("w{i}"), "2", false, &p).await;
+    }
+    let m = report_429(s, "w0", "999999999", false, &p).await;
+    assert_eq!(
+        m.cooldown_until_ms,
+        T0 + 2_000,
+        "one worker's claim reaches no further than the typical hint, under the 5 s cap"
+    );
+    assert_eq!(
+        m.claim,
+        Claim::Outlier,
+        "enough workers reported to judge it"
+    );
+    // Three workers that agree on a longer closure still set it in full.
+    for i in 5..=6 {
+        report_429(s, &format!("w{i}"), "60", false, &p).await;
+    }
+    let m = report_429(s, "w7", "60", false, &p).await;
+    assert!(m.corroborated);
+    assert_eq!(m.cooldown_until_ms, T0 + 60_000);
+}
+
+pub(crate) async fn shorter_claims_do_not_corroborate_a_longer_cooldown(s: &dyn Store) {
+    let p = Policy::default();
+    quiet_fleet(s, 11, &p).await;
+    let lie = report_429(s, "w0", "999999999", false, &p).await;
+    assert_eq!(lie.cooldown_until_ms, T0 + 5_000);
+    let mut last = None;
+    for i in 1..=4 {
+        last = Some(report_429(s, &format!("w{i}"), "2", false, &p).await);
+    }
+    let m = last.expect("four reports");
+    // Four workers agree on two seconds; the five the lone claim set still
+    // holds, and nobody corroborated it.
+    assert_eq!(m.cooldown_until_ms, T0 + 5_000);
+    assert!(!m.corroborated, "the cooldown in force rests on one worker");
+}
+
 pub(crate) async fn three_agreeing_workers_corroborate_the_full_cooldown(s: &dyn Store) {
     let p = Policy::default();
     quiet_fleet(s, 11, &p).await;

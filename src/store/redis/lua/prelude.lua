@@ -180,6 +180,19 @@ local function corr_evaluate(workers, R, active, now)
   }
 end
 
+-- Rules::within_typical: the cap no longer than the lower median of the
+-- recent claims' lengths (one granularity at least).
+local function corr_within_typical(R, recent)
+  local lengths = {}
+  for _, r in ipairs(recent) do
+    if r.cd then lengths[#lengths + 1] = r.cd - r.at end
+  end
+  if #lengths == 0 then return R end
+  table.sort(lengths)
+  local typical = math.max(lengths[idiv(#lengths - 1, 2) + 1], HINT_GRANULARITY)
+  return { m = R.m, p = R.p, cap = math.min(R.cap, typical) }
+end
+
 -- claim: records a worker's claim, forgetting the longest-silent worker
 -- (the smallest id among ties, as a BTreeMap's min_by_key) when full.
 local function corr_claim(workers, wid, until_ms, anchor, now)
@@ -245,9 +258,12 @@ local function merge_hint(out, h, a, now, base, max, wid, active, R)
   if a.until_ms >= 0 and corr_muted(h, wid, now) then
     claim = 4
   elseif a.until_ms >= 0 then
+    R = corr_within_typical(R, h.recent)
     corr_claim(h.workers, wid, a.until_ms, a.anchor, now)
     local v = corr_evaluate(h.workers, R, active, now)
     h.cd = math.max(h.cd, v.u)
+    -- A cooldown an earlier claim set may outlast what the claims support.
+    if v.u + HINT_GRANULARITY < h.cd then v.c = 0 end
     claim = corr_judge(h.workers, wid, v, h.cd, R)
     h.corr = v
   end
