@@ -517,10 +517,21 @@ impl PacingState {
     /// straight, by more than `over / under` (attempts in flight blur the
     /// edge). First attempts that waited for a slot are not sent straight:
     /// a backlog released after an outage is paced already. Nothing served
-    /// is an outage, not an overflow.
+    /// is an outage, not an overflow. Nor can first attempts overflow where
+    /// they arrive at less than half what the upstream has served, nor in a
+    /// window where they came faster than twice their learned rate: slots
+    /// are counted when granted but first attempts when reported, so first
+    /// attempts released by slots near a window's end are reported in the
+    /// next one, looking straight, and a retry-rate probe's rejections then
+    /// make the window look overflowed (a false saturation paces the whole
+    /// fleet at a few successes' worth).
     fn overflowed(&self, over: i64, under: i64) -> bool {
         let straight = self.w_first - self.w_held;
-        self.w_refused > 0 && self.w_ok > 0 && under * straight > over * self.w_ok
+        self.w_refused > 0
+            && self.w_ok > 0
+            && under * straight > over * self.w_ok
+            && 2 * self.lam_m >= self.cap_m
+            && straight * MILLI <= 2 * self.lam_m
     }
 
     /// Whether first attempts alone have overflowed the upstream in the
@@ -719,8 +730,9 @@ impl PacingState {
             // bigger step near the edge is a bigger peak) until a quarter
             // past the edge; past that, what a burst can hide is spent and
             // the upstream has grown: the step doubles the distance from
-            // the edge, a quarter of the rate at most. Only from a rate the
-            // window used (slots nobody asked for in time prove nothing).
+            // the edge, within the probe headroom of the rate (what one
+            // step can overshoot by). Only from a rate the window used
+            // (slots nobody asked for in time prove nothing).
             self.cap_m = self.cap_m.max(served_m);
             let r = self.rate_m;
             if 8 * self.w_granted * MILLI >= 7 * r {
@@ -729,7 +741,7 @@ impl PacingState {
                 let step = if r < edge + edge / 4 {
                     r / 16
                 } else {
-                    (2 * (r - edge)).clamp(r / 16, r / 4)
+                    (2 * (r - edge)).clamp(r / 16, r / PROBE_HEADROOM)
                 };
                 self.rate_m = r + step.max(MILLI);
             }

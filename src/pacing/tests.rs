@@ -127,6 +127,32 @@ fn a_capacity_that_came_back_smaller_is_learned_from_one_saturated_window() {
     );
 }
 
+/// First attempts are counted when reported, slots when granted: held first
+/// attempts released near a window's end arrive in the next one looking
+/// straight. With few real first attempts, a retry-rate probe's rejections
+/// there are a probe's, not first attempts overflowing the upstream: the
+/// rate is cut, never the whole fleet paced at a few successes' worth.
+#[test]
+fn first_attempts_released_by_slots_are_no_overflow() {
+    let p = policy();
+    let mut st = PacingState {
+        cap_m: 650_000,
+        lam_m: 25_000,
+        rate_m: 664_000,
+        rate_ok_m: 628_000,
+        mode: Mode::Probing as i64,
+        ..PacingState::new(T0 + 20_000, &p)
+    };
+    let at = T0 + 20_000;
+    report(&mut st, &p, at + 100, (10, 2, 5), &[], 0);
+    assert_eq!(st.mode(), Mode::BackingOff, "a probe's rejections cut it");
+    assert_eq!(st.wake_rate_m(), 628_000, "back to the last clean rate");
+    report(&mut st, &p, at + 900, (227, 211, 33), &[], 0);
+    st.advance(at + 1000, &p);
+    assert_ne!(st.mode(), Mode::Saturated);
+    assert!(st.wake_rate_m() >= 314_000, "{}", st.wake_rate_m());
+}
+
 #[test]
 fn rejections_during_a_cooldown_do_not_collapse_the_estimate() {
     let p = policy();

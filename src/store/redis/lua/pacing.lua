@@ -145,6 +145,7 @@ end
 local function pace_overflowed(p, over, under)
   local straight = p.w_first - p.w_held
   return p.w_refused > 0 and p.w_ok > 0 and under * straight > over * p.w_ok
+    and 2 * p.lam_m >= p.cap_m and straight * MILLI <= 2 * p.lam_m
 end
 
 local function pace_clamp(p, P)
@@ -194,7 +195,7 @@ local function pace_learn_saturated(p, P)
       if r < edge + idiv(edge, 4) then
         step = idiv(r, 16)
       else
-        step = math.min(math.max(2 * (r - edge), idiv(r, 16)), idiv(r, 4))
+        step = math.min(math.max(2 * (r - edge), idiv(r, 16)), idiv(r, PACE_HEADROOM))
       end
       p.rate_m = r + math.max(step, MILLI)
     end
