@@ -43,7 +43,10 @@
 //! closes the route for longer than two windows (an outage, not an
 //! overload), are explained by the cooldown: the window is frozen, nothing
 //! is learned from it, and when the cooldown ends pacing resumes from what
-//! was learned before it. A limiter that re-arms its full `Retry-After` on
+//! was learned before it. A short cooldown explains them only in the window
+//! after a cut, though: short hints re-armed back to back by the rate's own
+//! overshoot would otherwise freeze it, so beyond that window the rate
+//! steps down a sixteenth a window. A limiter that re-arms its full `Retry-After` on
 //! every rejected attempt is detected when successive hints stop counting
 //! down ([`Mode::PenaltyExtending`]): nothing is woken until the latest hint
 //! passes, then exactly one probe, and only a success reopens the route.
@@ -625,6 +628,30 @@ impl PacingState {
         } else if self.mode() == Mode::Saturated {
             self.learn_saturated(policy);
         } else {
+            // Rejections that all arrived inside a short cooldown were drawn
+            // before the fleet heard of it: in the window after a cut they
+            // are the cut overshoot's stragglers. Beyond that window they
+            // still say the rate is over: short hints drawn by the rate's
+            // own overshoot, back to back (whole-second dates re-arm one
+            // every second), would otherwise explain every rejection and
+            // freeze an overshooting rate. The window was paused, so what it
+            // served measures nothing; but first attempts and the rate
+            // together drew rejections, so the capacity is below their sum
+            // (a limiter's burst can inflate the estimate), and the rate
+            // steps down a sixteenth, not to be probed back past where it
+            // drew them.
+            if self.w_rej == 0 && self.w_refused > 0 && self.adaptive() {
+                if self.mode() == Mode::BackingOff {
+                    self.mode = Mode::Steady as i64;
+                } else {
+                    let before = self.rate_m;
+                    self.cap_m = self.cap_m.min(self.lam_m + before);
+                    if self.rate_max_m > 0 {
+                        self.rate_max_m = self.rate_max_m.min(before);
+                    }
+                    self.rate_m = (before - before / 16).max(policy.floor_m);
+                }
+            }
             if self.w_frozen == 0 || self.w_rej > 0 {
                 self.learn(policy);
             }

@@ -170,6 +170,42 @@ fn rejections_during_a_cooldown_do_not_collapse_the_estimate() {
     assert_eq!((st.wake_rate_m(), st.capacity_m()), before);
 }
 
+/// Short hints drawn by the rate's own overshoot, back to back, keep a
+/// cooldown in force in which every later rejection arrives. They are a
+/// cut's stragglers for one window, not for ever: after that the rate steps
+/// down each window (a Retry-After that kept extending the cooldown must
+/// not freeze an overshooting rate).
+#[test]
+fn back_to_back_short_hints_do_not_freeze_an_overshooting_rate() {
+    let p = policy();
+    let mut st = learned();
+    let start = T0 + 20_000;
+    let mut cooldown = 0;
+    let mut rates = Vec::new();
+    for w in 0..6 {
+        let at = start + w * 1000;
+        for i in 0..10 {
+            let now = at + i * 100;
+            // Each rejection's 1 s hint, rounded up to the next second.
+            let until = (now / 1000 + 2) * 1000;
+            report(&mut st, &p, now, (80, 95, 10), &[until], cooldown);
+            cooldown = cooldown.max(until);
+        }
+        st.advance(at + 1000, &p);
+        rates.push(st.wake_rate_m());
+    }
+    // The first window answers its first rejection; the second is its
+    // stragglers'; from the third on the rate steps down every window.
+    for w in 2..6 {
+        assert!(rates[w] < rates[w - 1], "{rates:?}");
+    }
+    assert!(
+        st.capacity_m() <= st.lam_m + rates[4],
+        "{}",
+        st.capacity_m()
+    );
+}
+
 #[test]
 fn the_rate_grows_only_when_it_was_used() {
     let p = policy();

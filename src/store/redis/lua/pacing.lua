@@ -215,6 +215,18 @@ local function pace_close_window(p, P)
   elseif p.mode == M_SATURATED then
     pace_learn_saturated(p, P)
   else
+    -- Rejections a short cooldown explained: a cut's stragglers in the
+    -- window after it; beyond, the rate steps down a sixteenth.
+    if p.w_rej == 0 and p.w_refused > 0 and pace_adaptive(p) then
+      if p.mode == M_BACKING_OFF then
+        p.mode = M_STEADY
+      else
+        local before = p.rate_m
+        p.cap_m = math.min(p.cap_m, p.lam_m + before)
+        if p.rate_max_m > 0 then p.rate_max_m = math.min(p.rate_max_m, before) end
+        p.rate_m = math.max(before - idiv(before, 16), P.floor_m)
+      end
+    end
     if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P) end
     if pace_adaptive(p) and pace_overflowed(p, 17, 16) then
       local served = p.w_ok * MILLI
