@@ -144,6 +144,41 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
         "{body}"
     );
 
+    // The rollout metrics, per route: what share of attempts got a 429, the
+    // age at terminal disposition, intents inside the gate (none now), and
+    // intents with no trace context to correlate them by (this test runs
+    // none).
+    let route = "tollgate_route=\"GET /y\"";
+    for (series, value) in [
+        (
+            "tollgate_client_attempts_total{tollgate_response_class=\"throttled\"",
+            1.0,
+        ),
+        (
+            "tollgate_client_attempts_total{tollgate_response_class=\"success\"",
+            1.0,
+        ),
+        (
+            "tollgate_client_intent_age_seconds_count{tollgate_outcome=\"succeeded\"",
+            1.0,
+        ),
+        ("tollgate_client_intents_running{", 0.0),
+        ("tollgate_client_intents_uncorrelated_total{", 1.0),
+    ] {
+        let found: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with(series) && l.contains(route))
+            .collect();
+        assert_eq!(found.len(), 1, "{series} on {route}:\n{body}");
+        let got: f64 = found[0]
+            .rsplit_once(' ')
+            .expect("a value")
+            .1
+            .parse()
+            .expect("a number");
+        assert_eq!(got, value, "{}", found[0]);
+    }
+
     every_metric_has_help_text(&body);
 
     // Anything but GET /metrics is a 404.

@@ -36,6 +36,17 @@ pub enum ResponseClass {
 }
 
 impl ResponseClass {
+    /// Its name, as serialized and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponseClass::Success => "success",
+            ResponseClass::Throttled => "throttled",
+            ResponseClass::Transient => "transient",
+            ResponseClass::RetryOnce => "retry_once",
+            ResponseClass::NonRetryable => "non_retryable",
+        }
+    }
+
     /// Whether a later attempt could get a different answer at all.
     pub fn is_retryable(self) -> bool {
         matches!(

@@ -148,18 +148,55 @@ pub fn inject(metadata: &mut tonic::metadata::MetadataMap) {
     let _ = metadata;
 }
 
-/// Counts an ended intent: retries (attempts after the first, bucketed 0–5)
-/// and each wait before a retry. Takes plain numbers, not the gate's types,
-/// so telemetry sits below the gate and the link with no cycle.
-pub fn record_intent(
-    outcome: &str,
-    attempts: usize,
-    waits: impl IntoIterator<Item = std::time::Duration>,
-) {
+/// One ended intent, in plain values (not the gate's types, so telemetry
+/// sits below the gate and the link with no cycle).
+#[derive(Debug, Clone, Copy)]
+pub struct IntentEnd<'a> {
+    /// The route template: the scope the rollout metrics are per.
+    pub route: &'a str,
+    /// The terminal outcome's name.
+    pub outcome: &'a str,
+    /// From the intent's arrival at the gate to its terminal disposition.
+    pub age: std::time::Duration,
+    /// Attempts started.
+    pub attempts: usize,
+}
+
+/// Counts an ended intent: retries (attempts after the first, bucketed
+/// 0–5), each wait before a retry, and its age at terminal disposition per
+/// route and outcome (the rollout metric whose p95 says what retrying costs
+/// callers).
+pub fn record_intent(end: IntentEnd<'_>, waits: impl IntoIterator<Item = std::time::Duration>) {
     #[cfg(feature = "otel")]
-    otel::record_intent(outcome, attempts, waits);
+    otel::record_intent(end, waits);
     #[cfg(not(feature = "otel"))]
-    let _ = (outcome, attempts, waits);
+    let _ = (end, waits);
+}
+
+/// Counts one attempt's answer per route by response class (`success`,
+/// `throttled`, …; `none` when no answer came): the fraction of attempts
+/// receiving 429 is `throttled` over the total.
+pub fn record_attempt(route: &str, class: &str) {
+    #[cfg(feature = "otel")]
+    otel::record_attempt(route, class);
+    #[cfg(not(feature = "otel"))]
+    let _ = (route, class);
+}
+
+/// Marks an intent started (`+1`) or ended (`-1`) on a route, and counts
+/// one that started with no trace context to correlate it by.
+pub fn record_running(route: &str, delta: i64, correlated: bool) {
+    #[cfg(feature = "otel")]
+    otel::record_running(route, delta, correlated);
+    #[cfg(not(feature = "otel"))]
+    let _ = (route, delta, correlated);
+}
+
+/// Whether the current context carries a valid trace to correlate an
+/// intent's attempts and the coordinator's decisions by. Always false
+/// without `otel`.
+pub fn correlated() -> bool {
+    TraceOrigin::current().is_set()
 }
 
 /// Records the link's state: 1 while degraded (local fallback budget), 0
@@ -179,7 +216,7 @@ mod otel {
     use std::sync::OnceLock;
 
     use opentelemetry::KeyValue;
-    use opentelemetry::metrics::{Gauge, Histogram, Meter};
+    use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter};
     use opentelemetry::propagation::{Injector, TextMapPropagator};
     use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
     use opentelemetry_otlp::{MetricExporter, SpanExporter};
@@ -226,6 +263,10 @@ mod otel {
         retries: Histogram<u64>,
         retry_delay: Histogram<f64>,
         fallback: Gauge<u64>,
+        age: Histogram<f64>,
+        attempts: Counter<u64>,
+        running: UpDownCounter<i64>,
+        uncorrelated: Counter<u64>,
     }
 
     /// Instruments are made on first use from the global meter provider, so
@@ -255,23 +296,73 @@ mod otel {
                         "1 while the coordinator is unreachable and the local budget applies",
                     )
                     .build(),
+                age: meter
+                    .f64_histogram("tollgate.client.intent.age")
+                    .with_description(
+                        "From an intent's arrival at the gate to its terminal disposition",
+                    )
+                    .with_unit("s")
+                    .with_boundaries(vec![
+                        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    ])
+                    .build(),
+                attempts: meter
+                    .u64_counter("tollgate.client.attempts")
+                    .with_description("Attempts by the class of their answer")
+                    .with_unit("{attempt}")
+                    .build(),
+                running: meter
+                    .i64_up_down_counter("tollgate.client.intents.running")
+                    .with_description("Intents inside the gate: attempting or waiting")
+                    .with_unit("{intent}")
+                    .build(),
+                uncorrelated: meter
+                    .u64_counter("tollgate.client.intents.uncorrelated")
+                    .with_description(
+                        "Intents started with no trace context to correlate their attempts by",
+                    )
+                    .with_unit("{intent}")
+                    .build(),
             }
         })
     }
 
     pub(super) fn record_intent(
-        outcome: &str,
-        attempts: usize,
+        end: super::IntentEnd<'_>,
         waits: impl IntoIterator<Item = std::time::Duration>,
     ) {
         let m = metrics();
-        let retries = u64::try_from(attempts.saturating_sub(1)).unwrap_or(u64::MAX);
-        m.retries.record(
-            retries,
-            &[KeyValue::new("tollgate.outcome", outcome.to_owned())],
-        );
+        let retries = u64::try_from(end.attempts.saturating_sub(1)).unwrap_or(u64::MAX);
+        let outcome = KeyValue::new("tollgate.outcome", end.outcome.to_owned());
+        m.retries.record(retries, std::slice::from_ref(&outcome));
         for wait in waits {
             m.retry_delay.record(wait.as_secs_f64(), &[]);
+        }
+        m.age.record(
+            end.age.as_secs_f64(),
+            &[
+                outcome,
+                KeyValue::new("tollgate.route", end.route.to_owned()),
+            ],
+        );
+    }
+
+    pub(super) fn record_attempt(route: &str, class: &str) {
+        metrics().attempts.add(
+            1,
+            &[
+                KeyValue::new("tollgate.route", route.to_owned()),
+                KeyValue::new("tollgate.response.class", class.to_owned()),
+            ],
+        );
+    }
+
+    pub(super) fn record_running(route: &str, delta: i64, correlated: bool) {
+        let m = metrics();
+        let route = [KeyValue::new("tollgate.route", route.to_owned())];
+        m.running.add(delta, &route);
+        if delta > 0 && !correlated {
+            m.uncorrelated.add(1, &route);
         }
     }
 

@@ -72,6 +72,7 @@ use tracing::Instrument;
 use crate::clock::Clock;
 use crate::lease::LeaseCache;
 use crate::link::LinkState;
+use crate::telemetry;
 
 mod completion;
 mod intent;
@@ -196,6 +197,8 @@ impl Gate {
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Reply<T>>,
     {
+        let running = Running::start(&intent.scope().route);
+        let arrived = self.inner.clock.now();
         // The span model and its attributes: `telemetry` and docs/telemetry.md.
         let span = spans::intent_span(&intent);
         let result = run::Run::new(self, intent)
@@ -204,11 +207,47 @@ impl Gate {
             .await;
         let outcome = result.outcome.as_str();
         spans::record_end(&span, outcome, result.attempts.len(), result.held.is_some());
-        crate::telemetry::record_intent(
-            outcome,
-            result.attempts.len(),
+        for a in &result.attempts {
+            let class = a.record.classification.map_or("none", |c| c.class.as_str());
+            telemetry::record_attempt(&running.route, class);
+        }
+        telemetry::record_intent(
+            telemetry::IntentEnd {
+                route: &running.route,
+                outcome,
+                age: self
+                    .inner
+                    .clock
+                    .now()
+                    .duration_since(arrived)
+                    .unwrap_or_default(),
+                attempts: result.attempts.len(),
+            },
             result.attempts.iter().filter_map(|a| a.record.wait),
         );
         result
+    }
+}
+
+/// Counts an intent as running while it is inside the gate, also when the
+/// caller drops it midway.
+struct Running {
+    route: String,
+}
+
+impl Running {
+    fn start(route: &str) -> Self {
+        // Before the intent's own span: correlated means the caller's
+        // context carries a trace.
+        telemetry::record_running(route, 1, telemetry::correlated());
+        Running {
+            route: route.to_owned(),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        telemetry::record_running(&self.route, -1, true);
     }
 }
