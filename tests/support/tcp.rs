@@ -120,6 +120,19 @@ impl Coordinator {
             .expect("connect to the coordinator")
     }
 
+    /// A channel whose connection comes from `source`, any address of
+    /// 127/8 on Linux: a peer of its own to the coordinator's per-peer
+    /// limits (the bad-token slow-down).
+    #[allow(dead_code)]
+    pub(crate) async fn channel_from(&self, source: std::net::IpAddr) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .expect("valid uri")
+            .local_address(Some(source))
+            .connect()
+            .await
+            .expect("connect to the coordinator")
+    }
+
     pub(crate) async fn client(&self) -> BudgetClient<Channel> {
         BudgetClient::new(self.channel().await)
     }
