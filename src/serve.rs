@@ -235,13 +235,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 TimeSource::Local => (Arc::new(store), Arc::new(SystemClock), None),
                 TimeSource::Redis => {
                     let clock = RedisClock::default();
-                    let client = store.clock_client().await.context("Redis clock")?;
                     // A first measurement before serving, when Redis is
                     // up; the loop below keeps it fresh (and retries if
-                    // not).
-                    let _ = tokio::time::timeout(Duration::from_secs(2), clock.calibrate(&client))
-                        .await;
-                    let task = clock.clone().keep_calibrated(client, CLOCK_SYNC_EVERY);
+                    // not), following the primary through a failover.
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        clock.calibrate_primary(&target),
+                    )
+                    .await;
+                    let task = clock.clone().keep_calibrated(target, CLOCK_SYNC_EVERY);
                     (Arc::new(store), Arc::new(clock), Some(task))
                 }
             }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use support::{Coordinator, lease, poll, scope};
 use tollgate::config::Config;
-use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use tollgate::store::redis::{RedisClock, RedisOptions, RedisStore, RedisTarget};
 use tollgate::testing::RedisServer;
 use tollgate_proto::v1::{self, Priority};
 use tonic::Code;
@@ -71,9 +71,16 @@ async fn a_sentinel_failover_is_survived_without_a_restart() {
         sentinel.port()
     ))
     .expect("sentinel url");
-    let store = RedisStore::connect(target, RedisOptions::default())
+    let store = RedisStore::connect(target.clone(), RedisOptions::default())
         .await
         .expect("connect");
+    // The replicas' clock follows the primary's TIME, through the target.
+    let clock = RedisClock::default();
+    clock
+        .calibrate_primary(&target)
+        .await
+        .expect("the first primary's TIME");
+    let first_primary = target.primary_client().await.expect("the first primary");
     let coordinator = Coordinator::start_with_store(Config::default(), Arc::new(store)).await;
     let mut client = coordinator.client().await;
     let mut admin = coordinator.admin().await;
@@ -132,5 +139,15 @@ async fn a_sentinel_failover_is_survived_without_a_restart() {
         after.policy_version, set.policy_version,
         "the runtime policy survived the failover"
     );
+    // The clock measures the promoted primary now; a client resolved before
+    // the failover would only find the dead one.
+    assert!(
+        clock.calibrate(&first_primary).await.is_err(),
+        "the old primary is gone"
+    );
+    clock
+        .calibrate_primary(&target)
+        .await
+        .expect("the promoted primary's TIME");
     coordinator.stop().await;
 }

@@ -16,6 +16,8 @@ use std::time::{Duration, SystemTime};
 use tollgate_client::clock::{Clock, SystemClock, from_unix_ms, to_unix_ms};
 use tracing::{info, warn};
 
+use super::RedisTarget;
+
 /// The local clock plus the last measured offset to Redis's `TIME`.
 #[derive(Clone)]
 pub struct RedisClock {
@@ -73,15 +75,26 @@ impl RedisClock {
         Ok(offset)
     }
 
-    /// Re-measures every `every` for as long as it is polled; a failure
-    /// keeps the last offset (the store is down then anyway).
-    pub async fn keep_calibrated(self, client: redis::Client, every: Duration) {
+    /// Measures the offset once against the primary `target` names now:
+    /// after a Sentinel failover, the promoted replica, whose host clock is
+    /// another one (a client resolved once would keep asking the old
+    /// primary, fail, and keep the old offset).
+    pub async fn calibrate_primary(&self, target: &RedisTarget) -> redis::RedisResult<i64> {
+        let client = target.primary_client().await?;
+        self.calibrate(&client).await
+    }
+
+    /// Re-measures every `every` against the current primary for as long as
+    /// it is polled; a failure keeps the last offset (the store is down then
+    /// anyway).
+    pub async fn keep_calibrated(self, target: RedisTarget, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut first = true;
         loop {
             tick.tick().await;
-            let call = tokio::time::timeout(Duration::from_secs(2), self.calibrate(&client));
+            let call =
+                tokio::time::timeout(Duration::from_secs(2), self.calibrate_primary(&target));
             match call.await {
                 Ok(Ok(offset)) if first => {
                     first = false;

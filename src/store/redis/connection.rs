@@ -191,14 +191,6 @@ impl RedisStore {
         &self.target
     }
 
-    /// A client for the node whose `TIME` the replicas' [`RedisClock`](super::RedisClock)
-    /// follows (on a cluster, the first seed node; behind Sentinels, the
-    /// primary at start — after a failover the clock keeps the offset it
-    /// last measured, which the Redis hosts' own NTP keeps valid).
-    pub async fn clock_client(&self) -> Result<redis::Client, RedisSetupError> {
-        Ok(self.target.primary_client().await?)
-    }
-
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
