@@ -27,6 +27,10 @@ pub struct CooldownSupport {
     pub corroborated: bool,
     /// Distinct workers whose claims reach it.
     pub workers: u32,
+    /// The end of the latest hint that closed the route (longer than two
+    /// windows; `PacingView::closed_until_ms`), 0 when none: first attempts
+    /// wait for it to pass, also in the last two seconds of the cooldown.
+    pub closed_until_ms: i64,
 }
 
 /// A change of scope state, as published by the coordinator core.

@@ -133,6 +133,7 @@ impl Coordinator {
                     support: CooldownSupport {
                         corroborated: merge.corroborated,
                         workers: merge.workers,
+                        closed_until_ms: reported.pacing.closed_until_ms,
                     },
                 });
                 raised.push((level, merge.cooldown_until_ms));

@@ -85,7 +85,7 @@ impl Watched {
                 self.pacing.unwrap_or_default(),
                 self.support.corroborated,
                 self.cooldown_until_ms,
-                0,
+                self.support.closed_until_ms,
                 now_ms,
             ),
             pacing_state: self
@@ -354,6 +354,48 @@ mod tests {
         let last = rx.recv().await.expect("a final status");
         assert_eq!(last.expect_err("status").code(), tonic::Code::Unavailable);
         task.await.expect("the task ends with the stream");
+    }
+
+    /// A corroborated cooldown that closes the route holds first attempts
+    /// until its end, also in its last two seconds, as the Report answer
+    /// says: the event carries the closing hint's end.
+    #[test]
+    fn a_closing_cooldown_holds_first_attempts_to_its_end() {
+        let end = T0 + 10_000;
+        let closing = |closed_until_ms| StateChange::Cooldown {
+            level: EvidenceLevel::Route(RouteKey {
+                caller_scope: "c".into(),
+                route: "r".into(),
+            }),
+            cooldown_until_ms: end,
+            support: CooldownSupport {
+                corroborated: true,
+                workers: 3,
+                closed_until_ms,
+            },
+        };
+        let mut w = watched().remove(0);
+        events_for(&mut w, &closing(end), T0);
+        let late = end - 1_000;
+        assert!(
+            w.event(ScopeEventKind::CooldownStarted, T0)
+                .hold_first_attempts
+        );
+        assert!(
+            w.event(ScopeEventKind::CooldownStarted, late)
+                .hold_first_attempts
+        );
+        assert!(
+            !w.event(ScopeEventKind::CooldownStarted, end)
+                .hold_first_attempts
+        );
+        // A short cooldown (no closing hint) holds retries only near its end.
+        let mut w = watched().remove(0);
+        events_for(&mut w, &closing(0), T0);
+        assert!(
+            !w.event(ScopeEventKind::CooldownStarted, late)
+                .hold_first_attempts
+        );
     }
 
     #[test]

@@ -170,6 +170,7 @@ fn encode(origin: u64, change: &StateChange) -> Option<Value> {
             };
             v["corroborated"] = json!(support.corroborated);
             v["workers"] = json!(support.workers);
+            v["closed_until"] = json!(support.closed_until_ms);
             v
         }
         StateChange::Freeze { route, reason } => {
@@ -222,6 +223,7 @@ fn decode(text: &str) -> Option<(u64, StateChange)> {
                     .and_then(Value::as_u64)
                     .and_then(|w| u32::try_from(w).ok())
                     .unwrap_or(0),
+                closed_until_ms: v.get("closed_until").and_then(Value::as_i64).unwrap_or(0),
             },
         },
         "freeze" => StateChange::Freeze {
@@ -262,6 +264,7 @@ mod tests {
                 support: CooldownSupport {
                     corroborated: true,
                     workers: 3,
+                    closed_until_ms: 1_704_110_430_000,
                 },
             },
             StateChange::Cooldown {
