@@ -85,6 +85,13 @@ pub const PROBE_HEADROOM: i64 = 8;
 /// attempts wait it out.
 pub const CLOSING_MS: i64 = 2 * WINDOW_MS;
 
+/// A sixteenth under `rate_m`: where a rate goes after one found the edge,
+/// close enough to keep the upstream busy, far enough that a limiter's
+/// banked burst is not spent by the next window.
+fn just_under(rate_m: i64) -> i64 {
+    rate_m - rate_m / 16
+}
+
 /// Whether first attempts should wait for a slot, when the policy lets them
 /// (`hold`): while the route is [`Mode::Saturated`] (first attempts alone
 /// overflow the upstream, so they are paced with everything else), or
@@ -490,7 +497,7 @@ impl PacingState {
                 // Every attempt is paced: below the last rate a window used
                 // cleanly (a limiter's burst can make a rate over the edge
                 // look clean for a window).
-                self.rate_ok_m - self.rate_ok_m / 16
+                just_under(self.rate_ok_m)
             } else if self.rate_ok_m > 0 {
                 self.rate_ok_m
             } else {
@@ -649,7 +656,7 @@ impl PacingState {
                     if self.rate_max_m > 0 {
                         self.rate_max_m = self.rate_max_m.min(before);
                     }
-                    self.rate_m = (before - before / 16).max(policy.floor_m);
+                    self.rate_m = just_under(before).max(policy.floor_m);
                 }
             }
             if self.w_frozen == 0 || self.w_rej > 0 {
@@ -657,7 +664,7 @@ impl PacingState {
             }
             if self.adaptive() && self.overflowed(17, 16) {
                 let served_m = self.w_ok * MILLI;
-                self.saturate(served_m, served_m - served_m / 16, policy);
+                self.saturate(served_m, just_under(served_m), policy);
             }
         }
         self.clear_window();
@@ -748,7 +755,7 @@ impl PacingState {
                 self.rate_m
             };
             self.cap_m = served_m;
-            self.rate_m = (served_m - served_m / 16).max(before / 2);
+            self.rate_m = just_under(served_m).max(before / 2);
             self.rate_ok_m = self.rate_m;
             self.rate_max_m = served_m.max(self.rate_m);
         } else if self.w_short > 0 {

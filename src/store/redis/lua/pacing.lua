@@ -29,6 +29,9 @@ local PACE_FIELDS = {
   'penalty_until', 'probe_at', 'mode',
 }
 
+-- just_under: a sixteenth under a rate.
+local function pace_just_under(rate) return rate - idiv(rate, 16) end
+
 local function pace_clear_window(p)
   p.w_first, p.w_ok, p.w_rej, p.w_granted, p.w_short, p.w_frozen = 0, 0, 0, 0, 0, 0
   p.w_cut_from, p.w_refused, p.w_held = 0, 0, 0
@@ -182,7 +185,7 @@ local function pace_learn_saturated(p, P)
     local before = p.rate_m
     if p.w_cut_from > 0 then before = p.w_cut_from end
     p.cap_m = served
-    p.rate_m = math.max(served - idiv(served, 16), idiv(before, 2))
+    p.rate_m = math.max(pace_just_under(served), idiv(before, 2))
     p.rate_ok_m = p.rate_m
     p.rate_max_m = math.max(served, p.rate_m)
   elseif p.w_short > 0 then
@@ -224,13 +227,13 @@ local function pace_close_window(p, P)
         local before = p.rate_m
         p.cap_m = math.min(p.cap_m, p.lam_m + before)
         if p.rate_max_m > 0 then p.rate_max_m = math.min(p.rate_max_m, before) end
-        p.rate_m = math.max(before - idiv(before, 16), P.floor_m)
+        p.rate_m = math.max(pace_just_under(before), P.floor_m)
       end
     end
     if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P) end
     if pace_adaptive(p) and pace_overflowed(p, 17, 16) then
       local served = p.w_ok * MILLI
-      pace_saturate(p, P, served, served - idiv(served, 16))
+      pace_saturate(p, P, served, pace_just_under(served))
     end
   end
   pace_clear_window(p)
@@ -317,7 +320,7 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
     p.w_cut_from = p.rate_m
     local back = idiv(p.rate_m, 2)
     if saturated then
-      back = p.rate_ok_m - idiv(p.rate_ok_m, 16)
+      back = pace_just_under(p.rate_ok_m)
     elseif p.rate_ok_m > 0 then
       back = p.rate_ok_m
     end
