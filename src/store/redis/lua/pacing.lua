@@ -1,4 +1,4 @@
--- Learned pacing (src/pacing/mod.rs and src/pacing/slot.rs), as functions a
+-- Learned pacing (src/pacing/mod.rs, window.rs and slot.rs), as functions a
 -- script includes after the prelude: a line-for-line port on integers, so a
 -- route paced by a Redis-backed coordinator and one paced in memory agree
 -- exactly. The Rust module is the reference; change one, change the other.

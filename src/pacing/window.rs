@@ -1,0 +1,202 @@
+//! What the controller learns when a window closes: capacity, the
+//! first-attempt rate and the next wake rate, for a route whose retries are
+//! paced ([`PacingState::learn`]) and for one whose every attempt is
+//! ([`Mode::Saturated`]).
+
+use super::{MILLI, Mode, PROBE_HEADROOM, PacingPolicy, PacingState, WINDOW_MS, just_under};
+
+impl PacingState {
+    /// Learns from the window that just ended and sets the next rate.
+    pub(super) fn close_window(&mut self, policy: &PacingPolicy) {
+        // A window a closing hint covered, even in part, says nothing about
+        // capacity or demand (workers may hold first attempts in it).
+        // Rejections the controller must answer for are answered even in a
+        // window a short cooldown also explained some of.
+        let closed =
+            self.win * WINDOW_MS < self.closed_until || self.mode() == Mode::PenaltyExtending;
+        if closed {
+            // Nothing to learn from.
+        } else if self.mode() == Mode::Saturated {
+            self.learn_saturated(policy);
+        } else {
+            // Rejections that all arrived inside a short cooldown were drawn
+            // before the fleet heard of it: in the window after a cut they
+            // are the cut overshoot's stragglers. Beyond that window they
+            // still say the rate is over: short hints drawn by the rate's
+            // own overshoot, back to back (whole-second dates re-arm one
+            // every second), would otherwise explain every rejection and
+            // freeze an overshooting rate. The window was paused, so what it
+            // served measures nothing; but first attempts and the rate
+            // together drew rejections, so the capacity is below their sum
+            // (a limiter's burst can inflate the estimate), and the rate
+            // steps down a sixteenth, not to be probed back past where it
+            // drew them.
+            if self.w_rej == 0 && self.w_refused > 0 && self.adaptive() {
+                if self.mode() == Mode::BackingOff {
+                    self.mode = Mode::Steady as i64;
+                } else {
+                    let before = self.rate_m;
+                    self.cap_m = self.cap_m.min(self.lam_m + before);
+                    if self.rate_max_m > 0 {
+                        self.rate_max_m = self.rate_max_m.min(before);
+                    }
+                    self.rate_m = just_under(before).max(policy.floor_m);
+                }
+            }
+            if self.w_frozen == 0 || self.w_rej > 0 {
+                self.learn(policy);
+            }
+            if self.adaptive() && self.overflowed(17, 16) {
+                let served_m = self.w_ok * MILLI;
+                self.saturate(served_m, just_under(served_m), policy);
+            }
+        }
+        self.clear_window();
+    }
+
+    fn learn(&mut self, policy: &PacingPolicy) {
+        // First attempts arriving: a backlog held through a cooldown and
+        // released by slots is not a rate first attempts keep up.
+        let arrived_m = (self.w_first - self.w_held).max(0) * MILLI;
+        if self.cap_m == 0 && self.lam_m == 0 {
+            // The first window learned from: no average to move yet.
+            self.lam_m = arrived_m;
+        } else {
+            self.lam_m += (arrived_m - self.lam_m).div_euclid(4);
+        }
+        let served_m = self.w_ok * MILLI;
+        // Retries are the attempts beyond the first ones; when nothing was
+        // rejected every attempt was a success, so this is exact then.
+        let retries = (self.w_ok + self.w_rej - self.w_first).max(0);
+        // Used: half its slots were taken, or intents were turned away for
+        // lack of rate (they will ask again later, so the slots they would
+        // take are not taken now).
+        let used = 2 * self.w_granted.max(retries) * MILLI >= self.rate_m || self.w_short > 0;
+        if self.w_rej > 0 {
+            // A saturated window measures what the upstream serves now.
+            self.cap_m = served_m;
+            let measured = (self.cap_m - self.lam_m).max(0);
+            // The rate that drew them, before the cut at the first one.
+            let before = if self.w_cut_from > 0 {
+                self.w_cut_from
+            } else {
+                self.rate_m
+            };
+            // Back to the last rate that drew nothing, trusted once (a window
+            // a short cooldown paused measures low); rejections again, and
+            // the cut is multiplicative: never below half.
+            let fallback = if self.rate_ok_m > 0 {
+                self.rate_ok_m.min(before)
+            } else {
+                before / 2
+            };
+            let cut = before.min(measured.max(fallback));
+            self.rate_ok_m = 0;
+            // Recovery heads halfway back to the rate that drew the
+            // rejections, not all of it: that rate is known to be too much,
+            // and heading for it again repeats the overshoot.
+            self.rate_max_m = cut + (before - cut) / 2;
+            self.rate_m = cut;
+            self.mode = Mode::BackingOff as i64;
+        } else {
+            self.cap_m = self.cap_m.max(served_m);
+            let spare = self.spare_m();
+            if used {
+                self.rate_ok_m = self.rate_m;
+                self.rate_m = spare.max(self.grown());
+                if self.rate_m >= 2 * self.rate_max_m {
+                    // An edge found at half the rate now served cleanly is
+                    // no longer the edge (the upstream grew, or the edge was
+                    // found during a brownout): search from scratch.
+                    self.rate_max_m = 0;
+                }
+                self.mode = Mode::Probing as i64;
+            } else {
+                // Not in use: follow the estimate, down as well as up.
+                self.rate_m = spare;
+                self.mode = Mode::Steady as i64;
+            }
+        }
+        self.rate_m = self
+            .rate_m
+            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+    }
+
+    /// Learns from a window in which every attempt was paced.
+    fn learn_saturated(&mut self, policy: &PacingPolicy) {
+        self.lam_m += (self.w_first * MILLI - self.lam_m).div_euclid(4);
+        let served_m = self.w_ok * MILLI;
+        if self.w_frozen == 1 {
+            // It became saturated in this window (or a closing hint covered
+            // part of it): what it served mixes two regimes.
+        } else if self.w_refused > 0 {
+            // Over the edge: just under what the window served (a
+            // saturated window measures the upstream), never below half
+            // the rate that drew the rejections.
+            let before = if self.w_cut_from > 0 {
+                self.w_cut_from
+            } else {
+                self.rate_m
+            };
+            self.cap_m = served_m;
+            self.rate_m = just_under(served_m).max(before / 2);
+            self.rate_ok_m = self.rate_m;
+            self.rate_max_m = served_m.max(self.rate_m);
+        } else if self.w_short > 0 {
+            // Clean, and demand went short: up a sixteenth at a time (a
+            // limiter's burst hides an overshoot for a window or two, so a
+            // bigger step near the edge is a bigger peak) until a quarter
+            // past the edge; past that, what a burst can hide is spent and
+            // the upstream has grown: the step doubles the distance from
+            // the edge, within the probe headroom of the rate (what one
+            // step can overshoot by). Only from a rate the window used
+            // (slots nobody asked for in time prove nothing).
+            self.cap_m = self.cap_m.max(served_m);
+            let r = self.rate_m;
+            if 8 * self.w_granted * MILLI >= 7 * r {
+                self.rate_ok_m = r;
+                let edge = self.rate_max_m;
+                let step = if r < edge + edge / 4 {
+                    r / 16
+                } else {
+                    (2 * (r - edge)).clamp(r / 16, r / PROBE_HEADROOM)
+                };
+                self.rate_m = r + step.max(MILLI);
+            }
+        } else if self.hint_until <= self.win * WINDOW_MS {
+            // The rate met every intent that asked, and no cooldown paused
+            // the window: first attempts fit again and go straight.
+            self.cap_m = self.cap_m.max(served_m);
+            self.rate_m = self.spare_m();
+            self.rate_ok_m = 0;
+            self.rate_max_m = 0;
+            self.mode = Mode::Steady as i64;
+        }
+        self.rate_m = self
+            .rate_m
+            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+    }
+
+    /// The next rate after a window that used this one and drew nothing.
+    fn grown(&self) -> i64 {
+        let r = self.rate_m;
+        if self.rate_max_m == 0 {
+            // Nothing has pushed back yet: double, but keep the fleet's total
+            // within an eighth above the most the upstream has served.
+            let bound = self.cap_m + self.cap_m / PROBE_HEADROOM - self.lam_m;
+            (2 * r).max(r + self.cap_m / 8).min(bound.max(r))
+        } else if r < self.rate_max_m {
+            // Straight to the midpoint between the rate the cut went back
+            // to and the one that drew rejections (`rate_max_m`): the edge
+            // is bisected, and a probe that finds it oversteps by half the
+            // gap at most.
+            self.rate_max_m.max(r + MILLI)
+        } else {
+            // Beyond it: a sixteenth of the rate at a time. Windows that a
+            // short cooldown paused look clean, so the rate is sometimes
+            // re-proven above the edge; small steps keep that overshoot
+            // small.
+            r + (r / 16).max(MILLI)
+        }
+    }
+}
