@@ -1,0 +1,156 @@
+//! The Report path: one worker's report (its counts and every hint, route
+//! level then caller level) merged under the route's entry lock, and the
+//! route's view as Report answers it.
+
+use crate::hints::{Assessment, Merge, Reporter};
+use crate::pacing::Observation;
+use crate::policy::Policy;
+use crate::scope::{RouteKey, ScopeKey};
+use crate::store::{ReportBatch, Reported, RouteView, StoreError};
+
+use super::MemoryStore;
+use super::route::RouteName;
+
+impl MemoryStore {
+    /// The route's deposit and route-level hints under the route's entry
+    /// lock, then the caller-level hints under the caller's: never both
+    /// locks at once (see the module doc for what that costs).
+    pub(super) fn report_now(
+        &self,
+        scope: &ScopeKey,
+        report: ReportBatch<'_>,
+        policy: &Policy,
+    ) -> Result<Reported, StoreError> {
+        let now_ms = report.now_ms;
+        if report.successes > 0
+            && let Some(mut caller) = self.callers.get_mut(&scope.route.caller_scope)
+        {
+            caller.hints.decay();
+        }
+        let mut merges: Vec<Option<Merge>> = vec![None; report.hints.len()];
+        // Rejections that arrive while a cooldown already held are explained
+        // by it: pacing is told the cooldown as it was before this report.
+        let cooldown_before = self.view_now(&scope.route).cooldown_until_ms;
+        let active = self.with_route(&scope.route, now_ms, |state| {
+            state.budget(now_ms).deposit(
+                policy,
+                report.worker_id,
+                scope.priority,
+                report.first_attempts,
+                now_ms,
+            );
+            if report.successes > 0 && state.hints().backoff_step > 0 {
+                state.hints_mut().decay();
+            }
+            let reporter = Reporter {
+                worker_id: report.worker_id,
+                active: state
+                    .budget(now_ms)
+                    .active_workers(now_ms, policy.window_ms()),
+            };
+            for (merge, hint) in merges.iter_mut().zip(report.hints) {
+                if !hint.caller_wide {
+                    *merge = Some(state.hints_mut().merge(
+                        &hint.assessment,
+                        reporter,
+                        policy,
+                        now_ms,
+                    ));
+                }
+            }
+            reporter.active
+        })?;
+        // Broadening to the caller scope is judged against the reporting
+        // route's workers: the ones whose retries it would hold back first.
+        let reporter = Reporter {
+            worker_id: report.worker_id,
+            active,
+        };
+        for (merge, hint) in merges.iter_mut().zip(report.hints) {
+            if hint.caller_wide {
+                let caller = &scope.route.caller_scope;
+                *merge =
+                    Some(self.merge_caller(caller, &hint.assessment, reporter, policy, now_ms)?);
+            }
+        }
+        let merges: Vec<Merge> = merges.into_iter().flatten().collect();
+        let view = self.view_now(&scope.route);
+        let hint_ends = report.agreed_hint_ends(&merges);
+        let observation = Observation {
+            now_ms,
+            first_attempts: report.first_attempts,
+            successes: report.successes,
+            rejections: report.rejections_counted(),
+            hint_until_ms: &hint_ends,
+            cooldown_until_ms: cooldown_before,
+            cooldown_after_ms: view.cooldown_until_ms,
+        };
+        let (pacing, pacing_was) = self.with_route(&scope.route, now_ms, |state| {
+            let pacing = state.pacing_mut(now_ms, &policy.pacing);
+            let was = pacing.mode();
+            pacing.observe(&observation, &policy.pacing);
+            (state.pacing_view(now_ms, &policy.pacing), was)
+        })?;
+        Ok(Reported {
+            merges,
+            view,
+            pacing,
+            pacing_was,
+            cooldown_corroborated: self.cooldown_corroborated(&scope.route),
+        })
+    }
+
+    /// Whether the level whose cooldown is the route's effective one has it
+    /// corroborated.
+    pub(super) fn cooldown_corroborated(&self, route: &RouteKey) -> bool {
+        let caller = self.callers.get(&route.caller_scope).map(|c| {
+            (
+                c.hints.cooldown_until_ms,
+                c.hints.corroboration.corroborated,
+            )
+        });
+        let own = self.routes.get(&RouteName::of(route)).map(|s| {
+            (
+                s.hints().cooldown_until_ms,
+                s.hints().corroboration.corroborated,
+            )
+        });
+        match (own, caller) {
+            (Some((own, corroborated)), Some((by_caller, _))) if own >= by_caller => corroborated,
+            (_, Some((_, corroborated))) => corroborated,
+            (Some((_, corroborated)), None) => corroborated,
+            (None, None) => false,
+        }
+    }
+
+    /// A route's effective state; an unknown route has its caller scope's.
+    pub(super) fn view_now(&self, route: &RouteKey) -> RouteView {
+        let caller = self.caller_floor(&route.caller_scope);
+        match self.routes.get(&RouteName::of(route)) {
+            Some(state) => Self::view_of(&state, caller),
+            None => RouteView {
+                cooldown_until_ms: caller.0,
+                floor_ms: caller.1,
+                frozen: None,
+            },
+        }
+    }
+
+    /// Merges one hint into a caller scope's state, creating it if there
+    /// is room.
+    pub(super) fn merge_caller(
+        &self,
+        caller: &str,
+        assessment: &Assessment,
+        reporter: Reporter<'_>,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Merge, StoreError> {
+        if !self.callers.contains_key(caller) {
+            self.ensure_room(now_ms)?;
+        }
+        let mut state = self.callers.entry(caller.to_owned()).or_default();
+        state.last_touched_ms = state.last_touched_ms.max(now_ms);
+        Ok(state.hints.merge(assessment, reporter, policy, now_ms))
+    }
+}
