@@ -103,6 +103,93 @@ mod tests {
 
     crate::store::contract::contract_tests!(make);
 
+    /// A route whose series an earlier version wrote as W-bucket rings
+    /// (`b`) is read as the same counts: a store upgraded in place keeps
+    /// every budget window it had.
+    #[tokio::test]
+    async fn series_written_as_rings_read_the_same() {
+        use crate::budget::GrantAsk;
+        use crate::policy::Policy;
+        use crate::scope::{Priority, RetryClass, ScopeKey};
+        use crate::store::{ReportBatch, Store};
+
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let store = RedisStore::connect(
+            RedisTarget::parse(&server.url()).expect("url"),
+            RedisOptions::default(),
+        )
+        .await
+        .expect("connect");
+        const T0: i64 = 1_700_000_000_000;
+        let p = Policy::default();
+        let ask = |now_ms| GrantAsk {
+            worker_id: "w",
+            priority: Priority::Normal,
+            retry_class: RetryClass::Transient,
+            want: 7,
+            now_ms,
+        };
+        let (kept, rewritten) = (
+            ScopeKey::new("c", "kept", Priority::Normal),
+            ScopeKey::new("c", "rewritten", Priority::Normal),
+        );
+        // The same history on both: first attempts over several seconds
+        // and a lease.
+        for key in [&kept, &rewritten] {
+            for s in 0..5 {
+                let batch = ReportBatch {
+                    worker_id: "w",
+                    first_attempts: 40 + s,
+                    successes: 40,
+                    rejections: 0,
+                    hints: &[],
+                    now_ms: T0 + i64::from(s) * 1000,
+                };
+                store.report(key, batch, &p).await.expect("report");
+            }
+            store.lease(key, ask(T0 + 5_000), &p).await.expect("lease");
+        }
+        let ring = redis::Script::new(
+            "local st = cmsgpack.unpack(redis.call('GET', KEYS[1]))
+             local function ring(s)
+               local b = {}
+               for i = 1, 60 do b[i] = 0 end
+               for _, pair in ipairs(s.e) do b[(pair[1] % 60) + 1] = pair[2] end
+               s.b, s.e = b, nil
+             end
+             ring(st.fa)
+             for c = 1, 3 do ring(st.cls[c].spent) end
+             redis.call('SET', KEYS[1], cmsgpack.pack(st), 'KEEPTTL')
+             return 1",
+        );
+        let client = redis::Client::open(server.url()).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let _: i64 = ring
+            .key(store.route_key(&rewritten.route))
+            .invoke_async(&mut conn)
+            .await
+            .expect("rewritten as rings");
+        let a = store
+            .lease(&kept, ask(T0 + 6_000), &p)
+            .await
+            .expect("lease");
+        let b = store
+            .lease(&rewritten, ask(T0 + 6_000), &p)
+            .await
+            .expect("lease on the ring form");
+        assert_eq!(a.grant, b.grant);
+        assert!(
+            a.grant.granted > 0 && a.grant.remaining > 0,
+            "{:?}",
+            a.grant
+        );
+    }
+
     /// The same contract on a (one-node) Redis Cluster, where the caller
     /// key is read apart from the route's. One server for every case: a
     /// cluster node takes ~2 s to start serving.

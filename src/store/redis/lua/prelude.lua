@@ -65,45 +65,73 @@ local function save(key, st, live_until, now, idle_ms)
 end
 
 ---------------------------------------------------------------- series
-local function series_new(sec)
-  local b = {}
-  for i = 1, W do b[i] = 0 end
-  return { h = sec, b = b }
-end
+-- A per-second series over the last W seconds: the head second `h` and the
+-- seconds in the window that hold something, as {second, value} pairs,
+-- oldest first. Every call decodes and re-encodes the route's value, so a
+-- few pairs, not a ring of W numbers per series, is what keeps it cheap.
 
--- Lua's % is floored, like rem_euclid for a positive modulus.
-local function bucket(sec) return (sec % W) + 1 end
+local function series_new(sec) return { h = sec, e = {} } end
+
+-- A series written as a W-bucket ring (`b`) by an earlier version: read
+-- once into pairs.
+local function sparse(s)
+  if s.b then
+    local e = {}
+    for back = W - 1, 0, -1 do
+      local t = s.h - back
+      local v = s.b[(t % W) + 1]
+      if v and v ~= 0 then e[#e + 1] = { t, v } end
+    end
+    s.e, s.b = e, nil
+  end
+end
 
 -- The head never moves backwards, so a clock stepping back cannot
 -- resurrect spent tokens.
 local function advance(s, sec)
+  sparse(s)
   if sec <= s.h then return end
-  if sec - s.h >= W then
-    for i = 1, W do s.b[i] = 0 end
-  else
-    for t = s.h + 1, sec do s.b[bucket(t)] = 0 end
-  end
   s.h = sec
+  local oldest = sec - W + 1
+  if s.e[1] and s.e[1][1] < oldest then
+    local kept = {}
+    for _, pair in ipairs(s.e) do
+      if pair[1] >= oldest then kept[#kept + 1] = pair end
+    end
+    s.e = kept
+  end
 end
 
 local function s_add(s, sec, v)
   advance(s, sec)
-  local i = bucket(s.h)
-  s.b[i] = s.b[i] + v
+  local last = s.e[#s.e]
+  if last and last[1] == s.h then
+    last[2] = last[2] + v
+  else
+    s.e[#s.e + 1] = { s.h, v }
+  end
   return s.h
 end
 
 local function s_refund(s, sec, v)
+  sparse(s)
   if sec <= s.h and s.h - sec < W then
-    local i = bucket(sec)
-    s.b[i] = math.max(0, s.b[i] - v)
+    for _, pair in ipairs(s.e) do
+      if pair[1] == sec then
+        pair[2] = math.max(0, pair[2] - v)
+        return
+      end
+    end
   end
 end
 
 local function s_sum(s, sec, window)
   advance(s, sec)
+  local oldest = s.h - math.min(window, W) + 1
   local total = 0
-  for back = 0, math.min(window, W) - 1 do total = total + s.b[bucket(s.h - back)] end
+  for _, pair in ipairs(s.e) do
+    if pair[1] >= oldest then total = total + pair[2] end
+  end
   return total
 end
 
