@@ -11,14 +11,12 @@ use tollgate_proto::v1::{self, admin_server::Admin};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use crate::admin::persist::FreezeRecord;
-use crate::admin::{Change, ChangeKind, Control, SetRule};
+use crate::admin::{Control, SetRule};
 use crate::auth::Authenticator;
-use crate::config::{PolicyDoc, RuleSpec};
+use crate::config::PolicyDoc;
 use crate::coordinator::Coordinator;
-use crate::hints::HintRecord;
 use crate::pacing::PacingView;
-use crate::policy::{Pattern, PolicySpec, Shares, WakeRate};
+use crate::policy::Pattern;
 use crate::scope::{Priority, RouteKey};
 use crate::store::ScopeFilter;
 
@@ -41,6 +39,10 @@ pub const MAX_FREEZE_MS: u64 = 7 * 24 * 3_600_000;
 type Result<T> = std::result::Result<T, ServiceError>;
 
 mod evidence;
+mod wire;
+
+use wire::{changes_of, count, freeze_of, hint_of, page_token, parse_page_token, rule_of, tokens};
+pub use wire::{fields_of, spec_of};
 
 /// The Admin service. Cheap to clone.
 #[derive(Clone)]
@@ -91,201 +93,11 @@ fn route_key(caller_scope: &str, route: &str) -> Result<RouteKey> {
     })
 }
 
-fn duration_text(field: &str, value: Option<String>) -> Result<Option<String>> {
+pub(super) fn duration_text(field: &str, value: Option<String>) -> Result<Option<String>> {
     if let Some(v) = &value {
         validate::name(&format!("fields.{field}"), v, MAX_DURATION_TEXT)?;
     }
     Ok(value)
-}
-
-/// The wire's policy fields as a spec (bounded strings checked).
-pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
-    let f = fields.unwrap_or_default();
-    Ok(PolicySpec {
-        policy_version: None,
-        window: duration_text("window", f.window)?,
-        min_retries_per_sec: f.min_retries_per_sec,
-        retry_ratio: f.retry_ratio,
-        max_retries_per_window: f.max_retries_per_window,
-        cost_transient: f.cost_transient,
-        cost_throttled: f.cost_throttled,
-        shares: f.shares.map(|s| Shares {
-            critical: s.critical,
-            normal: s.normal,
-            bulk: s.bulk,
-        }),
-        lease_ttl: duration_text("lease_ttl", f.lease_ttl)?,
-        max_hint: duration_text("max_hint", f.max_hint)?,
-        clock_skew_tolerance: duration_text("clock_skew_tolerance", f.clock_skew_tolerance)?,
-        backoff_base: duration_text("backoff_base", f.backoff_base)?,
-        backoff_max: duration_text("backoff_max", f.backoff_max)?,
-        wake_rate: f.wake_rate.map(WakeRate::from_wire),
-        upstream_limit: duration_text("upstream_limit", f.upstream_limit)?,
-        upstream_share: f.upstream_share,
-        wake_floor: f.wake_floor,
-        wake_ceiling: f.wake_ceiling,
-        reconsider_horizon: duration_text("reconsider_horizon", f.reconsider_horizon)?,
-        hold_first_attempts: f.hold_first_attempts,
-        corroborate_workers: f.corroborate_workers,
-        corroborate_fraction: f.corroborate_fraction,
-        uncorroborated_cap: duration_text("uncorroborated_cap", f.uncorroborated_cap)?,
-        // A short word, bounded like the duration texts.
-        mode: duration_text("mode", f.mode)?,
-    })
-}
-
-/// A spec as the wire's policy fields.
-pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
-    v1::PolicyFields {
-        window: s.window.clone(),
-        min_retries_per_sec: s.min_retries_per_sec,
-        retry_ratio: s.retry_ratio,
-        max_retries_per_window: s.max_retries_per_window,
-        cost_transient: s.cost_transient,
-        cost_throttled: s.cost_throttled,
-        shares: s.shares.as_ref().map(|s| v1::Shares {
-            critical: s.critical,
-            normal: s.normal,
-            bulk: s.bulk,
-        }),
-        lease_ttl: s.lease_ttl.clone(),
-        max_hint: s.max_hint.clone(),
-        clock_skew_tolerance: s.clock_skew_tolerance.clone(),
-        backoff_base: s.backoff_base.clone(),
-        backoff_max: s.backoff_max.clone(),
-        wake_rate: s.wake_rate.map(WakeRate::to_wire),
-        upstream_limit: s.upstream_limit.clone(),
-        upstream_share: s.upstream_share,
-        wake_floor: s.wake_floor,
-        wake_ceiling: s.wake_ceiling,
-        reconsider_horizon: s.reconsider_horizon.clone(),
-        hold_first_attempts: s.hold_first_attempts,
-        corroborate_workers: s.corroborate_workers,
-        corroborate_fraction: s.corroborate_fraction,
-        uncorroborated_cap: s.uncorroborated_cap.clone(),
-        mode: s.mode.clone(),
-    }
-}
-
-fn rule_of(doc: &PolicyDoc, rule: Option<&RuleSpec>) -> v1::PolicyRule {
-    let defaults = doc.defaults.over(&PolicySpec::builtin());
-    match rule {
-        Some(r) => v1::PolicyRule {
-            caller_scope: r.caller_scope.clone(),
-            route: r.route.clone(),
-            policy_version: r.policy.policy_version.unwrap_or(0),
-            fields: Some(fields_of(&r.policy)),
-            effective: Some(fields_of(&r.policy.over(&defaults))),
-        },
-        None => v1::PolicyRule {
-            caller_scope: String::new(),
-            route: String::new(),
-            policy_version: doc.defaults.policy_version.unwrap_or(0),
-            fields: Some(fields_of(&doc.defaults)),
-            effective: Some(fields_of(&defaults)),
-        },
-    }
-}
-
-fn changes_of(
-    changes: Vec<Change>,
-    applied: bool,
-    version: u64,
-    file: String,
-) -> v1::PolicyChanges {
-    v1::PolicyChanges {
-        changes: changes
-            .into_iter()
-            .map(|c| v1::PolicyChange {
-                target: c.target,
-                kind: match c.kind {
-                    ChangeKind::Added => v1::PolicyChangeKind::Added,
-                    ChangeKind::Removed => v1::PolicyChangeKind::Removed,
-                    ChangeKind::Changed => v1::PolicyChangeKind::Changed,
-                }
-                .into(),
-                fields: c
-                    .fields
-                    .into_iter()
-                    .map(|(field, before, after)| v1::FieldChange {
-                        field,
-                        before,
-                        after,
-                    })
-                    .collect(),
-            })
-            .collect(),
-        applied,
-        policy_version: version,
-        file,
-    }
-}
-
-fn freeze_of(f: Option<FreezeRecord>) -> v1::FreezeState {
-    match f {
-        Some(f) => v1::FreezeState {
-            frozen: true,
-            reason: f.reason,
-            by: f.by,
-            since_unix_ms: f.since_ms,
-            expires_at_unix_ms: f.expires_at_ms.unwrap_or(0),
-        },
-        None => v1::FreezeState::default(),
-    }
-}
-
-fn hint_of(h: &HintRecord, level: &str) -> v1::HintRecord {
-    v1::HintRecord {
-        at_unix_ms: h.at_ms,
-        raw: h.raw.clone().unwrap_or_default(),
-        form: h.form.as_str().to_owned(),
-        valid: h.valid,
-        capped: h.capped,
-        clock_skew: h.clock_skew,
-        cooldown_until_unix_ms: h.cooldown_until_ms.unwrap_or(0),
-        level: level.to_owned(),
-    }
-}
-
-/// Page tokens are the last key of the page, hex-encoded so they stay
-/// printable and opaque whatever the names hold.
-fn page_token(key: &RouteKey) -> String {
-    format!("{}\u{1f}{}", key.caller_scope, key.route)
-        .bytes()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn parse_page_token(token: &str) -> Result<Option<RouteKey>> {
-    if token.is_empty() {
-        return Ok(None);
-    }
-    let bad = || ServiceError::invalid("page_token", "is not a token this server issued");
-    if token.len() > 2 * (MAX_CALLER_SCOPE + MAX_ROUTE + 1) || !token.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    let bytes = (0..token.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16))
-        .collect::<std::result::Result<Vec<u8>, _>>()
-        .map_err(|_| bad())?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let (caller_scope, route) = text.split_once('\u{1f}').ok_or_else(bad)?;
-    Ok(Some(RouteKey {
-        caller_scope: caller_scope.to_owned(),
-        route: route.to_owned(),
-    }))
-}
-
-fn tokens(milli: u64) -> f64 {
-    // Milli-tokens are integers below 2^53 for any validated policy.
-    #[allow(clippy::cast_precision_loss)]
-    let t = milli as f64 / 1000.0;
-    t
-}
-
-fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[tonic::async_trait]
@@ -720,6 +532,7 @@ impl Admin for AdminService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::PolicySpec;
 
     #[test]
     fn page_tokens_round_trip_and_refuse_garbage() {
