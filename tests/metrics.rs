@@ -179,7 +179,32 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
         assert_eq!(got, value, "{}", found[0]);
     }
 
+    assert!(
+        !body.contains("tollgate_client_intents_duplicate_total"),
+        "{body}"
+    );
+
     every_metric_has_help_text(&body);
+
+    // The same operation delivered twice: the second success is counted.
+    for _ in 0..2 {
+        let intent = GateIntent::new("i-2", Scope::new("tenant-a", "GET /z"), policy);
+        let again = gate
+            .run(intent, |_: Attempt| async move {
+                Reply::new(Observation::http(200, None), ())
+            })
+            .await;
+        assert!(again.succeeded(), "{again:?}");
+    }
+    let body = scrape(metrics_addr).await;
+    assert!(
+        body.lines().any(
+            |l| l.starts_with("tollgate_client_intents_duplicate_total{")
+                && l.contains("tollgate_route=\"GET /z\"")
+                && l.ends_with(" 1")
+        ),
+        "one duplicate delivery on GET /z:\n{body}"
+    );
 
     // Anything but GET /metrics is a 404.
     let mut stream = TcpStream::connect(metrics_addr).await.expect("connect");

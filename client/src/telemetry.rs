@@ -183,6 +183,15 @@ pub fn record_attempt(route: &str, class: &str) {
     let _ = (route, class);
 }
 
+/// Counts an intent that succeeded again under an id that had already
+/// succeeded lately: a duplicate delivery of the same operation.
+pub fn record_duplicate(route: &str) {
+    #[cfg(feature = "otel")]
+    otel::record_duplicate(route);
+    #[cfg(not(feature = "otel"))]
+    let _ = route;
+}
+
 /// Marks an intent started (`+1`) or ended (`-1`) on a route, and counts
 /// one that started with no trace context to correlate it by.
 pub fn record_running(route: &str, delta: i64, correlated: bool) {
@@ -267,6 +276,7 @@ mod otel {
         attempts: Counter<u64>,
         running: UpDownCounter<i64>,
         uncorrelated: Counter<u64>,
+        duplicates: Counter<u64>,
     }
 
     /// Instruments are made on first use from the global meter provider, so
@@ -316,6 +326,13 @@ mod otel {
                     .with_description("Intents inside the gate: attempting or waiting")
                     .with_unit("{intent}")
                     .build(),
+                duplicates: meter
+                    .u64_counter("tollgate.client.intents.duplicate")
+                    .with_description(
+                        "Intents that succeeded under an id that had already succeeded lately",
+                    )
+                    .with_unit("{intent}")
+                    .build(),
                 uncorrelated: meter
                     .u64_counter("tollgate.client.intents.uncorrelated")
                     .with_description(
@@ -355,6 +372,12 @@ mod otel {
                 KeyValue::new("tollgate.response.class", class.to_owned()),
             ],
         );
+    }
+
+    pub(super) fn record_duplicate(route: &str) {
+        metrics()
+            .duplicates
+            .add(1, &[KeyValue::new("tollgate.route", route.to_owned())]);
     }
 
     pub(super) fn record_running(route: &str, delta: i64, correlated: bool) {

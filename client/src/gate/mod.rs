@@ -72,6 +72,7 @@ use tracing::Instrument;
 use crate::clock::Clock;
 use crate::lease::LeaseCache;
 use crate::link::LinkState;
+use crate::outcome::Outcome;
 use crate::telemetry;
 
 mod completion;
@@ -124,6 +125,36 @@ struct Inner {
     config: GateConfig,
     rng: Mutex<StdRng>,
     completions: DashMap<Arc<str>, Completion>,
+    succeeded: Mutex<RecentIds>,
+}
+
+/// Intent ids that ended `succeeded` lately, to count one that succeeds
+/// again (a duplicate delivery: the caller ran the operation twice).
+/// Bounded: the oldest is forgotten first.
+#[derive(Default)]
+struct RecentIds {
+    order: std::collections::VecDeque<Arc<str>>,
+    set: std::collections::HashSet<Arc<str>>,
+}
+
+/// Succeeded intent ids a gate remembers.
+const RECENT_SUCCESSES: usize = 4096;
+
+impl RecentIds {
+    /// Records `id`; false when it was already there.
+    fn insert(&mut self, id: &Arc<str>) -> bool {
+        if self.set.contains(id) {
+            return false;
+        }
+        if self.order.len() >= RECENT_SUCCESSES
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.set.remove(&oldest);
+        }
+        self.order.push_back(id.clone());
+        self.set.insert(id.clone());
+        true
+    }
 }
 
 /// Runs intents under the fleet's budget and this process's limits. Cheap to
@@ -157,6 +188,7 @@ impl Gate {
                 capacity: Arc::new(Semaphore::new(config.max_in_flight)),
                 config,
                 rng: Mutex::new(rng),
+                succeeded: Mutex::default(),
                 completions: DashMap::new(),
             }),
         }
@@ -198,6 +230,7 @@ impl Gate {
         Fut: Future<Output = Reply<T>>,
     {
         let running = Running::start(&intent.scope().route);
+        let intent_id: Arc<str> = Arc::from(intent.intent_id());
         let arrived = self.inner.clock.now();
         // The span model and its attributes: `telemetry` and docs/telemetry.md.
         let span = spans::intent_span(&intent);
@@ -210,6 +243,17 @@ impl Gate {
         for a in &result.attempts {
             let class = a.record.classification.map_or("none", |c| c.class.as_str());
             telemetry::record_attempt(&running.route, class);
+        }
+        if result.outcome == Outcome::Succeeded {
+            let first = self
+                .inner
+                .succeeded
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(&intent_id);
+            if !first {
+                telemetry::record_duplicate(&running.route);
+            }
         }
         telemetry::record_intent(
             telemetry::IntentEnd {
