@@ -30,10 +30,10 @@
 //! included, then waits for a slot (workers are told to hold first attempts),
 //! and the rate is the whole fleet's: just under what a saturated window
 //! served, then up a sixteenth per clean window while within a quarter of
-//! that edge and by twice the distance from it beyond, a quarter of the
-//! rate at most (slow where the edge was, fast once the upstream has grown
-//! back, which nothing else says while every attempt waits for a slot); a
-//! rejection goes back below the last clean rate. The
+//! that edge and by twice the distance from it beyond, within the probe
+//! headroom of the rate (slow where the edge was, fast once the upstream
+//! has grown back, which nothing else says while every attempt waits for a
+//! slot); a rejection goes back below the last clean rate. The
 //! overflow is judged as soon as the window holds a quarter of a window's
 //! first attempts, so the fleet stops sending them straight within the
 //! window that found it. A window whose demand the rate met in full lets
@@ -46,10 +46,11 @@
 //! was learned before it. A short cooldown explains them only in the window
 //! after a cut, though: short hints re-armed back to back by the rate's own
 //! overshoot would otherwise freeze it, so beyond that window the rate
-//! steps down a sixteenth a window. A limiter that re-arms its full `Retry-After` on
-//! every rejected attempt is detected when successive hints stop counting
-//! down ([`Mode::PenaltyExtending`]): nothing is woken until the latest hint
-//! passes, then exactly one probe, and only a success reopens the route.
+//! steps down a sixteenth a window. A limiter that re-arms its full
+//! `Retry-After` on every rejected attempt is detected when successive
+//! hints stop counting down ([`Mode::PenaltyExtending`]): nothing is woken
+//! until the latest hint passes, then exactly one probe, and only a success
+//! reopens the route.
 //!
 //! Everything is integer math on milli-units (rates in thousandths of an
 //! event per second) so the Lua port in `store/redis/lua/pacing.lua` agrees
@@ -564,11 +565,20 @@ impl PacingState {
             && self.overflowed(5, 4)
     }
 
+    /// Keeps the rate within the policy's floor and ceiling (a ceiling under
+    /// the floor yields to it).
+    fn clamp_rate(&mut self, policy: &PacingPolicy) {
+        self.rate_m = self
+            .rate_m
+            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+    }
+
     /// Paces every attempt from now on at `rate_m`, under `edge_m`, what the
     /// upstream is estimated to serve.
     fn saturate(&mut self, edge_m: i64, rate_m: i64, policy: &PacingPolicy) {
         self.cap_m = edge_m;
-        self.rate_m = rate_m.clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+        self.rate_m = rate_m;
+        self.clamp_rate(policy);
         self.rate_ok_m = self.rate_m;
         self.rate_max_m = edge_m;
         // A cut earlier in the window was of a retry rate: it says nothing

@@ -117,9 +117,7 @@ impl PacingState {
                 self.mode = Mode::Steady as i64;
             }
         }
-        self.rate_m = self
-            .rate_m
-            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+        self.clamp_rate(policy);
     }
 
     /// Learns from a window in which every attempt was paced.
@@ -172,9 +170,7 @@ impl PacingState {
             self.rate_max_m = 0;
             self.mode = Mode::Steady as i64;
         }
-        self.rate_m = self
-            .rate_m
-            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
+        self.clamp_rate(policy);
     }
 
     /// The next rate after a window that used this one and drew nothing.

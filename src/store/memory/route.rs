@@ -156,9 +156,9 @@ impl RouteState {
         pacing.view(self.extras.as_deref().map_or(0, |e| e.slots.asking()))
     }
 
-    /// A slot, ask again, or a refusal, at the route's wake rate.
-    /// Assigns `ask` a slot after the route's floor (`route_floor_ms`: its
-    /// cooldown, backoff and mutes).
+    /// A slot, ask again, or a refusal for `ask` at the route's wake rate,
+    /// after the route's floor (`route_floor_ms`: its cooldown, backoff and
+    /// mutes); also the pacing mode before it.
     pub(super) fn assign_slot(
         &mut self,
         ask: SlotAsk<'_>,
