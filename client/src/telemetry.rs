@@ -192,20 +192,22 @@ pub fn record_duplicate(route: &str) {
     let _ = route;
 }
 
-/// Marks an intent started (`+1`) or ended (`-1`) on a route, and counts
-/// one that started with no trace context to correlate it by.
-pub fn record_running(route: &str, delta: i64, correlated: bool) {
+/// Counts an intent entering the gate on a route, and one whose caller's
+/// context carries no trace to correlate its attempts and the
+/// coordinator's decisions by (call it before the intent's own span).
+pub fn record_started(route: &str) {
     #[cfg(feature = "otel")]
-    otel::record_running(route, delta, correlated);
+    otel::record_started(route, TraceOrigin::current().is_set());
     #[cfg(not(feature = "otel"))]
-    let _ = (route, delta, correlated);
+    let _ = route;
 }
 
-/// Whether the current context carries a valid trace to correlate an
-/// intent's attempts and the coordinator's decisions by. Always false
-/// without `otel`.
-pub fn correlated() -> bool {
-    TraceOrigin::current().is_set()
+/// Counts an intent leaving the gate on a route, however it ended.
+pub fn record_ended(route: &str) {
+    #[cfg(feature = "otel")]
+    otel::record_ended(route);
+    #[cfg(not(feature = "otel"))]
+    let _ = route;
 }
 
 /// Records the link's state: 1 while degraded (local fallback budget), 0
@@ -380,13 +382,19 @@ mod otel {
             .add(1, &[KeyValue::new("tollgate.route", route.to_owned())]);
     }
 
-    pub(super) fn record_running(route: &str, delta: i64, correlated: bool) {
+    pub(super) fn record_started(route: &str, correlated: bool) {
         let m = metrics();
         let route = [KeyValue::new("tollgate.route", route.to_owned())];
-        m.running.add(delta, &route);
-        if delta > 0 && !correlated {
+        m.running.add(1, &route);
+        if !correlated {
             m.uncorrelated.add(1, &route);
         }
+    }
+
+    pub(super) fn record_ended(route: &str) {
+        metrics()
+            .running
+            .add(-1, &[KeyValue::new("tollgate.route", route.to_owned())]);
     }
 
     pub(super) fn record_fallback(degraded: bool) {

@@ -230,7 +230,7 @@ impl Gate {
         Fut: Future<Output = Reply<T>>,
     {
         let running = Running::start(&intent.scope().route);
-        let intent_id: Arc<str> = Arc::from(intent.intent_id());
+        let intent_id = intent.intent_id.clone();
         let arrived = self.inner.clock.now();
         // The span model and its attributes: `telemetry` and docs/telemetry.md.
         let span = spans::intent_span(&intent);
@@ -283,7 +283,7 @@ impl Running {
     fn start(route: &str) -> Self {
         // Before the intent's own span: correlated means the caller's
         // context carries a trace.
-        telemetry::record_running(route, 1, telemetry::correlated());
+        telemetry::record_started(route);
         Running {
             route: route.to_owned(),
         }
@@ -292,6 +292,6 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        telemetry::record_running(&self.route, -1, true);
+        telemetry::record_ended(&self.route);
     }
 }
