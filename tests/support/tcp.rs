@@ -113,11 +113,7 @@ impl Coordinator {
     }
 
     pub(crate) async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.addr))
-            .expect("valid uri")
-            .connect()
-            .await
-            .expect("connect to the coordinator")
+        self.connect(None).await
     }
 
     /// A channel whose connection comes from `source`, any address of
@@ -125,9 +121,13 @@ impl Coordinator {
     /// limits (the bad-token slow-down).
     #[allow(dead_code)]
     pub(crate) async fn channel_from(&self, source: std::net::IpAddr) -> Channel {
+        self.connect(Some(source)).await
+    }
+
+    async fn connect(&self, source: Option<std::net::IpAddr>) -> Channel {
         Channel::from_shared(format!("http://{}", self.addr))
             .expect("valid uri")
-            .local_address(Some(source))
+            .local_address(source)
             .connect()
             .await
             .expect("connect to the coordinator")
