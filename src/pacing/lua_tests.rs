@@ -35,6 +35,17 @@ return out
 /// A seeded mix of reports (overload, outage, re-arming hints, cooldowns)
 /// and Reconsiders, 90 s long.
 fn steps(seed: u64) -> Vec<Value> {
+    mix(seed, 300, 0)
+}
+
+/// Like [`steps`], but reports every few tens of milliseconds with about as
+/// many successes as first attempts plus a little: a route near its edge,
+/// where windows alternate between clean probes and a few rejections.
+fn edge_steps(seed: u64) -> Vec<Value> {
+    mix(seed, 60, 1)
+}
+
+fn mix(seed: u64, gap: i64, edge: i64) -> Vec<Value> {
     let mut x = seed;
     let mut next = move |n: i64| {
         x = x
@@ -46,8 +57,29 @@ fn steps(seed: u64) -> Vec<Value> {
     let mut cursor = 0;
     let mut out = Vec::new();
     while now < T0 + 90_000 {
-        now += next(300);
-        if next(3) == 0 {
+        now += next(gap);
+        let report = next(3) == 0;
+        if report && edge == 1 {
+            // Every third window draws a few rejections, now and then one
+            // with a short hint, and every other of those all inside a
+            // short cooldown; the others are clean.
+            let window = (now - T0) / 1000;
+            let rejecting = window % 3 == 0;
+            let paused = window % 6 == 3;
+            let hints: Vec<i64> = if rejecting && next(10) == 0 {
+                vec![now + 1000]
+            } else {
+                Vec::new()
+            };
+            let first = 40 + next(5);
+            out.push(json!({
+                "k": "o", "now": now, "first": first, "ok": first + next(12),
+                "rej": if rejecting { next(4) } else { 0 },
+                "cd": if paused || next(8) == 0 { now + 500 } else { 0 },
+                "cda": if hints.is_empty() { 0 } else { now + 1000 },
+                "hints": hints,
+            }));
+        } else if report {
             let hints: Vec<i64> = (0..next(4) * next(2))
                 .map(|_| match next(6) {
                     0 => T0 + 40_000,
@@ -170,8 +202,12 @@ fn the_lua_port_agrees_with_the_rust_controller_step_by_step() {
     ];
     let mut seen = std::collections::BTreeSet::new();
     for (i, p) in policies.iter().enumerate() {
-        for seed in 1..=4 {
-            let steps = steps(seed * 31 + i as u64);
+        for seed in 1..=8 {
+            let steps = if seed <= 4 {
+                steps(seed * 31 + i as u64)
+            } else {
+                edge_steps(seed * 31 + i as u64)
+            };
             let want = run_rust(p, &steps);
             for line in &want {
                 let words: Vec<&str> = line.split(' ').collect();

@@ -15,13 +15,17 @@
 //! - the **wake rate** follows the spare while nobody waits, and is probed
 //!   upward only in windows where it was actually used and nothing was
 //!   rejected: doubling (keeping the fleet's total within an eighth above the
-//!   most the upstream has served) until the first rejection, then straight
-//!   to the midpoint between the rate the cut went back to and the one that
-//!   drew it (bisection), then a sixteenth at a time. The first rejection of
-//!   a window cuts it at once back to the last rate a window used cleanly;
-//!   the window's end sets it from the spare it measured, not below that
-//!   clean rate once and never below half after — multiplicative back-off
-//!   that trusts a saturated sample no further than a halving.
+//!   most the upstream has served) until the first rejection. The first
+//!   rejection of a window cuts it at once back to the last rate a window
+//!   used cleanly; the window's end sets it just under the spare it
+//!   measured (what a window serves includes the limiter's banked burst),
+//!   not below that clean rate once and never below half after —
+//!   multiplicative back-off that trusts a saturated sample no further than
+//!   a halving. From there the rate climbs back to the measured edge, then
+//!   a sixteenth at a time; the spare read from a clean window moves it
+//!   only once it is twice that edge (the edge was an outage's stragglers,
+//!   not the upstream's). A cut to a fallback, with no edge measured, heads
+//!   for the midpoint between it and the rate that drew it (bisection).
 //!
 //! When first attempts alone ask for more than the upstream serves (a window
 //! that drew rejections served less than its first attempts, with a margin:
@@ -46,7 +50,7 @@
 //! was learned before it. A short cooldown explains them only in the window
 //! after a cut, though: short hints re-armed back to back by the rate's own
 //! overshoot would otherwise freeze it, so beyond that window the rate
-//! steps down a sixteenth a window. A limiter that re-arms its full
+//! steps down a sixteenth a window, or to the spare when that is lower. A limiter that re-arms its full
 //! `Retry-After` on every rejected attempt is detected when successive
 //! hints stop counting down ([`Mode::PenaltyExtending`]): nothing is woken
 //! until the latest hint passes, then exactly one probe, and only a success
@@ -57,6 +61,7 @@
 //! bit for bit; the state is a handful of integers, stored per route in
 //! memory and as Redis hash fields ([`PacingState::to_fields`]).
 
+mod fields;
 mod slot;
 mod window;
 
@@ -658,67 +663,6 @@ impl PacingState {
         } else if matches!(self.mode(), Mode::Pinned | Mode::KnownLimit) {
             self.mode = Mode::Steady as i64;
         }
-    }
-
-    /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
-    pub fn to_fields(&self) -> [(&'static str, i64); 21] {
-        [
-            ("win", self.win),
-            ("w_first", self.w_first),
-            ("w_ok", self.w_ok),
-            ("w_rej", self.w_rej),
-            ("w_refused", self.w_refused),
-            ("w_granted", self.w_granted),
-            ("w_held", self.w_held),
-            ("w_cut_from", self.w_cut_from),
-            ("w_short", self.w_short),
-            ("w_frozen", self.w_frozen),
-            ("rate_m", self.rate_m),
-            ("rate_max_m", self.rate_max_m),
-            ("rate_ok_m", self.rate_ok_m),
-            ("cap_m", self.cap_m),
-            ("lam_m", self.lam_m),
-            ("hint_until", self.hint_until),
-            ("streak", self.streak),
-            ("closed_until", self.closed_until),
-            ("penalty_until", self.penalty_until),
-            ("probe_at", self.probe_at),
-            ("mode", self.mode),
-        ]
-    }
-
-    /// Rebuilds a state from [`to_fields`](Self::to_fields) output; a
-    /// missing field reads as 0, so an older record still loads.
-    pub fn from_fields<'a>(fields: impl IntoIterator<Item = (&'a str, i64)>) -> Self {
-        let mut st = Self::new(0, &PacingPolicy::default());
-        for (name, v) in fields {
-            let slot = match name {
-                "win" => &mut st.win,
-                "w_first" => &mut st.w_first,
-                "w_ok" => &mut st.w_ok,
-                "w_rej" => &mut st.w_rej,
-                "w_refused" => &mut st.w_refused,
-                "w_granted" => &mut st.w_granted,
-                "w_held" => &mut st.w_held,
-                "w_cut_from" => &mut st.w_cut_from,
-                "w_short" => &mut st.w_short,
-                "w_frozen" => &mut st.w_frozen,
-                "rate_m" => &mut st.rate_m,
-                "rate_max_m" => &mut st.rate_max_m,
-                "rate_ok_m" => &mut st.rate_ok_m,
-                "cap_m" => &mut st.cap_m,
-                "lam_m" => &mut st.lam_m,
-                "hint_until" => &mut st.hint_until,
-                "streak" => &mut st.streak,
-                "closed_until" => &mut st.closed_until,
-                "penalty_until" => &mut st.penalty_until,
-                "probe_at" => &mut st.probe_at,
-                "mode" => &mut st.mode,
-                _ => continue,
-            };
-            *slot = v;
-        }
-        st
     }
 }
 

@@ -206,6 +206,58 @@ fn back_to_back_short_hints_do_not_freeze_an_overshooting_rate() {
     );
 }
 
+/// A window that drew rejections measures the edge: the rate goes just
+/// under it, climbs back to it, then past it by sixteenths. A clean window
+/// that serves more than the edge (the limiter's burst, banked while the
+/// cut held) does not carry the rate past it in one step.
+#[test]
+fn a_measured_edge_is_approached_by_sixteenths_not_by_a_burst() {
+    let p = policy();
+    let mut st = learned();
+    let at = T0 + 20_000;
+    // 200/s of retries on 800/s of first attempts; the upstream serves 1000.
+    report(&mut st, &p, at, (800, 1000, 40), &[], 0);
+    st.advance(at + 1000, &p);
+    assert_eq!(st.mode(), Mode::BackingOff);
+    assert_eq!(st.wake_rate_m(), just_under(200_000));
+    // Clean, and 80 more served than the edge: back to the edge only.
+    report(&mut st, &p, at + 1000, (800, 1080, 0), &[], 0);
+    st.advance(at + 2000, &p);
+    assert_eq!(st.wake_rate_m(), 200_000);
+    // Clean again: a sixteenth past it.
+    report(&mut st, &p, at + 2000, (800, 1000, 0), &[], 0);
+    st.advance(at + 3000, &p);
+    assert_eq!(st.wake_rate_m(), 212_500);
+}
+
+/// A saturated route whose first attempts fit again keeps the edge its
+/// saturated windows measured: retries probe past what it leaves by
+/// sixteenths, not with the doubling of a route that never found one.
+#[test]
+fn leaving_saturation_keeps_the_measured_edge() {
+    let p = policy();
+    let mut st = PacingState {
+        cap_m: 600_000,
+        lam_m: 200_000,
+        rate_m: 550_000,
+        rate_ok_m: 550_000,
+        rate_max_m: 600_000,
+        mode: Mode::Saturated as i64,
+        ..PacingState::new(T0 + 20_000, &p)
+    };
+    let at = T0 + 20_000;
+    // Every intent that asked got a slot, nothing was refused.
+    report(&mut st, &p, at, (200, 200, 0), &[], 0);
+    st.advance(at + 1000, &p);
+    assert_eq!(st.mode(), Mode::Steady);
+    assert_eq!(st.wake_rate_m(), 400_000, "what first attempts leave");
+    // Used, and clean: a sixteenth more.
+    report(&mut st, &p, at + 1000, (200, 600, 0), &[], 0);
+    st.advance(at + 2000, &p);
+    assert_eq!(st.mode(), Mode::Probing);
+    assert_eq!(st.wake_rate_m(), 425_000);
+}
+
 #[test]
 fn the_rate_grows_only_when_it_was_used() {
     let p = policy();

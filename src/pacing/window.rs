@@ -37,10 +37,14 @@ impl PacingState {
                 } else {
                     let before = self.rate_m;
                     self.cap_m = self.cap_m.min(self.lam_m + before);
-                    if self.rate_max_m > 0 {
-                        self.rate_max_m = self.rate_max_m.min(before);
-                    }
-                    self.rate_m = just_under(before).max(policy.floor_m);
+                    let down = just_under(before).min(self.spare_m().max(before / 2));
+                    let edge = down + (before - down) / 2;
+                    self.rate_max_m = if self.rate_max_m > 0 {
+                        self.rate_max_m.min(edge)
+                    } else {
+                        edge
+                    };
+                    self.rate_m = down.max(policy.floor_m);
                 }
             }
             if self.w_frozen == 0 || self.w_rej > 0 {
@@ -90,12 +94,19 @@ impl PacingState {
             } else {
                 before / 2
             };
-            let cut = before.min(measured.max(fallback));
+            let cut = before.min(just_under(measured).max(fallback));
             self.rate_ok_m = 0;
-            // Recovery heads halfway back to the rate that drew the
-            // rejections, not all of it: that rate is known to be too much,
-            // and heading for it again repeats the overshoot.
-            self.rate_max_m = cut + (before - cut) / 2;
+            // A cut the window measured went back just under the edge it
+            // found (what it served includes whatever burst the limiter
+            // had banked): the rate climbs back to that edge and past it by
+            // sixteenths. A cut to a fallback knows no edge: recovery
+            // heads halfway back to the rate that drew the rejections, not
+            // all of it (that rate is known to be too much).
+            self.rate_max_m = if measured.min(before) > fallback {
+                measured.min(before)
+            } else {
+                cut + (before - cut) / 2
+            };
             self.rate_m = cut;
             self.mode = Mode::BackingOff as i64;
         } else {
@@ -103,7 +114,18 @@ impl PacingState {
             let spare = self.spare_m();
             if used {
                 self.rate_ok_m = self.rate_m;
-                self.rate_m = spare.max(self.grown());
+                // Near an edge that rejections showed, the probe schedule
+                // alone moves the rate: a clean window right after a pause
+                // serves the limiter's refilled burst as well, and a spare
+                // read from it would jump past the edge in one step. A
+                // spare of twice the edge says it was no edge (stragglers
+                // of an outage, a brownout's end): the spare leads again.
+                let grown = self.grown();
+                self.rate_m = if spare < 2 * self.rate_max_m {
+                    grown
+                } else {
+                    spare.max(grown)
+                };
                 if self.rate_m >= 2 * self.rate_max_m {
                     // An edge found at half the rate now served cleanly is
                     // no longer the edge (the upstream grew, or the edge was
@@ -167,7 +189,10 @@ impl PacingState {
             self.cap_m = self.cap_m.max(served_m);
             self.rate_m = self.spare_m();
             self.rate_ok_m = 0;
-            self.rate_max_m = 0;
+            // The capacity was measured at its edge: retries probe past
+            // what it leaves by sixteenths, not by the growth of a route
+            // that never found one.
+            self.rate_max_m = self.rate_m.max(MILLI);
             self.mode = Mode::Steady as i64;
         }
         self.clamp_rate(policy);

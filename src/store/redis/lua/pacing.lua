@@ -124,9 +124,13 @@ local function pace_learn(p, P)
     if p.w_cut_from > 0 then before = p.w_cut_from end
     local fallback = idiv(before, 2)
     if p.rate_ok_m > 0 then fallback = math.min(p.rate_ok_m, before) end
-    local cut = math.min(before, math.max(measured, fallback))
+    local cut = math.min(before, math.max(pace_just_under(measured), fallback))
     p.rate_ok_m = 0
-    p.rate_max_m = cut + idiv(before - cut, 2)
+    if math.min(measured, before) > fallback then
+      p.rate_max_m = math.min(measured, before)
+    else
+      p.rate_max_m = cut + idiv(before - cut, 2)
+    end
     p.rate_m = cut
     p.mode = M_BACKING_OFF
   else
@@ -134,7 +138,8 @@ local function pace_learn(p, P)
     local spare = pace_spare(p)
     if used then
       p.rate_ok_m = p.rate_m
-      p.rate_m = math.max(spare, pace_grown(p))
+      local grown = pace_grown(p)
+      if spare < 2 * p.rate_max_m then p.rate_m = grown else p.rate_m = math.max(spare, grown) end
       if p.rate_m >= 2 * p.rate_max_m then p.rate_max_m = 0 end
       p.mode = M_PROBING
     else
@@ -205,7 +210,7 @@ local function pace_learn_saturated(p, P)
   elseif p.hint_until <= p.win * PACE_WINDOW then
     p.cap_m = math.max(p.cap_m, served)
     p.rate_m = pace_spare(p)
-    p.rate_ok_m, p.rate_max_m = 0, 0
+    p.rate_ok_m, p.rate_max_m = 0, math.max(p.rate_m, MILLI)
     p.mode = M_STEADY
   end
   pace_clamp(p, P)
@@ -226,8 +231,10 @@ local function pace_close_window(p, P)
       else
         local before = p.rate_m
         p.cap_m = math.min(p.cap_m, p.lam_m + before)
-        if p.rate_max_m > 0 then p.rate_max_m = math.min(p.rate_max_m, before) end
-        p.rate_m = math.max(pace_just_under(before), P.floor_m)
+        local down = math.min(pace_just_under(before), math.max(pace_spare(p), idiv(before, 2)))
+        local edge = down + idiv(before - down, 2)
+        if p.rate_max_m > 0 then p.rate_max_m = math.min(p.rate_max_m, edge) else p.rate_max_m = edge end
+        p.rate_m = math.max(down, P.floor_m)
       end
     end
     if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P) end
