@@ -1,5 +1,7 @@
-//! One test per branch of the decision order, per hint form at engine level,
-//! and per misuse the engine refuses.
+//! One test per branch of the decision order and per misuse the engine
+//! refuses. Every hint form is in `hints`, the wait and what ends it in
+//! `reconsideration`, a held first attempt in `hold`; the helpers here serve
+//! them all.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use rand::rngs::StdRng;
 use super::*;
 use crate::backoff::{Backoff, Jitter};
 use crate::classify::{GrpcCode, Sent, TransportFailure};
-use crate::hint::{HintForm, InvalidHint};
+use crate::hint::HintForm;
 
 const NOON: &str = "Mon, 01 Jan 2024 12:00:00 GMT";
 
@@ -262,145 +264,6 @@ fn the_attempt_cap_stops_and_keeps_the_hint_as_evidence() {
     assert_eq!(last.wait, None, "no wait was planned");
 }
 
-// --- Hints, every form, at engine level -------------------------------
-
-/// The decision for one 429 received at elapsed 2 s (12:00:02 wall).
-fn decide_hint(raw: &str, max_hint: Option<Duration>, clock_trusted: bool) -> (Decision, Intent) {
-    let mut spec = spec(RepetitionKind::Safe);
-    spec.clock_trusted = clock_trusted;
-    let mut intent = Intent::new(spec, policy_with(max_hint));
-    let d = first(&mut intent, s(2), http(429, Some(raw)));
-    (d, intent)
-}
-
-#[test]
-fn valid_delays_wait_exactly_the_hint_when_above_the_floor() {
-    for (raw, secs) in [("3", 3), (" 3\t", 3), ("007", 7), ("0", 1)] {
-        let (d, _) = decide_hint(raw, None, true);
-        assert_eq!(wait_of(d), s(secs), "{raw:?}");
-    }
-}
-
-#[test]
-fn invalid_hints_fall_back_to_backoff_never_to_zero() {
-    for raw in ["+3", "-1", "1.5", "NaN", "", "   ", "tomorrow", "3 s"] {
-        let (d, intent) = decide_hint(raw, None, true);
-        assert_eq!(wait_of(d), s(2), "{raw:?}: backoff after one attempt");
-        let hint = intent.records()[0].hint.clone().expect("hint read");
-        assert_eq!(hint.form, HintForm::Invalid, "{raw:?}");
-        assert_eq!(hint.raw.as_deref(), Some(raw), "raw text kept");
-    }
-}
-
-#[test]
-fn an_overflowing_delay_saturates_and_never_becomes_a_short_wait() {
-    let raw = "18446744073709551616";
-    let (d, _) = decide_hint(raw, Some(s(300)), true);
-    assert_eq!(d, Decision::Stop(Outcome::HintExceedsCap));
-    // Without a hint cap the enormous wait cannot fit the budget.
-    let (d, intent) = decide_hint(raw, None, true);
-    assert_eq!(d, Decision::Stop(Outcome::DeadlineInfeasible));
-    assert_eq!(intent.records()[0].next_start, Some(Duration::MAX));
-}
-
-#[test]
-fn dates_are_converted_once_against_the_receipt_wall_time() {
-    // Received at 12:00:02: a date of 12:00:07 is 5 s away.
-    let (d, intent) = decide_hint("Mon, 01 Jan 2024 12:00:07 GMT", None, true);
-    assert_eq!(wait_of(d), s(5));
-    assert_eq!(
-        intent.records()[0].hint.as_ref().map(|h| h.form),
-        Some(HintForm::Date)
-    );
-    for raw in ["Monday, 01-Jan-24 12:00:07 GMT", "Mon Jan  1 12:00:07 2024"] {
-        assert_eq!(wait_of(decide_hint(raw, None, true).0), s(5), "{raw}");
-    }
-}
-
-#[test]
-fn lowercase_and_malformed_dates_are_invalid() {
-    for raw in [
-        "mon, 01 jan 2024 12:00:07 gmt",
-        "Mon, 01 Jan 2024 25:00:07 GMT",
-        "2024-01-01T12:00:07Z",
-    ] {
-        let (d, intent) = decide_hint(raw, None, true);
-        assert_eq!(wait_of(d), s(2), "{raw}");
-        assert_eq!(
-            intent.records()[0].hint.as_ref().map(|h| h.verdict),
-            Some(HintVerdict::Invalid(InvalidHint::Malformed))
-        );
-    }
-}
-
-#[test]
-fn a_past_date_is_zero_then_floored() {
-    let (d, intent) = decide_hint("Mon, 01 Jan 2024 11:00:00 GMT", None, true);
-    assert_eq!(wait_of(d), s(1), "min_wait floors a past date");
-    assert_eq!(
-        intent.records()[0].hint.as_ref().map(|h| h.verdict),
-        Some(HintVerdict::Valid {
-            delay: Duration::ZERO,
-            past: true
-        })
-    );
-}
-
-#[test]
-fn a_date_a_century_out_exceeds_the_cap_or_the_deadline() {
-    let raw = "Sat, 01 Jan 2124 12:00:00 GMT";
-    assert_eq!(
-        decide_hint(raw, Some(s(60)), true).0,
-        Decision::Stop(Outcome::HintExceedsCap)
-    );
-    assert_eq!(
-        decide_hint(raw, None, true).0,
-        Decision::Stop(Outcome::DeadlineInfeasible)
-    );
-}
-
-#[test]
-fn an_untrusted_clock_refuses_a_date_but_honours_a_delay() {
-    assert_eq!(
-        decide_hint("Mon, 01 Jan 2024 12:00:07 GMT", None, false).0,
-        Decision::Stop(Outcome::ClockUntrusted)
-    );
-    assert_eq!(wait_of(decide_hint("3", None, false).0), s(3));
-}
-
-#[test]
-fn a_hint_above_max_hint_stops_and_is_never_shortened() {
-    let (d, intent) = decide_hint("11", Some(s(10)), true);
-    assert_eq!(d, Decision::Stop(Outcome::HintExceedsCap));
-    assert_eq!(intent.outcome(), Some((Outcome::HintExceedsCap, s(2))));
-    assert_eq!(wait_of(decide_hint("10", Some(s(10)), true).0), s(10));
-}
-
-#[test]
-fn grpc_pushback_is_a_hint_and_a_negative_one_means_stop() {
-    let mut intent = fresh();
-    let obs = Observation::grpc(GrpcCode::ResourceExhausted, Sent::After, Some("1500"));
-    assert_eq!(wait_of(first(&mut intent, s(1), obs)), ms(1500));
-    let mut intent = fresh();
-    let obs = Observation::grpc(GrpcCode::ResourceExhausted, Sent::After, Some("-1"));
-    assert_eq!(
-        first(&mut intent, s(1), obs),
-        Decision::Stop(Outcome::NonRetryable)
-    );
-}
-
-#[test]
-fn an_absent_hint_uses_the_backoff_for_the_attempts_completed() {
-    let mut intent = fresh();
-    let d = first(&mut intent, s(2), http(429, None));
-    assert_eq!(wait_of(d), s(2));
-    let t = wake_and_start(&mut intent, d);
-    let d = intent
-        .on_response(t + s(1), http(503, None), &mut rng())
-        .expect("response");
-    assert_eq!(wait_of(d), s(4));
-}
-
 // --- The deadline gate at receipt ------------------------------------
 
 #[test]
@@ -435,173 +298,6 @@ fn a_start_exactly_at_the_limit_fits() {
     assert!(intent.fits(s(16)));
     assert!(!intent.fits(s(16) + Duration::from_nanos(1)));
     assert!(!intent.fits(Duration::MAX));
-}
-
-// --- Reconsideration ---------------------------------------------
-
-#[test]
-fn a_late_wake_re_checks_the_deadline_at_the_current_time() {
-    let mut intent = fresh();
-    // 2 + 12 = 14; 14 + 4 = 18 fits at receipt.
-    let d = first(&mut intent, s(2), http(429, Some("12")));
-    assert_eq!(
-        d,
-        Decision::Wait {
-            next_start: s(14),
-            wait: s(12)
-        }
-    );
-    // Woken at 17: 17 + 4 = 21 > 20.
-    assert_eq!(
-        intent.on_wake(s(17), WakeCheck::default()),
-        Ok(WakeDecision::Stop(Outcome::DeadlineInfeasible))
-    );
-    assert_eq!(intent.outcome(), Some((Outcome::DeadlineInfeasible, s(17))));
-    assert_eq!(intent.waited_time(), s(15), "the late part was waited too");
-    assert_eq!(intent.records()[0].woke, Some(s(17)));
-}
-
-#[test]
-fn a_wake_before_next_start_is_refused() {
-    let mut intent = fresh();
-    first(&mut intent, s(2), http(429, Some("3")));
-    assert_eq!(
-        intent.on_wake(s(4), WakeCheck::default()),
-        Err(EngineError::EarlyWake {
-            now: s(4),
-            next_start: s(5)
-        })
-    );
-}
-
-#[test]
-fn cancellation_at_wake_stops_before_any_start() {
-    let mut intent = fresh();
-    first(&mut intent, s(2), http(429, Some("3")));
-    assert_eq!(
-        intent.on_wake(s(5), WakeCheck { cancelled: true }),
-        Ok(WakeDecision::Stop(Outcome::Cancelled))
-    );
-    assert!(matches!(
-        intent.start_attempt(s(5)),
-        Err(EngineError::WrongPhase { .. })
-    ));
-    assert_eq!(intent.attempts_started(), 1);
-}
-
-#[test]
-fn cancel_while_waiting_drops_the_delayed_attempt() {
-    let mut intent = fresh();
-    first(&mut intent, s(2), http(429, Some("3")));
-    assert_eq!(intent.cancel(s(3)), Ok(Outcome::Cancelled));
-    assert_eq!(intent.waited_time(), s(1));
-    assert!(matches!(
-        intent.on_wake(s(5), WakeCheck::default()),
-        Err(EngineError::WrongPhase { .. })
-    ));
-    assert_eq!(intent.outcome(), Some((Outcome::Cancelled, s(3))));
-}
-
-#[test]
-fn cancel_in_flight_discards_the_response() {
-    let mut intent = fresh();
-    intent.start_attempt(Duration::ZERO).expect("start");
-    assert_eq!(intent.cancel(s(1)), Ok(Outcome::Cancelled));
-    let record = &intent.records()[0];
-    assert!(record.response_discarded);
-    assert_eq!(
-        record.decision,
-        Some(RecordDecision::Stop(Outcome::Cancelled))
-    );
-    assert_eq!(intent.request_time(), s(1));
-    assert!(matches!(
-        intent.on_response(s(2), http(200, None), &mut rng()),
-        Err(EngineError::WrongPhase { .. })
-    ));
-    assert_eq!(intent.last_status(), None);
-}
-
-#[test]
-fn cancel_before_the_first_start_and_after_the_end() {
-    let mut intent = fresh();
-    assert_eq!(intent.cancel(Duration::ZERO), Ok(Outcome::Cancelled));
-    assert_eq!(intent.attempts_started(), 0);
-
-    let mut done = fresh();
-    first(&mut done, s(1), http(200, None));
-    assert_eq!(done.cancel(s(2)), Ok(Outcome::Succeeded), "the end stands");
-}
-
-#[test]
-fn an_admission_is_for_its_instant_only() {
-    let mut intent = fresh();
-    first(&mut intent, s(2), http(429, Some("3")));
-    assert_eq!(
-        intent.on_wake(s(5), WakeCheck::default()),
-        Ok(WakeDecision::Start)
-    );
-    assert_eq!(
-        intent.start_attempt(s(6)),
-        Err(EngineError::StaleAdmission {
-            admitted_at: s(5),
-            now: s(6)
-        })
-    );
-}
-
-#[test]
-fn defer_moves_later_and_re_runs_the_deadline_gate() {
-    let mut intent = fresh();
-    first(&mut intent, s(2), http(429, Some("3")));
-    assert_eq!(
-        intent.defer(s(2), s(4)),
-        Err(EngineError::DeferEarlier {
-            until: s(4),
-            next_start: s(5)
-        })
-    );
-    assert_eq!(
-        intent.defer(s(2), s(9)),
-        Ok(Decision::Wait {
-            next_start: s(9),
-            wait: s(7)
-        })
-    );
-    assert_eq!(intent.records()[0].next_start, Some(s(9)));
-    assert!(matches!(
-        intent.on_wake(s(5), WakeCheck::default()),
-        Err(EngineError::EarlyWake { .. })
-    ));
-    assert_eq!(
-        intent.defer(s(3), s(17)),
-        Ok(Decision::Stop(Outcome::DeadlineInfeasible))
-    );
-    assert_eq!(intent.outcome(), Some((Outcome::DeadlineInfeasible, s(3))));
-}
-
-#[test]
-fn the_gate_can_refuse_for_budget_capacity_or_owner() {
-    for (refusal, outcome) in [
-        (GateRefusal::BudgetExhausted, Outcome::BudgetExhausted),
-        (
-            GateRefusal::CapacityUnavailable,
-            Outcome::CapacityUnavailable,
-        ),
-        (GateRefusal::OwnerElsewhere, Outcome::OwnerElsewhere),
-    ] {
-        let mut intent = fresh();
-        first(&mut intent, s(2), http(429, Some("3")));
-        assert_eq!(intent.refuse(s(5), refusal), Ok(outcome));
-        assert_eq!(intent.outcome(), Some((outcome, s(5))));
-        assert_eq!(intent.waited_time(), s(3));
-    }
-    let mut in_flight = fresh();
-    in_flight.start_attempt(Duration::ZERO).expect("start");
-    assert!(
-        in_flight
-            .refuse(s(1), GateRefusal::BudgetExhausted)
-            .is_err()
-    );
 }
 
 // --- Misuse and records --------------------------------------------------------
@@ -696,25 +392,6 @@ fn outcome_names_are_snake_case_everywhere() {
     );
 }
 
-#[test]
-fn completion_evidence_while_waiting_ends_succeeded_without_another_start() {
-    let mut intent = fresh();
-    first(&mut intent, s(2), http(429, Some("3")));
-    assert_eq!(intent.complete(s(3)), Ok(Outcome::Succeeded));
-    assert_eq!(intent.outcome(), Some((Outcome::Succeeded, s(3))));
-    assert_eq!(intent.waited_time(), s(1));
-    assert!(matches!(
-        intent.on_wake(s(5), WakeCheck::default()),
-        Err(EngineError::WrongPhase { .. })
-    ));
-    assert_eq!(intent.attempts_started(), 1);
-
-    let mut in_flight = fresh();
-    in_flight.start_attempt(Duration::ZERO).expect("start");
-    assert!(matches!(
-        in_flight.complete(s(1)),
-        Err(EngineError::WrongPhase { .. })
-    ));
-}
-
+mod hints;
 mod hold;
+mod reconsideration;
