@@ -36,6 +36,9 @@ pub(crate) use tcp::Coordinator;
 /// Mon, 01 Jan 2024 12:00:00 GMT: HTTP-dates in tests are easy to write.
 pub(crate) const T0: i64 = 1_704_110_400_000;
 
+/// A route for tests that need one and do not care which.
+pub(crate) const ROUTE: &str = "GET /users/{id}";
+
 /// The caller token of `tenant-a`, and the policy-file entry that makes the
 /// coordinator require it (add it to a file to turn authentication on).
 pub(crate) const TENANT_A_TOKEN: &str = "token-of-tenant-a";
