@@ -308,35 +308,29 @@ impl HintState {
         let before = self.cooldown_until_ms;
         let id = reporter.worker_id;
         let mut claim = corroboration::Claim::None;
+        let muted = corroboration::is_muted(&self.mutes, id, now_ms);
         if let Some(until) = a.cooldown_until_ms {
-            if corroboration::is_muted(&self.mutes, id, now_ms) {
+            if muted {
                 claim = corroboration::Claim::Muted;
             } else {
-                let rules = corroboration::Rules::of(policy).within_typical(
-                    self.recent.iter().filter_map(|r| {
-                        r.cooldown_until_ms
-                            .map(|until| until.saturating_sub(r.at_ms))
-                    }),
-                );
+                let rules = self.rules(policy);
                 corroboration::claim(&mut self.workers, id, until, a.anchor_ms, now_ms);
-                let mut verdict =
-                    corroboration::evaluate(&self.workers, rules, reporter.active, now_ms);
-                self.cooldown_until_ms = self.cooldown_until_ms.max(verdict.until_ms);
-                // A cooldown an earlier claim set may outlast what the claims
-                // support now (a lone claim's reach shrinks with the typical
-                // hint): then the cooldown in force is not corroborated, and
-                // must not hold the fleet's first attempts as if it were.
-                verdict.corroborated &=
-                    verdict.until_ms.saturating_add(HINT_GRANULARITY_MS) >= self.cooldown_until_ms;
+                self.reassess(rules, reporter.active, now_ms);
                 claim = corroboration::judge(
                     &mut self.workers,
                     id,
-                    &verdict,
+                    &self.corroboration,
                     self.cooldown_until_ms,
                     rules,
                 );
-                self.corroboration = verdict;
             }
+        } else if a.widen_backoff && !muted && self.cooldown_until_ms > now_ms {
+            // Refused without a hint while a cooldown holds: the upstream's
+            // own behaviour supports the cooldown, to now + cap at most.
+            let rules = self.rules(policy);
+            let reach = now_ms.saturating_add(rules.cap_ms);
+            corroboration::support(&mut self.workers, id, reach, now_ms);
+            self.reassess(rules, reporter.active, now_ms);
         }
         if a.widen_backoff {
             self.backoff_step = (self.backoff_step + 1).min(MAX_BACKOFF_STEP);
@@ -364,6 +358,29 @@ impl HintState {
             claim,
             noisy: self.workers.get(id).is_some_and(WorkerEvidence::noisy),
         }
+    }
+
+    /// The policy's corroboration rules, the cap no longer than the typical
+    /// recent hint.
+    fn rules(&self, policy: &Policy) -> corroboration::Rules {
+        corroboration::Rules::of(policy).within_typical(self.recent.iter().filter_map(|r| {
+            r.cooldown_until_ms
+                .map(|until| until.saturating_sub(r.at_ms))
+        }))
+    }
+
+    /// Sets the cooldown to `max(current, what the claims support)` and
+    /// records how well they support it.
+    fn reassess(&mut self, rules: corroboration::Rules, active: usize, now_ms: i64) {
+        let mut verdict = corroboration::evaluate(&self.workers, rules, active, now_ms);
+        self.cooldown_until_ms = self.cooldown_until_ms.max(verdict.until_ms);
+        // A cooldown an earlier claim set may outlast what the claims
+        // support now (a lone claim's reach shrinks with the typical hint):
+        // then the cooldown in force is not corroborated, and must not hold
+        // the fleet's first attempts as if it were.
+        verdict.corroborated &=
+            verdict.until_ms.saturating_add(HINT_GRANULARITY_MS) >= self.cooldown_until_ms;
+        self.corroboration = verdict;
     }
 
     /// Until when this state must be kept: its floor, and any mute in

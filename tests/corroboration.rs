@@ -93,6 +93,67 @@ async fn three_agreeing_workers_set_the_full_cooldown() {
     coordinator.stop().await;
 }
 
+/// `worker` was refused with no `Retry-After`, received at `at_unix_ms`.
+async fn refused_without_hint(
+    client: &mut BudgetClient<Channel>,
+    worker: &str,
+    at_unix_ms: i64,
+) -> i64 {
+    client
+        .report(v1::ReportRequest {
+            scope: route(),
+            worker_id: worker.into(),
+            rejections: 1,
+            evidence: vec![v1::Evidence {
+                http_status: 429,
+                receipt_unix_ms: at_unix_ms,
+                sent_unix_ms: at_unix_ms - 50,
+                ..v1::Evidence::default()
+            }],
+            ..v1::ReportRequest::default()
+        })
+        .await
+        .expect("report")
+        .into_inner()
+        .cooldown_until_unix_ms
+}
+
+#[tokio::test]
+async fn refusals_without_hints_corroborate_a_claim_only_as_far_as_they_reach() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let (mut stream, _) = support::watch(&mut client, &route(), "watcher").await;
+    quiet_fleet(&mut client, 11).await;
+    assert_eq!(
+        hint(&mut client, "w0", "300", ScopeCertainty::Known).await,
+        T0 + 5_000
+    );
+    let event = support::next_event(&mut stream, "the capped cooldown").await;
+    assert!(!event.cooldown_corroborated);
+    // Two other workers refused 2 s and 3 s in, without a hint: the
+    // upstream itself says it is refusing, for their refusals plus the cap.
+    coordinator.advance(std::time::Duration::from_secs(2));
+    let cooldown = refused_without_hint(&mut client, "w1", T0 + 2_000).await;
+    assert_eq!(
+        cooldown,
+        T0 + 7_000,
+        "one worker refused reaches its own cap"
+    );
+    let event = support::next_event(&mut stream, "one refusal's reach").await;
+    assert!(!event.cooldown_corroborated);
+    coordinator.advance(std::time::Duration::from_secs(1));
+    let cooldown = refused_without_hint(&mut client, "w2", T0 + 3_000).await;
+    assert_eq!(
+        cooldown,
+        T0 + 8_000,
+        "rolled on to the refusals + 5 s, not 300 s"
+    );
+    let event = support::next_event(&mut stream, "the corroborated cooldown").await;
+    assert_eq!(event.cooldown_until_unix_ms, T0 + 8_000);
+    assert!(event.cooldown_corroborated);
+    coordinator.stop().await;
+}
+
 #[tokio::test]
 async fn one_outlier_among_twenty_gets_the_robust_cooldown_and_is_counted() {
     let coordinator = Coordinator::open().await;

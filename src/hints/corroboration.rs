@@ -194,6 +194,32 @@ pub fn claim(
     anchor_ms: i64,
     now_ms: i64,
 ) {
+    let w = record(workers, worker, until_ms, anchor_ms, now_ms);
+    w.hints = w.hints.saturating_add(1);
+}
+
+/// Records the upstream's behaviour as `worker`'s claim: it refused the
+/// worker without a hint at `now_ms`, while a cooldown held. That supports
+/// the cooldown only as far as `until_ms` (the caller's `now + cap`), a
+/// streak like any claim: enough distinct workers refused keep it rolling
+/// while the upstream keeps refusing, and a lone claim, however long, gets
+/// no further than that. Not a hint: nothing is judged or counted.
+pub fn support(
+    workers: &mut BTreeMap<String, WorkerEvidence>,
+    worker: &str,
+    until_ms: i64,
+    now_ms: i64,
+) {
+    record(workers, worker, until_ms, now_ms, now_ms);
+}
+
+fn record<'a>(
+    workers: &'a mut BTreeMap<String, WorkerEvidence>,
+    worker: &str,
+    until_ms: i64,
+    anchor_ms: i64,
+    now_ms: i64,
+) -> &'a mut WorkerEvidence {
     if !workers.contains_key(worker) && workers.len() >= MAX_EVIDENCE_WORKERS {
         let oldest = workers
             .iter()
@@ -212,7 +238,7 @@ pub fn claim(
         w.claim_until_ms = w.claim_until_ms.max(until_ms);
     }
     w.last_ms = w.last_ms.max(now_ms);
-    w.hints = w.hints.saturating_add(1);
+    w
 }
 
 /// How one valid hint's claim stood against the fleet when it was merged.

@@ -186,6 +186,57 @@ pub(crate) async fn uncertain_evidence_from_one_worker_does_not_broaden(s: &dyn 
     assert_eq!(d.caller_evidence.corroboration.workers, 3);
 }
 
+/// `worker` reports a 429 without a `Retry-After` at `now_ms`.
+async fn report_hintless(s: &dyn Store, worker: &str, now_ms: i64, p: &Policy) -> Merge {
+    let input = EvidenceInput {
+        http_status: 429,
+        receipt_ms: now_ms,
+        ..EvidenceInput::default()
+    };
+    let hints = [LevelHint {
+        caller_wide: false,
+        assessment: assess(&input, p, now_ms),
+    }];
+    let batch = ReportBatch {
+        worker_id: worker,
+        first_attempts: 0,
+        successes: 0,
+        rejections: 1,
+        hints: &hints,
+        now_ms,
+    };
+    s.report(&key(), batch, p).await.expect("report").merges[0]
+}
+
+/// The upstream's own behaviour corroborates a cooldown: other workers
+/// refused without a hint while it holds support it, each to its refusal
+/// plus the cap, and enough of them keep it rolling while the upstream keeps
+/// refusing. A lone claim never reaches its full length that way, and
+/// hintless refusals with no cooldown in force set none.
+pub(crate) async fn hintless_refusals_from_other_workers_support_a_cooldown_to_the_cap(
+    s: &dyn Store,
+) {
+    let p = Policy::default();
+    quiet_fleet(s, 11, &p).await;
+    let m = report_hintless(s, "w5", T0, &p).await;
+    assert_eq!(m.cooldown_until_ms, 0, "no cooldown to support");
+    // One worker claims 300 s: the fleet waits the cap.
+    let m = report_429(s, "w0", "300", false, &p).await;
+    assert_eq!((m.cooldown_until_ms, m.corroborated), (T0 + 5_000, false));
+    // Refused without a hint 2 s in: one worker alone reaches its own cap.
+    let m = report_hintless(s, "w1", T0 + 2_000, &p).await;
+    assert_eq!((m.cooldown_until_ms, m.corroborated), (T0 + 7_000, false));
+    // A second, and three workers (the claimant among them) agree.
+    let m = report_hintless(s, "w2", T0 + 2_000, &p).await;
+    assert_eq!((m.cooldown_until_ms, m.corroborated), (T0 + 7_000, true));
+    // Still refused 6 s in: it rolls on, never to the claimed 300 s.
+    report_hintless(s, "w1", T0 + 6_000, &p).await;
+    let m = report_hintless(s, "w2", T0 + 6_000, &p).await;
+    assert_eq!((m.cooldown_until_ms, m.corroborated), (T0 + 11_000, true));
+    let view = s.view(&key().route, T0 + 6_000).await.expect("view");
+    assert_eq!(view.cooldown_until_ms, T0 + 11_000);
+}
+
 pub(crate) async fn a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged(s: &dyn Store) {
     let p = Policy::default();
     quiet_fleet(s, 11, &p).await;

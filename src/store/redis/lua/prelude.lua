@@ -221,9 +221,9 @@ local function corr_within_typical(R, recent)
   return { m = R.m, p = R.p, cap = math.min(R.cap, typical) }
 end
 
--- claim: records a worker's claim, forgetting the longest-silent worker
--- (the smallest id among ties, as a BTreeMap's min_by_key) when full.
-local function corr_claim(workers, wid, until_ms, anchor, now)
+-- record: a worker's claim, forgetting the longest-silent worker (the
+-- smallest id among ties, as a BTreeMap's min_by_key) when full.
+local function corr_record(workers, wid, until_ms, anchor, now)
   if not workers[wid] and count(workers) >= MAX_EVIDENCE_WORKERS then
     local oldest, at
     for id, w in pairs(workers) do
@@ -242,6 +242,12 @@ local function corr_claim(workers, wid, until_ms, anchor, now)
     w.c = math.max(w.c, until_ms)
   end
   w.l = math.max(w.l, now)
+  return w
+end
+
+-- claim: a hint's claim, counted.
+local function corr_claim(workers, wid, until_ms, anchor, now)
+  local w = corr_record(workers, wid, until_ms, anchor, now)
   w.h = w.h + 1
 end
 
@@ -283,17 +289,28 @@ local function merge_hint(out, h, a, now, base, max, wid, active, R)
   local before = h.cd
   local claim = 0
   h.workers = h.workers or {}
-  if a.until_ms >= 0 and corr_muted(h, wid, now) then
+  local muted = corr_muted(h, wid, now)
+  -- HintState::reassess: the cooldown = max(current, what the claims
+  -- support); a cooldown an earlier claim set may outlast that support.
+  local function reassess()
+    local v = corr_evaluate(h.workers, R, active, now)
+    h.cd = math.max(h.cd, v.u)
+    if v.u + HINT_GRANULARITY < h.cd then v.c = 0 end
+    h.corr = v
+  end
+  if a.until_ms >= 0 and muted then
     claim = 4
   elseif a.until_ms >= 0 then
     R = corr_within_typical(R, h.recent)
     corr_claim(h.workers, wid, a.until_ms, a.anchor, now)
-    local v = corr_evaluate(h.workers, R, active, now)
-    h.cd = math.max(h.cd, v.u)
-    -- A cooldown an earlier claim set may outlast what the claims support.
-    if v.u + HINT_GRANULARITY < h.cd then v.c = 0 end
-    claim = corr_judge(h.workers, wid, v, h.cd, R)
-    h.corr = v
+    reassess()
+    claim = corr_judge(h.workers, wid, h.corr, h.cd, R)
+  elseif a.widen and not muted and h.cd > now then
+    -- Refused without a hint while a cooldown holds: the upstream's own
+    -- behaviour supports it, to now + cap at most (corroboration::support).
+    R = corr_within_typical(R, h.recent)
+    corr_record(h.workers, wid, now + R.cap, now, now)
+    reassess()
   end
   if a.widen then
     h.step = math.min(h.step + 1, MAX_BACKOFF_STEP)
