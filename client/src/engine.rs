@@ -381,7 +381,9 @@ impl Intent {
         }
         Ok(Decision::Wait {
             next_start: until,
-            wait: until - since,
+            // A hold until an instant already past (the gate read its clock
+            // once for `until` and again for `now`) is no wait at all.
+            wait: until.saturating_sub(since),
         })
     }
 

@@ -24,6 +24,23 @@ fn a_held_first_attempt_starts_at_the_hold_and_counts_it_as_waiting() {
 }
 
 #[test]
+fn a_hold_until_an_instant_already_past_waits_for_nothing() {
+    // Real clocks move between two readings: the gate may ask to hold until
+    // the instant it read just before `now`.
+    let mut intent = fresh();
+    assert_eq!(
+        intent.hold(ms(100), ms(99)),
+        Ok(Decision::Wait {
+            next_start: ms(99),
+            wait: Duration::ZERO,
+        })
+    );
+    let start = intent.start_attempt(ms(100)).expect("start now");
+    assert_eq!(start.number, 1);
+    assert_eq!(intent.waited_time(), Duration::ZERO);
+}
+
+#[test]
 fn a_held_first_attempt_may_not_start_early_nor_be_held_earlier() {
     let mut intent = fresh();
     intent.hold(Duration::ZERO, s(5)).expect("hold");
