@@ -12,7 +12,7 @@ use support::{
 use tollgate_proto::v1::{self, LeaseLimit, Priority, ScopeCertainty, ScopeEventKind};
 use tonic::Code;
 
-const ROUTE: &str = "GET /users/{id}";
+use support::ROUTE;
 
 fn set(caller: &str, route: &str, expected: u64, ratio: f64, patch: bool) -> v1::SetPolicyRequest {
     v1::SetPolicyRequest {

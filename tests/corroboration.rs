@@ -10,7 +10,7 @@ use tollgate_proto::v1::{
 };
 use tonic::transport::Channel;
 
-const ROUTE: &str = "GET /users/{id}";
+use support::ROUTE;
 
 fn route() -> Option<v1::Scope> {
     scope("tenant-a", ROUTE, Priority::Normal)

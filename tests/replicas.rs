@@ -24,7 +24,7 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-const ROUTE: &str = "GET /users/{id}";
+use support::ROUTE;
 const PREFIX: &str = "tollgate";
 
 struct Fleet {

@@ -29,7 +29,7 @@ use tracing::{Span, field::Empty, instrument};
 
 use crate::auth::{Authenticator, Identity};
 use crate::budget::GrantLimit;
-use crate::coordinator::{Coordinator, ReportIn, ReportedResponse, SlotRequest};
+use crate::coordinator::{Coordinator, ReportIn, ReportOut, ReportedResponse, SlotRequest};
 use crate::hints::EvidenceInput;
 use crate::hints::corroboration::Claim;
 use crate::metrics::CoordinatorMetrics;
@@ -109,6 +109,53 @@ impl BudgetService {
         self.auth.check(identity, &key.route.caller_scope)?;
         crate::telemetry::record_scope(&Span::current(), &key);
         Ok(key)
+    }
+
+    /// Records a report's outcome on its span and in the metrics.
+    fn record_report(
+        &self,
+        scope: &ScopeKey,
+        out: &ReportOut,
+        first_attempts: u32,
+        evidence: usize,
+    ) {
+        let span = Span::current();
+        for a in &out.assessments {
+            self.metrics.hint(a.form.as_str(), a.valid);
+        }
+        // The span keeps the newest valid hint, else the newest one: a
+        // hintless 503 reported with a 429's Retry-After must not hide it.
+        // Every hint is counted above.
+        let shown = out
+            .assessments
+            .iter()
+            .rev()
+            .find(|a| a.valid)
+            .or_else(|| out.assessments.last());
+        if let Some(a) = shown {
+            span.record("tollgate.hint.form", a.form.as_str());
+            span.record("tollgate.hint.valid", a.valid);
+            span.record("tollgate.hint.delay_ms", a.delay_ms);
+            span.record("tollgate.hint.capped", a.capped);
+        }
+        for (level, until) in &out.raised {
+            self.metrics.cooldown(level.to_string(), *until);
+        }
+        for merge in out.merges.iter().filter(|m| m.claim != Claim::None) {
+            self.metrics.claim(merge.claim.as_str(), merge.noisy);
+            // The span keeps the newest claim's standing, like the hint.
+            span.record("tollgate.hint.claim", merge.claim.as_str());
+            span.record("tollgate.cooldown.corroborated", merge.corroborated);
+            span.record("tollgate.cooldown.workers", merge.workers);
+        }
+        span.record("tollgate.first_attempts", first_attempts);
+        span.record("tollgate.evidence", evidence);
+        span.record(
+            "tollgate.cooldown_until_unix_ms",
+            out.view.cooldown_until_ms,
+        );
+        span.record("tollgate.policy_version", out.policy_version);
+        self.metrics.pacing(&scope.route, &out.pacing);
     }
 }
 
@@ -256,43 +303,7 @@ impl Budget for BudgetService {
             .report(&scope, report)
             .await
             .map_err(ServiceError::from)?;
-        let span = Span::current();
-        for a in &out.assessments {
-            self.metrics.hint(a.form.as_str(), a.valid);
-        }
-        // The span keeps the newest valid hint, else the newest one: a
-        // hintless 503 reported with a 429's Retry-After must not hide it.
-        // Every hint is counted above.
-        let shown = out
-            .assessments
-            .iter()
-            .rev()
-            .find(|a| a.valid)
-            .or_else(|| out.assessments.last());
-        if let Some(a) = shown {
-            span.record("tollgate.hint.form", a.form.as_str());
-            span.record("tollgate.hint.valid", a.valid);
-            span.record("tollgate.hint.delay_ms", a.delay_ms);
-            span.record("tollgate.hint.capped", a.capped);
-        }
-        for (level, until) in &out.raised {
-            self.metrics.cooldown(level.to_string(), *until);
-        }
-        for merge in out.merges.iter().filter(|m| m.claim != Claim::None) {
-            self.metrics.claim(merge.claim.as_str(), merge.noisy);
-            // The span keeps the newest claim's standing, like the hint.
-            span.record("tollgate.hint.claim", merge.claim.as_str());
-            span.record("tollgate.cooldown.corroborated", merge.corroborated);
-            span.record("tollgate.cooldown.workers", merge.workers);
-        }
-        span.record("tollgate.first_attempts", first_attempts);
-        span.record("tollgate.evidence", req.evidence.len());
-        span.record(
-            "tollgate.cooldown_until_unix_ms",
-            out.view.cooldown_until_ms,
-        );
-        span.record("tollgate.policy_version", out.policy_version);
-        self.metrics.pacing(&scope.route, &out.pacing);
+        self.record_report(&scope, &out, first_attempts, req.evidence.len());
         let verdicts = out
             .assessments
             .iter()
