@@ -31,23 +31,36 @@ pub(super) async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
 
 /// `worker` reports a 429 with `Retry-After: hint` received at `T0`.
 async fn report_429(s: &dyn Store, worker: &str, hint: &str, uncertain: bool, p: &Policy) -> Merge {
+    report_refusal(s, worker, Some(hint), uncertain, T0, p).await
+}
+
+/// `worker` reports one 429 (with `Retry-After: hint`, if any) received at
+/// `now_ms`.
+async fn report_refusal(
+    s: &dyn Store,
+    worker: &str,
+    hint: Option<&str>,
+    uncertain: bool,
+    now_ms: i64,
+    p: &Policy,
+) -> Merge {
     let input = EvidenceInput {
         http_status: 429,
-        retry_after: Some(hint),
-        receipt_ms: T0,
+        retry_after: hint,
+        receipt_ms: now_ms,
         ..EvidenceInput::default()
     };
     let hints = [LevelHint {
         caller_wide: uncertain,
-        assessment: assess(&input, p, T0),
+        assessment: assess(&input, p, now_ms),
     }];
     let batch = ReportBatch {
         worker_id: worker,
         first_attempts: 0,
         successes: 0,
-        rejections: 0,
+        rejections: 1,
         hints: &hints,
-        now_ms: T0,
+        now_ms,
     };
     s.report(&key(), batch, p).await.expect("report").merges[0]
 }
@@ -188,24 +201,7 @@ pub(crate) async fn uncertain_evidence_from_one_worker_does_not_broaden(s: &dyn 
 
 /// `worker` reports a 429 without a `Retry-After` at `now_ms`.
 async fn report_hintless(s: &dyn Store, worker: &str, now_ms: i64, p: &Policy) -> Merge {
-    let input = EvidenceInput {
-        http_status: 429,
-        receipt_ms: now_ms,
-        ..EvidenceInput::default()
-    };
-    let hints = [LevelHint {
-        caller_wide: false,
-        assessment: assess(&input, p, now_ms),
-    }];
-    let batch = ReportBatch {
-        worker_id: worker,
-        first_attempts: 0,
-        successes: 0,
-        rejections: 1,
-        hints: &hints,
-        now_ms,
-    };
-    s.report(&key(), batch, p).await.expect("report").merges[0]
+    report_refusal(s, worker, None, false, now_ms, p).await
 }
 
 /// The upstream's own behaviour corroborates a cooldown: other workers
