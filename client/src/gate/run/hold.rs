@@ -78,7 +78,7 @@ impl Run<'_> {
         // the cooldown.
         let mut until = now;
         loop {
-            if !self.hold_until(until) {
+            if !self.hold_until(self.now(), until) {
                 return self.end_hold(evidence);
             }
             let reconsidered = if self.gate.link_state() == LinkState::Connected {
@@ -115,7 +115,7 @@ impl Run<'_> {
                     (until, false)
                 }
             };
-            if !self.hold_until(until) {
+            if !self.hold_until(self.now(), until) {
                 return self.end_hold(evidence);
             }
             if !asking {
@@ -137,17 +137,18 @@ impl Run<'_> {
             self.cancel_at(now);
             return self.end_hold(evidence);
         }
-        if !self.hold_until(now) {
+        if !self.hold_until(now, now) {
             return self.end_hold(evidence);
         }
         self.held = Some(evidence);
         Held::StartAt(now)
     }
 
-    /// Holds the engine's first start until `until`; false if the intent
-    /// ended (a start then cannot fit the deadline).
-    fn hold_until(&mut self, until: Duration) -> bool {
-        let now = self.now();
+    /// Holds the engine's first start until `until`, deciding at `now`;
+    /// false if the intent ended (a start then cannot fit the deadline).
+    /// `now` is the caller's reading: reading the clock again here would
+    /// leave the engine later than the instant the caller then starts at.
+    fn hold_until(&mut self, now: Duration, until: Duration) -> bool {
         let until = until.max(self.engine.held_until().unwrap_or_default());
         still_waiting(self.engine.hold(now, until))
     }
