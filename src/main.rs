@@ -147,6 +147,14 @@ enum BenchCommand {
   tollgate bench soak                              # 10 minutes at half the measured max
   tollgate bench soak --duration 3m --rate 2000 --json soak.json")]
     Soak(tollgate::bench::soak::SoakArgs),
+    /// An HTTP/1 upstream stand-in with the storm's capacity model and an
+    /// outage, printing its load per second (for tests/chaos_fleet.rs).
+    #[command(hide = true)]
+    Upstream(tollgate::bench::fleet::upstream::UpstreamArgs),
+    /// One worker process sending intents through the gate to an upstream
+    /// (for tests/chaos_fleet.rs).
+    #[command(hide = true)]
+    Worker(tollgate::bench::fleet::worker::WorkerArgs),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -235,6 +243,8 @@ fn bench(bench: BenchCommand) -> anyhow::Result<()> {
                 anyhow::bail!("soak: FAIL (see the verdicts above)");
             }
         }
+        BenchCommand::Upstream(args) => tollgate::bench::fleet::upstream::run(&args, stdout)?,
+        BenchCommand::Worker(args) => tollgate::bench::fleet::worker::run(&args, stdout)?,
     }
     Ok(())
 }

@@ -65,7 +65,8 @@ pub use runner::{CoordinatorRecord, RpcSeries, ScopeSeries};
 pub use strategy::{IntentIo, Strategy, StrategyKind, VirtualWall, WorkerIdentity, WorkerRunner};
 
 use arrivals::Arrival;
-use upstream::Upstream;
+// The fleet bench's upstream process serves this same model over HTTP.
+pub(crate) use upstream::{BUCKET, Truth, Upstream};
 
 /// Wall time at elapsed zero of every run: a fixed instant, so HTTP-date
 /// hints (and so the whole run) do not depend on when the benchmark is run.

@@ -72,6 +72,22 @@ impl Served {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Sends the child a signal by name (`STOP`, `CONT`), as `kill -NAME`
+    /// does: std's `Child` can only SIGKILL.
+    pub(crate) fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// SIGKILLs the child and reaps it: a crash, not a drain.
+    pub(crate) fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        let _ = self.child.wait();
+    }
+
     /// Whether it has exited, and how.
     pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().expect("try_wait")

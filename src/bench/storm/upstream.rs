@@ -47,7 +47,7 @@ use super::wall::VirtualWall;
 use super::{HintStyle, StormConfig};
 
 /// The width of one load bucket.
-pub(super) const BUCKET: Duration = Duration::from_millis(100);
+pub(crate) const BUCKET: Duration = Duration::from_millis(100);
 
 /// How far behind rejection work can put the upstream: at most this much of
 /// its capacity. Work beyond it is shed: a real server's queue is bounded,
@@ -72,28 +72,28 @@ pub enum Answer {
 
 /// What the upstream saw during one run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct Observed {
+pub(crate) struct Observed {
     /// Attempts offered per 100 ms bucket since the start.
-    pub(super) offered: Vec<u32>,
+    pub(crate) offered: Vec<u32>,
     /// Attempts served per 100 ms bucket.
-    pub(super) served: Vec<u32>,
+    pub(crate) served: Vec<u32>,
     /// Attempts refused per 100 ms bucket.
-    pub(super) refused: Vec<u32>,
+    pub(crate) refused: Vec<u32>,
     /// 429s sent.
-    pub(super) rejected: u64,
+    pub(crate) rejected: u64,
     /// Attempts that arrived at or after their intent's deadline.
-    pub(super) after_deadline: u64,
+    pub(crate) after_deadline: u64,
     /// Attempts that arrived after their intent was cancelled.
-    pub(super) after_cancel: u64,
+    pub(crate) after_cancel: u64,
 }
 
 /// The facts about an attempt's intent the upstream checks it against.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Truth {
-    pub(super) deadline: Instant,
-    pub(super) cancel_at: Option<Instant>,
+pub(crate) struct Truth {
+    pub(crate) deadline: Instant,
+    pub(crate) cancel_at: Option<Instant>,
     /// Whether the token was already cancelled when the attempt was sent.
-    pub(super) token_cancelled: bool,
+    pub(crate) token_cancelled: bool,
 }
 
 #[derive(Debug)]
@@ -111,7 +111,7 @@ struct State {
 
 /// The upstream of one run.
 #[derive(Debug)]
-pub(super) struct Upstream {
+pub(crate) struct Upstream {
     config: StormConfig,
     burst: f64,
     /// The most rejection work the upstream can owe, in tokens.
@@ -122,7 +122,7 @@ pub(super) struct Upstream {
 }
 
 impl Upstream {
-    pub(super) fn new(config: &StormConfig, start: Instant, wall: Arc<VirtualWall>) -> Self {
+    pub(crate) fn new(config: &StormConfig, start: Instant, wall: Arc<VirtualWall>) -> Self {
         let burst = (config.capacity * BUCKET.as_secs_f64()).max(1.0);
         Upstream {
             config: config.clone(),
@@ -144,7 +144,7 @@ impl Upstream {
     /// Handles one attempt: decides at arrival, answers after the service
     /// time. Dropping the future after its first poll (a cancelled caller)
     /// does not undo the attempt: the upstream already has it.
-    pub(super) async fn call(&self, truth: Truth) -> Answer {
+    pub(crate) async fn call(&self, truth: Truth) -> Answer {
         let answer = self.offer(Instant::now(), truth);
         tokio::time::sleep(self.config.service_time).await;
         answer
@@ -227,7 +227,7 @@ impl Upstream {
     }
 
     /// What was seen so far.
-    pub(super) fn observed(&self) -> Observed {
+    pub(crate) fn observed(&self) -> Observed {
         self.state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
