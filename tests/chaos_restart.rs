@@ -4,8 +4,11 @@
 //! allowance at the policy's floor and growing only as reports of first
 //! attempts arrive again.
 
+#[path = "support/process.rs"]
+mod process;
 mod support;
 
+use process::Served;
 use tollgate_proto::v1::{self, Priority};
 
 use support::Coordinator;
@@ -69,41 +72,17 @@ async fn a_restarted_coordinator_grants_the_floor_until_reports_arrive() {
     after.stop().await;
 }
 
-/// The coordinator as a real `tollgate serve` process on a free port.
-struct ServeProcess {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl ServeProcess {
-    async fn start(addr: std::net::SocketAddr) -> ServeProcess {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["serve", "--listen", &addr.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn tollgate serve");
-        support::poll("the coordinator listens", support::secs(30), || async {
-            tokio::net::TcpStream::connect(addr).await.is_ok()
-        })
-        .await;
-        ServeProcess { child, addr }
-    }
-
-    fn signal(&self, name: &str) {
-        let status = std::process::Command::new("kill")
-            .args([format!("-{name}"), self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name}");
-    }
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A real `tollgate serve` listening on `port`, SERVING.
+async fn serve(port: u16, log: &str) -> Served {
+    let mut command = std::process::Command::new(process::BIN);
+    command
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("TOLLGATE_STORE")
+        .env_remove("TOLLGATE_LISTEN");
+    let dir = process::temp_dir("chaos-restart");
+    let mut served = Served::spawn(command, port, &dir.join(log));
+    served.until_serving().await;
+    served
 }
 
 /// Workers calling Lease every 20 ms; returns, per worker, how long after
@@ -149,15 +128,11 @@ async fn time_to_fallback(
 async fn chaos_kill_stop_restart_workers_fall_back_within_one_rpc_timeout() {
     use tollgate_client::link::{CoordinatorLink, LinkConfig};
     const RPC_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
-    let addr = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-        probe.local_addr().expect("addr")
-    };
-    let mut serve = ServeProcess::start(addr).await;
+    let port = process::free_port();
+    let mut coordinator = serve(port, "serve-1.log").await;
     let links: Vec<_> = (0..8)
         .map(|i| {
-            let mut config =
-                LinkConfig::new(format!("http://{}", serve.addr), format!("worker-{i}"));
+            let mut config = LinkConfig::new(coordinator.url(), format!("worker-{i}"));
             config.rpc_timeout = RPC_TIMEOUT;
             std::sync::Arc::new(CoordinatorLink::new(&config).expect("link"))
         })
@@ -181,8 +156,7 @@ async fn chaos_kill_stop_restart_workers_fall_back_within_one_rpc_timeout() {
         .granted;
 
     // SIGKILL: connections reset; each worker's next call fails.
-    serve.child.kill().expect("SIGKILL");
-    let _ = serve.child.wait();
+    coordinator.kill();
     let fault = tokio::time::Instant::now();
     let killed = time_to_fallback(&links, fault, fault + support::secs(5)).await;
     eprintln!("SIGKILL: time to fallback per worker: {killed:?}");
@@ -192,7 +166,7 @@ async fn chaos_kill_stop_restart_workers_fall_back_within_one_rpc_timeout() {
     }
 
     // Restart: learning mode, then SIGSTOP for 5 s: calls time out.
-    serve = ServeProcess::start(addr).await;
+    coordinator = serve(port, "serve-2.log").await;
     support::poll("workers reconnect", support::secs(10), || async {
         links[0]
             .lease(support::lease(scope.clone(), "worker-0", 1))
@@ -211,12 +185,12 @@ async fn chaos_kill_stop_restart_workers_fall_back_within_one_rpc_timeout() {
         "learning mode: {after} vs {before}"
     );
 
-    serve.signal("STOP");
+    coordinator.signal("STOP");
     let fault = tokio::time::Instant::now();
     let stopped = time_to_fallback(&links, fault, fault + support::secs(5)).await;
     // Held stopped for the whole 5 s: a hung host, not a blip.
     tokio::time::sleep_until(fault + support::secs(5)).await;
-    serve.signal("CONT");
+    coordinator.signal("CONT");
     eprintln!("SIGSTOP: time to fallback per worker: {stopped:?}");
     for t in &stopped {
         let t = t.expect("every worker falls back");
