@@ -1,16 +1,15 @@
 //! Contract cases for corroborated evidence: one faulty worker must not
 //! stall a tenant, on every backend alike.
 
+use super::common::{T0, scope};
 use crate::hints::corroboration::Claim;
 use crate::hints::{EvidenceInput, Merge, assess};
 use crate::policy::Policy;
-use crate::scope::{Priority, RouteKey, ScopeKey};
+use crate::scope::{RouteKey, ScopeKey};
 use crate::store::{LevelHint, ReportBatch, Store};
 
-const T0: i64 = 1_700_000_000_000;
-
 fn key() -> ScopeKey {
-    ScopeKey::new("c", "r", Priority::Critical)
+    scope("c", "r")
 }
 
 /// Workers `w0..wN` report first attempts: they are the route's active

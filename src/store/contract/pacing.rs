@@ -2,17 +2,16 @@
 //! learned rate, tell far ones to ask again, back off on rejections and
 //! detect a limiter that re-arms its window.
 
+use super::common::{T0, scope};
 use crate::hints::{EvidenceInput, assess};
 use crate::pacing::{Mode, PacingView};
 use crate::policy::Policy;
-use crate::scope::{Priority, ScopeKey};
+use crate::scope::ScopeKey;
 use crate::slots::SlotAsk;
 use crate::store::{LevelHint, Reconsidered, ReportBatch, Store};
 
-const T0: i64 = 1_700_000_000_000;
-
 fn key() -> ScopeKey {
-    ScopeKey::new("c", "r", Priority::Critical)
+    scope("c", "r")
 }
 
 /// One worker's report at `now_ms`: counts, and a 429 with
