@@ -80,12 +80,7 @@ impl PacingState {
             // A saturated window measures what the upstream serves now.
             self.cap_m = served_m;
             let measured = (self.cap_m - self.lam_m).max(0);
-            // The rate that drew them, before the cut at the first one.
-            let before = if self.w_cut_from > 0 {
-                self.w_cut_from
-            } else {
-                self.rate_m
-            };
+            let before = self.rate_before_cut();
             // Back to the last rate that drew nothing, trusted once (a window
             // a short cooldown paused measures low); rejections again, and
             // the cut is multiplicative: never below half.
@@ -153,11 +148,7 @@ impl PacingState {
             // Over the edge: just under what the window served (a
             // saturated window measures the upstream), never below half
             // the rate that drew the rejections.
-            let before = if self.w_cut_from > 0 {
-                self.w_cut_from
-            } else {
-                self.rate_m
-            };
+            let before = self.rate_before_cut();
             self.cap_m = served_m;
             self.rate_m = just_under(served_m).max(before / 2);
             self.rate_ok_m = self.rate_m;
@@ -196,6 +187,16 @@ impl PacingState {
             self.mode = Mode::Steady as i64;
         }
         self.clamp_rate(policy);
+    }
+
+    /// The rate that drew the window's rejections: the one before the cut
+    /// at its first rejection, if there was one.
+    fn rate_before_cut(&self) -> i64 {
+        if self.w_cut_from > 0 {
+            self.w_cut_from
+        } else {
+            self.rate_m
+        }
     }
 
     /// The next rate after a window that used this one and drew nothing.

@@ -107,6 +107,12 @@ local function pace_grown(p)
   return r + math.max(idiv(r, 16), MILLI)
 end
 
+-- PacingState::rate_before_cut: the rate that drew the window's rejections.
+local function pace_before_cut(p)
+  if p.w_cut_from > 0 then return p.w_cut_from end
+  return p.rate_m
+end
+
 local function pace_learn(p, P)
   local arrived = math.max(p.w_first - p.w_held, 0) * MILLI
   if p.cap_m == 0 and p.lam_m == 0 then
@@ -120,8 +126,7 @@ local function pace_learn(p, P)
   if p.w_rej > 0 then
     p.cap_m = served
     local measured = math.max(p.cap_m - p.lam_m, 0)
-    local before = p.rate_m
-    if p.w_cut_from > 0 then before = p.w_cut_from end
+    local before = pace_before_cut(p)
     local fallback = idiv(before, 2)
     if p.rate_ok_m > 0 then fallback = math.min(p.rate_ok_m, before) end
     local cut = math.min(before, math.max(pace_just_under(measured), fallback))
@@ -187,8 +192,7 @@ local function pace_learn_saturated(p, P)
   if p.w_frozen == 1 then
     -- Became saturated in this window: nothing to learn.
   elseif p.w_refused > 0 then
-    local before = p.rate_m
-    if p.w_cut_from > 0 then before = p.w_cut_from end
+    local before = pace_before_cut(p)
     p.cap_m = served
     p.rate_m = math.max(pace_just_under(served), idiv(before, 2))
     p.rate_ok_m = p.rate_m

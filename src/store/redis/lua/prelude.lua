@@ -278,6 +278,16 @@ local function corr_muted(h, wid, now)
   return m ~= nil and m > now
 end
 
+-- HintState::reassess: the cooldown = max(current, what the claims
+-- support); a cooldown an earlier claim set may outlast that support, and
+-- is then not corroborated.
+local function corr_reassess(h, R, active, now)
+  local v = corr_evaluate(h.workers, R, active, now)
+  h.cd = math.max(h.cd, v.u)
+  if v.u + HINT_GRANULARITY < h.cd then v.c = 0 end
+  h.corr = v
+end
+
 -- Merges one assessed hint from worker `wid` (with `active` workers in the
 -- route) into `h` (HintState::merge): the claim joins the others and the
 -- cooldown = max(current, what the claims support) unless the worker is
@@ -290,27 +300,19 @@ local function merge_hint(out, h, a, now, base, max, wid, active, R)
   local claim = 0
   h.workers = h.workers or {}
   local muted = corr_muted(h, wid, now)
-  -- HintState::reassess: the cooldown = max(current, what the claims
-  -- support); a cooldown an earlier claim set may outlast that support.
-  local function reassess()
-    local v = corr_evaluate(h.workers, R, active, now)
-    h.cd = math.max(h.cd, v.u)
-    if v.u + HINT_GRANULARITY < h.cd then v.c = 0 end
-    h.corr = v
-  end
   if a.until_ms >= 0 and muted then
     claim = 4
   elseif a.until_ms >= 0 then
     R = corr_within_typical(R, h.recent)
     corr_claim(h.workers, wid, a.until_ms, a.anchor, now)
-    reassess()
+    corr_reassess(h, R, active, now)
     claim = corr_judge(h.workers, wid, h.corr, h.cd, R)
   elseif a.widen and not muted and h.cd > now then
     -- Refused without a hint while a cooldown holds: the upstream's own
     -- behaviour supports it, to now + cap at most (corroboration::support).
     R = corr_within_typical(R, h.recent)
     corr_record(h.workers, wid, now + R.cap, now, now)
-    reassess()
+    corr_reassess(h, R, active, now)
   end
   if a.widen then
     h.step = math.min(h.step + 1, MAX_BACKOFF_STEP)
