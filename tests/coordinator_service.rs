@@ -92,35 +92,25 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
         worker_id: "w".into(),
     };
     expect_field(client.watch(watch).await.map(|_| ()), "scopes");
-    let spend_more = v1::ReleaseRequest {
-        scope: good.clone(),
-        worker_id: "w".into(),
-        lease_id: client
+    // A fresh lease of two tokens, released with these counts.
+    let mut release_of_two = async |spent, retry_successes| {
+        let lease_id = client
             .lease(lease(good.clone(), "w", 2))
             .await
             .expect("lease")
             .into_inner()
-            .lease_id,
-        spent: 3,
-        retry_successes: 0,
+            .lease_id;
+        let release = v1::ReleaseRequest {
+            scope: good.clone(),
+            worker_id: "w".into(),
+            lease_id,
+            spent,
+            retry_successes,
+        };
+        client.release(release).await.map(|_| ())
     };
-    expect_field(client.release(spend_more).await.map(|_| ()), "spent");
-    let more_successes_than_spent = v1::ReleaseRequest {
-        scope: good.clone(),
-        worker_id: "w".into(),
-        lease_id: client
-            .lease(lease(good.clone(), "w", 2))
-            .await
-            .expect("lease")
-            .into_inner()
-            .lease_id,
-        spent: 1,
-        retry_successes: 2,
-    };
-    expect_field(
-        client.release(more_successes_than_spent).await.map(|_| ()),
-        "retry_successes",
-    );
+    expect_field(release_of_two(3, 0).await, "spent");
+    expect_field(release_of_two(1, 2).await, "retry_successes");
     coordinator.stop().await;
 }
 
