@@ -59,7 +59,9 @@
 //! or reported). A worker's demand is what it holds plus what it still wants;
 //! a worker seen only through reports has an unknown demand and claims an
 //! equal share, so one greedy worker cannot starve nine modest ones that
-//! happen to ask later.
+//! happen to ask later. A share is never less than one token for a worker
+//! that holds less than one: with more workers than tokens every equal
+//! share would round down to nothing, and a large fleet could never retry.
 
 mod window;
 
@@ -450,7 +452,15 @@ impl BudgetLedger {
         let fair = max_min_share(capacity, own_demand, &mut demands);
         let fair_room = fair.saturating_sub(own_held);
 
-        let by_fairness = fair_room / cost;
+        // A fleet with more workers than the class has tokens would round
+        // every equal share down to nothing, and no worker could retry at
+        // all: a worker holding less than one token's cost may take one,
+        // within the budget.
+        let by_fairness = if fair_room < cost && own_held < cost {
+            1
+        } else {
+            fair_room / cost
+        };
         let by_budget = available / cost;
         let granted_u64 = u64::from(ask.want).min(by_fairness).min(by_budget);
         let granted = u32::try_from(granted_u64).unwrap_or(ask.want);

@@ -83,6 +83,36 @@ pub(crate) async fn leases_are_fair_and_expired_ones_keep_their_charge(s: &dyn S
     ));
 }
 
+pub(crate) async fn a_fleet_larger_than_the_budget_still_gets_one_token_each(s: &dyn Store) {
+    let p = Policy::default(); // 100 tokens critical may reach
+    let key = scope("c", "r");
+    // 300 workers reporting: an equal share is a third of a token.
+    for i in 0..300 {
+        deposit(s, &key, &format!("m{i}"), 0, 0, &p, T0)
+            .await
+            .expect("deposit");
+    }
+    let one = s.lease(&key, ask("w", 5, T0), &p).await.expect("lease");
+    assert_eq!(
+        one.grant.granted, 1,
+        "one token, not a share rounded to none"
+    );
+    assert_eq!(one.grant.limit, GrantLimit::FairShare);
+    let again = s.lease(&key, ask("w", 5, T0), &p).await.expect("lease");
+    assert_eq!(again.grant.granted, 0, "it holds a token's worth already");
+    // The budget still bounds the fleet: 100 tokens, one each.
+    let mut granted = 1;
+    for i in 0..150 {
+        granted += s
+            .lease(&key, ask(&format!("m{i}"), 5, T0), &p)
+            .await
+            .expect("lease")
+            .grant
+            .granted;
+    }
+    assert_eq!(granted, 100);
+}
+
 pub(crate) async fn throttled_retries_cost_more_and_classes_do_not_share(s: &dyn Store) {
     let p = Policy::default();
     let key = scope("c", "r");

@@ -49,6 +49,9 @@ end
 local fair = max_min_share(capacity, own_held + want_milli, demands)
 local fair_room = math.max(0, fair - own_held)
 local by_fairness = idiv(fair_room, P.cost)
+-- A fleet with more workers than tokens rounds every share to nothing: a
+-- worker holding less than one token's cost may take one (BudgetLedger::grant).
+if by_fairness == 0 and own_held < P.cost then by_fairness = 1 end
 local by_budget = idiv(avail, P.cost)
 local granted = math.min(want, by_fairness, by_budget)
 local limit = 0
