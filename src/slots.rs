@@ -13,8 +13,16 @@
 //! A slot that would not leave the intent's attempt reserve before its
 //! deadline is refused and does not advance the cursor, so infeasible intents
 //! never push feasible ones later.
+//!
+//! While intents wait for a rate too low for all of them, slots go in
+//! deadline order: the cursor counts the intents told to ask again by their
+//! deadline, and an intent's place in the queue is the number of them whose
+//! deadline comes first. With every intent the same size, serving the
+//! earliest deadline that can still be met first is what loses the fewest;
+//! handing slots to whoever asks first loses an intent that had a second
+//! left to one that had twenty.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::pacing::{PacingPolicy, PacingState, SlotDecision, WINDOW_MS, WakeAsk};
 
@@ -23,6 +31,9 @@ use crate::pacing::{PacingPolicy, PacingState, SlotDecision, WINDOW_MS, WakeAsk}
 pub const MAX_PENDING_PER_ROUTE: usize = 10_000;
 /// Jitter is given as parts per million of one slot interval.
 pub const JITTER_SCALE: u32 = 1_000_000;
+/// Waiting intents are counted by deadline in buckets this wide: fine
+/// enough to order a backlog, coarse enough to sum them on every ask.
+pub const DEADLINE_BUCKET_MS: i64 = 250;
 
 /// Why a slot could not be considered at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,6 +77,11 @@ pub enum SlotOutcome {
     AskAgain(i64),
 }
 
+/// The deadline bucket of an instant.
+fn bucket(ms: i64) -> i64 {
+    ms.div_euclid(DEADLINE_BUCKET_MS)
+}
+
 /// The slot cursor of one route and the intents waiting on it.
 #[derive(Debug, Clone, Default)]
 pub struct SlotCursor {
@@ -76,6 +92,10 @@ pub struct SlotCursor {
     /// Intents told to ask again, by their deadline: the queue ahead of the
     /// next one asking, for the estimate of its wait.
     asking: HashMap<String, i64>,
+    /// How many of `asking` have their deadline in each bucket
+    /// (`deadline / DEADLINE_BUCKET_MS`): an intent's place in the queue is
+    /// the sum of the buckets before its own.
+    deadlines: BTreeMap<i64, u32>,
     /// When `asking` was last cleared of intents past their deadline.
     pruned_ms: i64,
 }
@@ -107,8 +127,10 @@ impl SlotCursor {
             deadline_ms: ask.deadline_ms,
             reserve_ms: ask.reserve_ms,
             jitter_ppm: ask.jitter_ppm,
-            // The intents ahead of this one: not itself.
-            waiting: (self.asking.len() - usize::from(asked_before)) as i64,
+            // Those that could not start in time now are not ahead of it.
+            waiting: i64::from(
+                self.ahead_of(ask.deadline_ms, ask.now_ms.saturating_add(ask.reserve_ms)),
+            ),
             cursor_us: self.next_us,
             first_attempt: ask.first_attempt,
         };
@@ -120,7 +142,7 @@ impl SlotCursor {
                         return Err(SlotError::TooManyWaiting);
                     }
                 }
-                self.asking.remove(ask.intent_id);
+                self.forget(ask.intent_id);
                 self.next_us = cursor_us;
                 self.pending.insert(ask.intent_id.to_owned(), at_ms);
                 Ok(SlotOutcome::Slot(at_ms))
@@ -131,14 +153,44 @@ impl SlotCursor {
                 // refusing would send it to decide alone, all at once with
                 // every other refused intent when the cooldown ends.
                 if asked_before || self.asking.len() < MAX_PENDING_PER_ROUTE {
+                    self.forget(ask.intent_id);
                     self.asking
                         .insert(ask.intent_id.to_owned(), ask.deadline_ms);
+                    *self.deadlines.entry(bucket(ask.deadline_ms)).or_default() += 1;
                 }
                 Ok(SlotOutcome::AskAgain(at_ms))
             }
             SlotDecision::Infeasible { at_ms } => {
-                self.asking.remove(ask.intent_id);
+                self.forget(ask.intent_id);
                 Ok(SlotOutcome::DeadlineInfeasible(at_ms))
+            }
+        }
+    }
+
+    /// Intents told to ask again whose deadline comes before `deadline_ms`
+    /// (in an earlier bucket) and not before `from_ms`: the queue ahead of
+    /// an intent in deadline order.
+    fn ahead_of(&self, deadline_ms: i64, from_ms: i64) -> u32 {
+        let (from, to) = (bucket(from_ms), bucket(deadline_ms));
+        if from >= to {
+            return 0;
+        }
+        self.deadlines.range(from..to).map(|(_, &n)| n).sum()
+    }
+
+    /// Takes `intent` off the intents told to ask again.
+    fn forget(&mut self, intent: &str) {
+        if let Some(deadline) = self.asking.remove(intent) {
+            self.uncount(deadline);
+        }
+    }
+
+    fn uncount(&mut self, deadline_ms: i64) {
+        let key = bucket(deadline_ms);
+        if let Some(n) = self.deadlines.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.deadlines.remove(&key);
             }
         }
     }
@@ -148,6 +200,10 @@ impl SlotCursor {
     fn prune_asking(&mut self, now_ms: i64) {
         if now_ms - self.pruned_ms >= WINDOW_MS || self.asking.len() >= MAX_PENDING_PER_ROUTE {
             self.asking.retain(|_, &mut deadline| deadline > now_ms);
+            self.deadlines.clear();
+            for &deadline in self.asking.values() {
+                *self.deadlines.entry(bucket(deadline)).or_default() += 1;
+            }
             self.pruned_ms = now_ms;
         }
     }
@@ -266,6 +322,43 @@ mod tests {
         assert_eq!(first, SlotOutcome::Slot(NOW + 1000));
         let moved = assign(&mut cursor, ask("a", NOW + 9000, i64::MAX, 0), 10).expect("ok");
         assert_eq!(moved, SlotOutcome::Slot(NOW + 9000));
+    }
+
+    #[test]
+    fn the_earliest_deadline_takes_the_next_slot_unless_slots_go_unused() {
+        // Learned pacing at its floor, one slot a second, a 250 ms horizon.
+        let policy = PacingPolicy::default();
+        let mut pacing = PacingState::new(NOW, &policy);
+        let mut cursor = SlotCursor::default();
+        let mut at = |intent: &str, now_ms: i64, deadline_ms: i64| {
+            let ask = SlotAsk {
+                now_ms,
+                ..ask(intent, now_ms, deadline_ms, 0)
+            };
+            cursor.assign(ask, &mut pacing, &policy).expect("ok")
+        };
+        assert_eq!(at("first", NOW, NOW + 60_000), SlotOutcome::Slot(NOW));
+        for (intent, deadline) in [("far", 60_000), ("farther", 50_000), ("near", 10_000)] {
+            assert!(matches!(
+                at(intent, NOW, NOW + deadline),
+                SlotOutcome::AskAgain(_)
+            ));
+        }
+        // The next slot is within the horizon, but two intents with earlier
+        // deadlines wait: the one that asked first asks again.
+        let next = NOW + 800;
+        assert!(matches!(
+            at("far", next, NOW + 60_000),
+            SlotOutcome::AskAgain(_)
+        ));
+        assert_eq!(
+            at("near", next, NOW + 10_000),
+            SlotOutcome::Slot(NOW + 1000)
+        );
+        // Nobody asks for the slot after it: once the cursor has fallen an
+        // interval behind, whoever asks takes one.
+        let later = NOW + 3_500;
+        assert_eq!(at("far", later, NOW + 60_000), SlotOutcome::Slot(later));
     }
 
     #[test]

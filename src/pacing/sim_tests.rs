@@ -105,7 +105,8 @@ fn run(shape: Shape, secs: i64) -> Run {
                     deadline_ms: now + 60_000,
                     reserve_ms: 100,
                     jitter_ppm: ((seed >> 33) % 1_000_000) as u32,
-                    waiting: *waiting,
+                    // One deadline for all: none is ahead of another.
+                    waiting: 0,
                     cursor_us: cursor,
                     first_attempt: first,
                 };

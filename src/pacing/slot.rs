@@ -16,6 +16,10 @@ use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 /// wait; the bound also keeps the estimate's arithmetic far from overflow.
 const MAX_WAITING: i64 = MAX_PENDING_PER_ROUTE as i64;
 
+/// A queue ahead longer than this (about 30 years) puts a slot past any
+/// horizon; the bound keeps the product exact in a Lua number.
+const MAX_QUEUED_US: i64 = 1_000_000_000_000_000;
+
 /// One waiting intent asking when to go.
 #[derive(Debug, Clone, Copy)]
 pub struct WakeAsk {
@@ -29,8 +33,9 @@ pub struct WakeAsk {
     pub reserve_ms: i64,
     /// `0..JITTER_SCALE`, drawn by the caller from an injected RNG.
     pub jitter_ppm: u32,
-    /// Intents on this route told to ask again and still waiting: the
-    /// queue ahead of this one, for the estimate of its wait.
+    /// Intents on this route told to ask again and still waiting whose
+    /// deadline comes before this one's: the queue ahead of it, in
+    /// deadline order.
     pub waiting: i64,
     /// The route's slot cursor (start of the next free interval, Unix µs).
     pub cursor_us: i64,
@@ -101,9 +106,21 @@ impl PacingState {
             .saturating_add(spread(interval_us))
             .div_euclid(1000);
         let horizon = policy.horizon_ms.max(1);
+        // Earlier deadlines go first: the slots of the intents ahead of this
+        // one come before its own, and it takes the next slot only if they
+        // still leave it within the horizon. Unless nothing is booked ahead
+        // (the cursor is not past now): the intents ahead are not asking, so
+        // whoever asks takes the slot starting now, and the rate is never
+        // left idle for an intent that is not there.
+        let idle = ask.cursor_us <= now.saturating_mul(1000);
+        let queued_us = if idle {
+            0
+        } else {
+            (ask.waiting.clamp(0, MAX_WAITING) * interval_us).min(MAX_QUEUED_US)
+        };
         // The interval's start decides: its jitter is the slot's own, not
         // a reason to make the intent ask again.
-        if start_us.div_euclid(1000) <= now + horizon {
+        if start_us.saturating_add(queued_us).div_euclid(1000) <= now + horizon {
             if slot.saturating_add(ask.reserve_ms) > ask.deadline_ms {
                 return SlotDecision::Infeasible { at_ms: slot };
             }

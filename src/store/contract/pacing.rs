@@ -99,6 +99,49 @@ pub(crate) async fn a_far_slot_is_ask_again_and_a_near_one_is_given(s: &dyn Stor
     );
 }
 
+pub(crate) async fn the_earliest_deadline_takes_the_next_slot(s: &dyn Store) {
+    let p = Policy::default(); // learned, at its floor: a slot every 100 ms
+    let route = &key().route;
+    let at = async |intent: &str, now_ms: i64, deadline_ms: i64| {
+        let ask = SlotAsk {
+            deadline_ms,
+            ..asking(intent, now_ms)
+        };
+        s.reconsider(route, ask, &p).await.expect("answer").decided
+    };
+    let (far, near) = (T0 + 60_000, T0 + 5_000);
+    for (i, intent) in ["a", "b", "c"].into_iter().enumerate() {
+        let slot = T0 + 100 * i as i64;
+        assert_eq!(at(intent, T0, far).await, Reconsidered::Slot(slot));
+    }
+    for (intent, deadline) in [
+        ("far", far),
+        ("near1", near),
+        ("near2", near),
+        ("near3", near),
+    ] {
+        assert!(matches!(
+            at(intent, T0, deadline).await,
+            Reconsidered::AskAgain(_)
+        ));
+    }
+    // The next slot (T0 + 300) is within the horizon, but three intents
+    // with an earlier deadline wait for it: the far one asks again.
+    assert!(matches!(
+        at("far", T0 + 100, far).await,
+        Reconsidered::AskAgain(_)
+    ));
+    assert_eq!(
+        at("near1", T0 + 100, near).await,
+        Reconsidered::Slot(T0 + 300)
+    );
+    // Slots nobody asked for in time go to whoever asks.
+    assert_eq!(
+        at("far", T0 + 2_000, far).await,
+        Reconsidered::Slot(T0 + 2_000)
+    );
+}
+
 pub(crate) async fn rejections_outside_a_cooldown_cut_the_wake_rate(s: &dyn Store) {
     let p = Policy::default();
     // One clean window measures capacity and first attempts, the next

@@ -12,7 +12,7 @@ use crate::hints::corroboration::{MAX_EVIDENCE_WORKERS, MAX_MUTES, NOISY_MIN_DIS
 use crate::hints::{MAX_BACKOFF_STEP, RECENT_HINTS};
 use crate::pacing::{HINT_GRANULARITY_MS, PacingPolicy};
 use crate::policy::Policy;
-use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
+use crate::slots::{DEADLINE_BUCKET_MS, JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 use crate::store::LevelHint;
 
 /// The scripts, compiled once; their SHA1 is computed here and each is sent
@@ -41,6 +41,7 @@ fn shared_bounds() -> String {
          local MAX_WORKERS = {MAX_WORKERS_PER_CLASS}\n\
          local MAX_LEASES = {MAX_LEASES_PER_ROUTE}\n\
          local MAX_PENDING = {MAX_PENDING_PER_ROUTE}\n\
+         local DEADLINE_BUCKET = {DEADLINE_BUCKET_MS}\n\
          local JITTER_SCALE = {JITTER_SCALE}\n\
          local RECENT_HINTS = {RECENT_HINTS}\n\
          local MAX_BACKOFF_STEP = {MAX_BACKOFF_STEP}\n\
@@ -129,6 +130,7 @@ mod tests {
             "MAX_WORKERS",
             "MAX_LEASES",
             "MAX_PENDING",
+            "DEADLINE_BUCKET",
             "JITTER_SCALE",
             "RECENT_HINTS",
             "MAX_BACKOFF_STEP",

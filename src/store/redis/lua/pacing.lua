@@ -379,7 +379,13 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   local start = math.max(cursor, floor * 1000)
   local slot = idiv(start + spread(interval), 1000)
   local horizon = math.max(P.horizon_ms, 1)
-  if math.floor(start / 1000) <= now + horizon then
+  -- Earlier deadlines go first, unless slots are going unused
+  -- (PacingState::decide).
+  local queued = 0
+  if cursor > now * 1000 then
+    queued = math.min(math.min(math.max(waiting, 0), MAX_PENDING) * interval, 1e15)
+  end
+  if math.floor((start + queued) / 1000) <= now + horizon then
     if slot + reserve > deadline then return 'infeasible', slot end
     p.w_granted = p.w_granted + 1
     p.w_held = p.w_held + held

@@ -21,6 +21,24 @@ local cd = math.max(st.hints.cd, ccd)
 local vfloor = math.max(hints_floor(st.hints), cfloor)
 local cur = st.slots
 cur.asking = cur.asking or {}
+-- Intents told to ask again, counted by deadline bucket (SlotCursor's
+-- `deadlines`); rebuilt from `asking` where an older record has none.
+local function dl_rebuild()
+  cur.dl = {}
+  for _, d in pairs(cur.asking) do
+    local b = math.floor(d / DEADLINE_BUCKET)
+    cur.dl[b] = (cur.dl[b] or 0) + 1
+  end
+end
+local function forget(i)
+  local d = cur.asking[i]
+  if d == nil then return end
+  cur.asking[i] = nil
+  local b = math.floor(d / DEADLINE_BUCKET)
+  local n = (cur.dl[b] or 1) - 1
+  if n == 0 then cur.dl[b] = nil else cur.dl[b] = n end
+end
+if not cur.dl then dl_rebuild() end
 local pace = pace_of(st, now, P)
 local was = pace.mode
 
@@ -53,10 +71,18 @@ if now - (cur.pruned or 0) >= PACE_WINDOW or count(cur.asking) >= MAX_PENDING th
   for i, d in pairs(cur.asking) do
     if d <= now then cur.asking[i] = nil end
   end
+  dl_rebuild()
   cur.pruned = now
 end
 local asked_before = cur.asking[intent] ~= nil
-local waiting = count(cur.asking) - (asked_before and 1 or 0)
+-- The queue ahead in deadline order: intents in earlier buckets that could
+-- still start in time (SlotCursor::ahead_of).
+local waiting = 0
+local from = math.floor((now + reserve) / DEADLINE_BUCKET)
+local to = math.floor(deadline / DEADLINE_BUCKET)
+for b, n in pairs(cur.dl) do
+  if b >= from and b < to then waiting = waiting + n end
+end
 local kind, at, cursor = pace_decide(pace, P, now, floor, deadline, reserve, jitter,
   waiting, cur.next, first_attempt)
 if kind == 'slot' then
@@ -66,14 +92,19 @@ if kind == 'slot' then
     end
     if count(cur.pending) >= MAX_PENDING then return { 'err', 'too_many_waiting' } end
   end
-  cur.asking[intent] = nil
+  forget(intent)
   cur.next = cursor
   cur.pending[intent] = at
   return done('slot', at)
 elseif kind == 'again' then
   -- Past the bound: still ask again, not recorded (SlotCursor::assign).
-  if asked_before or count(cur.asking) < MAX_PENDING then cur.asking[intent] = deadline end
+  if asked_before or count(cur.asking) < MAX_PENDING then
+    forget(intent)
+    cur.asking[intent] = deadline
+    local b = math.floor(deadline / DEADLINE_BUCKET)
+    cur.dl[b] = (cur.dl[b] or 0) + 1
+  end
   return done('again', at)
 end
-cur.asking[intent] = nil
+forget(intent)
 return done('infeasible', at)
