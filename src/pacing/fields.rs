@@ -6,7 +6,7 @@ use super::{PacingPolicy, PacingState};
 
 impl PacingState {
     /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
-    pub fn to_fields(&self) -> [(&'static str, i64); 21] {
+    pub fn to_fields(&self) -> [(&'static str, i64); 22] {
         [
             ("win", self.win),
             ("w_first", self.w_first),
@@ -18,6 +18,7 @@ impl PacingState {
             ("w_cut_from", self.w_cut_from),
             ("w_short", self.w_short),
             ("w_frozen", self.w_frozen),
+            ("w_late", self.w_late),
             ("rate_m", self.rate_m),
             ("rate_max_m", self.rate_max_m),
             ("rate_ok_m", self.rate_ok_m),
@@ -48,6 +49,7 @@ impl PacingState {
                 "w_cut_from" => &mut st.w_cut_from,
                 "w_short" => &mut st.w_short,
                 "w_frozen" => &mut st.w_frozen,
+                "w_late" => &mut st.w_late,
                 "rate_m" => &mut st.rate_m,
                 "rate_max_m" => &mut st.rate_max_m,
                 "rate_ok_m" => &mut st.rate_ok_m,

@@ -291,6 +291,10 @@ pub struct PacingState {
     pub w_short: i64,
     /// 1 when a cooldown or a closing hint explained something in it.
     pub w_frozen: i64,
+    /// Intents it told to ask again whose turn in deadline order, at the
+    /// rate in force, comes too late for their deadline: waiting intents
+    /// being lost for lack of rate.
+    pub w_late: i64,
     /// The wake rate, milli-slots per second.
     pub rate_m: i64,
     /// The rate in force when rejections last came back (0: never).
@@ -332,6 +336,7 @@ impl PacingState {
             w_cut_from: 0,
             w_short: 0,
             w_frozen: 0,
+            w_late: 0,
             rate_m: policy.floor_m,
             rate_max_m: 0,
             rate_ok_m: 0,
@@ -551,6 +556,20 @@ impl PacingState {
             && straight * MILLI <= 2 * self.lam_m
     }
 
+    /// Whether first attempts sent straight crowd out intents that wait:
+    /// the window drew rejections (the fleet is at the upstream's edge),
+    /// intents waiting for a slot were told their turn comes too late for
+    /// their deadline, and first attempts sent straight took at least half
+    /// of what was served. Every attempt is the same size, so serving the
+    /// earliest deadlines first loses the fewest; a first attempt has all
+    /// its deadline ahead of it, and going straight it takes the capacity
+    /// an intent with seconds left needed. Paced together, first attempts
+    /// wait their turn in deadline order with everything else.
+    fn crowded(&self) -> bool {
+        let straight = self.w_first - self.w_held;
+        self.w_late > 0 && self.w_refused > 0 && self.w_ok > 0 && 2 * straight >= self.w_ok
+    }
+
     /// Whether first attempts alone have overflowed the upstream in the
     /// window so far, judged once it holds a quarter of a window's worth of
     /// them (fewer say little), and only when clear: by a quarter, with a
@@ -636,6 +655,7 @@ impl PacingState {
         self.w_cut_from = 0;
         self.w_short = 0;
         self.w_frozen = 0;
+        self.w_late = 0;
     }
 
     /// A pinned number and a known limit override what was learned.

@@ -139,6 +139,13 @@ impl PacingState {
         let short = floor <= now + horizon;
         if short {
             self.w_short += 1;
+            // Its turn in deadline order, at the rate in force.
+            let turn_us = start_us.saturating_add(
+                (ask.waiting.clamp(0, MAX_WAITING) * interval_us).min(MAX_QUEUED_US),
+            );
+            if turn_us.div_euclid(1000).saturating_add(ask.reserve_ms) > ask.deadline_ms {
+                self.w_late += 1;
+            }
         }
         let saturated = self.mode() == Mode::Saturated;
         let estimate = slot.saturating_add(drain_ms(

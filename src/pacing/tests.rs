@@ -530,3 +530,33 @@ fn extreme_inputs_from_a_peer_do_not_panic() {
         let _ = st.decide(&ask, &p);
     }
 }
+
+#[test]
+fn first_attempts_that_crowd_out_waiting_deadlines_are_paced_with_them() {
+    let p = policy();
+    let at = T0 + 20_000;
+    let window = |late: bool| {
+        let mut st = learned();
+        use_slots(&mut st, &p, at, 100);
+        // An intent with 5 000 ahead of it in deadline order and 10 s left:
+        // at 200/s its turn comes after its deadline.
+        let queued = WakeAsk {
+            waiting: 5000,
+            deadline_ms: at + if late { 10_000 } else { 60_000 },
+            ..ask(at, 1000 * (at + 1_000))
+        };
+        assert!(matches!(st.decide(&queued, &p), SlotDecision::AskAgain { .. }));
+        // At the edge: first attempts took most of what was served.
+        report(&mut st, &p, at + 500, (800, 950, 60), &[], 0);
+        st.advance(at + 1_000, &p);
+        st
+    };
+    let crowded = window(true);
+    assert_eq!(crowded.mode(), Mode::Saturated);
+    assert_eq!(crowded.wake_rate_m(), just_under(950_000));
+    assert!(holds_first_attempts(true, crowded.mode(), false, 0, 0, at + 1_000));
+    // The same window with every waiting intent able to wait its turn: a
+    // retry rate that found the edge, first attempts still go straight.
+    let roomy = window(false);
+    assert_eq!(roomy.mode(), Mode::BackingOff);
+}

@@ -50,7 +50,7 @@ impl PacingState {
             if self.w_frozen == 0 || self.w_rej > 0 {
                 self.learn(policy);
             }
-            if self.adaptive() && self.overflowed(17, 16) {
+            if self.adaptive() && (self.overflowed(17, 16) || self.crowded()) {
                 let served_m = self.w_ok * MILLI;
                 self.saturate(served_m, just_under(served_m), policy);
             }

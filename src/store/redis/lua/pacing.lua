@@ -24,7 +24,7 @@ local M_STEADY, M_PROBING, M_BACKING_OFF = 0, 1, 2
 local M_PENALTY, M_PINNED, M_KNOWN, M_SATURATED = 3, 4, 5, 6
 local PACE_FIELDS = {
   'win', 'w_first', 'w_ok', 'w_rej', 'w_refused', 'w_granted', 'w_held', 'w_cut_from', 'w_short', 'w_frozen',
-  'rate_m',
+  'w_late', 'rate_m',
   'rate_max_m', 'rate_ok_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
   'penalty_until', 'probe_at', 'mode',
 }
@@ -34,7 +34,7 @@ local function pace_just_under(rate) return rate - idiv(rate, 16) end
 
 local function pace_clear_window(p)
   p.w_first, p.w_ok, p.w_rej, p.w_granted, p.w_short, p.w_frozen = 0, 0, 0, 0, 0, 0
-  p.w_cut_from, p.w_refused, p.w_held = 0, 0, 0
+  p.w_cut_from, p.w_refused, p.w_held, p.w_late = 0, 0, 0, 0
 end
 
 local function pace_apply_policy(p, P)
@@ -161,6 +161,13 @@ local function pace_overflowed(p, over, under)
     and 2 * p.lam_m >= p.cap_m and straight * MILLI <= 2 * p.lam_m
 end
 
+-- PacingState::crowded: first attempts sent straight crowd out intents
+-- that wait.
+local function pace_crowded(p)
+  local straight = p.w_first - p.w_held
+  return p.w_late > 0 and p.w_refused > 0 and p.w_ok > 0 and 2 * straight >= p.w_ok
+end
+
 local function pace_clamp(p, P)
   p.rate_m = math.min(math.max(p.rate_m, P.floor_m), math.max(P.ceiling_m, P.floor_m))
 end
@@ -242,7 +249,7 @@ local function pace_close_window(p, P)
       end
     end
     if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P) end
-    if pace_adaptive(p) and pace_overflowed(p, 17, 16) then
+    if pace_adaptive(p) and (pace_overflowed(p, 17, 16) or pace_crowded(p)) then
       local served = p.w_ok * MILLI
       pace_saturate(p, P, served, pace_just_under(served))
     end
@@ -393,7 +400,12 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   end
   if floor + reserve > deadline then return 'infeasible', floor end
   local short = floor <= now + horizon
-  if short then p.w_short = p.w_short + 1 end
+  if short then
+    p.w_short = p.w_short + 1
+    -- Its turn in deadline order, at the rate in force (PacingState::decide).
+    local turn = start + math.min(math.min(math.max(waiting, 0), MAX_PENDING) * interval, 1e15)
+    if math.floor(turn / 1000) + reserve > deadline then p.w_late = p.w_late + 1 end
+  end
   local estimate = slot + pace_drain_ms(waiting, p.rate_m, P.ceiling_m, p.mode == M_SATURATED)
   local gap = estimate - now - horizon
   -- Rust truncates toward zero; a negative gap is replaced below either way.
