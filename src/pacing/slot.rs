@@ -108,11 +108,15 @@ impl PacingState {
         let horizon = policy.horizon_ms.max(1);
         // Earlier deadlines go first: the slots of the intents ahead of this
         // one come before its own, and it takes the next slot only if they
-        // still leave it within the horizon. Unless nothing is booked ahead
-        // (the cursor is not past now): the intents ahead are not asking, so
-        // whoever asks takes the slot starting now, and the rate is never
-        // left idle for an intent that is not there.
-        let idle = ask.cursor_us <= now.saturating_mul(1000);
+        // still leave it within the horizon. Unless little is booked ahead
+        // (the cursor is within half the horizon of now): whoever asks then
+        // takes the next slot, so the rate is never left idle for intents
+        // that are not asking at that moment. Booking only from now on
+        // would waste the gap between each slot and the next ask. The
+        // order still holds where it matters: an intent far back in the
+        // queue is told to ask again when its turn is estimated to come, so
+        // the intents asking at any moment are mostly the urgent ones.
+        let idle = ask.cursor_us <= now.saturating_add(horizon / 2).saturating_mul(1000);
         let queued_us = if idle {
             0
         } else {

@@ -545,7 +545,10 @@ fn first_attempts_that_crowd_out_waiting_deadlines_are_paced_with_them() {
             deadline_ms: at + if late { 10_000 } else { 60_000 },
             ..ask(at, 1000 * (at + 1_000))
         };
-        assert!(matches!(st.decide(&queued, &p), SlotDecision::AskAgain { .. }));
+        assert!(matches!(
+            st.decide(&queued, &p),
+            SlotDecision::AskAgain { .. }
+        ));
         // At the edge: first attempts took most of what was served.
         report(&mut st, &p, at + 500, (800, 950, 60), &[], 0);
         st.advance(at + 1_000, &p);
@@ -554,7 +557,14 @@ fn first_attempts_that_crowd_out_waiting_deadlines_are_paced_with_them() {
     let crowded = window(true);
     assert_eq!(crowded.mode(), Mode::Saturated);
     assert_eq!(crowded.wake_rate_m(), just_under(950_000));
-    assert!(holds_first_attempts(true, crowded.mode(), false, 0, 0, at + 1_000));
+    assert!(holds_first_attempts(
+        true,
+        crowded.mode(),
+        false,
+        0,
+        0,
+        at + 1_000
+    ));
     // The same window with every waiting intent able to wait its turn: a
     // retry rate that found the edge, first attempts still go straight.
     let roomy = window(false);

@@ -386,10 +386,10 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   local start = math.max(cursor, floor * 1000)
   local slot = idiv(start + spread(interval), 1000)
   local horizon = math.max(P.horizon_ms, 1)
-  -- Earlier deadlines go first, unless slots are going unused
+  -- Earlier deadlines go first, unless little is booked ahead
   -- (PacingState::decide).
   local queued = 0
-  if cursor > now * 1000 then
+  if cursor > (now + idiv(horizon, 2)) * 1000 then
     queued = math.min(math.min(math.max(waiting, 0), MAX_PENDING) * interval, 1e15)
   end
   if math.floor((start + queued) / 1000) <= now + horizon then
