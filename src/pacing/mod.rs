@@ -497,7 +497,11 @@ impl PacingState {
         } else {
             self.w_rej
         };
-        if answered > 0 && self.w_cut_from == 0 && self.learning() {
+        // A saturated window that mixes two regimes (just entered) answers
+        // for nothing: its rejections are the stragglers of the attempts
+        // sent before the workers heard.
+        let switching = saturated && self.w_frozen == 1;
+        if answered > 0 && self.w_cut_from == 0 && self.learning() && !switching {
             // Back to the last rate that drew nothing, at the first
             // rejection the fleet answers for rather than at the window's
             // end: a probe that found the edge stops overshooting within a

@@ -53,6 +53,13 @@ impl PacingState {
             if self.adaptive() && (self.overflowed(17, 16) || self.crowded()) {
                 let served_m = self.w_ok * MILLI;
                 self.saturate(served_m, just_under(served_m), policy);
+                self.clear_window();
+                // The next window mixes two regimes: workers start holding
+                // their first attempts as they hear, and the rejections
+                // the last one drew are still reported in it. What it
+                // serves measures the switch, not the upstream.
+                self.w_frozen = 1;
+                return;
             }
         }
         self.clear_window();

@@ -252,6 +252,10 @@ local function pace_close_window(p, P)
     if pace_adaptive(p) and (pace_overflowed(p, 17, 16) or pace_crowded(p)) then
       local served = p.w_ok * MILLI
       pace_saturate(p, P, served, pace_just_under(served))
+      -- The next window mixes two regimes: nothing is learned from it.
+      pace_clear_window(p)
+      p.w_frozen = 1
+      return
     end
   end
   pace_clear_window(p)
@@ -334,7 +338,8 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
   local answered = p.w_rej
   if saturated then answered = p.w_refused end
   local learning = pace_adaptive(p) or saturated
-  if answered > 0 and p.w_cut_from == 0 and learning then
+  local switching = saturated and p.w_frozen == 1
+  if answered > 0 and p.w_cut_from == 0 and learning and not switching then
     p.w_cut_from = p.rate_m
     local back = idiv(p.rate_m, 2)
     if saturated then
