@@ -490,7 +490,7 @@ async fn replicas_with_skewed_clocks_agree_on_budget_and_cooldown_through_redis_
         .expect("report");
     // 29.5 s on, every replica still holds intents to the cooldown's end
     // (near enough for a slot: within the 1 s reconsider horizon, whatever
-    // the calibrations' gap); 31 s on, every replica lets them go now.
+    // the calibrations' gap); 31 s on, every replica has ended it.
     for (round, by) in [("during", 29_500), ("after", 1_500)] {
         fleet.replicas[0].advance(Duration::from_millis(by));
         let fleet_now = now(0);
@@ -512,15 +512,22 @@ async fn replicas_with_skewed_clocks_agree_on_budget_and_cooldown_through_redis_
             } else {
                 fleet_now
             };
-            // A slot, or (during) ask again within a second of the
-            // cooldown's end: the intents of the other replicas queue too.
+            // A slot, or ask again within a second: during, the intents of
+            // the other replicas queue too; after, the cooldown is over on
+            // every replica and the intents left waiting during it (earlier
+            // deadlines) take the first slots.
             let held = match answer.decision() {
                 v1::ReconsiderDecision::Slot => {
                     (expected..expected + 1_000).contains(&answer.slot_unix_ms)
                 }
                 v1::ReconsiderDecision::AskAgain => {
-                    round == "during"
-                        && (expected - 1_000..expected + 1_000).contains(&answer.ask_again_unix_ms)
+                    let earliest = if round == "during" {
+                        expected - 1_000
+                    } else {
+                        expected
+                    };
+                    (round == "during" || answer.cooldown_until_unix_ms <= fleet_now)
+                        && (earliest..expected + 1_000).contains(&answer.ask_again_unix_ms)
                 }
                 _ => false,
             };
