@@ -231,6 +231,9 @@ pub struct HintRecord {
 pub struct Merge {
     /// The cooldown moved later (a cooldown started or was extended).
     pub raised: bool,
+    /// The cooldown in force kept its end, but whether distinct workers
+    /// corroborate it changed: what first attempts do may change with it.
+    pub support_moved: bool,
     /// The cooldown after the merge; 0 when none was ever set.
     pub cooldown_until_ms: i64,
     /// The current backoff for hintless rejections.
@@ -306,6 +309,7 @@ impl HintState {
         now_ms: i64,
     ) -> Merge {
         let before = self.cooldown_until_ms;
+        let corroborated_before = self.corroboration.corroborated;
         let id = reporter.worker_id;
         let mut claim = corroboration::Claim::None;
         let muted = corroboration::is_muted(&self.mutes, id, now_ms);
@@ -349,8 +353,12 @@ impl HintState {
             clock_skew: a.clock_skew,
             cooldown_until_ms: a.cooldown_until_ms,
         });
+        let raised = self.cooldown_until_ms > before && self.cooldown_until_ms > now_ms;
         Merge {
-            raised: self.cooldown_until_ms > before && self.cooldown_until_ms > now_ms,
+            raised,
+            support_moved: !raised
+                && self.cooldown_until_ms > now_ms
+                && self.corroboration.corroborated != corroborated_before,
             cooldown_until_ms: self.cooldown_until_ms,
             backoff_ms: self.backoff_ms(policy),
             corroborated: self.corroboration.corroborated,

@@ -93,6 +93,32 @@ async fn three_agreeing_workers_set_the_full_cooldown() {
     coordinator.stop().await;
 }
 
+/// Workers agreeing on a cooldown under the cap do not move its end, but
+/// watchers hear that it is corroborated now (first attempts may wait).
+#[tokio::test]
+async fn a_cooldown_that_becomes_corroborated_without_moving_is_announced() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let (mut stream, _) = support::watch(&mut client, &route(), "watcher").await;
+    quiet_fleet(&mut client, 11).await;
+    for worker in ["w0", "w1", "w2"] {
+        assert_eq!(
+            hint(&mut client, worker, "3", ScopeCertainty::Known).await,
+            T0 + 3_000,
+            "{worker}: the same end"
+        );
+    }
+    let started = support::next_event(&mut stream, "the cooldown").await;
+    assert_eq!(started.kind(), ScopeEventKind::CooldownStarted);
+    assert!(!started.cooldown_corroborated);
+    let supported = support::next_event(&mut stream, "its corroboration").await;
+    assert_eq!(supported.kind(), ScopeEventKind::CooldownSupportChanged);
+    assert_eq!(supported.cooldown_until_unix_ms, T0 + 3_000);
+    assert!(supported.cooldown_corroborated);
+    assert_eq!(supported.cooldown_workers, 3);
+    coordinator.stop().await;
+}
+
 /// `worker` was refused with no `Retry-After`, received at `at_unix_ms`.
 async fn refused_without_hint(
     client: &mut BudgetClient<Channel>,

@@ -121,12 +121,16 @@ impl Coordinator {
         let mut raised = Vec::new();
         let mut backoff_ms = 0;
         for (hint, merge) in hints.iter().zip(&reported.merges) {
-            if merge.raised {
+            if merge.raised || merge.support_moved {
                 let level = hint.level(&scope.route);
+                let what = if merge.raised {
+                    "cooldown started"
+                } else {
+                    "cooldown support changed"
+                };
                 tracing::info!(level = %level, cooldown_until_unix_ms = merge.cooldown_until_ms,
                     form = hint.assessment.form.as_str(), capped = hint.assessment.capped,
-                    corroborated = merge.corroborated, workers = merge.workers,
-                    "cooldown started");
+                    corroborated = merge.corroborated, workers = merge.workers, "{what}");
                 self.hub.publish(StateChange::Cooldown {
                     level: level.clone(),
                     cooldown_until_ms: merge.cooldown_until_ms,
@@ -136,7 +140,9 @@ impl Coordinator {
                         closed_until_ms: reported.pacing.closed_until_ms,
                     },
                 });
-                raised.push((level, merge.cooldown_until_ms));
+                if merge.raised {
+                    raised.push((level, merge.cooldown_until_ms));
+                }
             }
             if hint.assessment.widen_backoff {
                 backoff_ms = backoff_ms.max(merge.backoff_ms);

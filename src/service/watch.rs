@@ -207,13 +207,26 @@ fn events_for(w: &mut Watched, change: &StateChange, now_ms: i64) -> Vec<ScopeEv
                 EvidenceLevel::Route(route) => *route == w.key.route,
                 EvidenceLevel::Caller(caller) => *caller == w.key.route.caller_scope,
             };
-            if !covers || *cooldown_until_ms <= w.cooldown_until_ms {
+            if !covers || *cooldown_until_ms < w.cooldown_until_ms {
                 return Vec::new();
             }
-            w.cooldown_until_ms = *cooldown_until_ms;
-            w.support = *support;
-            w.ended_sent = false;
-            ScopeEventKind::CooldownStarted
+            if *cooldown_until_ms == w.cooldown_until_ms {
+                // The same cooldown: news only if its support changed
+                // while it still runs.
+                if w.ended_sent
+                    || *cooldown_until_ms <= now_ms
+                    || support.corroborated == w.support.corroborated
+                {
+                    return Vec::new();
+                }
+                w.support = *support;
+                ScopeEventKind::CooldownSupportChanged
+            } else {
+                w.cooldown_until_ms = *cooldown_until_ms;
+                w.support = *support;
+                w.ended_sent = false;
+                ScopeEventKind::CooldownStarted
+            }
         }
         StateChange::Freeze { route, reason } => {
             if *route != w.key.route || *reason == w.frozen {
@@ -395,6 +408,44 @@ mod tests {
         assert!(
             !w.event(ScopeEventKind::CooldownStarted, late)
                 .hold_first_attempts
+        );
+    }
+
+    /// The same cooldown, newly corroborated, is news (first attempts may
+    /// now be held); the same support again, or after the end, is not.
+    #[test]
+    fn a_cooldown_that_gains_support_is_announced_once() {
+        let supported = |corroborated| StateChange::Cooldown {
+            level: EvidenceLevel::Route(RouteKey {
+                caller_scope: "c".into(),
+                route: "r".into(),
+            }),
+            cooldown_until_ms: T0 + 3_000,
+            support: CooldownSupport {
+                corroborated,
+                workers: if corroborated { 3 } else { 1 },
+                closed_until_ms: 0,
+            },
+        };
+        let mut w = watched().remove(0);
+        assert_eq!(
+            events_for(&mut w, &supported(false), T0),
+            [ScopeEventKind::CooldownStarted]
+        );
+        assert!(events_for(&mut w, &supported(false), T0).is_empty());
+        assert_eq!(
+            events_for(&mut w, &supported(true), T0 + 1_000),
+            [ScopeEventKind::CooldownSupportChanged]
+        );
+        assert_eq!(
+            w.event(ScopeEventKind::CooldownSupportChanged, T0)
+                .cooldown_workers,
+            3
+        );
+        assert!(events_for(&mut w, &supported(true), T0 + 1_000).is_empty());
+        assert!(
+            events_for(&mut w, &supported(false), T0 + 3_000).is_empty(),
+            "the cooldown is over"
         );
     }
 

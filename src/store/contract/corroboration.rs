@@ -221,9 +221,12 @@ pub(crate) async fn hintless_refusals_from_other_workers_support_a_cooldown_to_t
     // Refused without a hint 2 s in: one worker alone reaches its own cap.
     let m = report_hintless(s, "w1", T0 + 2_000, &p).await;
     assert_eq!((m.cooldown_until_ms, m.corroborated), (T0 + 7_000, false));
-    // A second, and three workers (the claimant among them) agree.
+    assert!(m.raised && !m.support_moved);
+    // A second, and three workers (the claimant among them) agree: the same
+    // end, newly corroborated.
     let m = report_hintless(s, "w2", T0 + 2_000, &p).await;
     assert_eq!((m.cooldown_until_ms, m.corroborated), (T0 + 7_000, true));
+    assert!(!m.raised && m.support_moved);
     // Still refused 6 s in: it rolls on, never to the claimed 300 s.
     report_hintless(s, "w1", T0 + 6_000, &p).await;
     let m = report_hintless(s, "w2", T0 + 6_000, &p).await;

@@ -128,6 +128,7 @@ pub(super) fn merges(r: &Reply, n: usize) -> Result<Vec<Merge>, StoreError> {
                 workers: u32::try_from(r.int(at + 4)?).unwrap_or(0),
                 claim: Claim::from_code(r.int(at + 5)?),
                 noisy: r.int(at + 6)? == 1,
+                support_moved: r.int(at + 7)? == 1,
             })
         })
         .collect()
@@ -151,7 +152,7 @@ pub(super) fn pacing_at(r: &Reply, at: usize) -> Result<PacingView, StoreError> 
 }
 
 /// Fields per merge in a report's reply (the prelude's `merge_hint`).
-pub(super) const MERGE_FIELDS: usize = 7;
+pub(super) const MERGE_FIELDS: usize = 8;
 
 /// A script's reply: `{'ok', …}` or `{'err', reason, …}`.
 pub(super) struct Reply(Vec<Value>);

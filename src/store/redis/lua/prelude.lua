@@ -293,10 +293,11 @@ end
 -- cooldown = max(current, what the claims support) unless the worker is
 -- muted, a hintless rejection widens the backoff step, the evidence is kept
 -- in a bounded ring either way. Appends the merge (MERGE_FIELDS: raised
--- 1/0, cooldown, backoff, corroborated 1/0, workers, claim code, noisy 1/0)
--- to `out`.
+-- 1/0, cooldown, backoff, corroborated 1/0, workers, claim code, noisy 1/0,
+-- support moved 1/0) to `out`.
 local function merge_hint(out, h, a, now, base, max, wid, active, R)
   local before = h.cd
+  local corr_before = (h.corr or { c = 0 }).c
   local claim = 0
   h.workers = h.workers or {}
   local muted = corr_muted(h, wid, now)
@@ -337,6 +338,12 @@ local function merge_hint(out, h, a, now, base, max, wid, active, R)
   out[#out + 1] = v.w
   out[#out + 1] = claim
   out[#out + 1] = corr_noisy(h.workers[wid]) and 1 or 0
+  -- The cooldown kept its end but its corroboration changed.
+  if raised == 0 and h.cd > now and v.c ~= corr_before then
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
 end
 
 -- A caller scope's state about to take a hint: created when absent.

@@ -35,6 +35,7 @@ local out = { 'ok' }
 local ends = {}
 for i = 1, n do
   local a = hint_at(13 + (i - 1) * HINT_FIELDS)
+  local at = #out
   if a.route then
     merge_hint(out, st.hints, a, now, base, max, wid, active, R)
   else
@@ -43,7 +44,8 @@ for i = 1, n do
     c_merged = true
     merge_hint(out, c.hints, a, now, base, max, wid, active, R)
   end
-  if out[#out - 1] == 1 and a.until_ms >= 0 then ends[#ends + 1] = a.until_ms end
+  -- The merge's sixth field: its claim code (1 agreed).
+  if out[at + 6] == 1 and a.until_ms >= 0 then ends[#ends + 1] = a.until_ms end
 end
 local pi = 13 + n * HINT_FIELDS + 3
 local P = pace_policy(pi + 1)
