@@ -143,17 +143,23 @@ fn main() -> anyhow::Result<()> {
         let m = report("memory", &memory);
         let r = report("redis", &shared);
         println!("redis / memory throughput: {:.2}", r / m);
-        // What one busy route costs Redis (its workers and live leases).
+        // What one busy route costs Redis: its value (budget, workers,
+        // evidence, pacing) and its live leases, kept beside it.
         let client = redis::Client::open(redis.url())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let bytes: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg("tollgate:{bench|r0}:r")
-            .query_async(&mut conn)
-            .await?;
+        let mut usage = Vec::new();
+        for part in ["r", "l", "e"] {
+            let bytes: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(format!("tollgate:{{bench|r0}}:{part}"))
+                .query_async(&mut conn)
+                .await?;
+            usage.push(bytes.unwrap_or(0));
+        }
         println!(
-            "one route's key after the run (16 workers, leases of the last second): {} bytes",
-            bytes.unwrap_or(0)
+            "one route after the run (16 workers, leases of the last second): \
+             value {} bytes, leases {} + {} bytes",
+            usage[0], usage[1], usage[2]
         );
         // Where a call's time goes: Redis's own time per script call.
         let stats: String = redis::cmd("INFO")

@@ -353,11 +353,17 @@ impl RedisStore {
                 )
                 .await?;
             for key in keys {
+                // Route (`:r`) and caller (`:c`) values; a route's lease
+                // keys go with it (and expire with their last lease).
+                let is_route = key.ends_with(":r");
+                if !is_route && !key.ends_with(":c") {
+                    continue;
+                }
                 let mut inv = SCRIPTS.evict.prepare_invoke();
                 inv.key(&key)
                     .arg(now_ms)
                     .arg(idle_ms)
-                    .arg(u8::from(key.ends_with(":r")));
+                    .arg(u8::from(is_route));
                 let gone: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
                 evicted += usize::from(gone == 1);
             }

@@ -190,6 +190,92 @@ mod tests {
         );
     }
 
+    /// A Lease writes its record beside the route's value, so the value
+    /// stays the same size however many leases are out; and leases an
+    /// earlier version kept inside the value are released as before.
+    #[tokio::test]
+    async fn leases_live_beside_the_route_and_old_ones_move_out() {
+        use crate::budget::{GrantAsk, LeaseEnd};
+        use crate::policy::Policy;
+        use crate::scope::{Priority, RetryClass, ScopeKey};
+        use crate::store::Store;
+
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let store = RedisStore::connect(
+            RedisTarget::parse(&server.url()).expect("url"),
+            RedisOptions::default(),
+        )
+        .await
+        .expect("connect");
+        const T0: i64 = 1_700_000_000_000;
+        let p = Policy::default(); // 100 tokens a window: enough for 50
+        let key = ScopeKey::new("c", "r", Priority::Normal);
+        let client = redis::Client::open(server.url()).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let route_key = store.route_key(&key.route);
+        let lease = async |i: i64| {
+            let ask = GrantAsk {
+                worker_id: "w",
+                priority: Priority::Normal,
+                retry_class: RetryClass::Transient,
+                want: 1,
+                now_ms: T0 + i,
+            };
+            store.lease(&key, ask, &p).await.expect("lease")
+        };
+        let first = lease(0).await;
+        let size = async |conn: &mut redis::aio::MultiplexedConnection| {
+            redis::cmd("STRLEN")
+                .arg(&route_key)
+                .query_async::<i64>(conn)
+                .await
+                .expect("strlen")
+        };
+        let one = size(&mut conn).await;
+        let mut last = first.clone();
+        for i in 1..50 {
+            last = lease(i).await;
+        }
+        assert_eq!(size(&mut conn).await, one, "50 leases out, the same value");
+        assert!(last.lease_id.is_some());
+
+        // The last lease as an earlier version kept it: inside the value.
+        let id = last.lease_id.clone().expect("granted");
+        let inline = redis::Script::new(
+            "local base = string.sub(KEYS[1], 1, -2)
+             local raw = redis.call('HGET', base .. 'l', ARGV[1])
+             redis.call('HDEL', base .. 'l', ARGV[1])
+             redis.call('ZREM', base .. 'e', ARGV[1])
+             local st = cmsgpack.unpack(redis.call('GET', KEYS[1]))
+             st.leases = { [ARGV[1]] = cmsgpack.unpack(raw) }
+             st.lexp = nil
+             redis.call('SET', KEYS[1], cmsgpack.pack(st), 'KEEPTTL')
+             return 1",
+        );
+        let _: i64 = inline
+            .key(&route_key)
+            .arg(&id)
+            .invoke_async(&mut conn)
+            .await
+            .expect("written the old way");
+        let end = |lease_id| LeaseEnd {
+            worker_id: "w",
+            lease_id,
+            spent: 0,
+            retry_successes: 0,
+            now_ms: T0 + 100,
+        };
+        assert_eq!(store.release(&key, end(&id)).await, Ok(1), "moved out");
+        assert!(store.release(&key, end(&id)).await.is_err(), "once");
+        let first_id = first.lease_id.expect("granted");
+        assert_eq!(store.release(&key, end(&first_id)).await, Ok(1));
+    }
+
     /// The same contract on a (one-node) Redis Cluster, where the caller
     /// key is read apart from the route's. One server for every case: a
     /// cluster node takes ~2 s to start serving.

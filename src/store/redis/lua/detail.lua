@@ -8,8 +8,8 @@ local ccd, cfloor = caller_floor()
 local now = tonumber(ARGV[3])
 local st = load(KEYS[1])
 if not st then return { 'ok', 0 } end
-local leases, tokens = 0, 0
-for _, l in pairs(st.leases) do
+local leases, tokens = leases_held(KEYS[1], now)
+for _, l in pairs(st.leases or {}) do
   if l.exp > now then leases, tokens = leases + 1, tokens + l.g end
 end
 local waiting = 0

@@ -1,5 +1,5 @@
 -- Grants up to `want` tokens of one class (BudgetLedger::grant) and records
--- the lease. KEYS: route [, caller]. ARGV: caller cooldown, caller floor,
+-- the lease (lease_put: beside the route's value). KEYS: route [, caller]. ARGV: caller cooldown, caller floor,
 -- now, idle_ms, worker, class (1..3), want, lease id, then the policy
 -- (policy_at).
 local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -20,10 +20,7 @@ end
 local sec = sec_of(now)
 local window_ms = P.window * 1000
 local expires = now + P.ttl
-for lid, l in pairs(st.leases) do
-  if l.exp <= now then st.leases[lid] = nil end
-end
-if count(st.leases) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
+if leases_live(KEYS[1], now) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
 
 local capacity = class_allowance(st, P, p, now)
 local avail = available(st, P, p, now)
@@ -67,7 +64,8 @@ local lease_id = ''
 if granted > 0 then
   local charged = s_add(cls.spent, sec, cost)
   charge(touch(cls, wid, now, window_ms), charged, cost)
-  st.leases[id] = { w = wid, p = p, g = granted, c = P.cost, sec = charged, exp = expires }
+  lease_put(KEYS[1], id, { w = wid, p = p, g = granted, c = P.cost, sec = charged, exp = expires }, now)
+  st.lexp = math.max(st.lexp or 0, expires)
   lease_id = id
 end
 save(KEYS[1], st, live_until(st, now), now, idle_ms)

@@ -363,29 +363,117 @@ local function caller_save(key, c, merged, now, idle_ms)
   end
 end
 
+---------------------------------------------------------------- leases
+-- A route's leases live beside its value under the same hash tag: a hash
+-- (lease id -> record) and a sorted set (lease id by expiry). A Lease
+-- writes its one record instead of decoding and re-encoding every
+-- outstanding lease with the route's value.
+local LEASE_PURGE = 256
+
+local function lease_keys(route_key)
+  local base = string.sub(route_key, 1, -2)
+  return base .. 'l', base .. 'e'
+end
+
+-- Forgets up to LEASE_PURGE leases expired at `now`; returns how many are
+-- live (expiring after now).
+local function leases_live(route_key, now)
+  local lh, le = lease_keys(route_key)
+  local gone = redis.call('ZRANGEBYSCORE', le, '-inf', now, 'LIMIT', 0, LEASE_PURGE)
+  if #gone > 0 then
+    redis.call('HDEL', lh, unpack(gone))
+    redis.call('ZREM', le, unpack(gone))
+  end
+  return redis.call('ZCOUNT', le, '(' .. now, '+inf')
+end
+
+-- Lets `key` expire no sooner than `ms` from now.
+local function keep_for(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+
+-- Records lease `l` (its expiry `l.exp`); the pair of keys lives as long
+-- as its longest lease.
+local function lease_put(route_key, id, l, now)
+  local lh, le = lease_keys(route_key)
+  redis.call('HSET', lh, id, cmsgpack.pack(l))
+  redis.call('ZADD', le, l.exp, id)
+  local ttl = math.max(1, l.exp - now)
+  keep_for(lh, ttl)
+  keep_for(le, ttl)
+end
+
+local function lease_get(route_key, id)
+  local lh = lease_keys(route_key)
+  local raw = redis.call('HGET', lh, id)
+  if not raw then return nil end
+  return cmsgpack.unpack(raw)
+end
+
+local function lease_drop(route_key, id)
+  local lh, le = lease_keys(route_key)
+  redis.call('HDEL', lh, id)
+  redis.call('ZREM', le, id)
+end
+
+-- The live leases' (count, tokens granted), read-only.
+local function leases_held(route_key, now)
+  local lh, le = lease_keys(route_key)
+  local ids = redis.call('ZRANGEBYSCORE', le, '(' .. now, '+inf')
+  local tokens = 0
+  if #ids > 0 then
+    for _, raw in ipairs(redis.call('HMGET', lh, unpack(ids))) do
+      if raw then tokens = tokens + cmsgpack.unpack(raw).g end
+    end
+  end
+  return #ids, tokens
+end
+
+local function leases_forget(route_key)
+  local lh, le = lease_keys(route_key)
+  redis.call('DEL', lh, le)
+end
+
 ---------------------------------------------------------------- route
 local function route_new(now)
   local sec = sec_of(now)
   local cls = {}
   for p = 1, 3 do cls[p] = { spent = series_new(sec), workers = {} } end
   return {
-    touched = now, fa = series_new(sec), cls = cls, leases = {},
+    touched = now, fa = series_new(sec), cls = cls, lexp = 0,
     hints = hints_new(), slots = { next = 0, pending = {} },
   }
 end
 
 -- Loads the route, creating it (with_route in the memory store).
+-- A value written before leases had keys of their own carries them in
+-- `st.leases`: the live ones move out.
+local function route_upgrade(key, st, now)
+  if st.leases then
+    st.lexp = 0
+    for id, l in pairs(st.leases) do
+      if l.exp > now then
+        lease_put(key, id, l, now)
+        st.lexp = math.max(st.lexp, l.exp)
+      end
+    end
+    st.leases = nil
+  end
+  return st
+end
+
 local function route_get(key, now)
   local st = load(key)
   if not st then return route_new(now) end
   st.touched = math.max(st.touched, now)
-  return st
+  return route_upgrade(key, st, now)
 end
 
 -- The instant until which something in the route is live.
 local function live_until(st, now)
-  local t = hints_live(st.hints)
-  for _, l in pairs(st.leases) do t = math.max(t, l.exp) end
+  -- `lexp`: the latest expiry of any lease granted (a release leaves it).
+  local t = math.max(hints_live(st.hints), st.lexp or 0)
+  for _, l in pairs(st.leases or {}) do t = math.max(t, l.exp) end
   for _, s in pairs(st.slots.pending) do t = math.max(t, s) end
   for _, d in pairs(st.slots.asking or {}) do t = math.max(t, d) end
   return t

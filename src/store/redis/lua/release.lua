@@ -7,17 +7,17 @@ local wid, id, spent = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local successes = tonumber(ARGV[6]) or 0
 local st = load(KEYS[1])
 if not st then return { 'err', 'lease_not_found' } end
-local l = st.leases[id]
+st = route_upgrade(KEYS[1], st, now)
+local l = lease_get(KEYS[1], id)
 if not l then return { 'err', 'lease_not_found' } end
 if l.exp <= now then
-  st.leases[id] = nil
-  save(KEYS[1], st, live_until(st, now), now, idle_ms)
+  lease_drop(KEYS[1], id)
   return { 'err', 'lease_not_found' }
 end
 if l.w ~= wid then return { 'err', 'lease_not_found' } end
 if spent > l.g then return { 'err', 'spent_exceeds_grant', l.g } end
 if successes > spent then return { 'err', 'successes_exceed_spent' } end
-st.leases[id] = nil
+lease_drop(KEYS[1], id)
 -- A retry that succeeded earns its token back, like an unspent one.
 local returned = l.g - spent + successes
 local refund = returned * l.c

@@ -9,5 +9,6 @@ local st = route_new(now)
 st.frozen = old.frozen
 st.hints.mutes = old.hints.mutes
 st.touched = math.max(old.touched, now)
+leases_forget(KEYS[1])
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
 return { 'ok', 1 }
