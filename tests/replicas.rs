@@ -521,13 +521,16 @@ async fn replicas_with_skewed_clocks_agree_on_budget_and_cooldown_through_redis_
                     (expected..expected + 1_000).contains(&answer.slot_unix_ms)
                 }
                 v1::ReconsiderDecision::AskAgain => {
-                    let earliest = if round == "during" {
-                        expected - 1_000
+                    // After, up to five intents are ahead at the 10/s
+                    // floor, and an ask-again is spread over a quarter
+                    // more of its wait.
+                    let (earliest, latest) = if round == "during" {
+                        (expected - 1_000, expected + 1_000)
                     } else {
-                        expected
+                        (expected, expected + 2_000)
                     };
                     (round == "during" || answer.cooldown_until_unix_ms <= fleet_now)
-                        && (earliest..expected + 1_000).contains(&answer.ask_again_unix_ms)
+                        && (earliest..latest).contains(&answer.ask_again_unix_ms)
                 }
                 _ => false,
             };
