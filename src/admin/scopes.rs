@@ -19,12 +19,9 @@ impl Control {
         reason: &str,
         expires_at_ms: Option<i64>,
     ) -> Result<FreezeRecord, AdminError> {
-        // The store first: an acknowledged freeze is in force, and one whose
-        // record did not follow (a crash in between) is still listed by
-        // `scopes list --frozen` and lifted by an unfreeze.
-        self.store
-            .set_freeze(route, Some(reason.to_owned()), self.now_ms())
-            .await?;
+        // The record first, with its audit: it is what every replica follows
+        // (`Control::follow_freezes`), so a coordinator that dies before the
+        // store has the freeze leaves it to the others, or to its restart.
         let (record, _) = self
             .change(|st, now| {
                 let record = FreezeRecord {
@@ -56,6 +53,9 @@ impl Control {
                 })
             })
             .await?;
+        self.store
+            .set_freeze(route, Some(reason.to_owned()), self.now_ms())
+            .await?;
         self.hub.publish(StateChange::Freeze {
             route: route.clone(),
             reason: Some(reason.to_owned()),
@@ -70,7 +70,8 @@ impl Control {
         route: &RouteKey,
         reason: &str,
     ) -> Result<Option<FreezeRecord>, AdminError> {
-        self.store.set_freeze(route, None, self.now_ms()).await?;
+        // The record first, as for a freeze; the store is unfrozen even
+        // with no record left (a freeze a crash left behind).
         let (before, _) = self
             .change(|st, now| {
                 let mut next = st.clone();
@@ -103,6 +104,7 @@ impl Control {
                 })
             })
             .await?;
+        self.store.set_freeze(route, None, self.now_ms()).await?;
         self.hub.publish(StateChange::Freeze {
             route: route.clone(),
             reason: None,

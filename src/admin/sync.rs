@@ -250,7 +250,31 @@ impl Control {
                 reason: e.to_string(),
             })?;
         let next = State::from_saved(saved, Some(snapshot.rev), st.local_digest);
+        self.follow_freezes(&st.freezes, &next.freezes).await?;
         self.put_in_force(st, next)
+    }
+
+    /// Puts in the store the freezes recorded or lifted since `before`
+    /// (through any replica): the replica that recorded one applies it
+    /// too, but if it died in between, the others (or its own restart, from
+    /// nothing) still do. Setting a freeze twice changes nothing.
+    async fn follow_freezes(
+        &self,
+        before: &BTreeMap<RouteKey, FreezeRecord>,
+        after: &BTreeMap<RouteKey, FreezeRecord>,
+    ) -> Result<(), AdminError> {
+        let now = self.now_ms();
+        for (route, f) in after {
+            if before.get(route).map(|b| &b.reason) != Some(&f.reason) {
+                self.store
+                    .set_freeze(route, Some(f.reason.clone()), now)
+                    .await?;
+            }
+        }
+        for route in before.keys().filter(|r| !after.contains_key(*r)) {
+            self.store.set_freeze(route, None, now).await?;
+        }
+        Ok(())
     }
 
     /// Follows changes made through other replicas: on each notice from

@@ -237,3 +237,51 @@ async fn two_coordinators_on_one_redis_share_policies_freezes_and_audit() {
         "the freeze is in force again"
     );
 }
+
+/// The freeze record is what replicas follow: one that recorded a freeze
+/// (or its lifting) and died before the store had it leaves it to another.
+#[tokio::test]
+async fn a_freeze_left_half_done_by_a_dead_replica_is_finished_by_another() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = redis_store(&server).await;
+    let a = control(Arc::clone(&store), None).await;
+    let b = control(redis_store(&server).await, None).await;
+    let route = RouteKey {
+        caller_scope: "tenant-a".into(),
+        route: "GET /z".into(),
+    };
+    let frozen = async || store.view(&route, T0).await.expect("view").frozen;
+
+    a.freeze("alice", &route, "INC-2", None)
+        .await
+        .expect("freeze");
+    // As if A died after recording it, before the store had it.
+    store.set_freeze(&route, None, T0).await.expect("undo");
+    assert_eq!(frozen().await, None);
+    b.refresh_locked(&mut *b.state.lock().await)
+        .await
+        .expect("sync");
+    assert_eq!(frozen().await.as_deref(), Some("INC-2"), "B applied it");
+
+    a.unfreeze("alice", &route, "mitigated")
+        .await
+        .expect("unfreeze");
+    store
+        .set_freeze(&route, Some("INC-2".into()), T0)
+        .await
+        .expect("undo");
+    b.refresh_locked(&mut *b.state.lock().await)
+        .await
+        .expect("sync");
+    assert_eq!(frozen().await, None, "B lifted it");
+    let actions: Vec<String> = b
+        .audit_page(0, 10)
+        .await
+        .expect("audit")
+        .into_iter()
+        .map(|r| r.action)
+        .collect();
+    assert_eq!(actions, ["scope.unfreeze", "scope.freeze"]);
+}
