@@ -410,9 +410,10 @@ async fn flood(channel: Channel) {
     assert!(refused > 0, "the scope limit was never reached");
 }
 
-/// One intent through the client gate: a 429 with `Retry-After: 0`, then a
-/// success, against `coordinator` (a dead address leaves the worker on its
-/// fallback budget).
+/// One intent through the client gate, twice under the same id (a
+/// duplicate delivery): each a 429 with `Retry-After: 0`, then a success,
+/// against `coordinator` (a dead address leaves the worker on its fallback
+/// budget).
 async fn worker_intent(coordinator: SocketAddr, worker_id: &str) {
     let ms = Duration::from_millis;
     let mut link_config = LinkConfig::new(format!("http://{coordinator}"), worker_id);
@@ -428,18 +429,20 @@ async fn worker_intent(coordinator: SocketAddr, worker_id: &str) {
     };
     let policy =
         IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
-    let intent = GateIntent::new(
-        format!("{worker_id}-intent"),
-        Scope::new("tenant-w", "GET /y"),
-        policy,
-    );
-    let run = gate.run(intent, |attempt: Attempt| async move {
-        let status = if attempt.number == 1 { 429 } else { 200 };
-        Reply::new(Observation::http(status, Some("0")), ())
-    });
-    // The outcome is the gate's business (tests/gate.rs); here only the
-    // metrics it leaves behind matter.
-    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+    for _ in 0..2 {
+        let intent = GateIntent::new(
+            format!("{worker_id}-intent"),
+            Scope::new("tenant-w", "GET /y"),
+            policy,
+        );
+        let run = gate.run(intent, |attempt: Attempt| async move {
+            let status = if attempt.number == 1 { 429 } else { 200 };
+            Reply::new(Observation::http(status, Some("0")), ())
+        });
+        // The outcome is the gate's business (tests/gate.rs); here only the
+        // metrics it leaves behind matter.
+        let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+    }
     gate.cache().flush().await;
 }
 
