@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::config::{Config, TlsFiles};
 use tollgate::server::{self, ServeError};
-use tollgate_client::link::{LinkConfig, LinkTls};
+use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkTls};
 use tollgate_proto::v1::{Priority, budget_client::BudgetClient};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -93,7 +93,11 @@ struct Server {
 
 impl Server {
     async fn start(config: Config) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_at(config, "127.0.0.1:0").await
+    }
+
+    async fn start_at(config: Config, addr: &str) -> Server {
+        let listener = TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let mut setup = server::Setup::new(config);
         // Reload tests wait for the follower: keep that short.
@@ -297,6 +301,51 @@ async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
     a_lease(&mut before, None)
         .await
         .expect("an open connection keeps working");
+    server.stop().await;
+}
+
+/// A worker whose CA file is rewritten (its coordinator now serves a
+/// certificate from a new CA) follows it without a restart; a file caught
+/// half-written leaves the last settings in force.
+#[tokio::test]
+async fn a_worker_follows_its_rewritten_ca_file_without_a_restart() {
+    let dir = TempDir::new("client-reload");
+    let old_ca = Ca::new("old CA");
+    let new_ca = Ca::new("new CA");
+    let serving = |ca: &Ca, name: &str| {
+        let (cert, key) = ca.leaf(&["localhost"]);
+        let files = (
+            dir.write(&format!("{name}.crt"), &cert),
+            dir.write(&format!("{name}.key"), &key),
+        );
+        tls_config("", &files.0, &files.1, None)
+    };
+    let server = Server::start(serving(&old_ca, "old")).await;
+    let ca_file = dir.write("ca.crt", &old_ca.pem);
+    let tls = LinkTls::from_files(Some(&ca_file), None, None).expect("readable");
+    let link = CoordinatorLink::new(&server.link(Some(tls))).expect("link");
+    let a_lease = async |link: &CoordinatorLink| {
+        link.lease(lease(scope("tenant-a", "GET /x", Priority::Normal), "w", 1))
+            .await
+    };
+    a_lease(&link).await.expect("the old CA");
+    assert!(!link.reload_tls().expect("readable"), "nothing changed");
+
+    // The coordinator comes back on the same address with a certificate
+    // from the new CA: the old connection is gone, a new one needs the
+    // new CA.
+    let addr = server.addr.to_string();
+    server.stop().await;
+    let server = Server::start_at(serving(&new_ca, "new"), &addr).await;
+    assert!(a_lease(&link).await.is_err(), "the old CA is refused");
+
+    dir.write("ca.crt", &new_ca.pem);
+    assert!(link.reload_tls().expect("readable"), "the rewrite is seen");
+    a_lease(&link).await.expect("the new CA, no restart");
+
+    dir.write("ca.crt", &new_ca.pem[..40]);
+    assert!(link.reload_tls().is_err(), "half a certificate");
+    a_lease(&link).await.expect("the last settings stay");
     server.stop().await;
 }
 

@@ -112,6 +112,15 @@ pub mod setup;
 pub mod telemetry;
 mod wire;
 
+/// Locks `mutex`, also after a panic elsewhere poisoned it: what these
+/// locks guard (counters, an RNG, a channel handle, file stamps) is valid
+/// at every step, so a panic cannot leave it broken.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub use backoff::{Backoff, Jitter};
 pub use classify::{Classification, Effect, GrpcCode, ResponseClass, Sent, TransportFailure};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};

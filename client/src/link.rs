@@ -8,9 +8,10 @@
 //! from the fleet budget or from the conservative local fallback, so a dead
 //! coordinator costs a worker one RPC timeout, never a hang.
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
 
 use tollgate_proto::v1::budget_client::BudgetClient;
 use tollgate_proto::v1::{
@@ -39,6 +40,15 @@ pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// RPC). The coordinator answers PINGs from its HTTP/2 layer, so even a busy
 /// one acknowledges well within this.
 pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often a link whose TLS came from files ([`LinkTls::from_files`])
+/// looks at them for a change, while its RPCs succeed; while they fail (a
+/// rotated server certificate from a new CA, an expired client
+/// certificate), at most every [`TLS_RECHECK_DEGRADED`].
+pub const TLS_RECHECK: Duration = Duration::from_secs(10);
+
+/// How often a degraded link looks at its TLS files.
+pub const TLS_RECHECK_DEGRADED: Duration = Duration::from_secs(1);
 
 /// Whether the coordinator is currently usable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +127,40 @@ pub struct LinkTls {
     /// The name the coordinator's certificate must carry, when it differs
     /// from the endpoint's host (an IP address, a tunnel).
     pub domain: Option<String>,
+    /// The files the PEMs were read from ([`LinkTls::from_files`]): a
+    /// [`CoordinatorLink`] reads them again when they change, so rotated
+    /// certificates need no restart.
+    pub files: Option<LinkTlsFiles>,
+}
+
+/// Where a [`LinkTls`] was read from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkTlsFiles {
+    /// The CA certificates' file.
+    pub ca: Option<PathBuf>,
+    /// The client certificate chain's file.
+    pub cert: Option<PathBuf>,
+    /// The client key's file.
+    pub key: Option<PathBuf>,
+}
+
+impl LinkTlsFiles {
+    fn paths(&self) -> impl Iterator<Item = &Path> {
+        [&self.ca, &self.cert, &self.key]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+    }
+
+    /// Each file's modification time and length, to tell a rewrite.
+    fn stamps(&self) -> Vec<Option<(SystemTime, u64)>> {
+        self.paths()
+            .map(|p| {
+                let meta = std::fs::metadata(p).ok()?;
+                Some((meta.modified().ok()?, meta.len()))
+            })
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for LinkTls {
@@ -126,6 +170,7 @@ impl std::fmt::Debug for LinkTls {
             .field("ca", &self.ca_pem.is_some())
             .field("client_certificate", &self.identity_pem.is_some())
             .field("domain", &self.domain)
+            .field("files", &self.files)
             .finish()
     }
 }
@@ -155,7 +200,39 @@ impl LinkTls {
             ca_pem: ca.map(read).transpose()?,
             identity_pem,
             domain: None,
+            files: Some(LinkTlsFiles {
+                ca: ca.map(Path::to_owned),
+                cert: cert.map(Path::to_owned),
+                key: key.map(Path::to_owned),
+            }),
         })
+    }
+
+    /// The same settings read again from [`LinkTls::files`].
+    fn reread(&self) -> Result<Option<Self>, LinkConfigError> {
+        let Some(files) = &self.files else {
+            return Ok(None);
+        };
+        let mut fresh = Self::from_files(
+            files.ca.as_deref(),
+            files.cert.as_deref(),
+            files.key.as_deref(),
+        )?;
+        fresh.domain.clone_from(&self.domain);
+        // A file caught half-written must not replace working settings.
+        let complete = |pem: &[u8]| pem.windows(9).any(|w| w == b"-----END ");
+        let pems = fresh.ca_pem.iter().chain(
+            fresh
+                .identity_pem
+                .iter()
+                .flat_map(|(cert, key)| [cert, key]),
+        );
+        for pem in pems {
+            if !complete(pem) {
+                return Err(LinkConfigError::Tls("a PEM file is incomplete".into()));
+            }
+        }
+        Ok(Some(fresh))
     }
 
     /// The tonic client TLS configuration.
@@ -235,11 +312,29 @@ impl LinkConfig {
 /// A cheaply clonable handle on the coordinator.
 #[derive(Debug, Clone)]
 pub struct CoordinatorLink {
-    client: BudgetClient<Channel>,
+    /// Replaced when the TLS files change (new connections use them; RPCs
+    /// in flight finish on the old channel).
+    client: Arc<RwLock<BudgetClient<Channel>>>,
     worker_id: Arc<str>,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     rpc_timeout: Duration,
     health: Arc<Health>,
+    tls: Option<Arc<TlsFollow>>,
+}
+
+/// What a link whose TLS came from files needs to follow them.
+#[derive(Debug)]
+struct TlsFollow {
+    config: LinkConfig,
+    checked: Mutex<Checked>,
+}
+
+#[derive(Debug)]
+struct Checked {
+    /// When the files were last looked at.
+    at: tokio::time::Instant,
+    /// Their stamps when last read.
+    stamps: Vec<Option<(SystemTime, u64)>>,
 }
 
 #[derive(Debug, Default)]
@@ -271,9 +366,25 @@ impl CoordinatorLink {
     /// The channel sends HTTP/2 keepalive PINGs (see
     /// [`LinkConfig::endpoint`]), so a coordinator host that dies without
     /// resetting its connections is noticed and the channel reconnects.
+    ///
+    /// TLS read with [`LinkTls::from_files`] is followed: the files are
+    /// looked at every [`TLS_RECHECK`] (every [`TLS_RECHECK_DEGRADED`]
+    /// while RPCs fail) and read again when they change; see
+    /// [`CoordinatorLink::reload_tls`].
     pub fn new(config: &LinkConfig) -> Result<Self, LinkConfigError> {
         let channel = config.endpoint()?.connect_lazy();
-        Self::with_channel(channel, config)
+        let mut link = Self::with_channel(channel, config)?;
+        let files = config.tls.as_ref().and_then(|t| t.files.as_ref());
+        link.tls = files.map(|files| {
+            Arc::new(TlsFollow {
+                config: config.clone(),
+                checked: Mutex::new(Checked {
+                    at: tokio::time::Instant::now(),
+                    stamps: files.stamps(),
+                }),
+            })
+        });
+        Ok(link)
     }
 
     /// Creates a link over a channel the caller built (a custom connector,
@@ -290,12 +401,77 @@ impl CoordinatorLink {
             None => None,
         };
         Ok(CoordinatorLink {
-            client: BudgetClient::new(channel),
+            client: Arc::new(RwLock::new(BudgetClient::new(channel))),
             worker_id: config.worker_id.as_str().into(),
             authorization,
             rpc_timeout: config.rpc_timeout,
             health: Arc::default(),
+            tls: None,
         })
+    }
+
+    /// Reads the TLS files again if any changed since they were last read,
+    /// and sends new connections through what they hold now; whether it
+    /// did. The link does this by itself (see [`CoordinatorLink::new`]);
+    /// call it to follow a rotation at once (on SIGHUP, say). Files that
+    /// cannot be read, or are caught half-written, leave the last settings
+    /// in force and are tried again.
+    pub fn reload_tls(&self) -> Result<bool, LinkConfigError> {
+        let Some(follow) = &self.tls else {
+            return Ok(false);
+        };
+        let Some(tls) = &follow.config.tls else {
+            return Ok(false);
+        };
+        let Some(files) = &tls.files else {
+            return Ok(false);
+        };
+        let stamps = files.stamps();
+        if stamps == crate::lock(&follow.checked).stamps {
+            return Ok(false);
+        }
+        let Some(fresh) = tls.reread()? else {
+            return Ok(false);
+        };
+        let config = LinkConfig {
+            tls: Some(fresh),
+            ..follow.config.clone()
+        };
+        let channel = config.endpoint()?.connect_lazy();
+        *self
+            .client
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = BudgetClient::new(channel);
+        crate::lock(&follow.checked).stamps = stamps;
+        tracing::info!("coordinator TLS files changed; new connections use them");
+        Ok(true)
+    }
+
+    /// The client to call through, after looking at the TLS files when it
+    /// is time to.
+    fn client(&self) -> BudgetClient<Channel> {
+        if let Some(follow) = &self.tls {
+            let every = match self.state() {
+                LinkState::Connected => TLS_RECHECK,
+                LinkState::Degraded => TLS_RECHECK_DEGRADED,
+            };
+            let due = {
+                let mut checked = crate::lock(&follow.checked);
+                let now = tokio::time::Instant::now();
+                let due = now.duration_since(checked.at) >= every;
+                if due {
+                    checked.at = now;
+                }
+                due
+            };
+            if due && let Err(err) = self.reload_tls() {
+                tracing::warn!(cause = %err, "coordinator TLS files unusable; keeping the last ones");
+            }
+        }
+        self.client
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// This worker's id, as sent in every request.
@@ -365,7 +541,7 @@ impl CoordinatorLink {
     {
         // The request timeout travels as grpc-timeout; this one also covers
         // connecting, which the server-side deadline cannot.
-        let call = rpc(self.client.clone(), self.request(message));
+        let call = rpc(self.client(), self.request(message));
         tokio::time::timeout(self.rpc_timeout, call)
             .await
             .map_err(|_| LinkError::Timeout(self.rpc_timeout))
@@ -423,7 +599,7 @@ impl CoordinatorLink {
                 .metadata_mut()
                 .insert("authorization", value.clone());
         }
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let result = tokio::time::timeout(self.rpc_timeout, client.watch(request))
             .await
             .map_err(|_| LinkError::Timeout(self.rpc_timeout));

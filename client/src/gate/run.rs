@@ -9,7 +9,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -398,7 +397,4 @@ fn engine_bug(err: &EngineError) -> Outcome {
     Outcome::Indeterminate
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The RNG has no invariant a panic could break.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::lock;

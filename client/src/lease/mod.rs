@@ -39,7 +39,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use dashmap::DashMap;
@@ -353,11 +353,7 @@ impl Fallback {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves plain counters behind,
-    // which are still safe to use.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::lock;
 
 /// A clonable handle on the cache; the background task lives as long as the
 /// last clone.
