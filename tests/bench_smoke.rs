@@ -51,6 +51,9 @@ fn rpc_bench_runs_against_an_in_process_coordinator() {
     assert!(report.ceiling.total.ok > 0, "{text}");
     assert_eq!(report.ceiling.total.errors, 0, "{text}");
     assert!(report.ratio > 0.0);
+    // The in-process server runs on threads of its own, read from /proc.
+    assert!(report.coordinator.server_cpu_us_per_call.is_some(), "{text}");
+    assert!(report.ceiling.server_cpu_us_per_call.is_some(), "{text}");
     for field in [
         "requests/s",
         "p50 µs",
@@ -61,6 +64,7 @@ fn rpc_bench_runs_against_an_in_process_coordinator() {
         "| Reconsider |",
         "grpc.health.v1.Health/Check (ceiling)",
         "ratio coordinator/ceiling:",
+        "server CPU per call: coordinator",
     ] {
         assert!(text.contains(field), "no `{field}` in:\n{text}");
     }

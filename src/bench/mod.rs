@@ -13,6 +13,7 @@
 //! `client/benches/hot_path.rs`; `docs/benchmarks.md` has the commands and
 //! the latest results.
 
+pub mod cpu;
 pub mod fleet;
 pub mod memory;
 pub mod rpc;

@@ -32,6 +32,8 @@ use tollgate_proto::v1::{
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
+use super::cpu::Threads;
+
 /// Longest phase accepted: a benchmark, not a soak test.
 pub const MAX_DURATION: Duration = Duration::from_secs(300);
 /// Slowest latency the histograms hold (µs); slower calls are clamped to it.
@@ -66,6 +68,10 @@ pub struct RpcArgs {
     /// Requests per phase at most, whatever the duration.
     #[arg(long, default_value_t = 50_000_000)]
     pub max_requests: u64,
+    /// With `--addr`: the server's process id, so its CPU time per call is
+    /// read from `/proc` (an in-process server's always is).
+    #[arg(long, requires = "addr")]
+    pub server_pid: Option<u32>,
 }
 
 /// The weights of Lease, Report and Reconsider, as `lease=60,report=20,reconsider=20`.
@@ -198,6 +204,9 @@ pub struct PhaseStats {
     pub per_op: Vec<OpStats>,
     /// Wall time the phase ran, seconds.
     pub elapsed_s: f64,
+    /// The server's CPU time (user + system, all its threads) over the
+    /// phase divided by its calls, µs; `None` when it cannot be read.
+    pub server_cpu_us_per_call: Option<f64>,
 }
 
 /// The result of `tollgate bench rpc`.
@@ -219,16 +228,38 @@ pub struct RpcReport {
     pub ceiling: PhaseStats,
     /// Coordinator requests/s ÷ ceiling requests/s.
     pub ratio: f64,
+    /// Ceiling CPU per call ÷ coordinator CPU per call: how close a
+    /// coordinator call is to a bare one in what it costs the server, the
+    /// figure a noisy machine moves least.
+    pub cpu_ratio: Option<f64>,
 }
 
+/// The threads an in-process server runs on, named so their CPU time can
+/// be told from the load generator's.
+const SERVER_THREADS: &str = "tollgate-serve";
+
 /// Runs the benchmark on its own runtime and writes the report to `out`.
+///
+/// An in-process coordinator runs on a runtime of its own
+/// ([`SERVER_THREADS`]), so what it costs per call is measured apart from
+/// the load generator.
 pub fn run(args: &RpcArgs, out: &mut dyn Write) -> anyhow::Result<RpcReport> {
     validate(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
-    let report = runtime.block_on(run_async(args))?;
+    let server = match args.addr {
+        Some(_) => None,
+        None => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .thread_name(SERVER_THREADS)
+                .enable_all()
+                .build()
+                .context("building the server's runtime")?,
+        ),
+    };
+    let report = runtime.block_on(run_async(args, server.as_ref().map(|s| s.handle())))?;
     write_report(&report, args, out).context("writing the report")?;
     Ok(report)
 }
@@ -252,25 +283,31 @@ fn validate(args: &RpcArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_async(args: &RpcArgs) -> anyhow::Result<RpcReport> {
+async fn run_async(
+    args: &RpcArgs,
+    server_runtime: Option<&tokio::runtime::Handle>,
+) -> anyhow::Result<RpcReport> {
     let stop = CancellationToken::new();
-    let (addr, server) = match args.addr {
-        Some(addr) => (addr, None),
-        None => {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .context("binding 127.0.0.1:0")?;
+    let (addr, server, threads) = match (args.addr, server_runtime) {
+        (Some(addr), _) => (addr, None, args.server_pid.map(Threads::Process)),
+        (None, None) => bail!("an in-process coordinator needs its runtime"),
+        (None, Some(runtime)) => {
+            // Bound here, registered with the server's runtime there.
+            let listener =
+                std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
+            listener.set_nonblocking(true)?;
             let addr = listener.local_addr()?;
             let shutdown = stop.clone().cancelled_owned();
-            let task = tokio::spawn(crate::server::run_tcp(
-                listener,
-                shutdown,
-                crate::server::Setup::default(),
-            ));
-            (addr, Some(task))
+            let task = runtime.spawn(async move {
+                let listener = TcpListener::from_std(listener)?;
+                crate::server::run_tcp(listener, shutdown, crate::server::Setup::default())
+                    .await
+                    .map_err(anyhow::Error::from)
+            });
+            (addr, Some(task), Some(Threads::OwnNamed(SERVER_THREADS)))
         }
     };
-    let result = measure(args, addr).await;
+    let result = measure(args, addr, threads.as_ref()).await;
     stop.cancel();
     if let Some(task) = server {
         task.await
@@ -283,6 +320,13 @@ async fn run_async(args: &RpcArgs) -> anyhow::Result<RpcReport> {
     } else {
         0.0
     };
+    let cpu_ratio = match (
+        ceiling.server_cpu_us_per_call,
+        coordinator.server_cpu_us_per_call,
+    ) {
+        (Some(bare), Some(call)) if call > 0.0 => Some(bare / call),
+        _ => None,
+    };
     Ok(RpcReport {
         addr: addr.to_string(),
         in_process: args.addr.is_none(),
@@ -292,10 +336,15 @@ async fn run_async(args: &RpcArgs) -> anyhow::Result<RpcReport> {
         coordinator,
         ceiling,
         ratio,
+        cpu_ratio,
     })
 }
 
-async fn measure(args: &RpcArgs, addr: SocketAddr) -> anyhow::Result<(PhaseStats, PhaseStats)> {
+async fn measure(
+    args: &RpcArgs,
+    addr: SocketAddr,
+    server: Option<&Threads>,
+) -> anyhow::Result<(PhaseStats, PhaseStats)> {
     let endpoint = Channel::from_shared(format!("http://{addr}"))
         .context("the coordinator's address")?
         .connect_timeout(Duration::from_secs(5))
@@ -309,8 +358,8 @@ async fn measure(args: &RpcArgs, addr: SocketAddr) -> anyhow::Result<(PhaseStats
             .with_context(|| format!("connecting to {addr}"))?;
         channels.push(channel);
     }
-    let coordinator = phase(args, &channels, false).await?;
-    let ceiling = phase(args, &channels, true).await?;
+    let coordinator = phase(args, &channels, false, server).await?;
+    let ceiling = phase(args, &channels, true, server).await?;
     Ok((coordinator, ceiling))
 }
 
@@ -335,8 +384,14 @@ impl TaskTally {
     }
 }
 
-async fn phase(args: &RpcArgs, channels: &[Channel], ceiling: bool) -> anyhow::Result<PhaseStats> {
+async fn phase(
+    args: &RpcArgs,
+    channels: &[Channel],
+    ceiling: bool,
+    server: Option<&Threads>,
+) -> anyhow::Result<PhaseStats> {
     let issued = Arc::new(AtomicU64::new(0));
+    let cpu_before = server.and_then(Threads::cpu);
     let start = Instant::now();
     let end = start + args.duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -387,6 +442,8 @@ async fn phase(args: &RpcArgs, channels: &[Channel], ceiling: bool) -> anyhow::R
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
+    // Every task has its answers: the server's work for the phase is done.
+    let cpu_after = server.and_then(Threads::cpu);
     let stats = |name: &str, hist: &Histogram<u64>, ok: u64, errors: u64| OpStats {
         name: name.to_owned(),
         ok,
@@ -423,10 +480,17 @@ async fn phase(args: &RpcArgs, channels: &[Channel], ceiling: bool) -> anyhow::R
     } else {
         "coordinator (Lease/Report/Reconsider)"
     };
+    let server_cpu_us_per_call = match (cpu_before, cpu_after) {
+        (Some(before), Some(after)) if ok + errors > 0 => {
+            Some(after.saturating_sub(before).as_secs_f64() * 1e6 / (ok + errors) as f64)
+        }
+        _ => None,
+    };
     Ok(PhaseStats {
         total: stats(name, &all, ok, errors),
         per_op,
         elapsed_s: elapsed,
+        server_cpu_us_per_call,
     })
 }
 
@@ -541,7 +605,22 @@ fn write_report(r: &RpcReport, args: &RpcArgs, out: &mut dyn Write) -> std::io::
         out,
         "ratio coordinator/ceiling: {:.3} (target >= 0.85)",
         r.ratio
-    )
+    )?;
+    match (
+        r.coordinator.server_cpu_us_per_call,
+        r.ceiling.server_cpu_us_per_call,
+    ) {
+        (Some(call), Some(bare)) => writeln!(
+            out,
+            "server CPU per call: coordinator {call:.1} µs, ceiling {bare:.1} µs; ceiling/coordinator {}",
+            r.cpu_ratio
+                .map_or_else(|| "— (too short to count)".to_owned(), |q| format!("{q:.3}"))
+        ),
+        _ => writeln!(
+            out,
+            "server CPU per call: not measured (an external server needs --server-pid)"
+        ),
+    }
 }
 
 #[cfg(test)]

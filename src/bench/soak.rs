@@ -144,6 +144,7 @@ pub fn run(args: &SoakArgs, out: &mut dyn Write) -> anyhow::Result<SoakReport> {
                         .map_err(anyhow::Error::msg)?,
                     scopes: 1000,
                     max_requests: 50_000_000,
+                    server_pid: None,
                 },
                 &mut std::io::sink(),
             )?;

@@ -169,7 +169,9 @@ struct ClassLedger {
 }
 
 impl ClassLedger {
-    fn touch(&mut self, worker_id: &str, now_ms: i64, window_ms: i64) -> &mut WorkerUse {
+    /// Marks `worker_id` seen at `now_ms` (adding it if new); its index in
+    /// `workers`, valid until the next `touch`.
+    fn touch(&mut self, worker_id: &str, now_ms: i64, window_ms: i64) -> usize {
         let at = match self.workers.iter().position(|w| &*w.id == worker_id) {
             Some(at) => at,
             None => {
@@ -191,7 +193,7 @@ impl ClassLedger {
         };
         let worker = &mut self.workers[at];
         worker.last_seen_ms = worker.last_seen_ms.max(now_ms);
-        worker
+        at
     }
 
     fn get_mut(&mut self, worker_id: &str) -> Option<&mut WorkerUse> {
@@ -411,7 +413,18 @@ impl BudgetLedger {
         let expires_at_ms = ask
             .now_ms
             .saturating_add(i64::try_from(policy.lease_ttl_ms).unwrap_or(i64::MAX));
-        self.leases.retain(|l| l.expires_at_ms > ask.now_ms);
+        // Leases are kept in grant order (release removes in place), so the
+        // expired ones are at the front unless the lease TTL changed; a
+        // full sweep before refusing catches those.
+        let expired = self
+            .leases
+            .iter()
+            .take_while(|l| l.expires_at_ms <= ask.now_ms)
+            .count();
+        self.leases.drain(..expired);
+        if self.leases.len() >= MAX_LEASES_PER_ROUTE {
+            self.leases.retain(|l| l.expires_at_ms > ask.now_ms);
+        }
         if self.leases.len() >= MAX_LEASES_PER_ROUTE {
             return Err(BudgetError::TooManyLeases);
         }
@@ -428,18 +441,18 @@ impl BudgetLedger {
         );
         let window_ms = policy.window_ms();
         let class = &mut self.classes[class_index];
-        class.touch(ask.worker_id, ask.now_ms, window_ms);
+        let me = class.touch(ask.worker_id, ask.now_ms, window_ms);
 
         // Everyone's demand, for the water-filling below.
         let mut demands = Vec::with_capacity(class.workers.len());
         let mut own_held = 0;
         let want_milli = u64::from(ask.want).saturating_mul(cost);
-        for worker in &mut class.workers {
+        for (i, worker) in class.workers.iter_mut().enumerate() {
             if worker.last_seen_ms <= ask.now_ms - window_ms {
                 continue;
             }
             let held = worker.held(now_sec, policy.window_secs);
-            if &*worker.id == ask.worker_id {
+            if i == me {
                 own_held = held;
                 continue;
             }
@@ -473,14 +486,12 @@ impl BudgetLedger {
         };
 
         let charge = u64::from(granted) * cost;
-        let worker = class.touch(ask.worker_id, ask.now_ms, window_ms);
+        let worker = &mut class.workers[me];
         worker.last_lease_ms = Some(ask.now_ms);
         worker.unmet_milli = want_milli - charge;
         if granted > 0 {
             let charged_sec = self.window.add(now_sec, spent_col(class_index), charge);
-            self.classes[class_index]
-                .touch(ask.worker_id, ask.now_ms, window_ms)
-                .charge(charged_sec, charge);
+            self.classes[class_index].workers[me].charge(charged_sec, charge);
             if self.leases.capacity() == 0 {
                 self.leases.reserve_exact(1);
             }
@@ -511,7 +522,7 @@ impl BudgetLedger {
         };
         let lease = &self.leases[at];
         if lease.expires_at_ms <= end.now_ms {
-            self.leases.swap_remove(at);
+            self.leases.remove(at);
             return Err(BudgetError::LeaseNotFound);
         }
         if &*lease.worker_id != end.worker_id {
@@ -529,7 +540,7 @@ impl BudgetLedger {
                 spent: end.spent,
             });
         }
-        let lease = self.leases.swap_remove(at);
+        let lease = self.leases.remove(at);
         let returned = lease.granted - end.spent + end.retry_successes;
         let refund = u64::from(returned) * lease.cost_milli;
         let class = lease.priority.index();

@@ -240,10 +240,15 @@ impl MemoryStore {
         policy: &Policy,
     ) -> Result<LeaseOutcome, StoreError> {
         let caller = self.caller_floor(&scope.route.caller_scope);
-        let id = format!(
-            "{:08x}-{:x}",
-            self.lease_nonce,
-            self.next_lease.fetch_add(1, Ordering::Relaxed)
+        // `{nonce:08x}-{counter:x}`, by hand (see `RouteName::of`).
+        let mut id = String::with_capacity(26);
+        route::push_digits(&mut id, u64::from(self.lease_nonce), 16, 8);
+        id.push('-');
+        route::push_digits(
+            &mut id,
+            self.next_lease.fetch_add(1, Ordering::Relaxed),
+            16,
+            1,
         );
         self.with_route(&scope.route, ask.now_ms, |state| {
             let view = Self::view_of(state, caller);

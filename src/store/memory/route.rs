@@ -18,6 +18,19 @@ use crate::pacing::{Mode, PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
 use crate::slots::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
 
+/// Appends `n` in `radix` (10 or 16, lowercase), zero-padded to `width`.
+pub(super) fn push_digits(out: &mut String, mut n: u64, radix: u64, width: usize) {
+    let mut digits = [b'0'; 20];
+    let mut at = digits.len();
+    while n > 0 || at == digits.len() {
+        at -= 1;
+        digits[at] = b"0123456789abcdef"[(n % radix) as usize];
+        n /= radix;
+    }
+    let at = at.min(digits.len().saturating_sub(width));
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
 /// A [`RouteKey`] as one allocation: `"{caller_len}:{caller_scope}{route}"`.
 /// The length prefix makes it injective for any two names (no separator
 /// character a name could contain), and the ordering of routes is restored
@@ -27,15 +40,14 @@ pub(super) struct RouteName(Box<str>);
 
 impl RouteName {
     pub(super) fn of(key: &RouteKey) -> Self {
-        RouteName(
-            format!(
-                "{}:{}{}",
-                key.caller_scope.len(),
-                key.caller_scope,
-                key.route
-            )
-            .into(),
-        )
+        // Built by hand: every call looks a route up, and `format!` cost
+        // more than the lookup.
+        let mut name = String::with_capacity(key.caller_scope.len() + key.route.len() + 5);
+        push_digits(&mut name, key.caller_scope.len() as u64, 10, 1);
+        name.push(':');
+        name.push_str(&key.caller_scope);
+        name.push_str(&key.route);
+        RouteName(name.into())
     }
 
     pub(super) fn caller_scope(&self) -> &str {
@@ -260,6 +272,26 @@ impl RouteState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digits_are_written_as_format_would() {
+        let digits = |n: u64, radix: u64, width: usize| {
+            let mut s = String::new();
+            push_digits(&mut s, n, radix, width);
+            s
+        };
+        for n in [0, 7, 10, 255, 4096, u64::from(u32::MAX), u64::MAX] {
+            assert_eq!(digits(n, 10, 1), format!("{n}"));
+            assert_eq!(digits(n, 16, 1), format!("{n:x}"));
+            assert_eq!(digits(n, 16, 8), format!("{n:08x}"));
+        }
+        let long = "c".repeat(12_345);
+        let key = RouteKey {
+            caller_scope: long.clone(),
+            route: "r".into(),
+        };
+        assert_eq!(&*RouteName::of(&key).0, format!("12345:{long}r"));
+    }
 
     #[test]
     fn names_round_trip_and_never_collide() {
