@@ -52,7 +52,10 @@ fn rpc_bench_runs_against_an_in_process_coordinator() {
     assert_eq!(report.ceiling.total.errors, 0, "{text}");
     assert!(report.ratio > 0.0);
     // The in-process server runs on threads of its own, read from /proc.
-    assert!(report.coordinator.server_cpu_us_per_call.is_some(), "{text}");
+    assert!(
+        report.coordinator.server_cpu_us_per_call.is_some(),
+        "{text}"
+    );
     assert!(report.ceiling.server_cpu_us_per_call.is_some(), "{text}");
     for field in [
         "requests/s",

@@ -613,8 +613,10 @@ fn write_report(r: &RpcReport, args: &RpcArgs, out: &mut dyn Write) -> std::io::
         (Some(call), Some(bare)) => writeln!(
             out,
             "server CPU per call: coordinator {call:.1} µs, ceiling {bare:.1} µs; ceiling/coordinator {}",
-            r.cpu_ratio
-                .map_or_else(|| "— (too short to count)".to_owned(), |q| format!("{q:.3}"))
+            r.cpu_ratio.map_or_else(
+                || "— (too short to count)".to_owned(),
+                |q| format!("{q:.3}")
+            )
         ),
         _ => writeln!(
             out,
