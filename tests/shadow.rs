@@ -1,6 +1,8 @@
 //! Shadow mode end to end: a scope whose policy says `mode = "shadow"` gets
-//! what enforcing would refuse or delay, the `tollgate.shadow` counter
-//! moves, and patching the rule to `enforce` refuses it again.
+//! what enforcing would refuse or delay, each answer says what enforcing
+//! would have done, the `tollgate.shadow` counter moves, and patching the
+//! rule to `enforce` refuses it again. (The gate's side is in
+//! `shadow_gate.rs`: its own process, so its counts stay out of these.)
 
 mod support;
 
@@ -9,7 +11,7 @@ use std::net::SocketAddr;
 
 use support::metrics::{MetricsEndpoint, scrape};
 use support::{Coordinator, T0, config, rate_limited, reconsider, scope};
-use tollgate_proto::v1::{self, Priority};
+use tollgate_proto::v1::{self, Priority, ShadowDecision};
 
 /// No budget at all on `GET /x`, in shadow mode.
 const SHADOW_POLICY: &str = r#"
@@ -56,8 +58,9 @@ async fn a_shadow_scope_lets_through_what_enforce_refuses() {
     let shadowed = client.lease(lease()).await.expect("lease").into_inner();
     assert_eq!(shadowed.granted, 1);
     assert_eq!(shadowed.limit(), v1::LeaseLimit::None);
+    assert_eq!(shadowed.shadowed(), ShadowDecision::WouldRefuse);
     // A cooldown would delay the intent 30 s; the slot is now.
-    client
+    let reported = client
         .report(rate_limited(
             x.clone(),
             "w1",
@@ -65,7 +68,9 @@ async fn a_shadow_scope_lets_through_what_enforce_refuses() {
             v1::ScopeCertainty::Known,
         ))
         .await
-        .expect("report");
+        .expect("report")
+        .into_inner();
+    assert!(reported.shadow, "the worker is told the scope is in shadow");
     let slot = client
         .reconsider(reconsider(x.clone(), "intent-1"))
         .await
@@ -73,6 +78,7 @@ async fn a_shadow_scope_lets_through_what_enforce_refuses() {
         .into_inner();
     assert_eq!(slot.decision(), v1::ReconsiderDecision::Slot);
     assert_eq!(slot.slot_unix_ms, T0);
+    assert_eq!(slot.shadowed(), ShadowDecision::WouldDelay);
     let counts = shadow_counts(metrics).await;
     assert_eq!(count(&counts, "lease", "would_refuse"), 1.0, "{counts:?}");
     assert_eq!(
@@ -110,6 +116,7 @@ async fn a_shadow_scope_lets_through_what_enforce_refuses() {
     let refused = client.lease(lease()).await.expect("lease").into_inner();
     assert_eq!(refused.granted, 0);
     assert_eq!(refused.limit(), v1::LeaseLimit::BudgetExhausted);
+    assert_eq!(refused.shadowed(), ShadowDecision::Unspecified);
     // Enforced: asked to ask again until the slot, after the cooldown.
     let (delayed, _) = coordinator
         .reconsider_until_answered(&mut client, reconsider(x.clone(), "intent-2"))

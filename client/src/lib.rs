@@ -127,7 +127,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use engine::{IntentPolicy, Observation, PolicyError};
 pub use gate::{
     Attempt, AttemptEvidence, Gate, GateConfig, GateIntent, IntentResult, ReconcileQuery,
-    Reconciled, Repetition, Reply, TokenSource, WaitEvidence,
+    Reconciled, Repetition, Reply, Shadowed, TokenSource, WaitEvidence,
 };
 pub use layer::{GateError, GateReport, LayerConfig, TollgateLayer, TollgateService};
 pub use lease::LeaseCacheConfig;

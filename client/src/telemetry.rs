@@ -183,6 +183,15 @@ pub fn record_attempt(route: &str, class: &str) {
     let _ = (route, class);
 }
 
+/// Counts a hold or refusal a shadow policy let through (`decision`:
+/// `would_refuse`, `would_delay`), by the gate or the coordinator.
+pub fn record_shadow(route: &str, decision: &str) {
+    #[cfg(feature = "otel")]
+    otel::record_shadow(route, decision);
+    #[cfg(not(feature = "otel"))]
+    let _ = (route, decision);
+}
+
 /// Counts an intent that succeeded again under an id that had already
 /// succeeded lately: a duplicate delivery of the same operation.
 pub fn record_duplicate(route: &str) {
@@ -279,6 +288,7 @@ mod otel {
         running: UpDownCounter<i64>,
         uncorrelated: Counter<u64>,
         duplicates: Counter<u64>,
+        shadow: Counter<u64>,
     }
 
     /// Instruments are made on first use from the global meter provider, so
@@ -335,6 +345,13 @@ mod otel {
                     )
                     .with_unit("{intent}")
                     .build(),
+                shadow: meter
+                    .u64_counter("tollgate.client.shadow")
+                    .with_description(
+                        "Holds and refusals a shadow policy let through, by what enforcing would have done",
+                    )
+                    .with_unit("{decision}")
+                    .build(),
                 uncorrelated: meter
                     .u64_counter("tollgate.client.intents.uncorrelated")
                     .with_description(
@@ -362,6 +379,16 @@ mod otel {
             &[
                 outcome,
                 KeyValue::new("tollgate.route", end.route.to_owned()),
+            ],
+        );
+    }
+
+    pub(super) fn record_shadow(route: &str, decision: &str) {
+        metrics().shadow.add(
+            1,
+            &[
+                KeyValue::new("tollgate.route", route.to_owned()),
+                KeyValue::new("tollgate.decision", decision.to_owned()),
             ],
         );
     }

@@ -101,6 +101,16 @@ pub enum Shadowed {
 }
 
 impl Shadowed {
+    /// As the wire says it.
+    pub fn wire(shadowed: Option<Shadowed>) -> tollgate_proto::v1::ShadowDecision {
+        use tollgate_proto::v1::ShadowDecision;
+        match shadowed {
+            None => ShadowDecision::Unspecified,
+            Some(Shadowed::WouldRefuse) => ShadowDecision::WouldRefuse,
+            Some(Shadowed::WouldDelay) => ShadowDecision::WouldDelay,
+        }
+    }
+
     /// The label in metrics and spans.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -55,6 +55,9 @@ pub struct ReportOut {
     pub pacing: PacingView,
     /// Whether first attempts wait out the scope's cooldown.
     pub hold_first_attempts: bool,
+    /// The scope's policy is in shadow mode (the worker's gate shadows its
+    /// own holds too).
+    pub shadow: bool,
     /// The scope's policy version.
     pub policy_version: u64,
     /// The coordinator's clock at the report.
@@ -165,6 +168,7 @@ impl Coordinator {
                 now_ms,
             ),
             policy_version: policy.policy_version,
+            shadow: policy.shadow,
             now_ms,
         })
     }

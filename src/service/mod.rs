@@ -29,7 +29,9 @@ use tracing::{Span, field::Empty, instrument};
 
 use crate::auth::{Authenticator, Identity};
 use crate::budget::GrantLimit;
-use crate::coordinator::{Coordinator, ReportIn, ReportOut, ReportedResponse, SlotRequest};
+use crate::coordinator::{
+    Coordinator, ReportIn, ReportOut, ReportedResponse, Shadowed, SlotRequest,
+};
 use crate::hints::EvidenceInput;
 use crate::hints::corroboration::Claim;
 use crate::metrics::CoordinatorMetrics;
@@ -215,6 +217,7 @@ impl Budget for BudgetService {
             }
             .into(),
             remaining: out.grant.remaining,
+            shadowed: Shadowed::wire(leased.shadowed).into(),
         }))
     }
 
@@ -322,6 +325,7 @@ impl Budget for BudgetService {
             verdicts,
             backoff_ms: out.backoff_ms,
             hold_first_attempts: out.hold_first_attempts,
+            shadow: out.shadow,
         }))
     }
 
@@ -402,6 +406,7 @@ impl Budget for BudgetService {
             reserves_token: false,
             ask_again_unix_ms: if ask_again { slot } else { 0 },
             wake_rate: PacingView::per_sec(out.pacing.wake_rate_m),
+            shadowed: Shadowed::wire(out.shadowed).into(),
         }))
     }
 

@@ -248,6 +248,39 @@ pub struct WaitEvidence {
     /// `reevaluations`: asking again is the coordinator pacing the queue,
     /// not a policy change.
     pub asked_again: u32,
+    /// Under a shadow policy, what enforcing would have done with this wait
+    /// (a later start, or a refusal) that was let through instead.
+    pub shadowed: Option<Shadowed>,
+}
+
+/// What a shadow policy let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shadowed {
+    /// Enforcing would have refused (no slot could fit the deadline).
+    WouldRefuse,
+    /// Enforcing would have started later (the scope's cooldown, a held
+    /// first attempt, a later slot).
+    WouldDelay,
+}
+
+impl Shadowed {
+    /// The label in metrics and spans, as the coordinator's.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shadowed::WouldRefuse => "would_refuse",
+            Shadowed::WouldDelay => "would_delay",
+        }
+    }
+
+    /// From a coordinator's answer; `None` when nothing was shadowed.
+    pub(crate) fn from_wire(decision: i32) -> Option<Shadowed> {
+        use tollgate_proto::v1::ShadowDecision;
+        match ShadowDecision::try_from(decision) {
+            Ok(ShadowDecision::WouldRefuse) => Some(Shadowed::WouldRefuse),
+            Ok(ShadowDecision::WouldDelay) => Some(Shadowed::WouldDelay),
+            Ok(ShadowDecision::Unspecified) | Err(_) => None,
+        }
+    }
 }
 
 /// The evidence of one attempt: the engine's record plus what only the gate

@@ -83,7 +83,7 @@ mod spans;
 use completion::Completion;
 pub use intent::{
     Attempt, AttemptEvidence, BoxFuture, GateIntent, IntentResult, ReconcileHook, ReconcileQuery,
-    Reconciled, Repetition, Reply, TokenSource, WaitEvidence,
+    Reconciled, Repetition, Reply, Shadowed, TokenSource, WaitEvidence,
 };
 
 /// Tuning for a [`Gate`].

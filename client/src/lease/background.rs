@@ -41,6 +41,9 @@ pub(super) async fn refill(shared: &Shared, key: TokenKey) {
     let Ok(lease) = result else {
         return;
     };
+    if let Some(shadowed) = crate::gate::Shadowed::from_wire(lease.shadowed) {
+        crate::telemetry::record_shadow(&scope.route, shadowed.as_str());
+    }
     tokens.view.policy_version = tokens.view.policy_version.max(lease.policy_version);
     tokens.view.cooldown_until =
         (lease.cooldown_until_unix_ms > 0).then(|| from_unix_ms(lease.cooldown_until_unix_ms));
@@ -94,6 +97,7 @@ pub(super) async fn flush_reports(shared: &Shared) {
             Ok(answer) => merge_view(shared, &scope, |v| {
                 v.policy_version = v.policy_version.max(answer.policy_version);
                 v.hold_first_attempts = answer.hold_first_attempts;
+                v.shadow = answer.shadow;
                 if answer.cooldown_until_unix_ms > 0 {
                     let until = from_unix_ms(answer.cooldown_until_unix_ms);
                     v.cooldown_until = v.cooldown_until.max(Some(until));

@@ -144,6 +144,10 @@ pub struct ScopeView {
     /// hitting an upstream known to refuse them. The coordinator's policy
     /// decides (from `Report` answers and Watch events), not the worker.
     pub hold_first_attempts: bool,
+    /// The scope's policy is in shadow mode (from `Report` answers): the
+    /// gate lets through what it would hold for the cooldown or for a
+    /// slot, and records it as shadowed.
+    pub shadow: bool,
 }
 
 #[derive(Debug)]

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::Run;
 use super::wait::{Slot, still_waiting};
 use crate::engine::GateRefusal;
-use crate::gate::intent::WaitEvidence;
+use crate::gate::intent::{Shadowed, WaitEvidence};
 use crate::link::LinkState;
 use crate::outcome::Outcome;
 
@@ -47,6 +47,11 @@ impl Run<'_> {
     pub(super) async fn hold(&mut self, completion: &CancellationToken) -> Held {
         let view = self.gate.inner.cache.view(&self.scope);
         if !view.hold_first_attempts {
+            return Held::No;
+        }
+        if view.shadow {
+            // Held under the policy under trial: let through, counted.
+            crate::telemetry::record_shadow(&self.scope.route, Shadowed::WouldDelay.as_str());
             return Held::No;
         }
         let now = self.now();
@@ -87,7 +92,10 @@ impl Run<'_> {
                 None
             };
             let (wake, asking) = match reconsidered {
-                Some(Slot::At(at)) => {
+                Some(Slot::At(at, shadowed)) => {
+                    if let Some(shadowed) = shadowed {
+                        self.shadow(&mut evidence, shadowed);
+                    }
                     evidence.slot = Some(at);
                     until = at;
                     (until, false)

@@ -12,7 +12,7 @@ use tollgate_proto::v1::{ReconsiderDecision, RetryClass};
 use super::{Run, engine_bug, lock};
 use crate::classify::ResponseClass;
 use crate::engine::{Decision, EngineError, GateRefusal, Phase, WakeCheck, WakeDecision};
-use crate::gate::intent::{TokenSource, WaitEvidence};
+use crate::gate::intent::{Shadowed, TokenSource, WaitEvidence};
 use crate::lease::{ScopeView, Take};
 use crate::link::LinkState;
 use crate::wire;
@@ -40,7 +40,9 @@ pub(super) enum Admitted {
 
 /// The coordinator's answer to `Reconsider`.
 pub(super) enum Slot {
-    At(Duration),
+    /// A slot at this elapsed instant; under a shadow policy, what
+    /// enforcing would have answered instead.
+    At(Duration, Option<Shadowed>),
     /// Nothing given yet: ask again at this elapsed instant.
     AskAgain(Duration),
     Infeasible,
@@ -166,7 +168,11 @@ impl Run<'_> {
         let mut until = next_start.max(since.saturating_add(self.gate.inner.config.min_wait));
         if let Some(cooldown) = view.cooldown_until {
             let at = self.elapsed_at(cooldown);
-            if at > until {
+            if at > until && view.shadow {
+                // The fleet's cooldown is the policy under trial; the
+                // engine's own wait (this attempt's hint) still holds.
+                self.shadow(evidence, Shadowed::WouldDelay);
+            } else if at > until {
                 evidence.cooldown = Some(at);
                 until = at;
             }
@@ -178,8 +184,11 @@ impl Run<'_> {
             None
         };
         match reconsidered {
-            Some(Slot::At(at)) => {
+            Some(Slot::At(at, shadowed)) => {
                 evidence.slot = Some(at);
+                if let Some(shadowed) = shadowed {
+                    self.shadow(evidence, shadowed);
+                }
                 until = until.max(at);
             }
             Some(Slot::AskAgain(at)) => {
@@ -213,6 +222,16 @@ impl Run<'_> {
             return Planned::Ended;
         }
         Planned::Wake
+    }
+
+    /// Records on `evidence` (and counts) what a shadow policy let through;
+    /// a refusal outranks a delay.
+    pub(super) fn shadow(&self, evidence: &mut WaitEvidence, shadowed: Shadowed) {
+        if evidence.shadowed == Some(shadowed) || evidence.shadowed == Some(Shadowed::WouldRefuse) {
+            return;
+        }
+        evidence.shadowed = Some(shadowed);
+        crate::telemetry::record_shadow(&self.scope.route, shadowed.as_str());
     }
 
     /// Moves the engine's next start to `until`; false if the intent ended
@@ -292,7 +311,10 @@ impl Run<'_> {
         };
         let at = |unix_ms| self.elapsed_at(crate::clock::from_unix_ms(unix_ms));
         match ReconsiderDecision::try_from(answer.decision) {
-            Ok(ReconsiderDecision::Slot) => Some(Slot::At(at(answer.slot_unix_ms))),
+            Ok(ReconsiderDecision::Slot) => Some(Slot::At(
+                at(answer.slot_unix_ms),
+                Shadowed::from_wire(answer.shadowed),
+            )),
             Ok(ReconsiderDecision::AskAgain) => Some(Slot::AskAgain(at(answer.ask_again_unix_ms))),
             Ok(ReconsiderDecision::DeadlineInfeasible) => Some(Slot::Infeasible),
             Ok(ReconsiderDecision::Frozen) => Some(Slot::Frozen),
