@@ -18,9 +18,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{IntentPolicy, Observation};
-use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
-use tollgate_client::link::{CoordinatorLink, LinkConfig};
+use tollgate_client::gate::{Attempt, GateIntent, Reply};
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::{self, LeaseRequest, Priority, RetryClass};
 
@@ -88,13 +86,7 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
     a_freeze_is_shown_until_it_is_lifted(&coordinator, metrics_addr).await;
 
     // A worker's storm: hints, a slot, retries per intent, retry delay.
-    // This test is about metrics, not timeouts: a generous RPC bound keeps
-    // a loaded machine from degrading the link into the local fallback.
-    let mut link_config = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-1");
-    link_config.rpc_timeout = Duration::from_secs(2);
-    let link = CoordinatorLink::new(&link_config).expect("link");
-    let cache = LeaseCache::start(link, LeaseCacheConfig::default(), coordinator.clock.clone());
-    let gate = Gate::new(cache, coordinator.clock.clone(), GateConfig::default());
+    let gate = coordinator.worker_gate("worker-1");
     let backoff = Backoff {
         base: ms(20),
         cap: ms(100),

@@ -10,9 +10,7 @@ use std::time::Duration;
 use support::{Coordinator, config, rate_limited, scope};
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{IntentPolicy, Observation};
-use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply, Shadowed};
-use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
-use tollgate_client::link::{CoordinatorLink, LinkConfig};
+use tollgate_client::gate::{Attempt, GateIntent, Reply, Shadowed};
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::{self, Priority};
 
@@ -36,11 +34,7 @@ async fn a_gate_lets_through_what_a_shadow_cooldown_would_hold() {
         .await
         .expect("report");
 
-    let mut link_config = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-g");
-    link_config.rpc_timeout = Duration::from_secs(2);
-    let link = CoordinatorLink::new(&link_config).expect("link");
-    let cache = LeaseCache::start(link, LeaseCacheConfig::default(), coordinator.clock.clone());
-    let gate = Gate::new(cache, coordinator.clock.clone(), GateConfig::default());
+    let gate = coordinator.worker_gate("worker-g");
     let backoff = Backoff {
         base: ms(20),
         cap: ms(100),

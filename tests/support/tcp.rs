@@ -16,6 +16,9 @@ use tollgate::server::{self, ServeError};
 use tollgate::store::redis::EventRelay;
 use tollgate::store::{MemoryStore, Store};
 use tollgate_client::clock::{Clock, ManualClock, from_unix_ms};
+use tollgate_client::gate::{Gate, GateConfig};
+use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
+use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetClient};
 use tonic::transport::Channel;
 
@@ -135,6 +138,18 @@ impl Coordinator {
 
     pub(crate) async fn client(&self) -> BudgetClient<Channel> {
         BudgetClient::new(self.channel().await)
+    }
+
+    /// A worker's gate on this coordinator, on its manual clock, with the
+    /// default lease cache and gate tuning. Its RPC bound is generous: a
+    /// loaded machine must not degrade the link into the local fallback.
+    pub(crate) fn worker_gate(&self, worker_id: &str) -> Gate {
+        let mut link_config = LinkConfig::new(format!("http://{}", self.addr), worker_id);
+        link_config.rpc_timeout = Duration::from_secs(2);
+        let link = CoordinatorLink::new(&link_config).expect("link");
+        let clock: Arc<dyn Clock> = self.clock.clone();
+        let cache = LeaseCache::start(link, LeaseCacheConfig::default(), clock.clone());
+        Gate::new(cache, clock, GateConfig::default())
     }
 
     /// Asks `request` as a worker would: on ASK_AGAIN the manual clock

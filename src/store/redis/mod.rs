@@ -103,6 +103,25 @@ mod tests {
 
     crate::store::contract::contract_tests!(make);
 
+    /// A private Redis, a store on it, and a raw connection to rewrite keys
+    /// the way an earlier version wrote them.
+    async fn store_and_raw() -> Option<(RedisServer, RedisStore, redis::aio::MultiplexedConnection)>
+    {
+        let server = RedisServer::start()?;
+        let store = RedisStore::connect(
+            RedisTarget::parse(&server.url()).expect("url"),
+            RedisOptions::default(),
+        )
+        .await
+        .expect("connect");
+        let conn = redis::Client::open(server.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        Some((server, store, conn))
+    }
+
     /// A route whose series an earlier version wrote as W-bucket rings
     /// (`b`) is read as the same counts: a store upgraded in place keeps
     /// every budget window it had.
@@ -113,15 +132,9 @@ mod tests {
         use crate::scope::{Priority, RetryClass, ScopeKey};
         use crate::store::{ReportBatch, Store};
 
-        let Some(server) = RedisServer::start() else {
+        let Some((_server, store, mut conn)) = store_and_raw().await else {
             return;
         };
-        let store = RedisStore::connect(
-            RedisTarget::parse(&server.url()).expect("url"),
-            RedisOptions::default(),
-        )
-        .await
-        .expect("connect");
         const T0: i64 = 1_700_000_000_000;
         let p = Policy::default();
         let ask = |now_ms| GrantAsk {
@@ -164,11 +177,6 @@ mod tests {
              redis.call('SET', KEYS[1], cmsgpack.pack(st), 'KEEPTTL')
              return 1",
         );
-        let client = redis::Client::open(server.url()).expect("client");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
         let _: i64 = ring
             .key(store.route_key(&rewritten.route))
             .invoke_async(&mut conn)
@@ -200,23 +208,12 @@ mod tests {
         use crate::scope::{Priority, RetryClass, ScopeKey};
         use crate::store::Store;
 
-        let Some(server) = RedisServer::start() else {
+        let Some((_server, store, mut conn)) = store_and_raw().await else {
             return;
         };
-        let store = RedisStore::connect(
-            RedisTarget::parse(&server.url()).expect("url"),
-            RedisOptions::default(),
-        )
-        .await
-        .expect("connect");
         const T0: i64 = 1_700_000_000_000;
         let p = Policy::default(); // 100 tokens a window: enough for 50
         let key = ScopeKey::new("c", "r", Priority::Normal);
-        let client = redis::Client::open(server.url()).expect("client");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
         let route_key = store.route_key(&key.route);
         let lease = async |i: i64| {
             let ask = GrantAsk {
