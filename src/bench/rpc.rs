@@ -241,7 +241,7 @@ const SERVER_THREADS: &str = "tollgate-serve";
 /// Runs the benchmark on its own runtime and writes the report to `out`.
 ///
 /// An in-process coordinator runs on a runtime of its own
-/// ([`SERVER_THREADS`]), so what it costs per call is measured apart from
+/// (threads named `tollgate-serve`), so what it costs per call is measured apart from
 /// the load generator.
 pub fn run(args: &RpcArgs, out: &mut dyn Write) -> anyhow::Result<RpcReport> {
     validate(args)?;
