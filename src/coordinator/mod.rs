@@ -91,34 +91,9 @@ pub struct Leased {
     pub now_ms: i64,
 }
 
-/// What a shadow policy let through: what enforcing would have done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shadowed {
-    /// Fewer tokens than wanted (budget or fair share), or a refused slot.
-    WouldRefuse,
-    /// A slot later than the intent asked for.
-    WouldDelay,
-}
-
-impl Shadowed {
-    /// As the wire says it.
-    pub fn wire(shadowed: Option<Shadowed>) -> tollgate_proto::v1::ShadowDecision {
-        use tollgate_proto::v1::ShadowDecision;
-        match shadowed {
-            None => ShadowDecision::Unspecified,
-            Some(Shadowed::WouldRefuse) => ShadowDecision::WouldRefuse,
-            Some(Shadowed::WouldDelay) => ShadowDecision::WouldDelay,
-        }
-    }
-
-    /// The label in metrics and spans.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Shadowed::WouldRefuse => "would_refuse",
-            Shadowed::WouldDelay => "would_delay",
-        }
-    }
-}
+/// What a shadow policy let through: what enforcing would have done. The
+/// worker's gate records the same, so both sides use one type.
+pub use tollgate_client::gate::Shadowed;
 
 /// What `Reconsider` decided, with the state it was decided in.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -253,18 +253,20 @@ pub struct WaitEvidence {
     pub shadowed: Option<Shadowed>,
 }
 
-/// What a shadow policy let through.
+/// What a shadow policy let through: what enforcing would have done, as
+/// the coordinator answers it and as the gate records its own holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shadowed {
-    /// Enforcing would have refused (no slot could fit the deadline).
+    /// Enforcing would have refused: fewer tokens than wanted (budget or
+    /// fair share), or no slot that fits the deadline.
     WouldRefuse,
-    /// Enforcing would have started later (the scope's cooldown, a held
-    /// first attempt, a later slot).
+    /// Enforcing would have started later: a later slot, the scope's
+    /// cooldown, a held first attempt.
     WouldDelay,
 }
 
 impl Shadowed {
-    /// The label in metrics and spans, as the coordinator's.
+    /// The label in metrics and spans.
     pub fn as_str(self) -> &'static str {
         match self {
             Shadowed::WouldRefuse => "would_refuse",
@@ -272,8 +274,18 @@ impl Shadowed {
         }
     }
 
+    /// As an answer carries it; `Unspecified` when nothing was shadowed.
+    pub fn wire(shadowed: Option<Shadowed>) -> tollgate_proto::v1::ShadowDecision {
+        use tollgate_proto::v1::ShadowDecision;
+        match shadowed {
+            None => ShadowDecision::Unspecified,
+            Some(Shadowed::WouldRefuse) => ShadowDecision::WouldRefuse,
+            Some(Shadowed::WouldDelay) => ShadowDecision::WouldDelay,
+        }
+    }
+
     /// From a coordinator's answer; `None` when nothing was shadowed.
-    pub(crate) fn from_wire(decision: i32) -> Option<Shadowed> {
+    pub fn from_wire(decision: i32) -> Option<Shadowed> {
         use tollgate_proto::v1::ShadowDecision;
         match ShadowDecision::try_from(decision) {
             Ok(ShadowDecision::WouldRefuse) => Some(Shadowed::WouldRefuse),

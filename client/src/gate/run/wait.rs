@@ -168,13 +168,15 @@ impl Run<'_> {
         let mut until = next_start.max(since.saturating_add(self.gate.inner.config.min_wait));
         if let Some(cooldown) = view.cooldown_until {
             let at = self.elapsed_at(cooldown);
-            if at > until && view.shadow {
-                // The fleet's cooldown is the policy under trial; the
-                // engine's own wait (this attempt's hint) still holds.
-                self.shadow(evidence, Shadowed::WouldDelay);
-            } else if at > until {
-                evidence.cooldown = Some(at);
-                until = at;
+            if at > until {
+                if view.shadow {
+                    // The fleet's cooldown is the policy under trial; the
+                    // engine's own wait (this attempt's hint) still holds.
+                    self.shadow(evidence, Shadowed::WouldDelay);
+                } else {
+                    evidence.cooldown = Some(at);
+                    until = at;
+                }
             }
         }
         until = until.max(now);
