@@ -316,11 +316,7 @@ impl Control {
         let mut next = State::from_saved(saved, None, st.local_digest);
         next.freezes
             .retain(|_, f| f.expires_at_ms.is_none_or(|at| at > now));
-        for (key, f) in &next.freezes {
-            self.store
-                .set_freeze(key, Some(f.reason.clone()), now)
-                .await?;
-        }
+        self.follow_freezes(&BTreeMap::new(), &next.freezes).await?;
         // The saved document is what was in force: published as a change.
         st.doc = PolicyDoc::default();
         self.put_in_force(&mut st, next)?;

@@ -231,12 +231,7 @@ impl Control {
                     freezes = st.freezes.len(),
                     "the store lost the shared runtime state; restored this replica's"
                 );
-                let now = self.now_ms();
-                for (route, f) in &st.freezes {
-                    self.store
-                        .set_freeze(route, Some(f.reason.clone()), now)
-                        .await?;
-                }
+                self.follow_freezes(&BTreeMap::new(), &st.freezes).await?;
             }
             st.rev = Some(done.rev);
             return Ok(());
@@ -257,8 +252,10 @@ impl Control {
     /// Puts in the store the freezes recorded or lifted since `before`
     /// (through any replica): the replica that recorded one applies it
     /// too, but if it died in between, the others (or its own restart, from
-    /// nothing) still do. Setting a freeze twice changes nothing.
-    async fn follow_freezes(
+    /// nothing) still do. Setting a freeze twice changes nothing. From an
+    /// empty `before`, it puts every freeze back (a restart, a store that
+    /// lost its data).
+    pub(super) async fn follow_freezes(
         &self,
         before: &BTreeMap<RouteKey, FreezeRecord>,
         after: &BTreeMap<RouteKey, FreezeRecord>,
