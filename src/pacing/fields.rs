@@ -6,7 +6,7 @@ use super::{PacingPolicy, PacingState};
 
 impl PacingState {
     /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
-    pub fn to_fields(&self) -> [(&'static str, i64); 22] {
+    pub fn to_fields(&self) -> [(&'static str, i64); 23] {
         [
             ("win", self.win),
             ("w_first", self.w_first),
@@ -30,6 +30,7 @@ impl PacingState {
             ("penalty_until", self.penalty_until),
             ("probe_at", self.probe_at),
             ("mode", self.mode),
+            ("ramp_from_m", self.ramp_from_m),
         ]
     }
 
@@ -61,6 +62,7 @@ impl PacingState {
                 "penalty_until" => &mut st.penalty_until,
                 "probe_at" => &mut st.probe_at,
                 "mode" => &mut st.mode,
+                "ramp_from_m" => &mut st.ramp_from_m,
                 _ => continue,
             };
             *slot = v;

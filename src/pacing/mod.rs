@@ -319,6 +319,10 @@ pub struct PacingState {
     pub probe_at: i64,
     /// [`Mode`] as an integer.
     pub mode: i64,
+    /// While slow start raises the rate: the rate the window began at
+    /// (0: not ramping). The rate in force climbs from it to `rate_m`
+    /// across the window ([`rate_at`](Self::rate_at)).
+    pub ramp_from_m: i64,
 }
 
 impl PacingState {
@@ -348,6 +352,7 @@ impl PacingState {
             penalty_until: 0,
             probe_at: 0,
             mode: Mode::Steady as i64,
+            ramp_from_m: 0,
         };
         st.apply_policy(policy);
         st
@@ -380,6 +385,20 @@ impl PacingState {
         } else {
             self.rate_m
         }
+    }
+
+    /// The rate slots are handed out at, at `now_ms`: `rate_m`, or, while
+    /// slow start ramps, the straight line from the rate the window began
+    /// at to `rate_m` at its end. A rate that jumped at the window's start
+    /// would overshoot an edge it crossed by the whole step until the
+    /// first rejection is reported; ramped, by what it climbs meanwhile.
+    pub fn rate_at(&self, now_ms: i64) -> i64 {
+        let from = self.ramp_from_m;
+        if from <= 0 || from >= self.rate_m || !self.adaptive() {
+            return self.rate_m;
+        }
+        let into = (now_ms - self.win * WINDOW_MS).clamp(0, WINDOW_MS);
+        from + (self.rate_m - from) * into / WINDOW_MS
     }
 
     /// Capacity estimate, milli-attempts per second.
@@ -420,6 +439,26 @@ impl PacingState {
         // A long silence: nothing was used or rejected in it.
         self.win = self.win.max(now_win);
         self.apply_policy(policy);
+        self.reopen(now_ms, policy);
+    }
+
+    /// Starts slow start as soon as a closing hint that ended in the
+    /// window's first half has passed, rather than at the window's end: a
+    /// backlog held through an outage loses every deadline that falls
+    /// while the rate waits for the window to close. Once per window (the
+    /// ramp marks it), and only while nothing has been refused since.
+    fn reopen(&mut self, now_ms: i64, policy: &PacingPolicy) {
+        let start = self.win * WINDOW_MS;
+        if self.adaptive()
+            && self.rate_max_m == 0
+            && self.ramp_from_m == 0
+            && start < self.closed_until
+            && self.closed_until <= now_ms.min(start + WINDOW_MS / 2)
+            && self.w_refused == 0
+        {
+            self.probe_up(0, self.spare_m());
+            self.clamp_rate(policy);
+        }
     }
 
     /// Takes in one report.
@@ -455,8 +494,16 @@ impl PacingState {
             .iter()
             .filter(|&&until| until.saturating_sub(now) > CLOSING_MS)
             .count() as i64;
+        // So are rejections whose hint ends no later than the latest
+        // closing hint: drawn inside that closure and reported after it
+        // (reports lag), not drawn by what the fleet sends now.
+        let inside = obs
+            .hint_until_ms
+            .iter()
+            .filter(|&&until| until.saturating_sub(now) <= CLOSING_MS && until <= self.closed_until)
+            .count() as i64;
         let explained = if hints > 0 {
-            rejections * closing / hints
+            rejections * (closing + inside) / hints
         } else {
             0
         };
@@ -508,7 +555,7 @@ impl PacingState {
             // report interval, and the rest of the window still measures
             // the upstream near its capacity. Once per window; the window's
             // end decides the rate from what it measured (see learn).
-            self.w_cut_from = self.rate_m;
+            self.w_cut_from = self.rate_at(now);
             let back = if saturated {
                 // Every attempt is paced: below the last rate a window used
                 // cleanly (a limiter's burst can make a rate over the edge
@@ -519,7 +566,8 @@ impl PacingState {
             } else {
                 self.rate_m / 2
             };
-            self.rate_m = self.rate_m.min(back).max(policy.floor_m);
+            self.rate_m = self.rate_at(now).min(back).max(policy.floor_m);
+            self.ramp_from_m = 0;
             if !saturated {
                 self.mode = Mode::BackingOff as i64;
             }
@@ -609,6 +657,7 @@ impl PacingState {
         self.clamp_rate(policy);
         self.rate_ok_m = self.rate_m;
         self.rate_max_m = edge_m;
+        self.ramp_from_m = 0;
         // A cut earlier in the window was of a retry rate: it says nothing
         // of this one.
         self.w_cut_from = 0;

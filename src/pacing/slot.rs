@@ -100,7 +100,8 @@ impl PacingState {
         if self.mode() == Mode::PenaltyExtending {
             return self.decide_penalty(ask, floor, spread(WINDOW_MS));
         }
-        let interval_us = (1_000 * MILLI * MILLI + self.rate_m - 1) / self.rate_m.max(1);
+        let rate_m = self.rate_at(now);
+        let interval_us = (1_000 * MILLI * MILLI + rate_m - 1) / rate_m.max(1);
         let start_us = ask.cursor_us.max(floor.saturating_mul(1000));
         let slot = start_us
             .saturating_add(spread(interval_us))
@@ -152,12 +153,8 @@ impl PacingState {
             }
         }
         let saturated = self.mode() == Mode::Saturated;
-        let estimate = slot.saturating_add(drain_ms(
-            ask.waiting,
-            self.rate_m,
-            policy.ceiling_m,
-            saturated,
-        ));
+        let estimate =
+            slot.saturating_add(drain_ms(ask.waiting, rate_m, policy.ceiling_m, saturated));
         // Three quarters of the way to the estimate: it is optimistic (the
         // rate doubling every window), so this rarely overshoots the slot,
         // and a long wait costs a few calls (the distance shrinks fourfold

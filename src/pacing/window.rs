@@ -8,13 +8,29 @@ use super::{MILLI, Mode, PROBE_HEADROOM, PacingPolicy, PacingState, WINDOW_MS, j
 impl PacingState {
     /// Learns from the window that just ended and sets the next rate.
     pub(super) fn close_window(&mut self, policy: &PacingPolicy) {
+        // A ramp ends with its window: the rate it climbed to is in force.
+        let ramped_from = std::mem::take(&mut self.ramp_from_m);
         // A window a closing hint covered, even in part, says nothing about
         // capacity or demand (workers may hold first attempts in it).
         // Rejections the controller must answer for are answered even in a
         // window a short cooldown also explained some of.
-        let closed =
-            self.win * WINDOW_MS < self.closed_until || self.mode() == Mode::PenaltyExtending;
-        if closed {
+        let start = self.win * WINDOW_MS;
+        let closed = start < self.closed_until || self.mode() == Mode::PenaltyExtending;
+        // Unless the hint ended in the window's first half and what came
+        // after drew nothing: the fleet is coming back, and a rate held
+        // for a whole window more is a window of the backlog's deadlines
+        // lost. Half a window measures neither capacity nor demand, so
+        // only the rate grows.
+        let reopened = closed
+            && self.closed_until <= start + WINDOW_MS / 2
+            && self.w_refused == 0
+            && self.adaptive();
+        if reopened {
+            if self.used() {
+                self.probe_up(ramped_from, self.spare_m());
+                self.clamp_rate(policy);
+            }
+        } else if closed {
             // Nothing to learn from.
         } else if self.mode() == Mode::Saturated {
             self.learn_saturated(policy);
@@ -48,7 +64,7 @@ impl PacingState {
                 }
             }
             if self.w_frozen == 0 || self.w_rej > 0 {
-                self.learn(policy);
+                self.learn(ramped_from, policy);
             }
             if self.adaptive() && (self.overflowed(17, 16) || self.crowded()) {
                 let served_m = self.w_ok * MILLI;
@@ -65,7 +81,59 @@ impl PacingState {
         self.clear_window();
     }
 
-    fn learn(&mut self, policy: &PacingPolicy) {
+    /// Whether the window used the rate: half its slots were taken, or
+    /// intents were turned away for lack of rate (they will ask again
+    /// later, so the slots they would take are not taken now).
+    pub(super) fn used(&self) -> bool {
+        // Retries are the attempts beyond the first ones; when nothing was
+        // rejected every attempt was a success, so this is exact then.
+        let retries = (self.w_ok + self.w_rej - self.w_first).max(0);
+        2 * self.w_granted.max(retries) * MILLI >= self.rate_m || self.w_short > 0
+    }
+
+    /// Raises the rate after a window that used it and drew nothing
+    /// (`ramped_from`: where that window's ramp began, 0 for none), with
+    /// `spare` what first attempts leave of the capacity.
+    pub(super) fn probe_up(&mut self, ramped_from: i64, spare: i64) {
+        // What the window proved clean: a ramp's attempts are reported
+        // up to a report interval late and a limiter's burst hides an
+        // overshoot for longer, so a ramp proves where it began, not its
+        // end (a cut to its end, or to its midpoint, can still be over
+        // the edge it crossed).
+        self.rate_ok_m = if ramped_from > 0 && ramped_from < self.rate_m {
+            ramped_from
+        } else {
+            self.rate_m
+        };
+        // Near an edge that rejections showed, the probe schedule alone
+        // moves the rate: a clean window right after a pause serves the
+        // limiter's refilled burst as well, and a spare read from it would
+        // jump past the edge in one step. A spare of twice the edge says it
+        // was no edge (stragglers of an outage, a brownout's end): the
+        // spare leads again.
+        let before = self.rate_m;
+        let slow_start = self.rate_max_m == 0;
+        let grown = self.grown(ramped_from);
+        self.rate_m = if spare < 2 * self.rate_max_m {
+            grown
+        } else {
+            spare.max(grown)
+        };
+        if self.rate_m >= 2 * self.rate_max_m {
+            // An edge found at half the rate now served cleanly is no
+            // longer the edge (the upstream grew, or the edge was found
+            // during a brownout): search from scratch.
+            self.rate_max_m = 0;
+        }
+        if slow_start {
+            // No edge known: the step may be large, so it is climbed
+            // across the next window, not jumped at its start (rate_at).
+            self.ramp_from_m = before;
+        }
+        self.mode = Mode::Probing as i64;
+    }
+
+    fn learn(&mut self, ramped_from: i64, policy: &PacingPolicy) {
         // First attempts arriving: a backlog held through a cooldown and
         // released by slots is not a rate first attempts keep up.
         let arrived_m = (self.w_first - self.w_held).max(0) * MILLI;
@@ -76,13 +144,7 @@ impl PacingState {
             self.lam_m += (arrived_m - self.lam_m).div_euclid(4);
         }
         let served_m = self.w_ok * MILLI;
-        // Retries are the attempts beyond the first ones; when nothing was
-        // rejected every attempt was a success, so this is exact then.
-        let retries = (self.w_ok + self.w_rej - self.w_first).max(0);
-        // Used: half its slots were taken, or intents were turned away for
-        // lack of rate (they will ask again later, so the slots they would
-        // take are not taken now).
-        let used = 2 * self.w_granted.max(retries) * MILLI >= self.rate_m || self.w_short > 0;
+        let used = self.used();
         if self.w_rej > 0 {
             // A saturated window measures what the upstream serves now.
             self.cap_m = served_m;
@@ -115,26 +177,7 @@ impl PacingState {
             self.cap_m = self.cap_m.max(served_m);
             let spare = self.spare_m();
             if used {
-                self.rate_ok_m = self.rate_m;
-                // Near an edge that rejections showed, the probe schedule
-                // alone moves the rate: a clean window right after a pause
-                // serves the limiter's refilled burst as well, and a spare
-                // read from it would jump past the edge in one step. A
-                // spare of twice the edge says it was no edge (stragglers
-                // of an outage, a brownout's end): the spare leads again.
-                let grown = self.grown();
-                self.rate_m = if spare < 2 * self.rate_max_m {
-                    grown
-                } else {
-                    spare.max(grown)
-                };
-                if self.rate_m >= 2 * self.rate_max_m {
-                    // An edge found at half the rate now served cleanly is
-                    // no longer the edge (the upstream grew, or the edge was
-                    // found during a brownout): search from scratch.
-                    self.rate_max_m = 0;
-                }
-                self.mode = Mode::Probing as i64;
+                self.probe_up(ramped_from, spare);
             } else {
                 // Not in use: follow the estimate, down as well as up.
                 self.rate_m = spare;
@@ -207,13 +250,20 @@ impl PacingState {
     }
 
     /// The next rate after a window that used this one and drew nothing.
-    fn grown(&self) -> i64 {
+    fn grown(&self, ramped_from: i64) -> i64 {
         let r = self.rate_m;
         if self.rate_max_m == 0 {
-            // Nothing has pushed back yet: double, but keep the fleet's total
-            // within an eighth above the most the upstream has served.
-            let bound = self.cap_m + self.cap_m / PROBE_HEADROOM - self.lam_m;
-            (2 * r).max(r + self.cap_m / 8).min(bound.max(r))
+            // Nothing has pushed back yet: slow start. The first step is an
+            // eighth of the most the upstream has served, and each clean
+            // window doubles the step it climbed: the spare above what
+            // first attempts drew is unknown, and may be a tenth of it or
+            // ten times. The fleet's total stays within twice what was
+            // served, and the step is ramped across the window, so the
+            // first rejection stops it near the edge.
+            let climbed = if ramped_from > 0 { r - ramped_from } else { 0 };
+            let step = (self.cap_m / PROBE_HEADROOM).max(2 * climbed).max(MILLI);
+            let bound = 2 * self.cap_m - self.lam_m;
+            (r + step).min(bound.max(r))
         } else if r < self.rate_max_m {
             // Straight to the midpoint between the rate the cut went back
             // to and the one that drew rejections (`rate_max_m`): the edge

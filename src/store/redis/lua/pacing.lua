@@ -26,7 +26,7 @@ local PACE_FIELDS = {
   'win', 'w_first', 'w_ok', 'w_rej', 'w_refused', 'w_granted', 'w_held', 'w_cut_from', 'w_short', 'w_frozen',
   'w_late', 'rate_m',
   'rate_max_m', 'rate_ok_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
-  'penalty_until', 'probe_at', 'mode',
+  'penalty_until', 'probe_at', 'mode', 'ramp_from_m',
 }
 
 -- just_under: a sixteenth under a rate.
@@ -91,16 +91,33 @@ end
 
 local function pace_spare(p) return math.max(p.cap_m - p.lam_m, 0) end
 
+-- PacingState::adaptive: the rate is learned as a retry rate.
+local function pace_adaptive(p)
+  return p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
+end
+
+-- PacingState::rate_at: while slow start ramps, the straight line from the
+-- rate the window began at to rate_m at its end.
+local function pace_rate_at(p, now)
+  local from = p.ramp_from_m
+  if from <= 0 or from >= p.rate_m or not pace_adaptive(p) then return p.rate_m end
+  local into = math.min(math.max(now - p.win * PACE_WINDOW, 0), PACE_WINDOW)
+  return from + idiv((p.rate_m - from) * into, PACE_WINDOW)
+end
+
 local function pace_wake_rate(p)
   if p.mode == M_PENALTY then return 0 end
   return p.rate_m
 end
 
-local function pace_grown(p)
+local function pace_grown(p, ramped_from)
   local r = p.rate_m
   if p.rate_max_m == 0 then
-    local bound = p.cap_m + idiv(p.cap_m, PACE_HEADROOM) - p.lam_m
-    return math.min(math.max(2 * r, r + idiv(p.cap_m, 8)), math.max(bound, r))
+    local climbed = 0
+    if ramped_from > 0 then climbed = r - ramped_from end
+    local step = math.max(math.max(idiv(p.cap_m, PACE_HEADROOM), 2 * climbed), MILLI)
+    local bound = 2 * p.cap_m - p.lam_m
+    return math.min(r + step, math.max(bound, r))
   elseif r < p.rate_max_m then
     return math.max(p.rate_max_m, r + MILLI)
   end
@@ -113,7 +130,26 @@ local function pace_before_cut(p)
   return p.rate_m
 end
 
-local function pace_learn(p, P)
+-- PacingState::used: the window used the rate.
+local function pace_used(p)
+  local retries = math.max(p.w_ok + p.w_rej - p.w_first, 0)
+  return 2 * math.max(p.w_granted, retries) * MILLI >= p.rate_m or p.w_short > 0
+end
+
+-- PacingState::probe_up: raises the rate after a window that used it and
+-- drew nothing; a ramp proves where it began.
+local function pace_probe_up(p, ramped_from, spare)
+  if ramped_from > 0 and ramped_from < p.rate_m then p.rate_ok_m = ramped_from else p.rate_ok_m = p.rate_m end
+  local before = p.rate_m
+  local slow_start = p.rate_max_m == 0
+  local grown = pace_grown(p, ramped_from)
+  if spare < 2 * p.rate_max_m then p.rate_m = grown else p.rate_m = math.max(spare, grown) end
+  if p.rate_m >= 2 * p.rate_max_m then p.rate_max_m = 0 end
+  if slow_start then p.ramp_from_m = before end
+  p.mode = M_PROBING
+end
+
+local function pace_learn(p, P, ramped_from)
   local arrived = math.max(p.w_first - p.w_held, 0) * MILLI
   if p.cap_m == 0 and p.lam_m == 0 then
     p.lam_m = arrived
@@ -121,8 +157,7 @@ local function pace_learn(p, P)
     p.lam_m = p.lam_m + math.floor((arrived - p.lam_m) / 4)
   end
   local served = p.w_ok * MILLI
-  local retries = math.max(p.w_ok + p.w_rej - p.w_first, 0)
-  local used = 2 * math.max(p.w_granted, retries) * MILLI >= p.rate_m or p.w_short > 0
+  local used = pace_used(p)
   if p.w_rej > 0 then
     p.cap_m = served
     local measured = math.max(p.cap_m - p.lam_m, 0)
@@ -142,11 +177,7 @@ local function pace_learn(p, P)
     p.cap_m = math.max(p.cap_m, served)
     local spare = pace_spare(p)
     if used then
-      p.rate_ok_m = p.rate_m
-      local grown = pace_grown(p)
-      if spare < 2 * p.rate_max_m then p.rate_m = grown else p.rate_m = math.max(spare, grown) end
-      if p.rate_m >= 2 * p.rate_max_m then p.rate_max_m = 0 end
-      p.mode = M_PROBING
+      pace_probe_up(p, ramped_from, spare)
     else
       p.rate_m = spare
       p.mode = M_STEADY
@@ -172,11 +203,6 @@ local function pace_clamp(p, P)
   p.rate_m = math.min(math.max(p.rate_m, P.floor_m), math.max(P.ceiling_m, P.floor_m))
 end
 
--- PacingState::adaptive: the rate is learned as a retry rate.
-local function pace_adaptive(p)
-  return p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
-end
-
 local function pace_overflowing(p, now)
   return pace_adaptive(p) and p.lam_m > 0 and now >= p.closed_until + idiv(PACE_WINDOW, 4)
     and 4 * p.w_first * MILLI >= p.lam_m and 4 * p.w_refused >= p.w_first - p.w_held
@@ -189,6 +215,7 @@ local function pace_saturate(p, P, edge, rate)
   pace_clamp(p, P)
   p.rate_ok_m = p.rate_m
   p.rate_max_m = edge
+  p.ramp_from_m = 0
   p.w_cut_from = 0
   p.mode = M_SATURATED
 end
@@ -228,8 +255,20 @@ local function pace_learn_saturated(p, P)
 end
 
 local function pace_close_window(p, P)
-  local closed = p.win * PACE_WINDOW < p.closed_until or p.mode == M_PENALTY
-  if closed then
+  local ramped_from = p.ramp_from_m
+  p.ramp_from_m = 0
+  local start = p.win * PACE_WINDOW
+  local closed = start < p.closed_until or p.mode == M_PENALTY
+  -- A closing hint that ended in the window's first half, and nothing
+  -- refused since: only the rate grows (PacingState::close_window).
+  local reopened = closed and p.closed_until <= start + idiv(PACE_WINDOW, 2)
+    and p.w_refused == 0 and pace_adaptive(p)
+  if reopened then
+    if pace_used(p) then
+      pace_probe_up(p, ramped_from, pace_spare(p))
+      pace_clamp(p, P)
+    end
+  elseif closed then
     -- Nothing to learn from.
   elseif p.mode == M_SATURATED then
     pace_learn_saturated(p, P)
@@ -248,7 +287,7 @@ local function pace_close_window(p, P)
         p.rate_m = math.max(down, P.floor_m)
       end
     end
-    if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P) end
+    if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P, ramped_from) end
     if pace_adaptive(p) and (pace_overflowed(p, 17, 16) or pace_crowded(p)) then
       local served = p.w_ok * MILLI
       pace_saturate(p, P, served, pace_just_under(served))
@@ -261,6 +300,17 @@ local function pace_close_window(p, P)
   pace_clear_window(p)
 end
 
+-- PacingState::reopen: slow start begins as soon as a closing hint that
+-- ended in the window's first half has passed; once per window.
+local function pace_reopen(p, now, P)
+  local start = p.win * PACE_WINDOW
+  if pace_adaptive(p) and p.rate_max_m == 0 and p.ramp_from_m == 0 and start < p.closed_until
+      and p.closed_until <= math.min(now, start + idiv(PACE_WINDOW, 2)) and p.w_refused == 0 then
+    pace_probe_up(p, 0, pace_spare(p))
+    pace_clamp(p, P)
+  end
+end
+
 local function pace_advance(p, now, P)
   local now_win = math.floor(now / PACE_WINDOW)
   local steps = 0
@@ -271,6 +321,7 @@ local function pace_advance(p, now, P)
   end
   p.win = math.max(p.win, now_win)
   pace_apply_policy(p, P)
+  pace_reopen(p, now, P)
 end
 
 local function pace_track_hint(p, now, untl)
@@ -313,12 +364,17 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
     return
   end
   if ok > 0 and now >= p.hint_until then p.streak = 0 end
-  local closing = 0
+  local closing, inside = 0, 0
   for _, u in ipairs(hints) do
-    if u - now > 2 * PACE_WINDOW then closing = closing + 1 end
+    if u - now > 2 * PACE_WINDOW then
+      closing = closing + 1
+    elseif u <= p.closed_until then
+      -- Drawn inside the latest closure and reported after it.
+      inside = inside + 1
+    end
   end
   local explained = 0
-  if #hints > 0 then explained = idiv(rejections * closing, #hints) end
+  if #hints > 0 then explained = idiv(rejections * (closing + inside), #hints) end
   p.w_refused = p.w_refused + rejections - explained
   if pace_overflowing(p, now) then
     local edge = idiv(p.lam_m * p.w_ok, math.max(p.w_first, 1))
@@ -340,14 +396,15 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
   local learning = pace_adaptive(p) or saturated
   local switching = saturated and p.w_frozen == 1
   if answered > 0 and p.w_cut_from == 0 and learning and not switching then
-    p.w_cut_from = p.rate_m
+    p.w_cut_from = pace_rate_at(p, now)
     local back = idiv(p.rate_m, 2)
     if saturated then
       back = pace_just_under(p.rate_ok_m)
     elseif p.rate_ok_m > 0 then
       back = p.rate_ok_m
     end
-    p.rate_m = math.max(math.min(p.rate_m, back), P.floor_m)
+    p.rate_m = math.max(math.min(pace_rate_at(p, now), back), P.floor_m)
+    p.ramp_from_m = 0
     if not saturated then p.mode = M_BACKING_OFF end
   end
 end
@@ -387,7 +444,8 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
     end
     return 'again', now + PACE_WINDOW + spread(PACE_WINDOW)
   end
-  local interval = idiv(1000 * MILLI * MILLI + p.rate_m - 1, math.max(p.rate_m, 1))
+  local rate = pace_rate_at(p, now)
+  local interval = idiv(1000 * MILLI * MILLI + rate - 1, math.max(rate, 1))
   local start = math.max(cursor, floor * 1000)
   local slot = idiv(start + spread(interval), 1000)
   local horizon = math.max(P.horizon_ms, 1)
@@ -411,7 +469,7 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
     local turn = start + math.min(math.min(math.max(waiting, 0), MAX_PENDING) * interval, 1e15)
     if math.floor(turn / 1000) + reserve > deadline then p.w_late = p.w_late + 1 end
   end
-  local estimate = slot + pace_drain_ms(waiting, p.rate_m, P.ceiling_m, p.mode == M_SATURATED)
+  local estimate = slot + pace_drain_ms(waiting, rate, P.ceiling_m, p.mode == M_SATURATED)
   local gap = estimate - now - horizon
   -- Rust truncates toward zero; a negative gap is replaced below either way.
   local part = gap >= 0 and idiv(gap * 3, 4) or -idiv(-gap * 3, 4)
