@@ -14,8 +14,10 @@
 //! - **spare capacity** is the difference, what retries may use;
 //! - the **wake rate** follows the spare while nobody waits, and is probed
 //!   upward only in windows where it was actually used and nothing was
-//!   rejected: doubling (keeping the fleet's total within an eighth above the
-//!   most the upstream has served) until the first rejection. The first
+//!   rejected: slow start (a first step of an eighth of the most the
+//!   upstream has served, each clean window doubling the step, each step
+//!   climbed across its window rather than jumped, see
+//!   [`PacingState::rate_at`]) until the first rejection. The first
 //!   rejection of a window cuts it at once back to the last rate a window
 //!   used cleanly; the window's end sets it just under the spare it
 //!   measured (what a window serves includes the limiter's banked burst),
