@@ -217,7 +217,14 @@ impl PacingState {
             if 8 * self.w_granted * MILLI >= 7 * r {
                 self.rate_ok_m = r;
                 let edge = self.rate_max_m;
-                let step = if r < edge + edge / 4 {
+                let step = if r < edge {
+                    r / 16
+                } else if r < edge + edge / 8 {
+                    // Just past the edge a limiter's banked burst serves the
+                    // overshoot for a few windows before it rejects, so each
+                    // step there is paid for several times over: half steps.
+                    r / 32
+                } else if r < edge + edge / 4 {
                     r / 16
                 } else {
                     (2 * (r - edge)).clamp(r / 16, r / PROBE_HEADROOM)

@@ -238,7 +238,12 @@ local function pace_learn_saturated(p, P)
       p.rate_ok_m = r
       local edge = p.rate_max_m
       local step
-      if r < edge + idiv(edge, 4) then
+      if r < edge then
+        step = idiv(r, 16)
+      elseif r < edge + idiv(edge, 8) then
+        -- Just past the edge a limiter's burst hides the overshoot: half steps.
+        step = idiv(r, 32)
+      elseif r < edge + idiv(edge, 4) then
         step = idiv(r, 16)
       else
         step = math.min(math.max(2 * (r - edge), idiv(r, 16)), idiv(r, PACE_HEADROOM))
