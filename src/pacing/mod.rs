@@ -36,7 +36,7 @@
 //! included, then waits for a slot (workers are told to hold first attempts),
 //! and the rate is the whole fleet's: just under what a saturated window
 //! served, then up a sixteenth per clean window while within a quarter of
-//! that edge and by twice the distance from it beyond, within the probe
+//! that edge (a thirty-second for its first eighth past it) and by twice the distance from it beyond, within the probe
 //! headroom of the rate (slow where the edge was, fast once the upstream
 //! has grown back, which nothing else says while every attempt waits for a
 //! slot); a rejection goes back below the last clean rate. The

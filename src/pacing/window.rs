@@ -206,8 +206,9 @@ impl PacingState {
         } else if self.w_short > 0 {
             // Clean, and demand went short: up a sixteenth at a time (a
             // limiter's burst hides an overshoot for a window or two, so a
-            // bigger step near the edge is a bigger peak) until a quarter
-            // past the edge; past that, what a burst can hide is spent and
+            // bigger step near the edge is a bigger peak; a thirty-second
+            // in the first eighth past it) until a quarter past the edge;
+            // past that, what a burst can hide is spent and
             // the upstream has grown: the step doubles the distance from
             // the edge, within the probe headroom of the rate (what one
             // step can overshoot by). Only from a rate the window used
