@@ -413,12 +413,14 @@ impl PacingState {
         (self.cap_m - self.lam_m).max(0)
     }
 
-    /// What an operator sees, with `asking` intents waiting to ask again.
-    pub fn view(&self, asking: usize) -> PacingView {
+    /// What an operator sees at `now_ms`, with `asking` intents waiting to
+    /// ask again: the wake rate is the one slots are handed out at then
+    /// (part way up a ramp while slow start climbs).
+    pub fn view(&self, asking: usize, now_ms: i64) -> PacingView {
         let penalty = self.mode() == Mode::PenaltyExtending;
         PacingView {
             mode: self.mode(),
-            wake_rate_m: self.wake_rate_m(),
+            wake_rate_m: if penalty { 0 } else { self.rate_at(now_ms) },
             capacity_m: self.cap_m,
             first_rate_m: self.lam_m,
             spare_m: self.spare_m(),

@@ -165,7 +165,10 @@ impl RouteState {
             .copied()
             .unwrap_or_else(|| PacingState::new(now_ms, policy));
         pacing.advance(now_ms, policy);
-        pacing.view(self.extras.as_deref().map_or(0, |e| e.slots.asking()))
+        pacing.view(
+            self.extras.as_deref().map_or(0, |e| e.slots.asking()),
+            now_ms,
+        )
     }
 
     /// A slot, ask again, or a refusal for `ask` at the route's wake rate,
@@ -191,7 +194,7 @@ impl RouteState {
         let was = pacing.mode();
         let extras = self.extras.get_or_insert_with(Box::default);
         let outcome = extras.slots.assign(ask, pacing, policy)?;
-        Ok((outcome, pacing.view(extras.slots.asking()), was))
+        Ok((outcome, pacing.view(extras.slots.asking(), ask.now_ms), was))
     }
 
     pub(super) fn frozen(&self) -> Option<&String> {

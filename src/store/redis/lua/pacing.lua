@@ -105,9 +105,9 @@ local function pace_rate_at(p, now)
   return from + idiv((p.rate_m - from) * into, PACE_WINDOW)
 end
 
-local function pace_wake_rate(p)
+local function pace_wake_rate(p, now)
   if p.mode == M_PENALTY then return 0 end
-  return p.rate_m
+  return pace_rate_at(p, now)
 end
 
 local function pace_grown(p, ramped_from)
@@ -510,9 +510,9 @@ end
 -- Appends what an operator sees (PacingState::view, PACING_VIEW_FIELDS in
 -- reply.rs): mode, wake rate, capacity, first-attempt rate, spare, penalty
 -- end, intents asking, the end of the latest closing hint.
-local function pace_view_out(out, p, asking)
+local function pace_view_out(out, p, asking, now)
   out[#out + 1] = p.mode
-  out[#out + 1] = pace_wake_rate(p)
+  out[#out + 1] = pace_wake_rate(p, now)
   out[#out + 1] = p.cap_m
   out[#out + 1] = p.lam_m
   out[#out + 1] = pace_spare(p)
