@@ -341,3 +341,37 @@ fn a_small_upstream_converges() {
         ..STORM
     });
 }
+
+/// Before the outage the upstream served 200/s and rejected nothing, so its
+/// 800/s spare is unknown: slow start must find it within 5 s of recovery
+/// without offering more than 1.1 × the capacity in any second. (After the
+/// window that finds the edge the estimate stays about a tenth low while
+/// nothing asks for more: that window was cut part way, so it served less
+/// than the upstream could.)
+#[test]
+fn first_attempts_far_below_the_upstream_find_the_spare_within_five_seconds() {
+    let shape = Shape {
+        cap: 1000,
+        lam: 200,
+        outage_len: 10,
+        ..STORM
+    };
+    let run = run(shape, shape.outage_at + shape.outage_len + 15);
+    let recovery = (shape.outage_at + shape.outage_len) as usize;
+    let spare = shape.true_spare();
+    assert!(
+        (recovery..=recovery + 5).any(|s| (run.rates[s] - spare).abs() * 5 <= spare),
+        "not within 20 % of the spare {spare}/s by 5 s: {:?}",
+        run.rates
+    );
+    let peak = run.load_permille[recovery..]
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        peak <= 1100,
+        "{peak}‰ in one second: {:?}",
+        run.load_permille
+    );
+}

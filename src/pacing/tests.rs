@@ -570,3 +570,101 @@ fn first_attempts_that_crowd_out_waiting_deadlines_are_paced_with_them() {
     let roomy = window(false);
     assert_eq!(roomy.mode(), Mode::BackingOff);
 }
+
+/// A route that served 216/s of first attempts and nothing else: its spare
+/// above that is unknown. At the start of window `T0 + 20 s`.
+fn unprobed() -> PacingState {
+    PacingState {
+        cap_m: 216_000,
+        lam_m: 200_000,
+        rate_m: 18_000,
+        ..PacingState::new(T0 + 20_000, &policy())
+    }
+}
+
+#[test]
+fn slow_start_doubles_its_step_and_climbs_it_across_the_window() {
+    let p = policy();
+    let mut st = unprobed();
+    let w = T0 + 20_000;
+    use_slots(&mut st, &p, w, 20);
+    report(&mut st, &p, w + 500, (200, 218, 0), &[], 0);
+    st.advance(w + 1000, &p);
+    assert_eq!(st.mode(), Mode::Probing);
+    let step = st.wake_rate_m() - 18_000;
+    assert_eq!(
+        step,
+        st.capacity_m() / PROBE_HEADROOM,
+        "an eighth of what was served"
+    );
+    // Climbed across the window, not jumped at its start.
+    assert_eq!(st.rate_at(w + 1000), 18_000);
+    assert_eq!(st.rate_at(w + 1500), 18_000 + step / 2);
+    assert_eq!(st.rate_at(w + 2000), st.wake_rate_m());
+    assert_eq!(st.view(0, w + 1500).wake_rate_m, 18_000 + step / 2);
+    // Clean and used again: the step doubles.
+    let before = st.wake_rate_m();
+    use_slots(&mut st, &p, w + 1000, 40);
+    report(&mut st, &p, w + 1500, (200, 245, 0), &[], 0);
+    st.advance(w + 2000, &p);
+    assert_eq!(st.wake_rate_m() - before, 2 * step);
+}
+
+#[test]
+fn a_rejection_during_a_ramp_goes_back_to_a_rate_proven_clean() {
+    let p = policy();
+    let mut st = unprobed();
+    let w = T0 + 20_000;
+    use_slots(&mut st, &p, w, 20);
+    report(&mut st, &p, w + 500, (200, 218, 0), &[], 0);
+    st.advance(w + 1000, &p);
+    let drew = st.rate_at(w + 1300);
+    assert!(drew > 18_000);
+    // Rejected part way up: back to where the climb began, once.
+    report(&mut st, &p, w + 1300, (60, 70, 5), &[w + 2300], 0);
+    assert_eq!(st.mode(), Mode::BackingOff);
+    assert_eq!(st.wake_rate_m(), 18_000);
+    assert_eq!(st.rate_at(w + 1900), 18_000, "the ramp is over");
+    assert_eq!(st.w_cut_from, drew, "the rate that drew the rejection");
+}
+
+#[test]
+fn slow_start_begins_when_a_closing_hint_passes_mid_window() {
+    let p = policy();
+    let w = T0 + 30_000;
+    let mut st = PacingState {
+        closed_until: w + 170,
+        ..unprobed()
+    };
+    st.advance(w + 100, &p);
+    assert_eq!(st.wake_rate_m(), 18_000, "still closed");
+    st.advance(w + 200, &p);
+    assert_eq!(st.mode(), Mode::Probing, "reopened at once");
+    assert!(st.wake_rate_m() > 18_000);
+    assert!(st.rate_at(w + 200) < st.rate_at(w + 900));
+    // A hint that closes the window for most of it waits for its end.
+    let mut late = PacingState {
+        closed_until: w + 700,
+        ..unprobed()
+    };
+    late.advance(w + 800, &p);
+    assert_eq!(late.wake_rate_m(), 18_000);
+    assert_eq!(late.mode(), Mode::Steady);
+}
+
+#[test]
+fn rejections_drawn_inside_a_closure_and_reported_after_it_are_not_answered() {
+    let p = policy();
+    let w = T0 + 30_000;
+    let mut st = PacingState {
+        closed_until: w + 170,
+        ..unprobed()
+    };
+    // Drawn while the route was closed (the hint ends with the closure).
+    report(&mut st, &p, w + 300, (40, 40, 6), &[w + 170; 6], 0);
+    assert_ne!(st.mode(), Mode::BackingOff);
+    assert_eq!(st.w_refused, 0);
+    // Drawn now (a fresh one-second hint): answered with a cut.
+    report(&mut st, &p, w + 400, (40, 40, 6), &[w + 1400; 6], 0);
+    assert_eq!(st.mode(), Mode::BackingOff);
+}
