@@ -59,11 +59,17 @@ fn use_slots(st: &mut PacingState, p: &PacingPolicy, at: i64, n: usize) {
 /// A state that has learned capacity 1000/s with first attempts 800/s and
 /// last drew rejections at 250/s, at the start of window `T0 + 20 s`.
 fn learned() -> PacingState {
+    at_window_20(1_000_000, 800_000, 200_000, 250_000)
+}
+
+/// A state with this capacity, first-attempt rate, wake rate and edge, at
+/// the start of window `T0 + 20 s`.
+fn at_window_20(cap_m: i64, lam_m: i64, rate_m: i64, rate_max_m: i64) -> PacingState {
     PacingState {
-        cap_m: 1_000_000,
-        lam_m: 800_000,
-        rate_m: 200_000,
-        rate_max_m: 250_000,
+        cap_m,
+        lam_m,
+        rate_m,
+        rate_max_m,
         ..PacingState::new(T0 + 20_000, &policy())
     }
 }
@@ -574,22 +580,25 @@ fn first_attempts_that_crowd_out_waiting_deadlines_are_paced_with_them() {
 /// A route that served 216/s of first attempts and nothing else: its spare
 /// above that is unknown. At the start of window `T0 + 20 s`.
 fn unprobed() -> PacingState {
-    PacingState {
-        cap_m: 216_000,
-        lam_m: 200_000,
-        rate_m: 18_000,
-        ..PacingState::new(T0 + 20_000, &policy())
-    }
+    at_window_20(216_000, 200_000, 18_000, 0)
+}
+
+/// [`unprobed`] after one clean window that used its rate: slow start's
+/// first step, being climbed in window `T0 + 21 s`.
+fn one_step_in(p: &PacingPolicy) -> PacingState {
+    let mut st = unprobed();
+    let w = T0 + 20_000;
+    use_slots(&mut st, p, w, 20);
+    report(&mut st, p, w + 500, (200, 218, 0), &[], 0);
+    st.advance(w + 1000, p);
+    st
 }
 
 #[test]
 fn slow_start_doubles_its_step_and_climbs_it_across_the_window() {
     let p = policy();
-    let mut st = unprobed();
+    let mut st = one_step_in(&p);
     let w = T0 + 20_000;
-    use_slots(&mut st, &p, w, 20);
-    report(&mut st, &p, w + 500, (200, 218, 0), &[], 0);
-    st.advance(w + 1000, &p);
     assert_eq!(st.mode(), Mode::Probing);
     let step = st.wake_rate_m() - 18_000;
     assert_eq!(
@@ -613,11 +622,8 @@ fn slow_start_doubles_its_step_and_climbs_it_across_the_window() {
 #[test]
 fn a_rejection_during_a_ramp_goes_back_to_a_rate_proven_clean() {
     let p = policy();
-    let mut st = unprobed();
+    let mut st = one_step_in(&p);
     let w = T0 + 20_000;
-    use_slots(&mut st, &p, w, 20);
-    report(&mut st, &p, w + 500, (200, 218, 0), &[], 0);
-    st.advance(w + 1000, &p);
     let drew = st.rate_at(w + 1300);
     assert!(drew > 18_000);
     // Rejected part way up: back to where the climb began, once.
