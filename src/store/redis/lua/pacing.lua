@@ -477,7 +477,7 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   local estimate = slot + pace_drain_ms(waiting, rate, P.ceiling_m, p.mode == M_SATURATED)
   local gap = estimate - now - horizon
   -- Rust truncates toward zero; a negative gap is replaced below either way.
-  local part = gap >= 0 and idiv(gap * 3, 4) or -idiv(-gap * 3, 4)
+  local part = gap >= 0 and idiv(gap * 7, 8) or -idiv(-gap * 7, 8)
   local toward = now + math.max(part, idiv(horizon, 2))
   local span = idiv(horizon, 2)
   if short then
