@@ -452,17 +452,25 @@ impl PacingState {
     /// while the rate waits for the window to close. Once per window (the
     /// ramp marks it), and only while nothing has been refused since.
     fn reopen(&mut self, now_ms: i64, policy: &PacingPolicy) {
-        let start = self.win * WINDOW_MS;
-        if self.adaptive()
+        if self.reopens_window()
+            && self.closed_until <= now_ms
             && self.rate_max_m == 0
             && self.ramp_from_m == 0
-            && start < self.closed_until
-            && self.closed_until <= now_ms.min(start + WINDOW_MS / 2)
-            && self.w_refused == 0
         {
             self.probe_up(0, self.spare_m());
             self.clamp_rate(policy);
         }
+    }
+
+    /// Whether a closing hint covered the window's start but ended in its
+    /// first half, and nothing has been refused since, on a route whose
+    /// rate is learned: the fleet is coming back within this window.
+    pub(super) fn reopens_window(&self) -> bool {
+        let start = self.win * WINDOW_MS;
+        self.adaptive()
+            && start < self.closed_until
+            && self.closed_until <= start + WINDOW_MS / 2
+            && self.w_refused == 0
     }
 
     /// Takes in one report.
@@ -559,7 +567,8 @@ impl PacingState {
             // report interval, and the rest of the window still measures
             // the upstream near its capacity. Once per window; the window's
             // end decides the rate from what it measured (see learn).
-            self.w_cut_from = self.rate_at(now);
+            let drew = self.rate_at(now);
+            self.w_cut_from = drew;
             let back = if saturated {
                 // Every attempt is paced: below the last rate a window used
                 // cleanly (a limiter's burst can make a rate over the edge
@@ -570,7 +579,7 @@ impl PacingState {
             } else {
                 self.rate_m / 2
             };
-            self.rate_m = self.rate_at(now).min(back).max(policy.floor_m);
+            self.rate_m = drew.min(back).max(policy.floor_m);
             self.ramp_from_m = 0;
             if !saturated {
                 self.mode = Mode::BackingOff as i64;

@@ -14,18 +14,14 @@ impl PacingState {
         // capacity or demand (workers may hold first attempts in it).
         // Rejections the controller must answer for are answered even in a
         // window a short cooldown also explained some of.
-        let start = self.win * WINDOW_MS;
-        let closed = start < self.closed_until || self.mode() == Mode::PenaltyExtending;
+        let closed =
+            self.win * WINDOW_MS < self.closed_until || self.mode() == Mode::PenaltyExtending;
         // Unless the hint ended in the window's first half and what came
         // after drew nothing: the fleet is coming back, and a rate held
         // for a whole window more is a window of the backlog's deadlines
         // lost. Half a window measures neither capacity nor demand, so
         // only the rate grows.
-        let reopened = closed
-            && self.closed_until <= start + WINDOW_MS / 2
-            && self.w_refused == 0
-            && self.adaptive();
-        if reopened {
+        if self.reopens_window() {
             if self.used() {
                 self.probe_up(ramped_from, self.spare_m());
                 self.clamp_rate(policy);

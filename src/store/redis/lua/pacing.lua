@@ -259,16 +259,20 @@ local function pace_learn_saturated(p, P)
   pace_clamp(p, P)
 end
 
+-- PacingState::reopens_window: a closing hint covered the window's start
+-- but ended in its first half, and nothing was refused since.
+local function pace_reopens_window(p)
+  local start = p.win * PACE_WINDOW
+  return pace_adaptive(p) and start < p.closed_until
+    and p.closed_until <= start + idiv(PACE_WINDOW, 2) and p.w_refused == 0
+end
+
 local function pace_close_window(p, P)
   local ramped_from = p.ramp_from_m
   p.ramp_from_m = 0
-  local start = p.win * PACE_WINDOW
-  local closed = start < p.closed_until or p.mode == M_PENALTY
-  -- A closing hint that ended in the window's first half, and nothing
-  -- refused since: only the rate grows (PacingState::close_window).
-  local reopened = closed and p.closed_until <= start + idiv(PACE_WINDOW, 2)
-    and p.w_refused == 0 and pace_adaptive(p)
-  if reopened then
+  local closed = p.win * PACE_WINDOW < p.closed_until or p.mode == M_PENALTY
+  -- Only the rate grows (PacingState::close_window).
+  if pace_reopens_window(p) then
     if pace_used(p) then
       pace_probe_up(p, ramped_from, pace_spare(p))
       pace_clamp(p, P)
@@ -308,9 +312,8 @@ end
 -- PacingState::reopen: slow start begins as soon as a closing hint that
 -- ended in the window's first half has passed; once per window.
 local function pace_reopen(p, now, P)
-  local start = p.win * PACE_WINDOW
-  if pace_adaptive(p) and p.rate_max_m == 0 and p.ramp_from_m == 0 and start < p.closed_until
-      and p.closed_until <= math.min(now, start + idiv(PACE_WINDOW, 2)) and p.w_refused == 0 then
+  if pace_reopens_window(p) and p.closed_until <= now and p.rate_max_m == 0
+      and p.ramp_from_m == 0 then
     pace_probe_up(p, 0, pace_spare(p))
     pace_clamp(p, P)
   end
@@ -401,14 +404,15 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
   local learning = pace_adaptive(p) or saturated
   local switching = saturated and p.w_frozen == 1
   if answered > 0 and p.w_cut_from == 0 and learning and not switching then
-    p.w_cut_from = pace_rate_at(p, now)
+    local drew = pace_rate_at(p, now)
+    p.w_cut_from = drew
     local back = idiv(p.rate_m, 2)
     if saturated then
       back = pace_just_under(p.rate_ok_m)
     elseif p.rate_ok_m > 0 then
       back = p.rate_ok_m
     end
-    p.rate_m = math.max(math.min(pace_rate_at(p, now), back), P.floor_m)
+    p.rate_m = math.max(math.min(drew, back), P.floor_m)
     p.ramp_from_m = 0
     if not saturated then p.mode = M_BACKING_OFF end
   end
