@@ -12,12 +12,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::Coordinator;
 use support::metrics::{MetricsEndpoint, scrape};
+use support::{Coordinator, loopback_policy};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
-use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{IntentPolicy, Observation};
+use tollgate_client::engine::Observation;
 use tollgate_client::gate::{Attempt, GateIntent, Reply};
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::{self, LeaseRequest, Priority, RetryClass};
@@ -87,13 +86,7 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
 
     // A worker's storm: hints, a slot, retries per intent, retry delay.
     let gate = coordinator.worker_gate("worker-1");
-    let backoff = Backoff {
-        base: ms(20),
-        cap: ms(100),
-        jitter: Jitter::None,
-    };
-    let policy =
-        IntentPolicy::try_new(ms(5_000), 3, ms(500), ms(10), backoff, None).expect("policy");
+    let policy = loopback_policy(ms(5_000), 3, ms(100));
     let intent = GateIntent::new("i-1", Scope::new("tenant-a", "GET /y"), policy);
     let result = gate
         .run(intent, |attempt: Attempt| async move {

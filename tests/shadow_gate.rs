@@ -7,9 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Coordinator, config, rate_limited, scope};
-use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{IntentPolicy, Observation};
+use support::{Coordinator, config, loopback_policy, rate_limited, scope};
+use tollgate_client::engine::Observation;
 use tollgate_client::gate::{Attempt, GateIntent, Reply, Shadowed};
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::{self, Priority};
@@ -35,13 +34,7 @@ async fn a_gate_lets_through_what_a_shadow_cooldown_would_hold() {
         .expect("report");
 
     let gate = coordinator.worker_gate("worker-g");
-    let backoff = Backoff {
-        base: ms(20),
-        cap: ms(100),
-        jitter: Jitter::None,
-    };
-    let policy =
-        IntentPolicy::try_new(ms(60_000), 3, ms(500), ms(10), backoff, None).expect("policy");
+    let policy = loopback_policy(ms(60_000), 3, ms(100));
     let route = Scope::new("tenant-a", "GET /x");
     // A first intent's report teaches the worker the scope's state.
     let first = gate

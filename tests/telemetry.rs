@@ -20,12 +20,11 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use support::{Coordinator, ms};
+use support::{Coordinator, loopback_policy, ms};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tollgate::telemetry::{Telemetry, TelemetryConfig};
-use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{IntentPolicy, Observation};
+use tollgate_client::engine::Observation;
 use tollgate_client::gate::{Attempt, GateConfig, GateIntent, Reply};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::outcome::Outcome;
@@ -202,13 +201,7 @@ async fn a_storm_trace_joins_the_intent_to_the_coordinator_and_leaks_no_token() 
 
     // The storm, as one worker sees it: 429 with Retry-After: 0, a 503,
     // then success.
-    let backoff = Backoff {
-        base: ms(20),
-        cap: ms(200),
-        jitter: Jitter::None,
-    };
-    let policy =
-        IntentPolicy::try_new(ms(5_000), 4, ms(500), ms(10), backoff, None).expect("policy");
+    let policy = loopback_policy(ms(5_000), 4, ms(200));
     let intent = GateIntent::new("order-42", Scope::new("tenant-a", "POST /orders"), policy);
     let result = gate
         .run(intent, |attempt: Attempt| async move {

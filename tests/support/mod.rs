@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::config::Config;
+use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::clock::Clock;
+use tollgate_client::engine::IntentPolicy;
 use tollgate_client::gate::{Gate, GateConfig};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::CoordinatorLink;
@@ -80,6 +82,22 @@ pub(crate) fn secs(s: u64) -> Duration {
 
 pub(crate) fn ms(m: u64) -> Duration {
     Duration::from_millis(m)
+}
+
+/// An intent's policy for a worker on a loopback coordinator: `total` end
+/// to end, `attempts` in all, 500 ms per attempt, a 10 ms floor, backoff
+/// from 20 ms up to `backoff_cap` without jitter, no hint cap.
+pub(crate) fn loopback_policy(
+    total: Duration,
+    attempts: u32,
+    backoff_cap: Duration,
+) -> IntentPolicy {
+    let backoff = Backoff {
+        base: ms(20),
+        cap: backoff_cap,
+        jitter: Jitter::None,
+    };
+    IntentPolicy::try_new(total, attempts, ms(500), ms(10), backoff, None).expect("policy")
 }
 
 /// A worker's gate on `link`: its lease cache seeded with `cache_seed` (so
