@@ -379,8 +379,10 @@ impl PacingState {
         Mode::from_code(self.mode)
     }
 
-    /// The wake rate in force, milli-slots per second; 0 while a penalty
-    /// holds the route closed.
+    /// The wake rate the current window ends at, milli-slots per second
+    /// (while slow start ramps, [`rate_at`](Self::rate_at) gives the one in
+    /// force at an instant, as [`view`](Self::view) shows); 0 while a
+    /// penalty holds the route closed.
     pub fn wake_rate_m(&self) -> i64 {
         if self.mode() == Mode::PenaltyExtending {
             0
