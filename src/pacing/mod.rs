@@ -33,17 +33,18 @@
 //! that drew rejections served less than its first attempts, with a margin:
 //! a brownout, an upstream that came back smaller), no wake rate can help:
 //! the route becomes [`Mode::Saturated`]. Every attempt, first ones
-//! included, then waits for a slot (workers are told to hold first attempts),
-//! and the rate is the whole fleet's: just under what a saturated window
-//! served, then up a sixteenth per clean window while within a quarter of
-//! that edge (a thirty-second for its first eighth past it) and by twice the distance from it beyond, within the probe
-//! headroom of the rate (slow where the edge was, fast once the upstream
-//! has grown back, which nothing else says while every attempt waits for a
-//! slot); a rejection goes back below the last clean rate. The
-//! overflow is judged as soon as the window holds a quarter of a window's
-//! first attempts, so the fleet stops sending them straight within the
-//! window that found it. A window whose demand the rate met in full lets
-//! first attempts go straight again.
+//! included, then waits for a slot (workers are told to hold first
+//! attempts), and the rate is the whole fleet's: just under what a saturated
+//! window served, then up a sixteenth per clean window while within a
+//! quarter of that edge (a thirty-second for its first eighth past it) and
+//! by twice the distance from it beyond, within the probe headroom of the
+//! rate (slow where the edge was, fast once the upstream has grown back,
+//! which nothing else says while every attempt waits for a slot); a
+//! rejection goes back below the last clean rate. The overflow is judged as
+//! soon as the window holds a quarter of a window's first attempts, so the
+//! fleet stops sending them straight within the window that found it. A
+//! window whose demand the rate met in full lets first attempts go straight
+//! again.
 //!
 //! Rejections that arrive while a hint cooldown is in force, or whose hint
 //! closes the route for longer than two windows (an outage, not an

@@ -139,7 +139,8 @@ end
 -- PacingState::probe_up: raises the rate after a window that used it and
 -- drew nothing; a ramp proves where it began.
 local function pace_probe_up(p, ramped_from, spare)
-  if ramped_from > 0 and ramped_from < p.rate_m then p.rate_ok_m = ramped_from else p.rate_ok_m = p.rate_m end
+  p.rate_ok_m = p.rate_m
+  if ramped_from > 0 and ramped_from < p.rate_m then p.rate_ok_m = ramped_from end
   local before = p.rate_m
   local slow_start = p.rate_max_m == 0
   local grown = pace_grown(p, ramped_from)
