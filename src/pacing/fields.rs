@@ -6,7 +6,7 @@ use super::{PacingPolicy, PacingState};
 
 impl PacingState {
     /// The fields, in a fixed order, for a Redis hash (`HSET key f v …`).
-    pub fn to_fields(&self) -> [(&'static str, i64); 23] {
+    pub fn to_fields(&self) -> [(&'static str, i64); 24] {
         [
             ("win", self.win),
             ("w_first", self.w_first),
@@ -31,6 +31,7 @@ impl PacingState {
             ("probe_at", self.probe_at),
             ("mode", self.mode),
             ("ramp_from_m", self.ramp_from_m),
+            ("settle_win", self.settle_win),
         ]
     }
 
@@ -63,6 +64,7 @@ impl PacingState {
                 "probe_at" => &mut st.probe_at,
                 "mode" => &mut st.mode,
                 "ramp_from_m" => &mut st.ramp_from_m,
+                "settle_win" => &mut st.settle_win,
                 _ => continue,
             };
             *slot = v;

@@ -40,7 +40,9 @@
 //! by twice the distance from it beyond, within the probe headroom of the
 //! rate (slow where the edge was, fast once the upstream has grown back,
 //! which nothing else says while every attempt waits for a slot); a
-//! rejection goes back below the last clean rate. The overflow is judged as
+//! rejection goes back below the last clean rate, and those reported in the
+//! next window while the cut's own cooldown holds are its stragglers, not
+//! answered again. The overflow is judged as
 //! soon as the window holds a quarter of a window's first attempts, so the
 //! fleet stops sending them straight within the window that found it. A
 //! window whose demand the rate met in full lets first attempts go straight
@@ -326,6 +328,10 @@ pub struct PacingState {
     /// (0: not ramping). The rate in force climbs from it to `rate_m`
     /// across the window ([`rate_at`](Self::rate_at)).
     pub ramp_from_m: i64,
+    /// The window right after the last one whose end cut a saturated rate
+    /// (0: none). Rejections in it inside the short cooldown the cut's own
+    /// rejections set are the cut's stragglers (see `observe`).
+    pub settle_win: i64,
 }
 
 impl PacingState {
@@ -356,6 +362,7 @@ impl PacingState {
             probe_at: 0,
             mode: Mode::Steady as i64,
             ramp_from_m: 0,
+            settle_win: 0,
         };
         st.apply_policy(policy);
         st
@@ -522,6 +529,16 @@ impl PacingState {
         } else {
             0
         };
+        if self.mode() == Mode::Saturated
+            && self.win == self.settle_win
+            && now < obs.cooldown_until_ms
+        {
+            // The window after a saturated cut, inside the short cooldown
+            // the cut's own rejections set: drawn before the cut (reports
+            // lag) by the rate it answered already. Counted, they would cut
+            // again and set the edge under what the upstream served.
+            return;
+        }
         self.w_refused += rejections - explained;
         if self.overflowing(now) {
             // Part of a window: the share of first attempts served, at the

@@ -674,3 +674,38 @@ fn rejections_drawn_inside_a_closure_and_reported_after_it_are_not_answered() {
     report(&mut st, &p, w + 400, (40, 40, 6), &[w + 1400; 6], 0);
     assert_eq!(st.mode(), Mode::BackingOff);
 }
+
+/// A saturated route at the start of window `T0 + 20 s`: every attempt
+/// paced at `rate_m`, under an edge of `rate_max_m` (600/s served, 800/s
+/// of first attempts asking).
+fn saturated(rate_m: i64, rate_max_m: i64) -> PacingState {
+    PacingState {
+        rate_ok_m: rate_m,
+        mode: Mode::Saturated as i64,
+        ..at_window_20(rate_max_m, 800_000, rate_m, rate_max_m)
+    }
+}
+
+/// Rejections reported in the window after a saturated cut, while the
+/// cooldown its own rejections set still holds, are that cut's stragglers:
+/// drawn before it. They neither cut again nor lower the edge; beyond that
+/// window, rejections under a cooldown still say the rate is over.
+#[test]
+fn a_saturated_cut_is_not_cut_again_by_its_own_stragglers() {
+    let p = policy();
+    let mut st = saturated(640_000, 600_000);
+    let at = T0 + 20_000;
+    report(&mut st, &p, at + 300, (0, 580, 40), &[at + 1300], 0);
+    st.advance(at + 1000, &p);
+    let cut = just_under(580_000);
+    assert_eq!(st.wake_rate_m(), cut);
+    // The stragglers, inside the cut's cooldown.
+    report(&mut st, &p, at + 1100, (0, 500, 5), &[at + 2100], at + 1300);
+    st.advance(at + 2000, &p);
+    assert_eq!(st.wake_rate_m(), cut);
+    assert_eq!(st.capacity_m(), 580_000);
+    // A window later the same is a rate still over the edge.
+    report(&mut st, &p, at + 2100, (0, 500, 5), &[at + 3100], at + 2500);
+    st.advance(at + 3000, &p);
+    assert_eq!(st.wake_rate_m(), just_under(500_000));
+}

@@ -199,16 +199,17 @@ impl PacingState {
             self.rate_m = just_under(served_m).max(before / 2);
             self.rate_ok_m = self.rate_m;
             self.rate_max_m = served_m.max(self.rate_m);
+            self.settle_win = self.win + 1;
         } else if self.w_short > 0 {
             // Clean, and demand went short: up a sixteenth at a time (a
             // limiter's burst hides an overshoot for a window or two, so a
             // bigger step near the edge is a bigger peak; a thirty-second
             // in the first eighth past it) until a quarter past the edge;
-            // past that, what a burst can hide is spent and
-            // the upstream has grown: the step doubles the distance from
-            // the edge, within the probe headroom of the rate (what one
-            // step can overshoot by). Only from a rate the window used
-            // (slots nobody asked for in time prove nothing).
+            // past that, what a burst can hide is spent and the upstream
+            // has grown: the step doubles the distance from the edge,
+            // within the probe headroom of the rate (what one step can
+            // overshoot by). Only from a rate the window used (slots nobody
+            // asked for in time prove nothing).
             self.cap_m = self.cap_m.max(served_m);
             let r = self.rate_m;
             if 8 * self.w_granted * MILLI >= 7 * r {

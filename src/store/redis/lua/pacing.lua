@@ -26,7 +26,7 @@ local PACE_FIELDS = {
   'win', 'w_first', 'w_ok', 'w_rej', 'w_refused', 'w_granted', 'w_held', 'w_cut_from', 'w_short', 'w_frozen',
   'w_late', 'rate_m',
   'rate_max_m', 'rate_ok_m', 'cap_m', 'lam_m', 'hint_until', 'streak', 'closed_until',
-  'penalty_until', 'probe_at', 'mode', 'ramp_from_m',
+  'penalty_until', 'probe_at', 'mode', 'ramp_from_m', 'settle_win',
 }
 
 -- just_under: a sixteenth under a rate.
@@ -232,6 +232,7 @@ local function pace_learn_saturated(p, P)
     p.rate_m = math.max(pace_just_under(served), idiv(before, 2))
     p.rate_ok_m = p.rate_m
     p.rate_max_m = math.max(served, p.rate_m)
+    p.settle_win = p.win + 1
   elseif p.w_short > 0 then
     p.cap_m = math.max(p.cap_m, served)
     local r = p.rate_m
@@ -384,6 +385,10 @@ local function pace_observe(p, P, now, first, ok, rejections, hints, cooldown, c
   end
   local explained = 0
   if #hints > 0 then explained = idiv(rejections * (closing + inside), #hints) end
+  if p.mode == M_SATURATED and p.win == p.settle_win and now < cooldown then
+    -- The stragglers of the cut at the last window's end.
+    return
+  end
   p.w_refused = p.w_refused + rejections - explained
   if pace_overflowing(p, now) then
     local edge = idiv(p.lam_m * p.w_ok, math.max(p.w_first, 1))
