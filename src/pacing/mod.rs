@@ -42,11 +42,10 @@
 //! which nothing else says while every attempt waits for a slot); a
 //! rejection goes back below the last clean rate, and those reported in the
 //! next window while the cut's own cooldown holds are its stragglers, not
-//! answered again. The overflow is judged as
-//! soon as the window holds a quarter of a window's first attempts, so the
-//! fleet stops sending them straight within the window that found it. A
-//! window whose demand the rate met in full lets first attempts go straight
-//! again.
+//! answered again. The overflow is judged as soon as the window holds a
+//! quarter of a window's first attempts, so the fleet stops sending them
+//! straight within the window that found it. A window whose demand the rate
+//! met in full lets first attempts go straight again.
 //!
 //! Rejections that arrive while a hint cooldown is in force, or whose hint
 //! closes the route for longer than two windows (an outage, not an

@@ -675,9 +675,9 @@ fn rejections_drawn_inside_a_closure_and_reported_after_it_are_not_answered() {
     assert_eq!(st.mode(), Mode::BackingOff);
 }
 
-/// A saturated route at the start of window `T0 + 20 s`: every attempt
-/// paced at `rate_m`, under an edge of `rate_max_m` (600/s served, 800/s
-/// of first attempts asking).
+/// A saturated route at the start of window `T0 + 20 s`, with 800/s of
+/// first attempts asking: every attempt paced at `rate_m`, under a
+/// capacity and an edge of `rate_max_m`.
 fn saturated(rate_m: i64, rate_max_m: i64) -> PacingState {
     PacingState {
         rate_ok_m: rate_m,
