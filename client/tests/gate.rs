@@ -18,9 +18,11 @@ use tollgate_client::engine::{IntentPolicy, Observation};
 use tollgate_client::gate::{
     Attempt, Gate, GateConfig, GateIntent, IntentResult, Reply, TokenSource,
 };
+use tollgate_client::lease::{LeaseCache, LeaseCacheConfig, Take};
 use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkState};
 use tollgate_client::outcome::Outcome;
 use tollgate_client::scope::Scope;
+use tollgate_proto::v1::RetryClass;
 
 const RPC_TIMEOUT: Duration = Duration::from_millis(200);
 const LOCAL_SPREAD: Duration = Duration::from_millis(50);
@@ -96,6 +98,50 @@ async fn a_retry_takes_a_leased_token_and_a_slot_from_the_real_coordinator() {
     assert!(!wait.degraded);
     assert!(wait.slot.is_some(), "the coordinator gave a slot");
     assert_eq!(gate.link_state(), LinkState::Connected);
+    coordinator.stop().await;
+}
+
+/// A lease whose last token a retry took is given back, with that retry's
+/// success, at the cache's next pass: its refund must reach the fleet's
+/// budget before this worker's next Lease, or a worker whose fair share is
+/// one retry is refused it while the budget sits unspent.
+#[tokio::test]
+async fn a_spent_lease_is_refunded_at_the_next_pass_not_the_next_take() {
+    let coordinator = Coordinator::open().await;
+    let mut link = LinkConfig::new(format!("http://{}", coordinator.addr), "worker-refund");
+    link.rpc_timeout = RPC_TIMEOUT;
+    let cache = LeaseCache::start(
+        CoordinatorLink::new(&link).unwrap(),
+        LeaseCacheConfig {
+            batch: 1,
+            low_water: 0,
+            seed: Some(5),
+            ..LeaseCacheConfig::default()
+        },
+        coordinator.clock.clone(),
+    );
+    let scope = Scope::new("tenant-a", "GET /orders/{id}");
+    let Take::Leased { lease_id, .. } = cache.take(&scope, RetryClass::Transient).await else {
+        panic!("the coordinator grants a token");
+    };
+    assert!(cache.record_retry_success(&scope, &lease_id));
+    let leases = || async {
+        coordinator
+            .scope_state("tenant-a", "GET /orders/{id}")
+            .await
+            .leases_outstanding
+    };
+    // The take left the cache empty, so it leases a second token at once.
+    support::poll("the refill leased", support::PUSH_BOUND, || async {
+        leases().await == 2
+    })
+    .await;
+    // No other take, and the clocks stand still: only the cache's own pass
+    // can give the spent lease back (the other one is far from expiry).
+    support::poll("the spent lease released", support::PUSH_BOUND, || async {
+        leases().await == 1
+    })
+    .await;
     coordinator.stop().await;
 }
 

@@ -16,8 +16,9 @@
 //!
 //! A retry that succeeded earns its token back ([`LeaseCache::record_retry_success`]):
 //! the count travels in that lease's `Release`. A lease whose last token is
-//! taken is therefore kept (retired, no longer taken from): the replies of
-//! its last retries usually arrive after the token was taken. It is
+//! taken is therefore kept (retired by the next take or the background
+//! task's next pass, no longer taken from): the replies of its last retries
+//! usually arrive after the token was taken. It is
 //! released once its refund has settled (every token refunded, or no new
 //! success for one pass of the background task), else near its expiry if
 //! it holds anything to give back.
