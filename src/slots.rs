@@ -208,9 +208,13 @@ impl SlotCursor {
         }
     }
 
-    /// Intents told to ask again and not yet given a slot.
-    pub fn asking(&self) -> usize {
-        self.asking.len()
+    /// Intents told to ask again, not yet given a slot, whose deadline has
+    /// not passed. An intent that stops waiting (cancelled by its caller,
+    /// say) tells nobody, and the list is pruned only when someone asks, so
+    /// the deadline is what ends its count: after a storm this falls to 0
+    /// whether or not anyone asks again.
+    pub fn asking(&self, now_ms: i64) -> usize {
+        self.asking.values().filter(|&&d| d > now_ms).count()
     }
 
     /// Intents whose slot is still ahead or who will ask again before

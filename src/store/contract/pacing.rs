@@ -99,6 +99,39 @@ pub(crate) async fn a_far_slot_is_ask_again_and_a_near_one_is_given(s: &dyn Stor
     );
 }
 
+/// An intent told to ask again that never asks again (its caller cancelled
+/// it, say) stops counting as asking once its deadline passes, whether or
+/// not anyone asks after it: what an operator sees after a storm drains.
+pub(crate) async fn an_intent_that_never_asks_again_stops_counting_at_its_deadline(s: &dyn Store) {
+    let p = Policy::default();
+    report(s, T0, (0, 0, 1), Some("10"), &p).await;
+    let told = s
+        .reconsider(&key().route, asking("gone", T0), &p)
+        .await
+        .expect("answer");
+    assert!(
+        matches!(told.decided, Reconsidered::AskAgain(_)),
+        "{told:?}"
+    );
+    let deadline = asking("gone", T0).deadline_ms;
+    assert_eq!(pacing(s, deadline - 1, &p).await.asking, 1, "still waiting");
+    assert_eq!(
+        pacing(s, deadline, &p).await.asking,
+        0,
+        "its deadline passed"
+    );
+    let batch = ReportBatch {
+        worker_id: "w",
+        first_attempts: 1,
+        successes: 1,
+        rejections: 0,
+        hints: &[],
+        now_ms: deadline + 1,
+    };
+    let reported = s.report(&key(), batch, &p).await.expect("report");
+    assert_eq!(reported.pacing.asking, 0, "nor in a report's view");
+}
+
 pub(crate) async fn the_earliest_deadline_takes_the_next_slot(s: &dyn Store) {
     let p = Policy::default(); // learned, at its floor: a slot every 100 ms
     let route = &key().route;

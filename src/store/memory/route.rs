@@ -166,7 +166,7 @@ impl RouteState {
             .unwrap_or_else(|| PacingState::new(now_ms, policy));
         pacing.advance(now_ms, policy);
         pacing.view(
-            self.extras.as_deref().map_or(0, |e| e.slots.asking()),
+            self.extras.as_deref().map_or(0, |e| e.slots.asking(now_ms)),
             now_ms,
         )
     }
@@ -194,7 +194,11 @@ impl RouteState {
         let was = pacing.mode();
         let extras = self.extras.get_or_insert_with(Box::default);
         let outcome = extras.slots.assign(ask, pacing, policy)?;
-        Ok((outcome, pacing.view(extras.slots.asking(), ask.now_ms), was))
+        Ok((
+            outcome,
+            pacing.view(extras.slots.asking(ask.now_ms), ask.now_ms),
+            was,
+        ))
     }
 
     pub(super) fn frozen(&self) -> Option<&String> {

@@ -51,7 +51,7 @@ out[#out + 1] = st.hints.step
 local P = pace_policy(12)
 local pace = st.pace or pace_new(now, P)
 pace_advance(pace, now, P)
-pace_view_out(out, pace, count(st.slots.asking or {}), now)
+pace_view_out(out, pace, asking_count(st.slots, now), now)
 hints_out(out, st.hints)
 evidence_out(out, st.hints)
 return out

@@ -29,6 +29,14 @@ local function count(t)
   return n
 end
 
+-- Intents told to ask again whose deadline has not passed (SlotCursor::asking):
+-- one that stopped waiting tells nobody, so its deadline ends its count.
+local function asking_count(slots, now)
+  local n = 0
+  for _, d in pairs(slots.asking or {}) do if d > now then n = n + 1 end end
+  return n
+end
+
 -- Floor division of non-negative integers, exact even where a/b rounds up.
 local function idiv(a, b)
   local q = math.floor(a / b)

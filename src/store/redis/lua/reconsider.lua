@@ -45,7 +45,7 @@ local was = pace.mode
 local function done(kind, at)
   save(KEYS[1], st, live_until(st, now), now, idle_ms)
   local out = { 'ok', kind, at, cd, vfloor, st.frozen or false }
-  pace_view_out(out, pace, count(cur.asking), now)
+  pace_view_out(out, pace, asking_count(cur, now), now)
   out[#out + 1] = was
   return out
 end

@@ -61,7 +61,7 @@ if c and (c_merged or successes > 0) then caller_save(KEYS[2], c, c_merged, now,
 out[#out + 1] = cd_after
 out[#out + 1] = math.max(hints_floor(st.hints), cfloor)
 out[#out + 1] = st.frozen or false
-pace_view_out(out, pace, count(st.slots.asking or {}), now)
+pace_view_out(out, pace, asking_count(st.slots, now), now)
 out[#out + 1] = was
 -- Whether the effective cooldown's level has it corroborated (on a cluster
 -- the caller's is not known here: not corroborated).
