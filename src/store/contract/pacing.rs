@@ -8,7 +8,7 @@ use crate::pacing::{Mode, PacingView};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::slots::SlotAsk;
-use crate::store::{LevelHint, Reconsidered, ReportBatch, Store};
+use crate::store::{LevelHint, Reconsidered, ReportBatch, Reported, Slotted, Store};
 
 fn key() -> ScopeKey {
     scope("c", "r")
@@ -22,7 +22,7 @@ async fn report(
     counts: (u32, u32, u32),
     hint: Option<&str>,
     p: &Policy,
-) {
+) -> Reported {
     let (first_attempts, successes, rejections) = counts;
     let hints: Vec<LevelHint> = hint
         .map(|h| LevelHint {
@@ -48,7 +48,7 @@ async fn report(
         hints: &hints,
         now_ms,
     };
-    s.report(&key(), batch, p).await.expect("report");
+    s.report(&key(), batch, p).await.expect("report")
 }
 
 async fn pacing(s: &dyn Store, now_ms: i64, p: &Policy) -> PacingView {
@@ -71,13 +71,18 @@ fn asking(intent: &str, now_ms: i64) -> SlotAsk<'_> {
     }
 }
 
+/// `intent` asking for a slot at T0, just after a 429 with a 10 s
+/// `Retry-After` was reported.
+async fn ask_in_a_cooldown(s: &dyn Store, intent: &str, p: &Policy) -> Slotted {
+    report(s, T0, (0, 0, 1), Some("10"), p).await;
+    s.reconsider(&key().route, asking(intent, T0), p)
+        .await
+        .expect("answer")
+}
+
 pub(crate) async fn a_far_slot_is_ask_again_and_a_near_one_is_given(s: &dyn Store) {
     let p = Policy::default();
-    report(s, T0, (0, 0, 1), Some("10"), &p).await;
-    let far = s
-        .reconsider(&key().route, asking("i", T0), &p)
-        .await
-        .expect("answer");
+    let far = ask_in_a_cooldown(s, "i", &p).await;
     let Reconsidered::AskAgain(again) = far.decided else {
         panic!("a slot 10 s ahead is beyond the horizon: {far:?}");
     };
@@ -104,11 +109,7 @@ pub(crate) async fn a_far_slot_is_ask_again_and_a_near_one_is_given(s: &dyn Stor
 /// not anyone asks after it: what an operator sees after a storm drains.
 pub(crate) async fn an_intent_that_never_asks_again_stops_counting_at_its_deadline(s: &dyn Store) {
     let p = Policy::default();
-    report(s, T0, (0, 0, 1), Some("10"), &p).await;
-    let told = s
-        .reconsider(&key().route, asking("gone", T0), &p)
-        .await
-        .expect("answer");
+    let told = ask_in_a_cooldown(s, "gone", &p).await;
     assert!(
         matches!(told.decided, Reconsidered::AskAgain(_)),
         "{told:?}"
@@ -120,15 +121,7 @@ pub(crate) async fn an_intent_that_never_asks_again_stops_counting_at_its_deadli
         0,
         "its deadline passed"
     );
-    let batch = ReportBatch {
-        worker_id: "w",
-        first_attempts: 1,
-        successes: 1,
-        rejections: 0,
-        hints: &[],
-        now_ms: deadline + 1,
-    };
-    let reported = s.report(&key(), batch, &p).await.expect("report");
+    let reported = report(s, deadline + 1, (1, 1, 0), None, &p).await;
     assert_eq!(reported.pacing.asking, 0, "nor in a report's view");
 }
 
