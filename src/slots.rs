@@ -220,8 +220,7 @@ impl SlotCursor {
     /// Intents whose slot is still ahead or who will ask again before
     /// their deadline, for idle eviction.
     pub fn waiting(&self, now_ms: i64) -> usize {
-        self.pending.values().filter(|&&s| s > now_ms).count()
-            + self.asking.values().filter(|&&d| d > now_ms).count()
+        self.pending.values().filter(|&&s| s > now_ms).count() + self.asking(now_ms)
     }
 }
 

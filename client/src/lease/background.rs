@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_proto::v1::{LeaseLimit, RetryClass, ScopeEventKind};
 
-use super::{HeldLease, MAX_SCOPES, ScopeTokens, ScopeView, Shared, TokenKey, lock};
+use super::{HeldLease, MAX_SCOPES, ScopeView, Shared, TokenKey, lock};
 use crate::clock::{from_unix_ms, to_unix_ms};
 use crate::link::LinkState;
 use crate::scope::Scope;
@@ -130,15 +130,10 @@ async fn tend_leases(shared: &Shared) {
     for entry in shared.tokens.iter() {
         for slot in entry.value().each() {
             let mut tokens = lock(&slot.state);
-            // A spent lease is taken from no more: retired now, so the
-            // refund of its retries goes back at the next pass, not after
-            // the next take (whose Lease would find it still charged).
-            let ScopeTokens {
-                leases, retired, ..
-            } = &mut *tokens;
-            while leases.front().is_some_and(|l| l.remaining == 0) {
-                retired.extend(leases.pop_front());
-            }
+            // Retired here as a take would retire them, so the refund of a
+            // spent lease's retries goes back at this pass, not after the
+            // next take (whose Lease would find it still charged).
+            tokens.retire(now + shared.config.expiry_margin);
             let mut keep = |lease: &HeldLease| {
                 if lease.expires_at <= now {
                     return false;

@@ -220,6 +220,19 @@ struct ScopeTokens {
 }
 
 impl ScopeTokens {
+    /// Stops taking from the leases at the front that are spent or expire
+    /// by `until`: they are kept (retired) so their retries' refunds still
+    /// count, until `tend_leases` releases or drops them.
+    fn retire(&mut self, until: SystemTime) {
+        while self
+            .leases
+            .front()
+            .is_some_and(|l| l.remaining == 0 || l.expires_at <= until)
+        {
+            self.retired.extend(self.leases.pop_front());
+        }
+    }
+
     fn held(&self) -> u32 {
         self.leases.iter().map(|l| l.remaining).sum()
     }
@@ -433,16 +446,7 @@ impl LeaseCache {
         if tokens.view.frozen {
             return Take::Frozen;
         }
-        let margin = self.shared.config.expiry_margin;
-        while tokens
-            .leases
-            .front()
-            .is_some_and(|l| l.remaining == 0 || l.expires_at <= now + margin)
-        {
-            if let Some(lease) = tokens.leases.pop_front() {
-                tokens.retired.push(lease);
-            }
-        }
+        tokens.retire(now + self.shared.config.expiry_margin);
         let policy_version = tokens.view.policy_version;
         let taken = tokens.leases.front_mut().map(|lease| {
             lease.remaining -= 1;

@@ -12,9 +12,8 @@ local leases, tokens = leases_held(KEYS[1], now)
 for _, l in pairs(st.leases or {}) do
   if l.exp > now then leases, tokens = leases + 1, tokens + l.g end
 end
-local waiting = 0
+local waiting = asking_count(st.slots, now)
 for _, s in pairs(st.slots.pending) do if s > now then waiting = waiting + 1 end end
-for _, d in pairs(st.slots.asking or {}) do if d > now then waiting = waiting + 1 end end
 local out = {
   'ok', 1, math.max(st.hints.cd, ccd), math.max(hints_floor(st.hints), cfloor),
   st.frozen or false, leases, waiting, st.touched,
