@@ -326,6 +326,21 @@ impl Measured {
             }
         }
         eprintln!("[{name}] outcomes, whole fleet: {totals:?}");
+        let mut released = std::collections::BTreeMap::<String, Vec<u64>>::new();
+        for done in self.done() {
+            for (by, counts) in done["attempts_per_s"].as_object().expect("attempts_per_s") {
+                let sum = released.entry(by.clone()).or_default();
+                for (second, n) in counts.as_array().expect("counts").iter().enumerate() {
+                    if sum.len() <= second {
+                        sum.resize(second + 1, 0);
+                    }
+                    sum[second] += n.as_u64().expect("n");
+                }
+            }
+        }
+        for (by, counts) in &released {
+            eprintln!("[{name}] attempts/s released by {by}, whole fleet: {counts:?}");
+        }
         // GETs are safe to repeat: `indeterminate` here only ever means the
         // gate misdrove its engine (it logs why to the worker's .log).
         if totals.contains_key("indeterminate") {

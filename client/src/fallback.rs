@@ -12,11 +12,19 @@
 //!   `max(0, (requests − K·accepts) / (requests + 1))`, so an upstream that is
 //!   refusing everything stops seeing retries at all.
 //!
+//! And one for when the retries go: [`LocalPacer`] paces the wake-ups a
+//! worker decides alone after the upstream pushed back, as the coordinator's
+//! slots would, so a backlog held through an outage is not one burst.
+//!
 //! Both take the current elapsed time as an argument (no clock inside) and the
 //! throttle takes its random draw from the caller, so tests are exact.
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+mod pacer;
+
+pub use pacer::{ASK_AGAIN_WITHIN, LocalPacer, Pace};
 
 /// Budget arithmetic is in milli-retries so a ratio of 0.2 is exact.
 const MILLI: u64 = 1_000;

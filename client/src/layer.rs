@@ -46,7 +46,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::classify::{GrpcCode, Sent, TransportFailure};
 use crate::engine::{IntentPolicy, Observation};
-use crate::gate::{AttemptEvidence, BoxFuture, Gate, GateIntent, Repetition};
+use crate::gate::{AttemptEvidence, BoxFuture, Gate, GateIntent, Repetition, WaitEvidence};
 use crate::outcome::Outcome;
 use crate::owner::OwnerMark;
 use crate::scope::Scope;
@@ -224,6 +224,9 @@ pub struct GateReport {
     pub outcome: Outcome,
     /// One record per attempt this layer made.
     pub attempts: Vec<AttemptEvidence>,
+    /// The wait before the first attempt, when a cooldown or the route's
+    /// pacing held it (as [`IntentResult::held`](crate::IntentResult)).
+    pub held: Option<WaitEvidence>,
     /// The report of a gate below that found this layer's mark, from the
     /// last response.
     pub inner: Option<Box<GateReport>>,
@@ -420,6 +423,7 @@ where
     let report = |inner| GateReport {
         outcome: result.outcome,
         attempts: result.attempts.clone(),
+        held: result.held.clone(),
         inner,
     };
     match result.value {

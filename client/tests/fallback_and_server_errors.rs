@@ -5,7 +5,9 @@
 //!   503 can follow an upstream that acted) is not sent again;
 //! - with the coordinator unreachable, a fresh worker's first retry is
 //!   admitted by the local fallback budget, not refused by an adaptive
-//!   throttle that has seen one refusal and nothing else.
+//!   throttle that has seen one refusal and nothing else;
+//! - with the coordinator unreachable, a backlog held through a cooldown is
+//!   let go at the worker's own pace after it, not all in its first second.
 //!
 //! The coordinator is a connector that refuses every connection, driven by
 //! tokio itself, so paused time only jumps when nothing can make progress.
@@ -38,6 +40,10 @@ fn policy() -> IntentPolicy {
 /// A worker whose coordinator refuses every connection; `seed` fixes its
 /// fallback draws, so each worker in a fleet draws differently.
 fn unreachable_worker(seed: u64) -> Tollgate {
+    unreachable_worker_with(seed, LeaseCacheConfig::default())
+}
+
+fn unreachable_worker_with(seed: u64, lease: LeaseCacheConfig) -> Tollgate {
     let channel = Endpoint::from_static("http://coordinator.invalid").connect_with_connector_lazy(
         tower::service_fn(|_| async {
             Err::<TokioIo<DuplexStream>, _>(std::io::Error::from(
@@ -50,7 +56,7 @@ fn unreachable_worker(seed: u64) -> Tollgate {
         .clock(Arc::new(TokioClock::new(SystemTime::UNIX_EPOCH)))
         .lease_config(LeaseCacheConfig {
             seed: Some(seed),
-            ..LeaseCacheConfig::default()
+            ..lease
         })
         .gate_config(GateConfig {
             seed: Some(seed),
@@ -142,4 +148,86 @@ async fn idle_workers_first_retries_are_not_throttled_either() {
         assert_eq!(calls, 2, "worker {n}");
         assert_eq!(tokens, [TokenSource::FirstAttempt, TokenSource::Fallback]);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_coordinator_a_backlog_held_through_a_cooldown_is_paced_after_it() {
+    // A local budget that admits every retry here, so what spreads the
+    // backlog is the pace alone.
+    let tollgate = unreachable_worker_with(
+        7,
+        LeaseCacheConfig {
+            fallback_ratio: 10.0,
+            ..LeaseCacheConfig::default()
+        },
+    );
+    let scope = Scope::new("tenant-a", "GET /items");
+    let start = tokio::time::Instant::now();
+    // The upstream serves this worker 80 first attempts in its first second.
+    for n in 0..80 {
+        let intent = GateIntent::new(format!("served-{n}"), scope.clone(), policy());
+        let result = tollgate
+            .gate()
+            .run(intent, |_| async {
+                Reply::new(Observation::http(200, None), ())
+            })
+            .await;
+        assert_eq!(result.outcome, Outcome::Succeeded);
+    }
+    tokio::time::sleep_until(start + ms(1_100)).await;
+    // Then it refuses 60 with `Retry-After: 2`; the worker holds all of
+    // them, and every retry after the cooldown succeeds.
+    const BACKLOG: usize = 60;
+    let retried_at = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..BACKLOG)
+        .map(|n| {
+            let gate = tollgate.gate().clone();
+            let intent = GateIntent::new(format!("held-{n}"), scope.clone(), policy());
+            let retried_at = retried_at.clone();
+            tokio::spawn(async move {
+                gate.run(intent, |attempt| {
+                    let retried_at = retried_at.clone();
+                    async move {
+                        if attempt.number == 1 {
+                            return Reply::new(Observation::http(429, Some("2")), ());
+                        }
+                        retried_at.lock().expect("times").push(tokio::time::Instant::now());
+                        Reply::new(Observation::http(200, None), ())
+                    }
+                })
+                .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let result = task.await.expect("intent task");
+        assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+    }
+    let cooldown_end = start + ms(3_100);
+    let retried_at = retried_at.lock().expect("times").clone();
+    assert_eq!(retried_at.len(), BACKLOG);
+    assert!(
+        retried_at.iter().all(|at| *at >= cooldown_end),
+        "none before the hint"
+    );
+    // Unpaced, the local spread (1 s) would send all 60 in the first second.
+    // Paced, the first second climbs from the floor by an eighth of the 80
+    // served: about 7 go, then about 21, then the rest.
+    let in_first_second = retried_at
+        .iter()
+        .filter(|at| **at < cooldown_end + ms(1_000))
+        .count();
+    assert!(
+        (3..=12).contains(&in_first_second),
+        "{in_first_second} of {BACKLOG} retried in the cooldown's first second"
+    );
+    let last = retried_at
+        .iter()
+        .max()
+        .expect("retried")
+        .duration_since(cooldown_end);
+    assert!(
+        last < ms(4_000),
+        "the backlog drained {last:?} after the cooldown"
+    );
 }

@@ -248,6 +248,10 @@ pub struct WaitEvidence {
     /// `reevaluations`: asking again is the coordinator pacing the queue,
     /// not a policy change.
     pub asked_again: u32,
+    /// How often, deciding alone, the worker's own pace for the scope
+    /// ([`LocalPacer`](crate::fallback::LocalPacer)) said "not yet" at the
+    /// wake-up before this wait ended.
+    pub paced_alone: u32,
     /// Under a shadow policy, what enforcing would have done with this wait
     /// (a later start, or a refusal) that was let through instead.
     pub shadowed: Option<Shadowed>,

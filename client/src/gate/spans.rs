@@ -55,6 +55,7 @@ pub(super) fn attempt_span(
         tollgate.cooldown = tracing::field::Empty,
         tollgate.degraded = tracing::field::Empty,
         tollgate.asked_again = tracing::field::Empty,
+        tollgate.paced_alone = tracing::field::Empty,
         tollgate.shadow = tracing::field::Empty,
         tollgate.held = tracing::field::Empty,
         tollgate.status = tracing::field::Empty,
@@ -103,6 +104,9 @@ pub(super) fn attempt_span(
         span.record("tollgate.cooldown", wait.cooldown.is_some());
         span.record("tollgate.degraded", wait.degraded);
         span.record("tollgate.asked_again", wait.asked_again);
+        if wait.degraded {
+            span.record("tollgate.paced_alone", wait.paced_alone);
+        }
         if let Some(shadowed) = wait.shadowed {
             span.record("tollgate.shadow", shadowed.as_str());
         }

@@ -52,7 +52,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tollgate_proto::v1::{Evidence, RetryClass};
 
 use crate::clock::{Clock, from_unix_ms, to_unix_ms};
-use crate::fallback::{AdaptiveThrottle, LocalBudget};
+use crate::fallback::{AdaptiveThrottle, LocalBudget, LocalPacer, Pace};
 use crate::link::{CoordinatorLink, LinkState};
 use crate::scope::Scope;
 use crate::telemetry::TraceOrigin;
@@ -350,6 +350,9 @@ struct Shared {
 struct Fallback {
     epoch: Instant,
     budgets: HashMap<Scope, LocalBudget>,
+    /// Fed with every answer, connected or not, so a worker that loses the
+    /// coordinator knows what the upstream last served it.
+    pacers: HashMap<Scope, LocalPacer>,
     throttle: AdaptiveThrottle,
     rng: StdRng,
 }
@@ -368,6 +371,24 @@ impl Fallback {
                 config.fallback_floor_per_sec,
             )
         })
+    }
+
+    fn pacer(&mut self, scope: &Scope, config: &LeaseCacheConfig) -> &mut LocalPacer {
+        if !self.pacers.contains_key(scope) && self.pacers.len() >= MAX_SCOPES {
+            // As for the budgets: a forgotten pacer lets go until the next
+            // rejection; bounded memory wins.
+            self.pacers.clear();
+        }
+        self.pacers
+            .entry(scope.clone())
+            .or_insert_with(|| LocalPacer::new(config.fallback_floor_per_sec))
+    }
+
+    /// An upstream answer on `scope`, for the throttle and the pacer.
+    fn answered(&mut self, scope: &Scope, config: &LeaseCacheConfig, accepted: bool) {
+        let now = self.epoch.elapsed();
+        self.throttle.record(now, accepted);
+        self.pacer(scope, config).answered(now, accepted);
     }
 }
 
@@ -409,6 +430,7 @@ impl LeaseCache {
             fallback: Mutex::new(Fallback {
                 epoch: Instant::now(),
                 budgets: HashMap::new(),
+                pacers: HashMap::new(),
                 throttle: AdaptiveThrottle::new(
                     AdaptiveThrottle::DEFAULT_K,
                     Duration::from_secs(120),
@@ -597,7 +619,7 @@ impl LeaseCache {
 
     /// Counts a success; it decays the scope's backoff step.
     pub fn record_success(&self, scope: &Scope) {
-        self.record_upstream_answer(true);
+        lock(&self.shared.fallback).answered(scope, &self.shared.config, true);
         self.with_report(scope, |r| r.successes = r.successes.saturating_add(1));
     }
 
@@ -618,7 +640,7 @@ impl LeaseCache {
     /// Counts a refusal for capacity and queues its rate-limit evidence for
     /// the next report.
     pub fn record_evidence(&self, scope: &Scope, evidence: Evidence) {
-        self.record_upstream_answer(false);
+        lock(&self.shared.fallback).answered(scope, &self.shared.config, false);
         self.with_report(scope, |r| {
             r.rejections = r.rejections.saturating_add(1);
             r.push_evidence(evidence);
@@ -634,6 +656,17 @@ impl LeaseCache {
         let mut fallback = lock(&self.shared.fallback);
         let now = fallback.epoch.elapsed();
         fallback.throttle.record(now, accepted);
+    }
+
+    /// Deciding alone (no slot from the coordinator), whether a wake-up on
+    /// `scope` goes now or waits this much longer: the worker's own pace
+    /// after the upstream pushed back ([`LocalPacer`]).
+    pub fn pace_alone(&self, scope: &Scope) -> Pace {
+        let mut fallback = lock(&self.shared.fallback);
+        let now = fallback.epoch.elapsed();
+        let draw: f64 = fallback.rng.random();
+        let config = &self.shared.config;
+        fallback.pacer(scope, config).wake(now, draw)
     }
 
     fn with_report(&self, scope: &Scope, update: impl FnOnce(&mut PendingReport)) {

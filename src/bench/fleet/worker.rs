@@ -6,7 +6,14 @@
 //! whenever its coordinator link changes state (sampled every 10 ms; the
 //! first line is the state at the start), and at the end
 //! `{"worker":id,"intents":n,"outcomes":{"succeeded":n,..},"errors":n,
-//! "unfinished":n}`. Every attempt carries the intent's deadline in
+//! "unfinished":n,"attempts_per_s":{..}}`, where `attempts_per_s` counts
+//! the attempts started in each second from the worker's start by what
+//! released them: `first` (a first attempt sent at once), `coordinator` (a
+//! retry woken at a coordinator's slot or answer), `alone` (a retry decided
+//! without the coordinator), `paced_alone` (decided alone after the worker's
+//! own pace held it back), and `held_coordinator`, `held_alone`,
+//! `held_paced_alone` for first attempts a cooldown or the route's pacing
+//! held, released the same ways (`at_once`: a retry with no wait before it). Every attempt carries the intent's deadline in
 //! `x-tollgate-deadline-unix-ms`, so the upstream can count late ones.
 
 use std::collections::BTreeMap;
@@ -26,6 +33,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tollgate_client::clock::to_unix_ms;
 use tollgate_client::{
     Backoff, GateError, GateReport, IntentPolicy, Jitter, LayerConfig, LinkState, Scope, Tollgate,
+    WaitEvidence,
 };
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -110,6 +118,46 @@ struct Tally {
     /// the gate passed through without one).
     errors: u64,
     unfinished: u64,
+    /// Attempts started per second since the worker's start, by what
+    /// released them.
+    released: BTreeMap<&'static str, Vec<u64>>,
+}
+
+impl Tally {
+    fn count(&mut self, report: &GateReport, began: Duration) {
+        *self.outcomes.entry(report.outcome.as_str()).or_default() += 1;
+        let mut waited = report.held.as_ref();
+        for attempt in &report.attempts {
+            let by = match (attempt.record.number, waited) {
+                (1, None) => "first",
+                (1, Some(held)) => released_by(held, true),
+                (_, Some(wait)) => released_by(wait, false),
+                // A retry with no wait before it: the gate retried at once.
+                (_, None) => "at_once",
+            };
+            let second = (began + attempt.record.start).as_secs() as usize;
+            let counts = self.released.entry(by).or_default();
+            if counts.len() <= second {
+                counts.resize(second + 1, 0);
+            }
+            counts[second] += 1;
+            waited = attempt.wait.as_ref();
+        }
+    }
+}
+
+/// What released an attempt, from the wait before it; `held` for a first
+/// attempt a cooldown or the route's pacing held.
+fn released_by(wait: &WaitEvidence, held: bool) -> &'static str {
+    let by_coordinator = wait.slot.is_some() || !wait.degraded;
+    match (by_coordinator, wait.paced_alone > 0, held) {
+        (true, _, false) => "coordinator",
+        (true, _, true) => "held_coordinator",
+        (false, true, false) => "paced_alone",
+        (false, true, true) => "held_paced_alone",
+        (false, false, false) => "alone",
+        (false, false, true) => "held_alone",
+    }
 }
 
 async fn work(args: &WorkerArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -141,7 +189,8 @@ async fn work(args: &WorkerArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // Behind after a stall (two cores, many processes): carry on at the
     // rate rather than send the missed intents at once.
     arrivals.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let stop_starting = Instant::now() + args.duration;
+    let started = Instant::now();
+    let stop_starting = started + args.duration;
     loop {
         let starting = Instant::now() < stop_starting;
         if !starting && intents.is_empty() {
@@ -170,21 +219,24 @@ async fn work(args: &WorkerArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                     .body(Full::new(Bytes::new()))?;
                 let client = client.clone();
                 let bound = args.deadline + GRACE_AFTER_DEADLINE;
+                let began = started.elapsed();
                 intents.spawn(async move {
-                    tokio::time::timeout(bound, client.oneshot(request)).await
+                    (began, tokio::time::timeout(bound, client.oneshot(request)).await)
                 });
             }
             Some(joined) = intents.join_next() => {
-                match joined.context("an intent task panicked")? {
-                    Err(_) => tally.unfinished += 1,
-                    Ok(Ok(response)) => match response.extensions().get::<GateReport>() {
-                        Some(report) => *tally.outcomes.entry(report.outcome.as_str()).or_default() += 1,
-                        None => tally.errors += 1,
-                    },
-                    Ok(Err(err)) => match err.downcast_ref::<GateError>() {
-                        Some(error) => *tally.outcomes.entry(error.report.outcome.as_str()).or_default() += 1,
-                        None => tally.errors += 1,
-                    },
+                let (began, ended) = joined.context("an intent task panicked")?;
+                let report = match &ended {
+                    Err(_) => {
+                        tally.unfinished += 1;
+                        continue;
+                    }
+                    Ok(Ok(response)) => response.extensions().get::<GateReport>(),
+                    Ok(Err(err)) => err.downcast_ref::<GateError>().map(|error| &error.report),
+                };
+                match report {
+                    Some(report) => tally.count(report, began),
+                    None => tally.errors += 1,
                 }
             }
         }
@@ -197,6 +249,7 @@ async fn work(args: &WorkerArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "outcomes": tally.outcomes,
         "errors": tally.errors,
         "unfinished": tally.unfinished,
+        "attempts_per_s": tally.released,
     });
     writeln!(out, "{done}")?;
     out.flush()?;

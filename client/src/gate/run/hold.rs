@@ -17,7 +17,8 @@
 //!
 //! With the coordinator unreachable (or giving no usable answer) it waits
 //! locally until the cooldown ends plus a local spread, as a retry would,
-//! if that still fits the deadline. A held start that cannot fit ends
+//! if that still fits the deadline, and then as long as the worker's own
+//! pace holds it back (`LocalPacer`). A held start that cannot fit ends
 //! the intent `deadline_infeasible` before any attempt.
 
 use std::time::Duration;
@@ -91,6 +92,7 @@ impl Run<'_> {
             } else {
                 None
             };
+            let alone = reconsidered.is_none();
             let (wake, asking) = match reconsidered {
                 Some(Slot::At(at, shadowed)) => {
                     if let Some(shadowed) = shadowed {
@@ -134,6 +136,12 @@ impl Run<'_> {
             }
             evidence.policy_version_at_wake =
                 self.gate.inner.cache.view(&self.scope).policy_version;
+            if alone && let Some(at) = self.paced_alone(&mut evidence) {
+                // Not yet by the worker's own pace: hold until then and
+                // decide again (with the coordinator, if it is back).
+                until = at;
+                continue;
+            }
             if !asking {
                 break;
             }

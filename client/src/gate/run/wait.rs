@@ -12,6 +12,7 @@ use tollgate_proto::v1::{ReconsiderDecision, RetryClass};
 use super::{Run, engine_bug, lock};
 use crate::classify::ResponseClass;
 use crate::engine::{Decision, EngineError, GateRefusal, Phase, WakeCheck, WakeDecision};
+use crate::fallback::Pace;
 use crate::gate::intent::{Shadowed, TokenSource, WaitEvidence};
 use crate::lease::{ScopeView, Take};
 use crate::link::LinkState;
@@ -51,8 +52,9 @@ pub(super) enum Slot {
 
 /// What planning a wait came to.
 enum Planned {
-    /// Wait until the engine's next start, then re-check and admit.
-    Wake,
+    /// Wait until the engine's next start, then re-check and admit;
+    /// `alone` when no slot came from the coordinator.
+    Wake { alone: bool },
     /// Wait until this instant, then plan again; never an attempt then.
     AskAgain(Duration),
     /// The intent ended.
@@ -71,11 +73,11 @@ impl Run<'_> {
         };
         let mut view = view;
         loop {
-            let (until, asking) = match self.plan(&view, &mut evidence).await {
+            let (until, asking, alone) = match self.plan(&view, &mut evidence).await {
                 Planned::Ended => return self.end_wait(evidence),
-                Planned::AskAgain(at) => (at, true),
-                Planned::Wake => match self.next_start() {
-                    Some(next_start) => (next_start, false),
+                Planned::AskAgain(at) => (at, true, false),
+                Planned::Wake { alone } => match self.next_start() {
+                    Some(next_start) => (next_start, false, alone),
                     None => return self.end_wait(evidence),
                 },
             };
@@ -105,6 +107,14 @@ impl Run<'_> {
                     policy_version = view.policy_version,
                     "policy changed while waiting; re-evaluating"
                 );
+                continue;
+            }
+            if alone && let Some(at) = self.paced_alone(&mut evidence) {
+                // Not yet by the worker's own pace: plan again then (with
+                // the coordinator, if it is back by then).
+                if !self.defer(at) {
+                    return self.end_wait(evidence);
+                }
                 continue;
             }
             break;
@@ -185,6 +195,7 @@ impl Run<'_> {
         } else {
             None
         };
+        let alone = reconsidered.is_none();
         match reconsidered {
             Some(Slot::At(at, shadowed)) => {
                 evidence.slot = Some(at);
@@ -223,7 +234,7 @@ impl Run<'_> {
         if until > next_start && !self.defer(until) {
             return Planned::Ended;
         }
-        Planned::Wake
+        Planned::Wake { alone }
     }
 
     /// Records on `evidence` (and counts) what a shadow policy let through;
@@ -252,7 +263,8 @@ impl Run<'_> {
 
     /// Decided alone (no usable answer from the coordinator): the wake-up
     /// is `until` plus a local spread, so the intents deciding alone do not
-    /// all start at one instant; recorded in `evidence`.
+    /// all start at one instant; recorded in `evidence`. Once the worker's
+    /// own pace has held the wake-up back, its draws spread it instead.
     pub(super) fn alone(
         &self,
         evidence: &mut WaitEvidence,
@@ -260,11 +272,27 @@ impl Run<'_> {
         until: Duration,
     ) -> Duration {
         evidence.degraded = true;
+        if evidence.paced_alone > 0 {
+            return until;
+        }
         let spread = self.spread_after(since, until);
         if !spread.is_zero() {
             evidence.local_spread = Some(spread);
         }
         until + spread
+    }
+
+    /// At a wake-up decided alone, the worker's own pace for the scope
+    /// ([`LocalPacer`](crate::fallback::LocalPacer)): `Some(at)` to decide
+    /// again at elapsed `at` (counted in `evidence`), `None` to go now.
+    pub(super) fn paced_alone(&self, evidence: &mut WaitEvidence) -> Option<Duration> {
+        match self.gate.inner.cache.pace_alone(&self.scope) {
+            Pace::Go => None,
+            Pace::Later(after) => {
+                evidence.paced_alone = evidence.paced_alone.saturating_add(1);
+                Some(self.ask_again_at(self.now().saturating_add(after)))
+            }
+        }
     }
 
     /// Up to `local_spread` of extra wait after a wait from `since` to
