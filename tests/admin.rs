@@ -207,6 +207,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
             first_attempts: 100,
             successes: 0,
             rejections: 0,
+            counts_age_ms: 0,
             evidence: vec![],
         })
         .await

@@ -27,6 +27,7 @@ async fn busy_report(coordinator: &Coordinator, scope: &Option<v1::Scope>) {
             first_attempts: 1000,
             successes: 1000,
             rejections: 0,
+            counts_age_ms: 0,
             evidence: Vec::new(),
         })
         .await
@@ -145,6 +146,7 @@ async fn chaos_kill_stop_restart_workers_fall_back_within_one_rpc_timeout() {
             first_attempts: 1000,
             successes: 1000,
             rejections: 0,
+            counts_age_ms: 0,
             evidence: Vec::new(),
         })
         .await

@@ -70,6 +70,9 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
     let mut many = rate_limited(good.clone(), "w", "30", ScopeCertainty::Known);
     many.evidence = vec![many.evidence[0].clone(); 65];
     expect_field(client.report(many).await.map(|_| ()), "evidence");
+    let mut aged = rate_limited(good.clone(), "w", "30", ScopeCertainty::Known);
+    aged.counts_age_ms = u64::MAX;
+    expect_field(client.report(aged).await.map(|_| ()), "counts_age_ms");
     let mut status = rate_limited(good.clone(), "w", "30", ScopeCertainty::Known);
     status.evidence[0].http_status = 42;
     expect_field(

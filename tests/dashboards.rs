@@ -337,6 +337,7 @@ async fn storm(channel: Channel) {
             first_attempts: 20,
             successes: 5,
             rejections: 1,
+            counts_age_ms: 0,
             evidence: vec![Evidence {
                 http_status: 429,
                 has_retry_after: true,

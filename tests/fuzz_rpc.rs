@@ -94,21 +94,23 @@ fn budget_call() -> impl Strategy<Value = BudgetCall> {
         (
             scope(),
             any_text(),
-            any_u32(),
-            any_u32(),
+            (any_u32(), any_u32(), any_u32(), any::<u64>()),
             // Past MAX_EVIDENCE, so the repeated-field bound is exercised.
             prop::collection::vec(evidence(), 0..80)
         )
-            .prop_map(|(scope, worker_id, first_attempts, successes, evidence)| {
-                BudgetCall::Report(v1::ReportRequest {
-                    scope,
-                    worker_id,
-                    first_attempts,
-                    successes,
-                    rejections: 0,
-                    evidence,
-                })
-            }),
+            .prop_map(
+                |(scope, worker_id, (first_attempts, successes, rejections, age), evidence)| {
+                    BudgetCall::Report(v1::ReportRequest {
+                        scope,
+                        worker_id,
+                        first_attempts,
+                        successes,
+                        rejections,
+                        counts_age_ms: age,
+                        evidence,
+                    })
+                }
+            ),
         (
             scope(),
             (any_text(), any_text()),

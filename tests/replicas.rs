@@ -172,6 +172,7 @@ fn first_attempts(s: Option<v1::Scope>, worker: &str, n: u32) -> v1::ReportReque
         first_attempts: n,
         successes: 0,
         rejections: 0,
+        counts_age_ms: 0,
         evidence: Vec::new(),
     }
 }

@@ -186,6 +186,7 @@ async fn one_budget(workers: &[BudgetClient<Channel>]) {
             first_attempts: 100,
             successes: 0,
             rejections: 0,
+            counts_age_ms: 0,
             evidence: Vec::new(),
         };
         worker

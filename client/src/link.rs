@@ -71,6 +71,19 @@ pub enum LinkError {
 }
 
 impl LinkError {
+    /// Whether the request may have reached the coordinator and been
+    /// applied although no answer came back: it timed out, or was cancelled
+    /// or ran out of time on the way.
+    pub fn may_have_arrived(&self) -> bool {
+        match self {
+            LinkError::Timeout(_) => true,
+            LinkError::Status(status) => matches!(
+                status.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+        }
+    }
+
     /// Whether the failure says the coordinator is unusable (as opposed to a
     /// refusal of this particular request, such as a permission error).
     pub fn is_unreachable(&self) -> bool {

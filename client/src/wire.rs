@@ -64,6 +64,9 @@ pub(crate) fn report_request(scope: &Scope, report: &PendingReport) -> ReportReq
         successes: report.successes,
         rejections: report.rejections,
         evidence: report.evidence.clone(),
+        counts_age_ms: report
+            .since
+            .map_or(0, |since| since.elapsed().as_millis() as u64),
     }
 }
 

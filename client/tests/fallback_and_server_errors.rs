@@ -7,7 +7,9 @@
 //!   admitted by the local fallback budget, not refused by an adaptive
 //!   throttle that has seen one refusal and nothing else;
 //! - with the coordinator unreachable, a backlog held through a cooldown is
-//!   let go at the worker's own pace after it, not all in its first second.
+//!   let go at the worker's own pace after it, not all in its first second;
+//! - a degraded worker sends its pending report once per probe interval,
+//!   not at every report tick.
 //!
 //! The coordinator is a connector that refuses every connection, driven by
 //! tokio itself, so paused time only jumps when nothing can make progress.
@@ -44,11 +46,24 @@ fn unreachable_worker(seed: u64) -> Tollgate {
 }
 
 fn unreachable_worker_with(seed: u64, lease: LeaseCacheConfig) -> Tollgate {
+    counted_unreachable_worker(seed, lease, Arc::new(AtomicU32::new(0)))
+}
+
+/// As [`unreachable_worker_with`], counting every connection attempt (each
+/// RPC on the refused channel makes one) in `dials`.
+fn counted_unreachable_worker(
+    seed: u64,
+    lease: LeaseCacheConfig,
+    dials: Arc<AtomicU32>,
+) -> Tollgate {
     let channel = Endpoint::from_static("http://coordinator.invalid").connect_with_connector_lazy(
-        tower::service_fn(|_| async {
-            Err::<TokioIo<DuplexStream>, _>(std::io::Error::from(
-                std::io::ErrorKind::ConnectionRefused,
-            ))
+        tower::service_fn(move |_| {
+            dials.fetch_add(1, Ordering::SeqCst);
+            async {
+                Err::<TokioIo<DuplexStream>, _>(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionRefused,
+                ))
+            }
         }),
     );
     Tollgate::connect("http://coordinator.invalid", format!("worker-{seed}"))
@@ -191,7 +206,10 @@ async fn without_a_coordinator_a_backlog_held_through_a_cooldown_is_paced_after_
                         if attempt.number == 1 {
                             return Reply::new(Observation::http(429, Some("2")), ());
                         }
-                        retried_at.lock().expect("times").push(tokio::time::Instant::now());
+                        retried_at
+                            .lock()
+                            .expect("times")
+                            .push(tokio::time::Instant::now());
                         Reply::new(Observation::http(200, None), ())
                     }
                 })
@@ -229,5 +247,25 @@ async fn without_a_coordinator_a_backlog_held_through_a_cooldown_is_paced_after_
     assert!(
         last < ms(4_000),
         "the backlog drained {last:?} after the cooldown"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_degraded_worker_sends_its_report_once_per_probe_interval() {
+    let dials = Arc::new(AtomicU32::new(0));
+    let tollgate = counted_unreachable_worker(3, LeaseCacheConfig::default(), dials.clone());
+    // One intent leaves a report pending (a first attempt, a 429 and its
+    // evidence) and takes the link to degraded.
+    let (outcome, _, _) = run_statuses(&tollgate, Repetition::Safe, &[429, 200]).await;
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(tollgate.link_state(), LinkState::Degraded);
+    let before = dials.load(Ordering::SeqCst);
+    // Ten seconds of report ticks (100 ms): at every tick that would be a
+    // hundred reports; once per probe interval (1 s), ten.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let calls = dials.load(Ordering::SeqCst) - before;
+    assert!(
+        (5..=25).contains(&calls),
+        "{calls} coordinator calls in 10 s degraded"
     );
 }

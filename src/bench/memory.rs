@@ -127,6 +127,7 @@ async fn lease_and_report(
     };
     let report = ReportBatch {
         rejections: 0,
+        counts_age_ms: 0,
         worker_id: "bench-worker",
         first_attempts: 1,
         successes: 1,

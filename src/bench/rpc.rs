@@ -529,6 +529,7 @@ async fn call(
         Op::Report => budget
             .report(ReportRequest {
                 rejections: 0,
+                counts_age_ms: 0,
                 scope: scope_of(scope),
                 worker_id: worker_id.to_owned(),
                 first_attempts: 10,

@@ -299,6 +299,7 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> bool {
         3 => client
             .report(v1::ReportRequest {
                 rejections: 0,
+                counts_age_ms: 0,
                 scope,
                 worker_id,
                 first_attempts: 10,

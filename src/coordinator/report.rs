@@ -32,6 +32,8 @@ pub struct ReportIn<'a> {
     pub successes: u32,
     /// Attempts refused for capacity since its last report.
     pub rejections: u32,
+    /// How long ago the oldest count was made (0: within the window).
+    pub counts_age_ms: i64,
     /// The rate-limit evidence, in the order the worker saw it.
     pub responses: Vec<ReportedResponse<'a>>,
 }
@@ -116,6 +118,7 @@ impl Coordinator {
             first_attempts: report.first_attempts,
             successes: report.successes,
             rejections: report.rejections,
+            counts_age_ms: report.counts_age_ms,
             hints: &hints,
             now_ms,
         };

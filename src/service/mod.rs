@@ -267,6 +267,7 @@ impl Budget for BudgetService {
         let first_attempts = validate::count("first_attempts", req.first_attempts)?;
         let successes = validate::count("successes", req.successes)?;
         let rejections = validate::count("rejections", req.rejections)?;
+        let counts_age_ms = validate::counts_age_ms(req.counts_age_ms)?;
         if req.evidence.len() > validate::MAX_EVIDENCE {
             return Err(ServiceError::invalid(
                 "evidence",
@@ -299,6 +300,7 @@ impl Budget for BudgetService {
             first_attempts,
             successes,
             rejections,
+            counts_age_ms,
             responses,
         };
         let out = self

@@ -120,6 +120,22 @@ pub fn count(field: &str, value: u32) -> Result<u32> {
     }
 }
 
+/// The most a report's counts may be aged: a day. Older counts say
+/// nothing about any window still open.
+pub const MAX_COUNTS_AGE_MS: u64 = 86_400_000;
+
+/// A report's `counts_age_ms`.
+pub fn counts_age_ms(value: u64) -> Result<i64> {
+    if value <= MAX_COUNTS_AGE_MS {
+        Ok(value as i64)
+    } else {
+        Err(ServiceError::invalid(
+            "counts_age_ms",
+            format!("must be at most {MAX_COUNTS_AGE_MS}"),
+        ))
+    }
+}
+
 /// A wall-clock instant; `required` refuses 0.
 pub fn unix_ms(field: &str, value: i64, required: bool) -> Result<i64> {
     if value == 0 && !required {

@@ -23,7 +23,7 @@ use std::pin::Pin;
 
 use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk, LeaseEnd};
 use crate::hints::{Assessment, EvidenceDetail, HintRecord, Merge};
-use crate::pacing::{Mode, PacingView};
+use crate::pacing::{Mode, PacingView, WINDOW_MS};
 use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError, SlotOutcome};
@@ -160,10 +160,25 @@ pub struct ReportBatch<'a> {
     /// Attempts refused for capacity since the last report (at least the
     /// rejections among `hints`): what pacing judges capacity from.
     pub rejections: u32,
+    /// How long before `now_ms` the oldest count was made; 0 reads as
+    /// within the current window.
+    pub counts_age_ms: i64,
     /// The rate-limit evidence, in the order the worker saw it.
     pub hints: &'a [LevelHint],
     /// The coordinator's clock at the report.
     pub now_ms: i64,
+}
+
+/// The counts of a report that learned pacing takes into the window it
+/// lands in ([`ReportBatch::window_counts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowCounts {
+    /// First attempts.
+    pub first_attempts: u32,
+    /// Successes.
+    pub successes: u32,
+    /// Rejections, never fewer than the hints carried before the share.
+    pub rejections: u32,
 }
 
 impl ReportBatch<'_> {
@@ -180,11 +195,35 @@ impl ReportBatch<'_> {
             .collect()
     }
 
-    /// The rejections pacing counts: the report's count, and never fewer
-    /// than the hints it carries (an older worker sends no count).
-    pub fn rejections_counted(&self) -> u32 {
-        self.rejections
-            .max(u32::try_from(self.hints.len()).unwrap_or(u32::MAX))
+    /// What learned pacing counts in the window the report lands in.
+    ///
+    /// The rejections are the report's count, and never fewer than the
+    /// hints it carries (an older worker sends no count). A report whose
+    /// counts span at most a window is taken whole, as it always was: its
+    /// counts are this window's traffic, give or take a report interval.
+    /// One spanning more was held back while the coordinator was out of
+    /// reach (or hung): its counts are taken as made evenly over their span,
+    /// and only the share inside the current window counts, or a
+    /// reconnecting fleet's backlog of successes would read as capacity.
+    /// The budget takes every count whatever the age.
+    pub fn window_counts(&self) -> WindowCounts {
+        let rejections = self
+            .rejections
+            .max(u32::try_from(self.hints.len()).unwrap_or(u32::MAX));
+        let age = self.counts_age_ms;
+        let share = |count: u32| {
+            if age <= WINDOW_MS {
+                return count;
+            }
+            let inside = self.now_ms.rem_euclid(WINDOW_MS);
+            let scaled = (i64::from(count) * inside + age / 2) / age;
+            u32::try_from(scaled).unwrap_or(count)
+        };
+        WindowCounts {
+            first_attempts: share(self.first_attempts),
+            successes: share(self.successes),
+            rejections: share(rejections),
+        }
     }
 }
 

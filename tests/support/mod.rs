@@ -171,6 +171,7 @@ pub(crate) fn rate_limited_at(
         first_attempts: 1,
         successes: 0,
         rejections: 1,
+        counts_age_ms: 0,
         evidence: vec![v1::Evidence {
             http_status: 429,
             has_retry_after: true,

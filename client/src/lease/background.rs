@@ -104,7 +104,18 @@ pub(super) async fn flush_reports(shared: &Shared) {
                 }
             }),
             Err(err) if err.is_unreachable() => {
-                // Keep it for the next flush; merging keeps it bounded.
+                // Keep it for the next flush; merging keeps it bounded. A
+                // report that timed out may still be applied (a hung
+                // coordinator reads it when it resumes): its counts are not
+                // sent twice, at the cost of losing them if it never
+                // arrives. Its evidence is: merging a hint again only
+                // confirms the cooldown it raised.
+                let mut report = report;
+                if err.may_have_arrived() {
+                    report.first_attempts = 0;
+                    report.successes = 0;
+                    report.rejections = 0;
+                }
                 lock(&shared.reports)
                     .entry(scope)
                     .or_default()
@@ -269,13 +280,20 @@ pub(super) async fn background(
                 tasks.spawn(async move { refill(&shared, key).await });
             }
             _ = tick.tick() => {
-                flush_reports(&shared).await;
+                let degraded = shared.link.state() == LinkState::Degraded;
+                let probe = degraded && last_probe.elapsed() >= PROBE_INTERVAL;
+                // Degraded, reports wait for the probe: each would only time
+                // out, and a hung coordinator would read them all when it
+                // resumes.
+                if !degraded || probe {
+                    flush_reports(&shared).await;
+                }
                 tend_leases(&shared).await;
-                if shared.link.state() == LinkState::Degraded {
+                if degraded {
                     // Takes answer from the fallback without RPCs, so
                     // something must notice the coordinator coming back:
                     // one lease attempt per probe interval, never a loop.
-                    if last_probe.elapsed() >= PROBE_INTERVAL {
+                    if probe {
                         last_probe = Instant::now();
                         let key = shared
                             .tokens

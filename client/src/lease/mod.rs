@@ -293,6 +293,10 @@ pub(crate) struct PendingReport {
     /// capacity from how many were refused, not from the sample.
     pub(crate) rejections: u32,
     pub(crate) evidence: Vec<Evidence>,
+    /// When the oldest count or evidence in it was made: a report held back
+    /// while the coordinator was out of reach tells its age, so learned
+    /// pacing does not read a backlog of counts as this second's traffic.
+    pub(crate) since: Option<Instant>,
     /// The trace the report is sent under: the newest intent whose evidence
     /// it holds, else the first intent counted in it.
     origin: TraceOrigin,
@@ -303,6 +307,10 @@ impl PendingReport {
         self.first_attempts = self.first_attempts.saturating_add(other.first_attempts);
         self.successes = self.successes.saturating_add(other.successes);
         self.rejections = self.rejections.saturating_add(other.rejections);
+        self.since = match (self.since, other.since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if !self.origin.is_set() {
             self.origin = other.origin;
         }
@@ -675,7 +683,9 @@ impl LeaseCache {
             tracing::warn!("report buffer full; dropping a report for a new scope");
             return;
         }
-        update(reports.entry(scope.clone()).or_default());
+        let report = reports.entry(scope.clone()).or_default();
+        report.since.get_or_insert_with(Instant::now);
+        update(report);
     }
 
     /// Sends every pending report now instead of at the next tick.

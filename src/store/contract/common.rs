@@ -52,6 +52,7 @@ pub(super) async fn deposit(
         first_attempts,
         successes,
         rejections: 0,
+        counts_age_ms: 0,
         hints: &[],
         now_ms,
     };
@@ -82,6 +83,7 @@ pub(super) async fn merge(
         first_attempts: 0,
         successes: 0,
         rejections: 0,
+        counts_age_ms: 0,
         hints: &hints,
         now_ms: T0,
     };

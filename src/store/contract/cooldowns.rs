@@ -127,6 +127,7 @@ pub(crate) async fn one_report_deposits_and_merges_every_hint_in_order(s: &dyn S
         first_attempts: 100,
         successes: 1,
         rejections: 0,
+        counts_age_ms: 0,
         hints: &hints,
         now_ms: T0,
     };

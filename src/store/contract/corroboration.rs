@@ -21,6 +21,7 @@ pub(super) async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
             first_attempts: 1,
             successes: 0,
             rejections: 0,
+            counts_age_ms: 0,
             hints: &[],
             now_ms: T0,
         };
@@ -58,6 +59,7 @@ async fn report_refusal(
         first_attempts: 0,
         successes: 0,
         rejections: 1,
+        counts_age_ms: 0,
         hints: &hints,
         now_ms,
     };

@@ -45,6 +45,7 @@ async fn report(
         first_attempts,
         successes,
         rejections,
+        counts_age_ms: 0,
         hints: &hints,
         now_ms,
     };
@@ -287,6 +288,7 @@ pub(crate) async fn one_workers_claim_is_not_a_corroborated_cooldown(s: &dyn Sto
             first_attempts: 0,
             successes: 0,
             rejections: 1,
+            counts_age_ms: 0,
             hints: &hints,
             now_ms: T0,
         };
@@ -298,4 +300,42 @@ pub(crate) async fn one_workers_claim_is_not_a_corroborated_cooldown(s: &dyn Sto
     claim("w1").await;
     let agreed = claim("w2").await;
     assert!(agreed.cooldown_corroborated, "three workers agree");
+}
+
+pub(crate) async fn a_report_held_back_for_seconds_counts_only_its_share_in_the_window(
+    s: &dyn Store,
+) {
+    let p = Policy::default();
+    // The same counts, made over the last 250 ms (one report interval late
+    // at most) and over the last 5 s (held back while the coordinator was
+    // out of reach): only a twentieth of the old one's fall in this window.
+    for (route, age) in [("fresh", 250), ("held", 5_000)] {
+        let batch = ReportBatch {
+            worker_id: "w",
+            first_attempts: 100,
+            successes: 100,
+            rejections: 20,
+            counts_age_ms: age,
+            hints: &[],
+            now_ms: T0 + 250,
+        };
+        s.report(&scope("c", route), batch, &p)
+            .await
+            .expect("report");
+    }
+    let detail = |route| {
+        let p = &p;
+        async move {
+            s.scope_detail(&scope("c", route).route, p, T0 + 1_000)
+                .await
+                .expect("detail")
+                .expect("known")
+        }
+    };
+    let (fresh, held) = (detail("fresh").await, detail("held").await);
+    assert_eq!(fresh.pacing.first_rate_m, 100_000);
+    assert_eq!(held.pacing.first_rate_m, 5_000, "{:?}", held.pacing);
+    assert_eq!(held.pacing.capacity_m * 20, fresh.pacing.capacity_m);
+    // The budget takes every count, whatever its age.
+    assert_eq!(held.budget.first_attempts, fresh.budget.first_attempts);
 }

@@ -76,11 +76,12 @@ impl MemoryStore {
         let merges: Vec<Merge> = merges.into_iter().flatten().collect();
         let view = self.view_now(&scope.route);
         let hint_ends = report.agreed_hint_ends(&merges);
+        let counted = report.window_counts();
         let observation = Observation {
             now_ms,
-            first_attempts: report.first_attempts,
-            successes: report.successes,
-            rejections: report.rejections_counted(),
+            first_attempts: counted.first_attempts,
+            successes: counted.successes,
+            rejections: counted.rejections,
             hint_until_ms: &hint_ends,
             cooldown_until_ms: cooldown_before,
             cooldown_after_ms: view.cooldown_until_ms,

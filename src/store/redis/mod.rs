@@ -157,6 +157,7 @@ mod tests {
                     first_attempts: 40 + s,
                     successes: 40,
                     rejections: 0,
+                    counts_age_ms: 0,
                     hints: &[],
                     now_ms: T0 + i64::from(s) * 1000,
                 };

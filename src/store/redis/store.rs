@@ -353,8 +353,10 @@ impl RedisStore {
             hint_args(&mut inv, &report.hints[i]);
         }
         corroboration_args(&mut inv, policy);
-        inv.arg(report.rejections_counted());
+        let counted = report.window_counts();
+        inv.arg(counted.rejections);
         pacing_args(&mut inv, &policy.pacing);
+        inv.arg(counted.first_attempts).arg(counted.successes);
         let reply = Reply::ok(self.run(&inv).await?)?;
         for (&i, merge) in route_hints.iter().zip(merges(&reply, route_hints.len())?) {
             merged[i] = Some(merge);

@@ -9,7 +9,10 @@
 -- first attempts, successes, window seconds, backoff base, backoff max,
 -- hint count, then HINT_FIELDS per hint, then the corroboration keys
 -- (corr_rules), then the rejection count and the five pacing policy
--- arguments (pace_policy).
+-- arguments (pace_policy), then the first attempts and successes pacing
+-- counts in the window (ReportBatch::window_counts: the report's own, or
+-- their share in the window when the report spans more than one; the
+-- rejection count above is already that share).
 -- Reply: 'ok', MERGE_FIELDS per hint (merge_hint), then cooldown, floor,
 -- freeze of the route's view, the pacing view (pace_view_out), the
 -- pacing mode before the report and whether the cooldown is corroborated.
@@ -54,8 +57,8 @@ local was = pace.mode
 local ccd, cfloor = caller_floor()
 if c then ccd, cfloor = c.hints.cd, hints_floor(c.hints) end
 local cd_after = math.max(st.hints.cd, ccd)
-pace_observe(pace, P, now, first, successes, math.max(tonumber(ARGV[pi]), n), ends, cd_before,
-  cd_after)
+local w_first, w_ok = tonumber(ARGV[pi + 6]), tonumber(ARGV[pi + 7])
+pace_observe(pace, P, now, w_first, w_ok, tonumber(ARGV[pi]), ends, cd_before, cd_after)
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
 if c and (c_merged or successes > 0) then caller_save(KEYS[2], c, c_merged, now, idle_ms) end
 out[#out + 1] = cd_after
