@@ -126,14 +126,7 @@ pub const MAX_COUNTS_AGE_MS: u64 = 86_400_000;
 
 /// A report's `counts_age_ms`.
 pub fn counts_age_ms(value: u64) -> Result<i64> {
-    if value <= MAX_COUNTS_AGE_MS {
-        Ok(value as i64)
-    } else {
-        Err(ServiceError::invalid(
-            "counts_age_ms",
-            format!("must be at most {MAX_COUNTS_AGE_MS}"),
-        ))
-    }
+    millis_at_most("counts_age_ms", value, MAX_COUNTS_AGE_MS)
 }
 
 /// A wall-clock instant; `required` refuses 0.
@@ -154,12 +147,17 @@ pub fn unix_ms(field: &str, value: i64, required: bool) -> Result<i64> {
 
 /// An attempt reserve.
 pub fn attempt_reserve(value: u64) -> Result<i64> {
-    if value <= MAX_ATTEMPT_RESERVE_MS {
+    millis_at_most("attempt_reserve_ms", value, MAX_ATTEMPT_RESERVE_MS)
+}
+
+/// A span in milliseconds, at most `max` (which fits an `i64`).
+fn millis_at_most(field: &str, value: u64, max: u64) -> Result<i64> {
+    if value <= max {
         Ok(i64::try_from(value).unwrap_or(i64::MAX))
     } else {
         Err(ServiceError::invalid(
-            "attempt_reserve_ms",
-            format!("must be at most {MAX_ATTEMPT_RESERVE_MS}"),
+            field,
+            format!("must be at most {max}"),
         ))
     }
 }

@@ -17,19 +17,20 @@
 //! window; after a cut the rate climbs a sixteenth a window. That is the
 //! rate measured, not the rate the window had climbed to by its end: the
 //! upstream's answers to a window's last wake-ups come back in the next one,
-//! so the end of a clean window may already be past the upstream's room. Every worker of a fleet doing this adds
-//! up to the coordinator's own slow start: an eighth of what the upstream
-//! served the fleet, then doubling. A window whose demand the rate met stops
-//! the pacing.
+//! so the end of a clean window may already be past the upstream's room.
+//! Every worker of a fleet doing this adds up to the coordinator's own slow
+//! start: an eighth of what the upstream served the fleet, then doubling. A
+//! window whose demand the rate met stops the pacing.
 //!
 //! The pacer only holds wake-ups back while the upstream is pressed: a
 //! rejection in the current window, or in the last window that got any
 //! answer (a worker that held everything through an outage got none since).
 //! Otherwise it lets everything go, as before it existed.
 //!
-//! First attempts are not paced here (they go straight, as with the
-//! coordinator unless it says the route is saturated); the local budget and
-//! the adaptive throttle still bound the retries this lets go.
+//! Retries and first attempts a cooldown held are paced here; a first
+//! attempt sent straight is not (as with the coordinator unless it says the
+//! route is saturated). The local budget and the adaptive throttle still
+//! bound the retries this lets go.
 //!
 //! Time is an argument (elapsed since any fixed epoch) and random draws come
 //! from the caller, so tests are exact.

@@ -392,10 +392,16 @@ impl Fallback {
             .or_insert_with(|| LocalPacer::new(config.fallback_floor_per_sec))
     }
 
-    /// An upstream answer on `scope`, for the throttle and the pacer.
-    fn answered(&mut self, scope: &Scope, config: &LeaseCacheConfig, accepted: bool) {
+    /// An upstream answer, for the throttle; the instant it was heard.
+    fn heard(&mut self, accepted: bool) -> Duration {
         let now = self.epoch.elapsed();
         self.throttle.record(now, accepted);
+        now
+    }
+
+    /// An upstream answer on `scope`, for the throttle and the pacer.
+    fn answered(&mut self, scope: &Scope, config: &LeaseCacheConfig, accepted: bool) {
+        let now = self.heard(accepted);
         self.pacer(scope, config).answered(now, accepted);
     }
 }
@@ -661,9 +667,7 @@ impl LeaseCache {
 
     /// Feeds the adaptive throttle: `accepted` is false for overload answers.
     pub fn record_upstream_answer(&self, accepted: bool) {
-        let mut fallback = lock(&self.shared.fallback);
-        let now = fallback.epoch.elapsed();
-        fallback.throttle.record(now, accepted);
+        lock(&self.shared.fallback).heard(accepted);
     }
 
     /// Deciding alone (no slot from the coordinator), whether a wake-up on

@@ -13,7 +13,8 @@
 //! without the coordinator), `paced_alone` (decided alone after the worker's
 //! own pace held it back), and `held_coordinator`, `held_alone`,
 //! `held_paced_alone` for first attempts a cooldown or the route's pacing
-//! held, released the same ways (`at_once`: a retry with no wait before it). Every attempt carries the intent's deadline in
+//! held, released the same ways (`at_once`: a retry with no wait before
+//! it). Every attempt carries the intent's deadline in
 //! `x-tollgate-deadline-unix-ms`, so the upstream can count late ones.
 
 use std::collections::BTreeMap;
