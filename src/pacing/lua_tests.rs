@@ -45,6 +45,15 @@ fn edge_steps(seed: u64) -> Vec<Value> {
     mix(seed, 60, 1)
 }
 
+/// Like [`steps`], but a fleet's storm: clean windows, then every thirty
+/// seconds an outage of five seconds and a part, each closed by one hint
+/// that ends at a different point of a window (at its start, in its first
+/// half, in its second half), then clean windows again while the backlog
+/// asks for slots.
+fn outage_steps(seed: u64) -> Vec<Value> {
+    mix(seed, 60, 2)
+}
+
 fn mix(seed: u64, gap: i64, edge: i64) -> Vec<Value> {
     let mut x = seed;
     let mut next = move |n: i64| {
@@ -79,6 +88,22 @@ fn mix(seed: u64, gap: i64, edge: i64) -> Vec<Value> {
                 "cda": if hints.is_empty() { 0 } else { now + 1000 },
                 "hints": hints,
             }));
+        } else if report && edge == 2 {
+            let cycle = (now - T0) % 30_000;
+            let ends = now - cycle + 15_000 + (now - T0) / 30_000 * 389 % 1000;
+            let outage = cycle >= 10_000 && now < ends;
+            let first = 30 + next(20);
+            out.push(if outage {
+                json!({
+                    "k": "o", "now": now, "first": first, "ok": 0, "rej": first,
+                    "hints": [ends], "cd": ends, "cda": ends,
+                })
+            } else {
+                json!({
+                    "k": "o", "now": now, "first": first, "ok": first + next(30),
+                    "rej": 0, "hints": [], "cd": 0, "cda": 0,
+                })
+            });
         } else if report {
             let hints: Vec<i64> = (0..next(4) * next(2))
                 .map(|_| match next(6) {
@@ -210,11 +235,11 @@ fn the_lua_port_agrees_with_the_rust_controller_step_by_step() {
             .position(|&(name, _)| name == "mode")
             .expect("a mode field");
     for (i, p) in policies.iter().enumerate() {
-        for seed in 1..=8 {
-            let steps = if seed <= 4 {
-                steps(seed * 31 + i as u64)
-            } else {
-                edge_steps(seed * 31 + i as u64)
+        for seed in 1..=10 {
+            let steps = match seed {
+                1..=4 => steps(seed * 31 + i as u64),
+                5..=8 => edge_steps(seed * 31 + i as u64),
+                _ => outage_steps(seed * 31 + i as u64),
             };
             let want = run_rust(p, &steps);
             for line in &want {

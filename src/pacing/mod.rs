@@ -51,7 +51,9 @@
 //! closes the route for longer than two windows (an outage, not an
 //! overload), are explained by the cooldown: the window is frozen, nothing
 //! is learned from it, and when the cooldown ends pacing resumes from what
-//! was learned before it. A short cooldown explains them only in the window
+//! was learned before it (slow start climbing from the moment the hint
+//! passes, or, for an outage's hint that passed late in a window, from the
+//! next window's start). A short cooldown explains them only in the window
 //! after a cut, though: short hints re-armed back to back by the rate's own
 //! overshoot would otherwise freeze it, so beyond that window the rate
 //! steps down a sixteenth a window, or to the spare when that is lower. A limiter that re-arms its full

@@ -659,6 +659,34 @@ fn slow_start_begins_when_a_closing_hint_passes_mid_window() {
 }
 
 #[test]
+fn slow_start_begins_with_the_window_after_an_outage_that_ended_late_in_one() {
+    let p = policy();
+    let w = T0 + 30_000;
+    let closed = |ok| {
+        let mut st = PacingState {
+            closed_until: w + 700,
+            ..unprobed()
+        };
+        // What the window served while the hint held it closed, and a
+        // straggler rejected before the upstream came back.
+        report(&mut st, &p, w + 600, (20, ok, 1), &[w + 1200], w + 700);
+        st.advance(w + 1000, &p);
+        st
+    };
+    // The upstream was out: the next window is the fleet's first one back,
+    // and it climbs from the start rather than a window later.
+    let out = closed(2);
+    assert_eq!(out.mode(), Mode::Probing);
+    assert_eq!(out.rate_at(w + 1000), 18_000, "from the rate in force");
+    assert!(out.rate_at(w + 1500) > 18_000, "climbed across the window");
+    // It kept serving (one worker's claim closed the route): nothing
+    // changes until a window measures the route again.
+    let serving = closed(150);
+    assert_eq!(serving.mode(), Mode::Steady);
+    assert_eq!(serving.rate_at(w + 1500), 18_000);
+}
+
+#[test]
 fn rejections_drawn_inside_a_closure_and_reported_after_it_are_not_answered() {
     let p = policy();
     let w = T0 + 30_000;

@@ -27,7 +27,16 @@ impl PacingState {
                 self.clamp_rate(policy);
             }
         } else if closed {
-            // Nothing to learn from.
+            // Nothing to learn from. But an outage whose closing hint ended
+            // in the window's second half, too late to reopen it, starts
+            // slow start with the next window rather than at its end: the
+            // backlog held through it would otherwise wait a whole window
+            // at the rate in force before it, which says nothing of the
+            // spare.
+            if self.reopens_next_window() {
+                self.probe_up(0, self.spare_m());
+                self.clamp_rate(policy);
+            }
         } else if self.mode() == Mode::Saturated {
             self.learn_saturated(policy);
         } else {
@@ -75,6 +84,22 @@ impl PacingState {
             }
         }
         self.clear_window();
+    }
+
+    /// Whether a closing hint ended in the window's second half of a
+    /// window the upstream served less than half its first-attempt rate
+    /// in (an outage, not one worker's claim on a route that kept
+    /// serving), on a route whose rate is learned and that knows no edge
+    /// yet: the next window is the fleet's first one back. Rejections
+    /// reported in this one were drawn by the outage, so unlike
+    /// [`reopens_window`](Self::reopens_window) they do not stop it.
+    fn reopens_next_window(&self) -> bool {
+        let start = self.win * WINDOW_MS;
+        self.adaptive()
+            && self.rate_max_m == 0
+            && 2 * self.w_ok * MILLI < self.lam_m
+            && start + WINDOW_MS / 2 < self.closed_until
+            && self.closed_until <= start + WINDOW_MS
     }
 
     /// Whether the window used the rate: half its slots were taken, or

@@ -280,7 +280,16 @@ local function pace_close_window(p, P)
       pace_clamp(p, P)
     end
   elseif closed then
-    -- Nothing to learn from.
+    -- Nothing to learn from; an outage whose closing hint ended in the
+    -- window's second half starts slow start with the next window
+    -- (PacingState::reopens_next_window).
+    local start = p.win * PACE_WINDOW
+    if pace_adaptive(p) and p.rate_max_m == 0 and 2 * p.w_ok * MILLI < p.lam_m
+        and start + idiv(PACE_WINDOW, 2) < p.closed_until
+        and p.closed_until <= start + PACE_WINDOW then
+      pace_probe_up(p, 0, pace_spare(p))
+      pace_clamp(p, P)
+    end
   elseif p.mode == M_SATURATED then
     pace_learn_saturated(p, P)
   else
