@@ -3,9 +3,13 @@
 //! (needs `redis-server` on PATH; it starts a private one).
 //!
 //! Each store gets a fresh coordinator on `127.0.0.1:0`; `CONCURRENCY`
-//! tasks over `CHANNELS` HTTP/2 connections call Lease (want 1) on
-//! `ROUTES` routes for `RUN` after a warm-up, and the run prints calls/s
-//! and latency percentiles per store, then the ratio. The policy's floor
+//! tasks over `CHANNELS` HTTP/2 connections call Lease (want 1) for `RUN`
+//! after a warm-up, and the run prints calls/s and latency percentiles per
+//! store, then the ratio. Two shapes: [`Shape::SPREAD`], `ROUTES` routes
+//! each leased by one worker (the route's value is small, so this
+//! measures the script's fixed cost), and [`Shape::FLEET`], a fleet of
+//! workers sharing a few routes (every grant weighs every worker's share,
+//! so this measures what the route's value costs as the fleet grows). The policy's floor
 //! is high so grants never run out (every call does the full grant path),
 //! and leases expire after 1 s so no route fills up with them.
 
@@ -35,12 +39,42 @@ min_retries_per_sec = 1000000
 lease_ttl = "1s"
 "#;
 
+/// Which route and worker each call names.
+#[derive(Clone, Copy)]
+struct Shape {
+    name: &'static str,
+    routes: usize,
+    /// 0: each task is one worker; otherwise calls cycle through this many.
+    workers: usize,
+}
+
+impl Shape {
+    const SPREAD: Shape = Shape {
+        name: "one worker per route",
+        routes: ROUTES,
+        workers: 0,
+    };
+    const FLEET: Shape = Shape {
+        name: "a fleet on few routes",
+        routes: 4,
+        workers: 128,
+    };
+
+    /// The `i`th call of task `t`: its route and worker.
+    fn call(self, i: usize, t: usize) -> (usize, usize) {
+        match i.checked_div(self.workers) {
+            None => (i % self.routes, t),
+            Some(round) => (round % self.routes, i % self.workers),
+        }
+    }
+}
+
 struct Result {
     calls: usize,
     latencies_us: Vec<u64>,
 }
 
-async fn load(store: Arc<dyn Store>) -> anyhow::Result<Result> {
+async fn load(store: Arc<dyn Store>, shape: Shape) -> anyhow::Result<Result> {
     let config = Config::from_toml(POLICY, |_| None)?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -74,13 +108,14 @@ async fn load(store: Arc<dyn Store>) -> anyhow::Result<Result> {
                 if now >= end {
                     break;
                 }
+                let (route, worker) = shape.call(i, t);
                 let request = v1::LeaseRequest {
                     scope: Some(v1::Scope {
                         caller_scope: "bench".into(),
-                        route: format!("r{}", i % ROUTES),
+                        route: format!("r{route}"),
                         priority: v1::Priority::Normal.into(),
                     }),
-                    worker_id: format!("w{t}"),
+                    worker_id: format!("w{worker}"),
                     want: 1,
                     retry_class: v1::RetryClass::Transient.into(),
                 };
@@ -134,40 +169,57 @@ fn main() -> anyhow::Result<()> {
         };
         println!(
             "Lease over loopback: {CONCURRENCY} concurrent calls on {CHANNELS} connections, \
-             {ROUTES} routes, {RUN:?} after {WARMUP:?} warm-up"
+             {RUN:?} after {WARMUP:?} warm-up"
         );
-        let memory = load(Arc::new(MemoryStore::new(100_000))).await?;
-        let redis_store =
-            RedisStore::connect(RedisTarget::parse(&redis.url())?, RedisOptions::default()).await?;
-        let shared = load(Arc::new(redis_store)).await?;
-        let m = report("memory", &memory);
-        let r = report("redis", &shared);
-        println!("redis / memory throughput: {:.2}", r / m);
-        // What one busy route costs Redis: its value (budget, workers,
-        // evidence, pacing) and its live leases, kept beside it.
         let client = redis::Client::open(redis.url())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let mut usage = Vec::new();
-        for part in ["r", "l", "e"] {
-            let bytes: Option<u64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(format!("tollgate:{{bench|r0}}:{part}"))
+        for shape in [Shape::SPREAD, Shape::FLEET] {
+            let memory = load(Arc::new(MemoryStore::new(100_000)), shape).await?;
+            let redis_store =
+                RedisStore::connect(RedisTarget::parse(&redis.url())?, RedisOptions::default())
+                    .await?;
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
                 .query_async(&mut conn)
                 .await?;
-            usage.push(bytes.unwrap_or(0));
-        }
-        println!(
-            "one route after the run (16 workers, leases of the last second): \
-             value {} bytes, leases {} + {} bytes",
-            usage[0], usage[1], usage[2]
-        );
-        // Where a call's time goes: Redis's own time per script call.
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await?;
-        for line in stats.lines().filter(|l| l.starts_with("cmdstat_evalsha")) {
-            println!("redis {line}");
+            let shared = load(Arc::new(redis_store), shape).await?;
+            let workers = if shape.workers == 0 {
+                (CONCURRENCY / shape.routes).max(1)
+            } else {
+                shape.workers
+            };
+            println!(
+                "{}: {} routes, {} workers per route",
+                shape.name, shape.routes, workers
+            );
+            let m = report("memory", &memory);
+            let r = report("redis", &shared);
+            println!("redis / memory throughput: {:.2}", r / m);
+            // What one busy route costs Redis: its value (budget, workers,
+            // evidence, pacing) and its live leases, kept beside it.
+            let mut usage = Vec::new();
+            for part in ["r", "l", "e"] {
+                let bytes: Option<u64> = redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(format!("tollgate:{{bench|r0}}:{part}"))
+                    .query_async(&mut conn)
+                    .await?;
+                usage.push(bytes.unwrap_or(0));
+            }
+            println!(
+                "one route after the run (leases of the last second): \
+                 value {} bytes, leases {} + {} bytes",
+                usage[0], usage[1], usage[2]
+            );
+            // Where a call's time goes: Redis's own time per script call.
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await?;
+            for line in stats.lines().filter(|l| l.starts_with("cmdstat_evalsha")) {
+                println!("redis {line}");
+            }
         }
         Ok(())
     })

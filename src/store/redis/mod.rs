@@ -122,11 +122,12 @@ mod tests {
         Some((server, store, conn))
     }
 
-    /// A route whose series an earlier version wrote as W-bucket rings
-    /// (`b`) is read as the same counts: a store upgraded in place keeps
-    /// every budget window it had.
+    /// A route whose series earlier versions wrote as W-bucket rings (`b`)
+    /// or as {second, value} pairs (`e`, and a worker's charges in `held`)
+    /// is read as the same counts: a store upgraded in place keeps every
+    /// budget window it had.
     #[tokio::test]
-    async fn series_written_as_rings_read_the_same() {
+    async fn series_written_by_earlier_versions_read_the_same() {
         use crate::budget::GrantAsk;
         use crate::policy::Policy;
         use crate::scope::{Priority, RetryClass, ScopeKey};
@@ -144,13 +145,14 @@ mod tests {
             want: 7,
             now_ms,
         };
-        let (kept, rewritten) = (
+        let (kept, rings, pairs) = (
             ScopeKey::new("c", "kept", Priority::Normal),
-            ScopeKey::new("c", "rewritten", Priority::Normal),
+            ScopeKey::new("c", "rings", Priority::Normal),
+            ScopeKey::new("c", "pairs", Priority::Normal),
         );
-        // The same history on both: first attempts over several seconds
-        // and a lease.
-        for key in [&kept, &rewritten] {
+        // The same history on all three: first attempts over several
+        // seconds and a lease.
+        for key in [&kept, &rings, &pairs] {
             for s in 0..5 {
                 let batch = ReportBatch {
                     worker_id: "w",
@@ -170,27 +172,80 @@ mod tests {
              local function ring(s)
                local b = {}
                for i = 1, 60 do b[i] = 0 end
-               for _, pair in ipairs(s.e) do b[(pair[1] % 60) + 1] = pair[2] end
-               s.b, s.e = b, nil
+               for i = 1, #s.f, 2 do b[(s.f[i] % 60) + 1] = s.f[i + 1] end
+               s.b, s.f = b, nil
              end
              ring(st.fa)
              for c = 1, 3 do ring(st.cls[c].spent) end
              redis.call('SET', KEYS[1], cmsgpack.pack(st), 'KEEPTTL')
              return 1",
         );
+        let pairs_form = redis::Script::new(
+            "local st = cmsgpack.unpack(redis.call('GET', KEYS[1]))
+             local function pairs_of(f)
+               local e = {}
+               for i = 1, #f, 2 do e[#e + 1] = { f[i], f[i + 1] } end
+               return e
+             end
+             st.fa.e, st.fa.f = pairs_of(st.fa.f), nil
+             local charged = 0
+             for c = 1, 3 do
+               local cls = st.cls[c]
+               cls.spent.e, cls.spent.f = pairs_of(cls.spent.f), nil
+               for _, w in pairs(cls.workers) do
+                 charged = charged + #w.hf
+                 w.held, w.hf = pairs_of(w.hf), nil
+               end
+             end
+             redis.call('SET', KEYS[1], cmsgpack.pack(st), 'KEEPTTL')
+             return charged",
+        );
         let _: i64 = ring
-            .key(store.route_key(&rewritten.route))
+            .key(store.route_key(&rings.route))
             .invoke_async(&mut conn)
             .await
             .expect("rewritten as rings");
+        let charged: i64 = pairs_form
+            .key(store.route_key(&pairs.route))
+            .invoke_async(&mut conn)
+            .await
+            .expect("rewritten as pairs");
+        assert!(charged > 0, "the lease charged its worker");
         let a = store
             .lease(&kept, ask(T0 + 6_000), &p)
             .await
             .expect("lease");
         let b = store
-            .lease(&rewritten, ask(T0 + 6_000), &p)
+            .lease(&rings, ask(T0 + 6_000), &p)
             .await
             .expect("lease on the ring form");
+        let c = store
+            .lease(&pairs, ask(T0 + 6_000), &p)
+            .await
+            .expect("lease on the pairs form");
+        assert_eq!(a.grant, c.grant);
+        // The workers' charges too (what fairness weighs).
+        let charges = redis::Script::new(
+            "local st = cmsgpack.unpack(redis.call('GET', KEYS[1]))
+             local total = 0
+             for c = 1, 3 do
+               for _, w in pairs(st.cls[c].workers) do
+                 for i = 2, #w.hf, 2 do total = total + w.hf[i] end
+               end
+             end
+             return total",
+        );
+        let mut charged = Vec::new();
+        for key in [&kept, &pairs] {
+            let milli: i64 = charges
+                .key(store.route_key(&key.route))
+                .invoke_async(&mut conn)
+                .await
+                .expect("charges");
+            charged.push(milli);
+        }
+        assert!(charged[0] > 0);
+        assert_eq!(charged[0], charged[1], "charges read from pairs");
         assert_eq!(a.grant, b.grant);
         assert!(
             a.grant.granted > 0 && a.grant.remaining > 0,

@@ -74,23 +74,83 @@ end
 
 ---------------------------------------------------------------- series
 -- A per-second series over the last W seconds: the head second `h` and the
--- seconds in the window that hold something, as {second, value} pairs,
--- oldest first. Every call decodes and re-encodes the route's value, so a
--- few pairs, not a ring of W numbers per series, is what keeps it cheap.
+-- seconds in the window that hold something, as one flat list `f` of
+-- second, value, second, value, ... oldest first. Every call decodes and
+-- re-encodes the route's value, and the codec pays per table: a few numbers
+-- in one list, not a ring of W numbers nor a table per pair, keeps it cheap.
+-- A worker's charges are such a list too (`touch`, `held`).
 
-local function series_new(sec) return { h = sec, e = {} } end
+local function series_new(sec) return { h = sec, f = {} } end
 
--- A series written as a W-bucket ring (`b`) by an earlier version: read
--- once into pairs.
+-- {second, value} pairs, as an earlier version wrote them, as a flat list.
+local function flatten(pairs_list)
+  local f = {}
+  for _, pair in ipairs(pairs_list) do
+    f[#f + 1] = pair[1]
+    f[#f + 1] = pair[2]
+  end
+  return f
+end
+
+-- A series an earlier version wrote as a W-bucket ring (`b`) or as
+-- {second, value} pairs (`e`): read once into the flat list.
 local function sparse(s)
   if s.b then
-    local e = {}
+    local f = {}
     for back = W - 1, 0, -1 do
       local t = s.h - back
       local v = s.b[(t % W) + 1]
-      if v and v ~= 0 then e[#e + 1] = { t, v } end
+      if v and v ~= 0 then
+        f[#f + 1] = t
+        f[#f + 1] = v
+      end
     end
-    s.e, s.b = e, nil
+    s.f, s.b = f, nil
+  elseif s.e then
+    s.f, s.e = flatten(s.e), nil
+  end
+end
+
+-- Flat list `f` without its entries older than second `oldest` (entries
+-- are appended in order, so only the front can be older).
+local function flat_trim(f, oldest)
+  if not f[1] or f[1] >= oldest then return f end
+  local kept = {}
+  for i = 1, #f, 2 do
+    if f[i] >= oldest then
+      kept[#kept + 1] = f[i]
+      kept[#kept + 1] = f[i + 1]
+    end
+  end
+  return kept
+end
+
+local function flat_sum(f, oldest)
+  local total = 0
+  for i = 1, #f, 2 do
+    if f[i] >= oldest then total = total + f[i + 1] end
+  end
+  return total
+end
+
+-- Adds `v` at second `sec`, the newest.
+local function flat_add(f, sec, v)
+  local n = #f
+  if n > 0 and f[n - 1] == sec then
+    f[n] = f[n] + v
+  else
+    f[n + 1] = sec
+    f[n + 2] = v
+  end
+end
+
+-- Takes `v` back from second `sec`, never below zero.
+local function flat_refund(f, sec, v)
+  for i = 1, #f, 2 do
+    if f[i] == sec then
+      f[i + 1] = math.max(0, f[i + 1] - v)
+      return
+    end
   end
 end
 
@@ -100,47 +160,23 @@ local function advance(s, sec)
   sparse(s)
   if sec <= s.h then return end
   s.h = sec
-  local oldest = sec - W + 1
-  if s.e[1] and s.e[1][1] < oldest then
-    local kept = {}
-    for _, pair in ipairs(s.e) do
-      if pair[1] >= oldest then kept[#kept + 1] = pair end
-    end
-    s.e = kept
-  end
+  s.f = flat_trim(s.f, sec - W + 1)
 end
 
 local function s_add(s, sec, v)
   advance(s, sec)
-  local last = s.e[#s.e]
-  if last and last[1] == s.h then
-    last[2] = last[2] + v
-  else
-    s.e[#s.e + 1] = { s.h, v }
-  end
+  flat_add(s.f, s.h, v)
   return s.h
 end
 
 local function s_refund(s, sec, v)
   sparse(s)
-  if sec <= s.h and s.h - sec < W then
-    for _, pair in ipairs(s.e) do
-      if pair[1] == sec then
-        pair[2] = math.max(0, pair[2] - v)
-        return
-      end
-    end
-  end
+  if sec <= s.h and s.h - sec < W then flat_refund(s.f, sec, v) end
 end
 
 local function s_sum(s, sec, window)
   advance(s, sec)
-  local oldest = s.h - math.min(window, W) + 1
-  local total = 0
-  for _, pair in ipairs(s.e) do
-    if pair[1] >= oldest then total = total + pair[2] end
-  end
-  return total
+  return flat_sum(s.f, s.h - math.min(window, W) + 1)
 end
 
 ---------------------------------------------------------------- hints
@@ -584,31 +620,29 @@ local function touch(cls, wid, now, window_ms)
   end
   local w = cls.workers[wid]
   if not w then
-    w = { seen = now, unmet = 0, held = {} }
+    w = { seen = now, unmet = 0, hf = {} }
     cls.workers[wid] = w
   end
   w.seen = math.max(w.seen, now)
   return w
 end
 
+-- A worker's charges, the flat list `hf` (an earlier version kept
+-- {second, milli} pairs in `held`).
+local function charges(w)
+  if w.held then w.hf, w.held = flatten(w.held), nil end
+  return w.hf
+end
+
 -- Milli-tokens charged to the worker within the window (prunes older ones).
 local function held(w, sec, window)
   local oldest = sec - window + 1
-  local kept, total = {}, 0
-  for _, e in ipairs(w.held) do
-    if e[1] >= oldest then
-      kept[#kept + 1] = e
-      total = total + e[2]
-    end
-  end
-  w.held = kept
-  return total
+  w.hf = flat_trim(charges(w), oldest)
+  return flat_sum(w.hf, oldest)
 end
 
 local function charge(w, sec, milli)
-  local last = w.held[#w.held]
-  if last and last[1] == sec then last[2] = last[2] + milli
-  else w.held[#w.held + 1] = { sec, milli } end
+  flat_add(charges(w), sec, milli)
 end
 
 -- Water-filling: the smallest demands are met in full and what is left is

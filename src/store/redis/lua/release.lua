@@ -24,10 +24,6 @@ local refund = returned * l.c
 local cls = st.cls[l.p]
 s_refund(cls.spent, l.sec, refund)
 local w = cls.workers[wid]
-if w then
-  for _, e in ipairs(w.held) do
-    if e[1] == l.sec then e[2] = math.max(0, e[2] - refund) break end
-  end
-end
+if w then flat_refund(charges(w), l.sec, refund) end
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
 return { 'ok', returned }
