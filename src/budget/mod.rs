@@ -443,26 +443,34 @@ impl BudgetLedger {
         let class = &mut self.classes[class_index];
         let me = class.touch(ask.worker_id, ask.now_ms, window_ms);
 
-        // Everyone's demand, for the water-filling below.
-        let mut demands = Vec::with_capacity(class.workers.len());
-        let mut own_held = 0;
         let want_milli = u64::from(ask.want).saturating_mul(cost);
-        for (i, worker) in class.workers.iter_mut().enumerate() {
-            if worker.last_seen_ms <= ask.now_ms - window_ms {
-                continue;
-            }
-            let held = worker.held(now_sec, policy.window_secs);
-            if i == me {
-                own_held = held;
-                continue;
-            }
-            demands.push(match worker.last_lease_ms {
-                Some(at) if at > ask.now_ms - window_ms => held.saturating_add(worker.unmet_milli),
-                _ => u64::MAX,
-            });
-        }
+        let own_held = class.workers[me].held(now_sec, policy.window_secs);
         let own_demand = own_held.saturating_add(want_milli);
-        let fair = max_min_share(capacity, own_demand, &mut demands);
+        // The water-filling meets in full every demand within an equal
+        // share (what is left per worker never falls below it), so a worker
+        // asking for no more than its equal share among every worker the
+        // class tracks gets it without weighing the others: the common
+        // case, where the loop is linear in the fleet and sorts it.
+        let equal_share = capacity / class.workers.len() as u64;
+        let fair = if own_demand <= equal_share {
+            own_demand
+        } else {
+            // Everyone else's demand.
+            let mut demands = Vec::with_capacity(class.workers.len());
+            for (i, worker) in class.workers.iter_mut().enumerate() {
+                if i == me || worker.last_seen_ms <= ask.now_ms - window_ms {
+                    continue;
+                }
+                let held = worker.held(now_sec, policy.window_secs);
+                demands.push(match worker.last_lease_ms {
+                    Some(at) if at > ask.now_ms - window_ms => {
+                        held.saturating_add(worker.unmet_milli)
+                    }
+                    _ => u64::MAX,
+                });
+            }
+            max_min_share(capacity, own_demand, &mut demands)
+        };
         let fair_room = fair.saturating_sub(own_held);
 
         // A fleet with more workers than the class has tokens would round

@@ -247,6 +247,26 @@ fn water_filling_meets_small_demands_first() {
     assert_eq!(max_min_share(100, 1000, &mut []), 100);
 }
 
+proptest::proptest! {
+    /// What `BudgetLedger::grant` relies on to skip weighing the fleet: a
+    /// demand within an equal share of the capacity among everyone is met
+    /// in full, whatever the others ask (integer division included).
+    #[test]
+    fn a_demand_within_an_equal_share_is_met_in_full(
+        capacity in 0u64..1_000_000_000,
+        others in proptest::collection::vec(
+            proptest::prop_oneof![0u64..2_000_000, proptest::strategy::Just(u64::MAX)],
+            0..64,
+        ),
+        fraction in 0u64..=1000,
+    ) {
+        let mut others = others;
+        let equal = capacity / (others.len() as u64 + 1);
+        let own = equal * fraction / 1000;
+        proptest::prop_assert_eq!(max_min_share(capacity, own, &mut others), own);
+    }
+}
+
 #[test]
 fn a_clock_stepping_back_does_not_resurrect_spent_tokens() {
     let p = Policy::default();
