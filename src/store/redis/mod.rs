@@ -193,8 +193,14 @@ mod tests {
                local cls = st.cls[c]
                cls.spent.e, cls.spent.f = pairs_of(cls.spent.f), nil
                for _, w in pairs(cls.workers) do
-                 charged = charged + #w.hf
-                 w.held, w.hf = pairs_of(w.hf), nil
+                 local f = {}
+                 for i = 1, #w.hc, 16 do
+                   local second, milli = struct.unpack('<dd', w.hc, i)
+                   f[#f + 1] = second
+                   f[#f + 1] = milli
+                 end
+                 charged = charged + #f
+                 w.held, w.hc = pairs_of(f), nil
                end
              end
              redis.call('SET', KEYS[1], cmsgpack.pack(st), 'KEEPTTL')
@@ -230,7 +236,10 @@ mod tests {
              local total = 0
              for c = 1, 3 do
                for _, w in pairs(st.cls[c].workers) do
-                 for i = 2, #w.hf, 2 do total = total + w.hf[i] end
+                 for i = 1, #w.hc, 16 do
+                   local _, milli = struct.unpack('<dd', w.hc, i)
+                   total = total + milli
+                 end
                end
              end
              return total",

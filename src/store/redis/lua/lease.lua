@@ -27,23 +27,31 @@ local avail = available(st, P, p, now)
 local cls = st.cls[p]
 touch(cls, wid, now, window_ms)
 
--- Everyone's demand, for the water-filling.
-local demands, own_held = {}, 0
 local want_milli = want * P.cost
-for other, w in pairs(cls.workers) do
-  if w.seen > now - window_ms then
-    local h = held(w, sec, P.window)
-    if other == wid then
-      own_held = h
-    elseif w.lease and w.lease > now - window_ms then
-      demands[#demands + 1] = h + w.unmet
-    else
-      -- Seen only through reports: unknown demand, claims an equal share.
-      demands[#demands + 1] = math.huge
+local own_held = held(cls.workers[wid], sec, P.window)
+local own_demand = own_held + want_milli
+-- A demand within an equal share among every worker the class tracks is
+-- met in full by the water-filling: granted without weighing (and
+-- unpacking) the rest of the fleet (BudgetLedger::grant).
+local fair
+if own_demand <= idiv(capacity, count(cls.workers)) then
+  fair = own_demand
+else
+  -- Everyone else's demand.
+  local demands = {}
+  for other, w in pairs(cls.workers) do
+    if other ~= wid and w.seen > now - window_ms then
+      local h = held(w, sec, P.window)
+      if w.lease and w.lease > now - window_ms then
+        demands[#demands + 1] = h + w.unmet
+      else
+        -- Seen only through reports: unknown demand, claims an equal share.
+        demands[#demands + 1] = math.huge
+      end
     end
   end
+  fair = max_min_share(capacity, own_demand, demands)
 end
-local fair = max_min_share(capacity, own_held + want_milli, demands)
 local fair_room = math.max(0, fair - own_held)
 local by_fairness = idiv(fair_room, P.cost)
 -- A fleet with more workers than tokens rounds every share to nothing: a

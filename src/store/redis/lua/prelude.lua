@@ -78,7 +78,7 @@ end
 -- second, value, second, value, ... oldest first. Every call decodes and
 -- re-encodes the route's value, and the codec pays per table: a few numbers
 -- in one list, not a ring of W numbers nor a table per pair, keeps it cheap.
--- A worker's charges are such a list too (`touch`, `held`).
+-- A worker's charges are such a list too, packed (`charges`).
 
 local function series_new(sec) return { h = sec, f = {} } end
 
@@ -620,29 +620,47 @@ local function touch(cls, wid, now, window_ms)
   end
   local w = cls.workers[wid]
   if not w then
-    w = { seen = now, unmet = 0, hf = {} }
+    w = { seen = now, unmet = 0, hc = '' }
     cls.workers[wid] = w
   end
   w.seen = math.max(w.seen, now)
   return w
 end
 
--- A worker's charges, the flat list `hf` (an earlier version kept
--- {second, milli} pairs in `held`).
+-- A worker's charges: second, milli pairs packed into one binary string
+-- (`hc`, 16 bytes a pair), so decoding the route's value costs one string
+-- per worker, and only the workers a grant weighs are unpacked (an earlier
+-- version kept {second, milli} pairs in `held`). As a flat list:
 local function charges(w)
-  if w.held then w.hf, w.held = flatten(w.held), nil end
-  return w.hf
+  if w.held then return flatten(w.held) end
+  local f, packed = {}, w.hc or ''
+  for i = 1, #packed, 16 do
+    local second, milli = struct.unpack('<dd', packed, i)
+    f[#f + 1] = second
+    f[#f + 1] = milli
+  end
+  return f
+end
+
+local function charges_set(w, f)
+  local parts = {}
+  for i = 1, #f, 2 do parts[#parts + 1] = struct.pack('<dd', f[i], f[i + 1]) end
+  w.hc, w.held = table.concat(parts), nil
 end
 
 -- Milli-tokens charged to the worker within the window (prunes older ones).
 local function held(w, sec, window)
   local oldest = sec - window + 1
-  w.hf = flat_trim(charges(w), oldest)
-  return flat_sum(w.hf, oldest)
+  local f = charges(w)
+  local kept = flat_trim(f, oldest)
+  if kept ~= f or w.held then charges_set(w, kept) end
+  return flat_sum(kept, oldest)
 end
 
 local function charge(w, sec, milli)
-  flat_add(charges(w), sec, milli)
+  local f = charges(w)
+  flat_add(f, sec, milli)
+  charges_set(w, f)
 end
 
 -- Water-filling: the smallest demands are met in full and what is left is
