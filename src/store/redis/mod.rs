@@ -192,15 +192,14 @@ mod tests {
              for c = 1, 3 do
                local cls = st.cls[c]
                cls.spent.e, cls.spent.f = pairs_of(cls.spent.f), nil
-               for _, w in pairs(cls.workers) do
+               for id, packed in pairs(cls.workers) do
+                 local v = { struct.unpack('<' .. string.rep('d', #packed / 8), packed) }
                  local f = {}
-                 for i = 1, #w.hc, 16 do
-                   local second, milli = struct.unpack('<dd', w.hc, i)
-                   f[#f + 1] = second
-                   f[#f + 1] = milli
-                 end
+                 for i = 4, #v - 1 do f[#f + 1] = v[i] end
                  charged = charged + #f
-                 w.held, w.hc = pairs_of(f), nil
+                 local lease = v[3]
+                 if lease < 0 then lease = nil end
+                 cls.workers[id] = { seen = v[1], unmet = v[2], lease = lease, held = pairs_of(f) }
                end
              end
              redis.call('SET', KEYS[1], cmsgpack.pack(st), 'KEEPTTL')
@@ -235,11 +234,9 @@ mod tests {
             "local st = cmsgpack.unpack(redis.call('GET', KEYS[1]))
              local total = 0
              for c = 1, 3 do
-               for _, w in pairs(st.cls[c].workers) do
-                 for i = 1, #w.hc, 16 do
-                   local _, milli = struct.unpack('<dd', w.hc, i)
-                   total = total + milli
-                 end
+               for _, packed in pairs(st.cls[c].workers) do
+                 local v = { struct.unpack('<' .. string.rep('d', #packed / 8), packed) }
+                 for i = 5, #v - 1, 2 do total = total + v[i] end
                end
              end
              return total",

@@ -7,7 +7,7 @@ local st = load(KEYS[1])
 if not st then return { 'ok', 1 } end
 local n = active_workers(st, now, window_ms)
 for p = 1, 3 do
-  local w = st.cls[p].workers[wid]
-  if w and w.seen > now - window_ms then return { 'ok', n } end
+  local cls = st.cls[p]
+  if cls.workers[wid] and worker_seen(cls, wid) > now - window_ms then return { 'ok', n } end
 end
 return { 'ok', n + 1 }

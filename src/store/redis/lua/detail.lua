@@ -35,8 +35,8 @@ for p = 1, 3 do
   local a = idiv(total * shares_from(P, p), 1000)
   local spent = spent_by[p]
   local active = 0
-  for _, w in pairs(st.cls[p].workers) do
-    if w.seen > now - window_ms then active = active + 1 end
+  for wid in pairs(st.cls[p].workers) do
+    if worker_seen(st.cls[p], wid) > now - window_ms then active = active + 1 end
   end
   out[#out + 1] = a
   out[#out + 1] = spent

@@ -28,7 +28,7 @@ local cls = st.cls[p]
 touch(cls, wid, now, window_ms)
 
 local want_milli = want * P.cost
-local own_held = held(cls.workers[wid], sec, P.window)
+local own_held = held(worker(cls, wid), sec, P.window)
 local own_demand = own_held + want_milli
 -- A demand within an equal share among every worker the class tracks is
 -- met in full by the water-filling: granted without weighing (and
@@ -39,8 +39,9 @@ if own_demand <= idiv(capacity, count(cls.workers)) then
 else
   -- Everyone else's demand.
   local demands = {}
-  for other, w in pairs(cls.workers) do
-    if other ~= wid and w.seen > now - window_ms then
+  for other in pairs(cls.workers) do
+    if other ~= wid and worker_seen(cls, other) > now - window_ms then
+      local w = worker(cls, other)
       local h = held(w, sec, P.window)
       if w.lease and w.lease > now - window_ms then
         demands[#demands + 1] = h + w.unmet

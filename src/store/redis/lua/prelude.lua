@@ -57,10 +57,75 @@ local function load(key)
   return cmsgpack.unpack(raw)
 end
 
+-- A worker's record (last seen, unmet demand, last lease, charges) is one
+-- packed string in the route's value: doubles, last seen, unmet, last lease
+-- (-1: none), then its charges as second, milli pairs. Redis's cmsgpack
+-- pays per element, and a route shared by a fleet holds a record per
+-- worker, so a call unpacks only the records it reads (`worker`, kept in
+-- OPEN for the call) and `save` packs them back.
+local OPEN = {}
+
+local function worker_pack(w)
+  return struct.pack('<ddd' .. string.rep('d', #w.f), w.seen, w.unmet, w.lease or -1, unpack(w.f))
+end
+
+local function worker_unpack(v)
+  if type(v) == 'table' then
+    -- As an earlier version wrote it: a map, charges as {second, milli}
+    -- pairs in `held`.
+    local f = {}
+    for _, pair in ipairs(v.held or {}) do
+      f[#f + 1] = pair[1]
+      f[#f + 1] = pair[2]
+    end
+    return { seen = v.seen, unmet = v.unmet or 0, lease = v.lease, f = f }
+  end
+  local vals = { struct.unpack('<' .. string.rep('d', #v / 8), v) }
+  local f = {}
+  -- The last value struct.unpack returns is the next position.
+  for i = 4, #vals - 1 do f[#f + 1] = vals[i] end
+  local lease = vals[3]
+  if lease < 0 then lease = nil end
+  return { seen = vals[1], unmet = vals[2], lease = lease, f = f }
+end
+
+-- Worker `wid`'s record in class `cls`, unpacked once per call (nil: none).
+local function worker(cls, wid)
+  local open = OPEN[cls]
+  if not open then
+    open = {}
+    OPEN[cls] = open
+  end
+  local w = open[wid]
+  if w == nil and cls.workers[wid] ~= nil then
+    w = worker_unpack(cls.workers[wid])
+    open[wid] = w
+  end
+  return w
+end
+
+-- When worker `wid` of `cls` was last seen, unpacking nothing else.
+local function worker_seen(cls, wid)
+  local open = OPEN[cls]
+  if open and open[wid] then return open[wid].seen end
+  local v = cls.workers[wid]
+  if type(v) == 'table' then return v.seen end
+  return (struct.unpack('<d', v))
+end
+
+local function worker_forget(cls, wid)
+  cls.workers[wid] = nil
+  if OPEN[cls] then OPEN[cls][wid] = nil end
+end
+
 -- Writes `st` with an expiry: idle keys vanish by themselves, but never
 -- while something in them is live (a cooldown, a lease, a waiting intent)
 -- and never while frozen (an operator's freeze outlives idleness).
 local function save(key, st, live_until, now, idle_ms)
+  -- A route's value (a caller's holds no workers).
+  for _, cls in ipairs(st.cls or {}) do
+    for wid, w in pairs(OPEN[cls] or {}) do cls.workers[wid] = worker_pack(w) end
+  end
   local blob = cmsgpack.pack(st)
   if st.frozen then
     redis.call('SET', key, blob)
@@ -78,7 +143,7 @@ end
 -- second, value, second, value, ... oldest first. Every call decodes and
 -- re-encodes the route's value, and the codec pays per table: a few numbers
 -- in one list, not a ring of W numbers nor a table per pair, keeps it cheap.
--- A worker's charges are such a list too, packed (`charges`).
+-- A worker's charges are such a list too, inside its packed record.
 
 local function series_new(sec) return { h = sec, f = {} } end
 
@@ -596,8 +661,8 @@ end
 local function active_workers(st, now, window_ms)
   local n = 0
   for p = 1, 3 do
-    for _, w in pairs(st.cls[p].workers) do
-      if w.seen > now - window_ms then n = n + 1 end
+    for wid in pairs(st.cls[p].workers) do
+      if worker_seen(st.cls[p], wid) > now - window_ms then n = n + 1 end
     end
   end
   return n
@@ -607,60 +672,38 @@ end
 -- seen is forgotten.
 local function touch(cls, wid, now, window_ms)
   if not cls.workers[wid] and count(cls.workers) >= MAX_WORKERS then
-    for id, w in pairs(cls.workers) do
-      if w.seen <= now - window_ms then cls.workers[id] = nil end
+    for id in pairs(cls.workers) do
+      if worker_seen(cls, id) <= now - window_ms then worker_forget(cls, id) end
     end
     if count(cls.workers) >= MAX_WORKERS then
       local oldest, at
-      for id, w in pairs(cls.workers) do
-        if not at or w.seen < at then oldest, at = id, w.seen end
+      for id in pairs(cls.workers) do
+        local seen = worker_seen(cls, id)
+        if not at or seen < at then oldest, at = id, seen end
       end
-      if oldest then cls.workers[oldest] = nil end
+      if oldest then worker_forget(cls, oldest) end
     end
   end
-  local w = cls.workers[wid]
+  local w = worker(cls, wid)
   if not w then
-    w = { seen = now, unmet = 0, hc = '' }
-    cls.workers[wid] = w
+    w = { seen = now, unmet = 0, f = {} }
+    cls.workers[wid] = worker_pack(w)
+    OPEN[cls][wid] = w
   end
   w.seen = math.max(w.seen, now)
   return w
 end
 
--- A worker's charges: second, milli pairs packed into one binary string
--- (`hc`, 16 bytes a pair), so decoding the route's value costs one string
--- per worker, and only the workers a grant weighs are unpacked (an earlier
--- version kept {second, milli} pairs in `held`). As a flat list:
-local function charges(w)
-  if w.held then return flatten(w.held) end
-  local f, packed = {}, w.hc or ''
-  for i = 1, #packed, 16 do
-    local second, milli = struct.unpack('<dd', packed, i)
-    f[#f + 1] = second
-    f[#f + 1] = milli
-  end
-  return f
-end
-
-local function charges_set(w, f)
-  local parts = {}
-  for i = 1, #f, 2 do parts[#parts + 1] = struct.pack('<dd', f[i], f[i + 1]) end
-  w.hc, w.held = table.concat(parts), nil
-end
-
--- Milli-tokens charged to the worker within the window (prunes older ones).
+-- Milli-tokens charged to worker record `w` within the window (prunes
+-- older ones).
 local function held(w, sec, window)
   local oldest = sec - window + 1
-  local f = charges(w)
-  local kept = flat_trim(f, oldest)
-  if kept ~= f or w.held then charges_set(w, kept) end
-  return flat_sum(kept, oldest)
+  w.f = flat_trim(w.f, oldest)
+  return flat_sum(w.f, oldest)
 end
 
 local function charge(w, sec, milli)
-  local f = charges(w)
-  flat_add(f, sec, milli)
-  charges_set(w, f)
+  flat_add(w.f, sec, milli)
 end
 
 -- Water-filling: the smallest demands are met in full and what is left is

@@ -23,11 +23,7 @@ local returned = l.g - spent + successes
 local refund = returned * l.c
 local cls = st.cls[l.p]
 s_refund(cls.spent, l.sec, refund)
-local w = cls.workers[wid]
-if w then
-  local f = charges(w)
-  flat_refund(f, l.sec, refund)
-  charges_set(w, f)
-end
+local w = worker(cls, wid)
+if w then flat_refund(w.f, l.sec, refund) end
 save(KEYS[1], st, live_until(st, now), now, idle_ms)
 return { 'ok', returned }
