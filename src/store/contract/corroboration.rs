@@ -275,3 +275,29 @@ pub(crate) async fn a_muted_worker_moves_nothing_and_a_noisy_one_is_flagged(s: &
     assert_eq!(heard.claim, Claim::Agreed);
     assert_eq!(heard.cooldown_until_ms, T0 + 3_000);
 }
+
+/// A worker back after longer than the budget window is one of the route's
+/// active workers again from its own report: its lone claim, with one
+/// other worker active, is not the whole fleet's word.
+pub(crate) async fn a_worker_back_after_the_window_counts_among_the_active(s: &dyn Store) {
+    let p = Policy::default();
+    let long_ago = T0 - 2 * p.window_ms();
+    let quiet = |worker, now_ms| ReportBatch {
+        worker_id: worker,
+        first_attempts: 1,
+        successes: 1,
+        rejections: 0,
+        counts_age_ms: 0,
+        hints: &[],
+        now_ms,
+    };
+    s.report(&key(), quiet("back", long_ago), &p)
+        .await
+        .expect("deposit");
+    s.report(&key(), quiet("here", T0), &p)
+        .await
+        .expect("deposit");
+    let m = report_429(s, "back", "300", false, &p).await;
+    assert!(!m.corroborated, "two active workers, one claim: {m:?}");
+    assert_eq!(m.cooldown_until_ms, T0 + 5_000, "the uncorroborated cap");
+}
