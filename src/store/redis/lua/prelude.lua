@@ -65,6 +65,16 @@ end
 -- OPEN for the call) and `save` packs them back.
 local OPEN = {}
 
+-- {second, value} pairs, as an earlier version wrote them, as a flat list.
+local function flatten(pairs_list)
+  local f = {}
+  for _, pair in ipairs(pairs_list) do
+    f[#f + 1] = pair[1]
+    f[#f + 1] = pair[2]
+  end
+  return f
+end
+
 local function worker_pack(w)
   return struct.pack('<ddd' .. string.rep('d', #w.f), w.seen, w.unmet, w.lease or -1, unpack(w.f))
 end
@@ -73,12 +83,7 @@ local function worker_unpack(v)
   if type(v) == 'table' then
     -- As an earlier version wrote it: a map, charges as {second, milli}
     -- pairs in `held`.
-    local f = {}
-    for _, pair in ipairs(v.held or {}) do
-      f[#f + 1] = pair[1]
-      f[#f + 1] = pair[2]
-    end
-    return { seen = v.seen, unmet = v.unmet or 0, lease = v.lease, f = f }
+    return { seen = v.seen, unmet = v.unmet or 0, lease = v.lease, f = flatten(v.held or {}) }
   end
   local vals = { struct.unpack('<' .. string.rep('d', #v / 8), v) }
   local f = {}
@@ -146,16 +151,6 @@ end
 -- A worker's charges are such a list too, inside its packed record.
 
 local function series_new(sec) return { h = sec, f = {} } end
-
--- {second, value} pairs, as an earlier version wrote them, as a flat list.
-local function flatten(pairs_list)
-  local f = {}
-  for _, pair in ipairs(pairs_list) do
-    f[#f + 1] = pair[1]
-    f[#f + 1] = pair[2]
-  end
-  return f
-end
 
 -- A series an earlier version wrote as a W-bucket ring (`b`) or as
 -- {second, value} pairs (`e`): read once into the flat list.
