@@ -25,10 +25,10 @@ if leases_live(KEYS[1], now) >= MAX_LEASES then return { 'err', 'too_many_leases
 local capacity = class_allowance(st, P, p, now)
 local avail = available(st, P, p, now)
 local cls = st.cls[p]
-touch(cls, wid, now, window_ms)
+local me = touch(cls, wid, now, window_ms)
 
 local want_milli = want * P.cost
-local own_held = held(worker(cls, wid), sec, P.window)
+local own_held = held(me, sec, P.window)
 local own_demand = own_held + want_milli
 -- A demand within an equal share among every worker the class tracks is
 -- met in full by the water-filling: granted without weighing (and
@@ -66,13 +66,12 @@ if granted ~= want then
 end
 
 local cost = granted * P.cost
-local w = touch(cls, wid, now, window_ms)
-w.lease = now
-w.unmet = want_milli - cost
+me.lease = now
+me.unmet = want_milli - cost
 local lease_id = ''
 if granted > 0 then
   local charged = s_add(cls.spent, sec, cost)
-  charge(touch(cls, wid, now, window_ms), charged, cost)
+  charge(me, charged, cost)
   lease_put(KEYS[1], id, { w = wid, p = p, g = granted, c = P.cost, sec = charged, exp = expires }, now)
   st.lexp = math.max(st.lexp or 0, expires)
   lease_id = id

@@ -269,6 +269,16 @@ local function pace_reopens_window(p)
     and p.closed_until <= start + idiv(PACE_WINDOW, 2) and p.w_refused == 0
 end
 
+-- PacingState::reopens_next_window: an outage (the window served under
+-- half the first-attempt rate) whose closing hint ended in the window's
+-- second half, on a route that knows no edge yet.
+local function pace_reopens_next_window(p)
+  local start = p.win * PACE_WINDOW
+  return pace_adaptive(p) and p.rate_max_m == 0 and 2 * p.w_ok * MILLI < p.lam_m
+    and start + idiv(PACE_WINDOW, 2) < p.closed_until
+    and p.closed_until <= start + PACE_WINDOW
+end
+
 local function pace_close_window(p, P)
   local ramped_from = p.ramp_from_m
   p.ramp_from_m = 0
@@ -281,12 +291,8 @@ local function pace_close_window(p, P)
     end
   elseif closed then
     -- Nothing to learn from; an outage whose closing hint ended in the
-    -- window's second half starts slow start with the next window
-    -- (PacingState::reopens_next_window).
-    local start = p.win * PACE_WINDOW
-    if pace_adaptive(p) and p.rate_max_m == 0 and 2 * p.w_ok * MILLI < p.lam_m
-        and start + idiv(PACE_WINDOW, 2) < p.closed_until
-        and p.closed_until <= start + PACE_WINDOW then
+    -- window's second half starts slow start with the next window.
+    if pace_reopens_next_window(p) then
       pace_probe_up(p, 0, pace_spare(p))
       pace_clamp(p, P)
     end
