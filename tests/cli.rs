@@ -312,6 +312,15 @@ fn errors_are_one_line_with_meaningful_exit_codes() {
     assert_eq!(away.status.code(), Some(3), "{}", stderr(&away));
 }
 
+/// Replaces `path` the way a config push does (a whole new file renamed
+/// into place): the server's poll may read the file at any moment, and a
+/// write in place can be read truncated, a valid policy with no rules.
+fn replace_file(path: &Path, contents: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, contents).expect("write");
+    std::fs::rename(&next, path).expect("rename into place");
+}
+
 #[test]
 fn an_invalid_file_keeps_the_old_policy_and_diff_shows_drift() {
     let server = setup("reload");
@@ -324,11 +333,10 @@ fn an_invalid_file_keeps_the_old_policy_and_diff_shows_drift() {
     // In sync with the file.
     assert_eq!(server.cli(&["policy", "diff"]).status.code(), Some(0));
     // An invalid file: logged, rejected, the running policy kept.
-    std::fs::write(
+    replace_file(
         &file,
-        POLICY.replace("retry_ratio = 0.5", "retry_ratio = 500.0"),
-    )
-    .expect("write");
+        &POLICY.replace("retry_ratio = 0.5", "retry_ratio = 500.0"),
+    );
     let pid = server.child.as_ref().expect("running").id().to_string();
     let _ = Command::new("kill").args(["-HUP", &pid]).status();
     eventually("the rejection in the log", || {
@@ -336,11 +344,10 @@ fn an_invalid_file_keeps_the_old_policy_and_diff_shows_drift() {
     });
     assert_eq!(ratio(&server), 0.5);
     // A valid change is picked up by the poll.
-    std::fs::write(
+    replace_file(
         &file,
-        POLICY.replace("retry_ratio = 0.5", "retry_ratio = 0.25"),
-    )
-    .expect("write");
+        &POLICY.replace("retry_ratio = 0.5", "retry_ratio = 0.25"),
+    );
     eventually("the reload", || ratio(&server) == 0.25);
     // A runtime change is drift from the file.
     let set = server.cli(&["policy", "set", "GET /users/*", "retry_ratio=0.1"]);
