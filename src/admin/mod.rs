@@ -71,6 +71,11 @@ pub use self::sync::RECONCILE_EVERY;
 pub const FILE_ACTOR: &str = "policy-file";
 /// Who an expired freeze is lifted by.
 pub const EXPIRY_ACTOR: &str = "expiry";
+/// How long a changed policy file must stay the same before a reload
+/// applies it. A tool that writes the file in place truncates it first,
+/// and an empty file is a valid policy with no rules: read mid-write, it
+/// would drop every rule until the next poll.
+pub const FILE_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Why a control operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -647,30 +652,38 @@ impl Control {
     }
 
     /// Re-reads the policy file and applies it if its text changed since
-    /// this replica last read it (`force`: even if not). An invalid file is
+    /// this replica last read it (`force`: even if not). A changed text is
+    /// applied only if it reads the same again [`FILE_SETTLE`] later; one
+    /// still being written waits for the next poll. An invalid file is
     /// logged and the running policy kept. Returns whether a reload was
     /// attempted.
     pub async fn reload_file(&self, force: bool) -> bool {
         let Some(path) = self.paths.policy_file.clone() else {
             return false;
         };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(err) => {
+        let read = || {
+            std::fs::read_to_string(&path).inspect_err(|err| {
                 tracing::error!(cause = %err, path = %path.display(),
                     "policy file unreadable; keeping the running policy");
+            })
+        };
+        let Ok(text) = read() else { return true };
+        let digest = persist::digest(&text);
+        if !force && digest == self.state.lock().await.local_digest {
+            return false;
+        }
+        tokio::time::sleep(FILE_SETTLE).await;
+        match read() {
+            Ok(again) if again == text => {}
+            Ok(_) => {
+                tracing::info!(path = %path.display(),
+                    "policy file is being written; reading it again at the next poll");
                 return true;
             }
-        };
-        let digest = persist::digest(&text);
-        {
-            let mut st = self.state.lock().await;
-            if !force && digest == st.local_digest {
-                return false;
-            }
-            // Remember it now, so a bad file is reported once, not every poll.
-            st.local_digest = digest;
+            Err(_) => return true,
         }
+        // Remember it now, so a bad file is reported once, not every poll.
+        self.state.lock().await.local_digest = digest;
         let result = match PolicyDoc::from_toml(&text) {
             Ok(doc) => self.reload_doc(doc, digest, "").await,
             Err(err) => Err(err.into()),

@@ -118,6 +118,35 @@ async fn a_runtime_change_outlives_unrelated_file_edits_until_cleared_or_the_fil
     let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_file_read_while_it_is_being_written_is_applied_only_once_it_settles() {
+    let path = temp_file("settle");
+    let a = "[[rule]]\nroute = \"GET /a\"\nretry_ratio = 0.1\n";
+    let c = control(Arc::new(MemoryStore::new(100)), Some((&path, a))).await;
+    // A tool writing in place: the poll reads the truncated file, and the
+    // tool finishes the write within the settle time.
+    std::fs::write(&path, "").expect("truncate");
+    let finish = {
+        let (path, full) = (path.clone(), a.replace("0.1", "0.2"));
+        tokio::spawn(async move {
+            tokio::time::sleep(FILE_SETTLE / 2).await;
+            std::fs::write(&path, full).expect("write");
+        })
+    };
+    assert!(c.reload_file(false).await);
+    finish.await.expect("writer");
+    assert_eq!(
+        ratio_of(&c.doc().await, "GET /a"),
+        Some(0.1),
+        "the old policy held"
+    );
+    // The next poll reads the finished file twice alike and applies it.
+    assert!(c.reload_file(false).await);
+    assert_eq!(ratio_of(&c.doc().await, "GET /a"), Some(0.2));
+    assert!(!c.reload_file(false).await, "nothing new to read");
+    let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+}
+
 #[tokio::test]
 async fn the_policy_files_version_is_the_version_served() {
     let path = temp_file("versions");
