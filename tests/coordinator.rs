@@ -70,6 +70,33 @@ async fn a_delay_hint_seen_by_one_worker_holds_back_another() {
     coordinator.stop().await;
 }
 
+/// A calm route lets a worker hold its counts for a window; a cooldown
+/// wants every report at once, from every worker.
+#[tokio::test]
+async fn counts_may_wait_a_window_until_a_cooldown_starts() {
+    let coordinator = Coordinator::open().await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    let counts = |worker: &str| v1::ReportRequest {
+        scope: s.clone(),
+        worker_id: worker.into(),
+        first_attempts: 5,
+        successes: 5,
+        ..v1::ReportRequest::default()
+    };
+    let hold = |r: v1::ReportResponse| r.counts_hold_ms;
+    let calm = client.report(counts("worker-a")).await.expect("report");
+    assert_eq!(hold(calm.into_inner()), 1_000);
+
+    let refused = rate_limited(s.clone(), "worker-a", "30", ScopeCertainty::Known);
+    let refused = client.report(refused).await.expect("report").into_inner();
+    assert!(refused.cooldown_until_unix_ms > T0);
+    assert_eq!(hold(refused), 0, "the worker that saw the 429");
+    let other = client.report(counts("worker-b")).await.expect("report");
+    assert_eq!(hold(other.into_inner()), 0, "and every other worker");
+    coordinator.stop().await;
+}
+
 #[tokio::test]
 async fn an_http_date_hint_works_the_same() {
     let coordinator = Coordinator::open().await;

@@ -27,9 +27,9 @@ use tollgate_client::outcome::Outcome;
 use tollgate_proto::v1::budget_client::BudgetClient;
 use tollgate_proto::v1::budget_server::Budget;
 use tollgate_proto::v1::{
-    GetScopeRequest, LeaseRequest, LeaseResponse, Priority, ReconsiderDecision, ReconsiderRequest,
-    ReconsiderResponse, ReleaseRequest, ReleaseResponse, ReportRequest, ReportResponse, ScopeEvent,
-    WatchRequest,
+    Evidence, GetScopeRequest, LeaseRequest, LeaseResponse, Priority, ReconsiderDecision,
+    ReconsiderRequest, ReconsiderResponse, ReleaseRequest, ReleaseResponse, ReportRequest,
+    ReportResponse, ScopeEvent, WatchRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -37,7 +37,8 @@ use tonic::{Request, Response, Status};
 /// What crossed the wire between the worker and the coordinator.
 #[derive(Default)]
 struct Wire {
-    reports: Vec<ReportRequest>,
+    /// Each `Report`: when it arrived (Unix ms) and what it said.
+    reports: Vec<(i64, ReportRequest)>,
     releases: Vec<(ReleaseRequest, ReleaseResponse)>,
     /// Each `Reconsider`: when it arrived (Unix ms) and the answer.
     reconsiders: Vec<(i64, ReconsiderResponse)>,
@@ -75,7 +76,12 @@ impl Budget for Recorder {
     }
     async fn report(&self, r: Request<ReportRequest>) -> Result<Response<ReportResponse>, Status> {
         let request = r.into_inner();
-        self.wire.lock().unwrap().reports.push(request.clone());
+        let at = to_unix_ms(self.clock.now());
+        self.wire
+            .lock()
+            .unwrap()
+            .reports
+            .push((at, request.clone()));
         self.coordinator.clone().report(Request::new(request)).await
     }
     async fn reconsider(
@@ -287,9 +293,67 @@ async fn a_first_attempt_inside_a_known_cooldown_is_held_until_its_slot() {
         .unwrap()
         .reports
         .iter()
-        .map(|report| report.first_attempts)
+        .map(|(_, report)| report.first_attempts)
         .sum();
     assert_eq!(firsts, 2);
+}
+
+/// Counts alone change nothing before the coordinator's one-second pacing
+/// window closes: a worker with steady traffic sends them about once a
+/// second, each report spanning at most a window (so pacing takes it
+/// whole), while a rejection goes at the next tick.
+#[tokio::test(start_paused = true)]
+async fn counts_alone_go_once_a_window_and_a_rejection_at_the_next_tick() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    let cache = r.gate.cache();
+    // Ten seconds of a first attempt and its success every 50 ms.
+    for _ in 0..200 {
+        cache.record_first_attempt(&scope());
+        cache.record_success(&scope());
+        tokio::time::sleep(ms(50)).await;
+    }
+    let quiet = r.wire.lock().unwrap().reports.clone();
+    assert!(
+        (9..=11).contains(&quiet.len()),
+        "{} reports in 10 s of counts",
+        quiet.len()
+    );
+    assert!(
+        quiet
+            .iter()
+            .all(|(_, report)| report.counts_age_ms <= 1_000),
+        "every report spans at most a window"
+    );
+
+    // A refusal with a hint: sent at the next tick, with the counts since.
+    let refused = to_unix_ms(r.h.clock.now());
+    cache.record_evidence(
+        &scope(),
+        Evidence {
+            http_status: 429,
+            has_retry_after: true,
+            retry_after: "1".into(),
+            receipt_unix_ms: refused,
+            ..Evidence::default()
+        },
+    );
+    support::poll("the rejection is reported", secs(1), || async {
+        r.wire.lock().unwrap().reports.len() > quiet.len()
+    })
+    .await;
+    let (at, report) = r.wire.lock().unwrap().reports.last().cloned().unwrap();
+    assert!(
+        at - refused <= 100,
+        "sent {} ms after the refusal",
+        at - refused
+    );
+    assert_eq!(report.rejections, 1);
+
+    // Nothing counted is lost on the way.
+    cache.flush().await;
+    let wire = r.wire.lock().unwrap();
+    let firsts: u32 = wire.reports.iter().map(|(_, r)| r.first_attempts).sum();
+    assert_eq!(firsts, 200);
 }
 
 /// The fleet's first attempts alone overflow the upstream: the coordinator
@@ -397,17 +461,13 @@ async fn rejections_are_counted_in_the_report_past_the_evidence_limit() {
     r.gate.cache().flush().await;
 
     let wire = r.wire.lock().unwrap();
-    let rejections: u32 = wire.reports.iter().map(|report| report.rejections).sum();
+    let rejections: u32 = wire.reports.iter().map(|(_, r)| r.rejections).sum();
     assert_eq!(rejections, 100, "every refusal is counted");
+    assert!(wire.reports.iter().all(|(_, r)| r.evidence.len() <= 64));
     assert!(
         wire.reports
             .iter()
-            .all(|report| report.evidence.len() <= 64)
-    );
-    assert!(
-        wire.reports
-            .iter()
-            .any(|report| report.rejections as usize > report.evidence.len()),
+            .any(|(_, r)| r.rejections as usize > r.evidence.len()),
         "the count went past the evidence kept"
     );
 }

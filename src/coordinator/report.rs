@@ -4,7 +4,7 @@
 //! cooldown the report raised.
 
 use crate::hints::{Assessment, EvidenceInput, Merge, assess};
-use crate::pacing::{Mode, PacingView, holds_first_attempts};
+use crate::pacing::{Mode, PacingView, counts_hold_ms, holds_first_attempts};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
 
@@ -57,6 +57,8 @@ pub struct ReportOut {
     pub pacing: PacingView,
     /// Whether first attempts wait out the scope's cooldown.
     pub hold_first_attempts: bool,
+    /// How long the worker may hold a report of counts alone.
+    pub counts_hold_ms: i64,
     /// The scope's policy is in shadow mode (the worker's gate shadows its
     /// own holds too).
     pub shadow: bool,
@@ -155,6 +157,14 @@ impl Coordinator {
             }
         }
         let cooldown_until_ms = reported.view.cooldown_until_ms;
+        let hold_first_attempts = holds_first_attempts(
+            policy.hold_first_attempts,
+            reported.pacing.mode,
+            reported.cooldown_corroborated,
+            cooldown_until_ms,
+            reported.pacing.closed_until_ms,
+            now_ms,
+        );
         Ok(ReportOut {
             assessments: hints.into_iter().map(|h| h.assessment).collect(),
             raised,
@@ -162,12 +172,11 @@ impl Coordinator {
             merges: reported.merges,
             view: reported.view,
             pacing: reported.pacing,
-            hold_first_attempts: holds_first_attempts(
-                policy.hold_first_attempts,
+            hold_first_attempts,
+            counts_hold_ms: counts_hold_ms(
                 reported.pacing.mode,
-                reported.cooldown_corroborated,
                 cooldown_until_ms,
-                reported.pacing.closed_until_ms,
+                hold_first_attempts,
                 now_ms,
             ),
             policy_version: policy.policy_version,

@@ -129,6 +129,19 @@ pub fn holds_first_attempts(
     hold && (mode == Mode::Saturated || corroborated && closing)
 }
 
+/// How long a worker may hold a report of counts alone, in ms
+/// (`ReportResponse.counts_hold_ms`): a window while the route is calm
+/// (steady or pinned, no cooldown in force at `now_ms`, first attempts not
+/// `held`), 0 otherwise. Calm, counts change nothing before the window they
+/// land in closes, so a worker sends about one report a window instead of
+/// one per tick. While pacing learns, each window's counts must land in
+/// that window, and corroboration counts the workers heard lately: a fleet
+/// whose counts lag lets a few liars, who report at once, outnumber it.
+pub fn counts_hold_ms(mode: Mode, cooldown_until_ms: i64, held: bool, now_ms: i64) -> i64 {
+    let calm = matches!(mode, Mode::Steady | Mode::Pinned) && cooldown_until_ms <= now_ms && !held;
+    if calm { WINDOW_MS } else { 0 }
+}
+
 /// The horizon of a pinned rate: ten years, far past any deadline, and
 /// exact in a Lua number. Nothing learned can pull a slot earlier, so slots
 /// are handed out at any distance, as a fixed rate always was.

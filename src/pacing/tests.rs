@@ -577,6 +577,36 @@ fn first_attempts_that_crowd_out_waiting_deadlines_are_paced_with_them() {
     assert_eq!(roomy.mode(), Mode::BackingOff);
 }
 
+#[test]
+fn counts_may_wait_a_window_only_while_the_route_is_calm() {
+    let now = T0;
+    assert_eq!(counts_hold_ms(Mode::Steady, 0, false, now), WINDOW_MS);
+    assert_eq!(
+        counts_hold_ms(Mode::Pinned, now, false, now),
+        WINDOW_MS,
+        "a cooldown that just passed"
+    );
+    assert_eq!(
+        counts_hold_ms(Mode::Steady, now + 1, false, now),
+        0,
+        "a cooldown in force"
+    );
+    assert_eq!(
+        counts_hold_ms(Mode::Steady, 0, true, now),
+        0,
+        "first attempts held"
+    );
+    for learning in [
+        Mode::Probing,
+        Mode::BackingOff,
+        Mode::PenaltyExtending,
+        Mode::Saturated,
+        Mode::KnownLimit,
+    ] {
+        assert_eq!(counts_hold_ms(learning, 0, false, now), 0, "{learning:?}");
+    }
+}
+
 /// A route that served 216/s of first attempts and nothing else: its spare
 /// above that is unknown. At the start of window `T0 + 20 s`.
 fn unprobed() -> PacingState {

@@ -328,6 +328,7 @@ impl Budget for BudgetService {
             backoff_ms: out.backoff_ms,
             hold_first_attempts: out.hold_first_attempts,
             shadow: out.shadow,
+            counts_hold_ms: u64::try_from(out.counts_hold_ms).unwrap_or(0),
         }))
     }
 

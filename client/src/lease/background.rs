@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_proto::v1::{LeaseLimit, RetryClass, ScopeEventKind};
 
-use super::{HeldLease, MAX_SCOPES, ScopeView, Shared, TokenKey, lock};
+use super::{HeldLease, MAX_SCOPES, PendingReport, ScopeView, Shared, TokenKey, lock};
 use crate::clock::{from_unix_ms, to_unix_ms};
 use crate::link::LinkState;
 use crate::scope::Scope;
@@ -20,6 +20,10 @@ use crate::wire;
 
 /// The coordinator watches at most this many scopes per stream.
 const MAX_WATCHED_SCOPES: usize = 64;
+/// The longest hold of counts alone honoured, whatever a coordinator says:
+/// a pacing window, the longest span whose counts it takes whole
+/// (`ReportRequest.counts_age_ms`).
+const MAX_COUNTS_HOLD: Duration = Duration::from_secs(1);
 /// How often a degraded worker checks whether the coordinator is back.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -86,8 +90,46 @@ fn merge_view(shared: &Shared, scope: &Scope, update: impl FnOnce(&mut ScopeView
     update(&mut shared.views.entry(scope.clone()).or_default());
 }
 
-pub(super) async fn flush_reports(shared: &Shared) {
-    let pending = std::mem::take(&mut *lock(&shared.reports));
+/// Which pending reports a flush sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flush {
+    /// Every one: the caller asked, or the cache is closing.
+    All,
+    /// Every one but counts alone on a scope the coordinator called calm
+    /// ([`ScopeView::counts_hold`]) with no cooldown in force: those go at
+    /// the last tick of the pacing window they were made in.
+    Due,
+}
+
+impl Flush {
+    fn sends(self, report: &PendingReport, view: Option<&ScopeView>, shared: &Shared) -> bool {
+        if self == Flush::All || report.rejections > 0 || !report.evidence.is_empty() {
+            return true;
+        }
+        let Some(view) = view else { return true };
+        let now = shared.clock.now();
+        let cooling = view.cooldown_until.is_some_and(|until| until > now);
+        if cooling || view.hold_first_attempts || view.counts_hold.is_zero() {
+            return true;
+        }
+        // Windows are whole multiples of the hold on the shared clock. Sent
+        // in the window they were made in, the counts count there: landing
+        // a window late would add one window's successes to the next, and
+        // hide the moment the upstream degraded.
+        let window = (view.counts_hold.as_millis() as i64).max(1);
+        let into_window = to_unix_ms(now).rem_euclid(window);
+        Duration::from_millis(into_window as u64) + shared.config.report_interval
+            >= view.counts_hold
+    }
+}
+
+pub(super) async fn flush_reports(shared: &Shared, which: Flush) {
+    let pending: Vec<_> = lock(&shared.reports)
+        .extract_if(|scope, report| {
+            let view = shared.views.get(scope);
+            which.sends(report, view.as_deref(), shared)
+        })
+        .collect();
     for (scope, report) in pending {
         if report.is_empty() {
             continue;
@@ -98,6 +140,7 @@ pub(super) async fn flush_reports(shared: &Shared) {
                 v.policy_version = v.policy_version.max(answer.policy_version);
                 v.hold_first_attempts = answer.hold_first_attempts;
                 v.shadow = answer.shadow;
+                v.counts_hold = Duration::from_millis(answer.counts_hold_ms).min(MAX_COUNTS_HOLD);
                 if answer.cooldown_until_unix_ms > 0 {
                     let until = from_unix_ms(answer.cooldown_until_unix_ms);
                     v.cooldown_until = v.cooldown_until.max(Some(until));
@@ -286,7 +329,7 @@ pub(super) async fn background(
                 // out, and a hung coordinator would read them all when it
                 // resumes.
                 if !degraded || probe {
-                    flush_reports(&shared).await;
+                    flush_reports(&shared, Flush::Due).await;
                 }
                 tend_leases(&shared).await;
                 if degraded {
@@ -321,6 +364,6 @@ pub(super) async fn background(
         }
     }
     tasks.abort_all();
-    flush_reports(&shared).await;
+    flush_reports(&shared, Flush::All).await;
     release_all(&shared).await;
 }
