@@ -65,6 +65,8 @@
 
 mod window;
 
+use std::collections::HashMap;
+
 use crate::policy::{MILLI, Policy};
 use crate::scope::{Priority, RetryClass};
 
@@ -162,19 +164,51 @@ impl WorkerUse {
     }
 }
 
+/// From this many workers a class finds one through its index: scanning a
+/// few ids is cheaper than hashing one.
+const INDEXED_FROM: usize = 32;
+
 /// One class's workers.
 #[derive(Debug, Clone, Default)]
 struct ClassLedger {
     workers: Vec<WorkerUse>,
+    /// Each worker's position in `workers`, kept from [`INDEXED_FROM`]
+    /// workers on: every Lease and Report looks its worker up, and a scan
+    /// is linear in the fleet (a thousand string compares on a busy route).
+    /// SipHash, as the ids are peers' input.
+    #[allow(clippy::box_collection)] // one pointer per quiet class, not a 48-byte map
+    index: Option<Box<HashMap<Box<str>, usize>>>,
 }
 
 impl ClassLedger {
+    fn position(&self, worker_id: &str) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(worker_id).copied(),
+            None => self.workers.iter().position(|w| &*w.id == worker_id),
+        }
+    }
+
+    /// Rebuilds the index after workers moved (or drops it below
+    /// [`INDEXED_FROM`]).
+    fn reindex(&mut self) {
+        self.index = (self.workers.len() >= INDEXED_FROM).then(|| {
+            Box::new(
+                self.workers
+                    .iter()
+                    .enumerate()
+                    .map(|(at, w)| (w.id.clone(), at))
+                    .collect(),
+            )
+        });
+    }
+
     /// Marks `worker_id` seen at `now_ms` (adding it if new); its index in
     /// `workers`, valid until the next `touch`.
     fn touch(&mut self, worker_id: &str, now_ms: i64, window_ms: i64) -> usize {
-        let at = match self.workers.iter().position(|w| &*w.id == worker_id) {
+        let at = match self.position(worker_id) {
             Some(at) => at,
             None => {
+                let before = self.workers.len();
                 if self.workers.len() >= MAX_WORKERS_PER_CLASS {
                     self.workers.retain(|w| w.last_seen_ms > now_ms - window_ms);
                 }
@@ -184,11 +218,20 @@ impl ClassLedger {
                 {
                     self.workers.swap_remove(oldest);
                 }
+                let moved = self.workers.len() < before;
                 if self.workers.capacity() == 0 {
                     self.workers.reserve_exact(1);
                 }
                 self.workers.push(WorkerUse::new(worker_id, now_ms));
-                self.workers.len() - 1
+                let at = self.workers.len() - 1;
+                match &mut self.index {
+                    Some(index) if !moved => {
+                        index.insert(worker_id.into(), at);
+                    }
+                    _ if moved || self.workers.len() >= INDEXED_FROM => self.reindex(),
+                    _ => {}
+                }
+                at
             }
         };
         let worker = &mut self.workers[at];
@@ -197,7 +240,8 @@ impl ClassLedger {
     }
 
     fn get_mut(&mut self, worker_id: &str) -> Option<&mut WorkerUse> {
-        self.workers.iter_mut().find(|w| &*w.id == worker_id)
+        let at = self.position(worker_id)?;
+        self.workers.get_mut(at)
     }
 
     fn active(&self, now_ms: i64, window_ms: i64) -> usize {

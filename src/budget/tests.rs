@@ -283,3 +283,45 @@ fn a_clock_stepping_back_does_not_resurrect_spent_tokens() {
         0
     );
 }
+
+/// The worker index stays true through growth past [`INDEXED_FROM`], the
+/// eviction of idle workers and of the least recently seen at the cap, and
+/// a fleet shrinking back under it.
+#[test]
+fn a_class_finds_each_worker_as_it_grows_and_evicts() {
+    let window_ms = 10_000;
+    let mut class = ClassLedger::default();
+    let check = |class: &ClassLedger| {
+        if let Some(index) = &class.index {
+            assert_eq!(index.len(), class.workers.len());
+            for (at, w) in class.workers.iter().enumerate() {
+                assert_eq!(index.get(&w.id), Some(&at), "{}", w.id);
+            }
+        } else {
+            assert!(class.workers.len() < INDEXED_FROM);
+        }
+    };
+    // Past the cap, one new worker a millisecond, every third one seen again.
+    for i in 0..MAX_WORKERS_PER_CLASS + 300 {
+        let id = format!("worker-{i}");
+        let now = T0 + i as i64;
+        let at = class.touch(&id, now, window_ms);
+        assert_eq!(&*class.workers[at].id, id);
+        if i % 3 == 0 {
+            let old = format!("worker-{}", i / 3);
+            let at = class.touch(&old, now, window_ms);
+            assert_eq!(&*class.workers[at].id, old);
+        }
+        check(&class);
+    }
+    assert_eq!(class.workers.len(), MAX_WORKERS_PER_CLASS);
+    assert!(class.index.is_some());
+    // Much later every worker is idle: the next new one sweeps them out.
+    let later = T0 + 10 * window_ms;
+    let at = class.touch("newcomer", later, window_ms);
+    assert_eq!(class.workers.len(), 1);
+    assert_eq!(&*class.workers[at].id, "newcomer");
+    check(&class);
+    assert!(class.get_mut("worker-1").is_none());
+    assert!(class.get_mut("newcomer").is_some());
+}
