@@ -671,18 +671,26 @@ impl BudgetLedger {
 /// is `own`, among `others` (water-filling: the smallest demands are met in
 /// full and what is left is split evenly among the rest).
 pub fn max_min_share(capacity: u64, own: u64, others: &mut [u64]) -> u64 {
-    others.sort_unstable();
-    let mut left = capacity;
-    let mut n = others.len() as u64 + 1;
-    for &demand in others.iter() {
-        // Everyone from here on wants at least as much as the requester, so
-        // the requester gets its demand or an even split of what is left.
-        if own <= demand {
-            return own.min(left / n);
+    // Only the demands below the requester's are met before its turn, in
+    // ascending order: sort those alone (a fleet's unknown demands, which
+    // claim everything, never are).
+    let mut smaller = 0;
+    for i in 0..others.len() {
+        if others[i] < own {
+            others.swap(i, smaller);
+            smaller += 1;
         }
+    }
+    let mut n = others.len() as u64 + 1;
+    let below = &mut others[..smaller];
+    below.sort_unstable();
+    let mut left = capacity;
+    for &demand in &*below {
         left -= demand.min(left / n);
         n -= 1;
     }
+    // Everyone left wants at least as much as the requester, so the
+    // requester gets its demand or an even split of what is left.
     own.min(left / n)
 }
 

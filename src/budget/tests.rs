@@ -247,7 +247,38 @@ fn water_filling_meets_small_demands_first() {
     assert_eq!(max_min_share(100, 1000, &mut []), 100);
 }
 
+/// Water-filling over every demand sorted, the requester's turn found in
+/// the whole order: the oracle for [`max_min_share`], which sorts only the
+/// demands below the requester's.
+fn share_by_sorting_everyone(capacity: u64, own: u64, others: &[u64]) -> u64 {
+    let mut all = others.to_vec();
+    all.sort_unstable();
+    let (mut left, mut n) = (capacity, all.len() as u64 + 1);
+    for demand in all {
+        if own <= demand {
+            break;
+        }
+        left -= demand.min(left / n);
+        n -= 1;
+    }
+    own.min(left / n)
+}
+
 proptest::proptest! {
+    #[test]
+    fn the_share_is_water_filling_over_everyone(
+        capacity in 0u64..1_000_000_000,
+        own in proptest::prop_oneof![0u64..3_000_000, proptest::strategy::Just(u64::MAX)],
+        others in proptest::collection::vec(
+            proptest::prop_oneof![0u64..3_000_000, proptest::strategy::Just(u64::MAX)],
+            0..64,
+        ),
+    ) {
+        let expected = share_by_sorting_everyone(capacity, own, &others);
+        let mut others = others;
+        proptest::prop_assert_eq!(max_min_share(capacity, own, &mut others), expected);
+    }
+
     /// What `BudgetLedger::grant` relies on to skip weighing the fleet: a
     /// demand within an equal share of the capacity among everyone is met
     /// in full, whatever the others ask (integer division included).
