@@ -102,13 +102,22 @@ pub(super) enum Flush {
 }
 
 impl Flush {
-    fn sends(self, report: &PendingReport, view: Option<&ScopeView>, shared: &Shared) -> bool {
+    /// Whether `report` goes now, at `now_ms` on the shared clock, with
+    /// ticks `interval` apart.
+    fn sends(
+        self,
+        report: &PendingReport,
+        view: Option<&ScopeView>,
+        now_ms: i64,
+        interval: Duration,
+    ) -> bool {
         if self == Flush::All || report.rejections > 0 || !report.evidence.is_empty() {
             return true;
         }
         let Some(view) = view else { return true };
-        let now = shared.clock.now();
-        let cooling = view.cooldown_until.is_some_and(|until| until > now);
+        let cooling = view
+            .cooldown_until
+            .is_some_and(|until| to_unix_ms(until) > now_ms);
         if cooling || view.hold_first_attempts || view.counts_hold.is_zero() {
             return true;
         }
@@ -117,17 +126,18 @@ impl Flush {
         // a window late would add one window's successes to the next, and
         // hide the moment the upstream degraded.
         let window = (view.counts_hold.as_millis() as i64).max(1);
-        let into_window = to_unix_ms(now).rem_euclid(window);
-        Duration::from_millis(into_window as u64) + shared.config.report_interval
-            >= view.counts_hold
+        let into_window = Duration::from_millis(now_ms.rem_euclid(window) as u64);
+        into_window + interval >= view.counts_hold
     }
 }
 
 pub(super) async fn flush_reports(shared: &Shared, which: Flush) {
+    let now_ms = to_unix_ms(shared.clock.now());
+    let interval = shared.config.report_interval;
     let pending: Vec<_> = lock(&shared.reports)
         .extract_if(|scope, report| {
             let view = shared.views.get(scope);
-            which.sends(report, view.as_deref(), shared)
+            which.sends(report, view.as_deref(), now_ms, interval)
         })
         .collect();
     for (scope, report) in pending {
