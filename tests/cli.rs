@@ -12,7 +12,7 @@ use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetC
 
 mod support;
 
-use support::with_token;
+use support::{replace_file, with_token};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 const ADMIN: &str = support::ADMIN_TOKEN;
@@ -310,15 +310,6 @@ fn errors_are_one_line_with_meaningful_exit_codes() {
         .output()
         .expect("run");
     assert_eq!(away.status.code(), Some(3), "{}", stderr(&away));
-}
-
-/// Replaces `path` the way a config push does (a whole new file renamed
-/// into place): the server's poll may read the file at any moment, and a
-/// write in place can be read truncated, a valid policy with no rules.
-fn replace_file(path: &Path, contents: &str) {
-    let next = path.with_extension("next");
-    std::fs::write(&next, contents).expect("write");
-    std::fs::rename(&next, path).expect("rename into place");
 }
 
 #[test]

@@ -70,11 +70,8 @@ impl TempDir {
 
     fn write(&self, name: &str, text: &str) -> PathBuf {
         let path = self.0.join(name);
-        // Write then rename, as a Secret mount swaps its files: a reader
-        // never sees half a certificate.
-        let tmp = self.0.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).expect("write");
-        std::fs::rename(&tmp, &path).expect("rename");
+        // A reader never sees half a certificate.
+        support::replace_file(&path, text);
         path
     }
 }

@@ -35,6 +35,16 @@ use tonic::transport::Channel;
 
 pub(crate) use tcp::Coordinator;
 
+/// Replaces `path` the way a config push or a Secret mount does (a whole
+/// new file renamed into place): a server that polls the file may read it
+/// at any moment, and a write in place can be read half done.
+pub(crate) fn replace_file(path: &std::path::Path, contents: &str) {
+    let mut next = path.as_os_str().to_owned();
+    next.push(".next");
+    std::fs::write(&next, contents).expect("write");
+    std::fs::rename(&next, path).expect("rename into place");
+}
+
 /// Mon, 01 Jan 2024 12:00:00 GMT: HTTP-dates in tests are easy to write.
 pub(crate) const T0: i64 = 1_704_110_400_000;
 
