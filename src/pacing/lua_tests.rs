@@ -54,6 +54,49 @@ fn outage_steps(seed: u64) -> Vec<Value> {
     mix(seed, 60, 2)
 }
 
+/// A route whose first attempts (100/s, all served) suddenly get half
+/// served: it saturates inside that window, at half what it is estimated to
+/// serve. Then for ten seconds a backlog asks for slots every 5 ms, faster
+/// than the rate gives them (now and then with a second booked ahead: ask
+/// again, demand the rate fell short of), and the upstream serves what it
+/// is sent: clean windows whose demand goes short, where the rate climbs
+/// back to the edge it estimated and past it. Seeded jitter in the counts.
+fn saturated_steps(seed: u64) -> Vec<Value> {
+    let mut x = seed;
+    let mut next = move |n: i64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((x >> 33) % n.max(1) as u64) as i64
+    };
+    let mut out = Vec::new();
+    let report = |now: i64, first: i64, ok: i64, rej: i64| {
+        json!({"k": "o", "now": now, "first": first, "ok": ok, "rej": rej,
+               "hints": [], "cd": 0, "cda": 0})
+    };
+    for t in (0..10_000).step_by(100) {
+        let first = 9 + next(3);
+        out.push(report(T0 + t, first, first, 0));
+    }
+    for t in (10_000..11_000).step_by(100) {
+        out.push(report(T0 + t, 10, 4 + next(2), 5));
+    }
+    for t in (11_000..21_000).step_by(5) {
+        let now = T0 + t;
+        out.push(if t % 100 == 0 {
+            report(now, 0, 5 + next(3), 0)
+        } else {
+            let ahead = if next(4) == 0 { 1_000_000 } else { 0 };
+            json!({
+                "k": "d", "now": now, "floor": now, "deadline": now + 10_000,
+                "reserve": 100, "jitter": next(1_000_000), "waiting": next(50),
+                "cursor": now * 1000 + ahead, "first": next(2),
+            })
+        });
+    }
+    out
+}
+
 fn mix(seed: u64, gap: i64, edge: i64) -> Vec<Value> {
     let mut x = seed;
     let mut next = move |n: i64| {
@@ -235,11 +278,12 @@ fn the_lua_port_agrees_with_the_rust_controller_step_by_step() {
             .position(|&(name, _)| name == "mode")
             .expect("a mode field");
     for (i, p) in policies.iter().enumerate() {
-        for seed in 1..=10 {
+        for seed in 1..=12 {
             let steps = match seed {
                 1..=4 => steps(seed * 31 + i as u64),
                 5..=8 => edge_steps(seed * 31 + i as u64),
-                _ => outage_steps(seed * 31 + i as u64),
+                9..=10 => outage_steps(seed * 31 + i as u64),
+                _ => saturated_steps(seed * 31 + i as u64),
             };
             let want = run_rust(p, &steps);
             for line in &want {

@@ -767,3 +767,43 @@ fn a_saturated_cut_is_not_cut_again_by_its_own_stragglers() {
     st.advance(at + 3000, &p);
     assert_eq!(st.wake_rate_m(), just_under(500_000));
 }
+
+/// A window of demand the rate falls short of: an intent asks every
+/// millisecond across the window starting at `at`, and the upstream serves
+/// every slot.
+fn demand_window(st: &mut PacingState, p: &PacingPolicy, at: i64) {
+    let mut cursor = 0;
+    let mut granted = 0;
+    for t in 0..1000 {
+        if let SlotDecision::Slot { cursor_us, .. } = st.decide(&ask(at + t, cursor), p) {
+            cursor = cursor_us;
+            granted += 1;
+        }
+    }
+    report(st, p, at + 999, (0, granted, 0), &[], 0);
+    st.advance(at + 1000, p);
+}
+
+/// A saturated rate well under the edge a saturated window measured climbs
+/// halfway to it each clean window (an entry inside a window, or a cut,
+/// left it there; every window spent below it is the backlog's). From near
+/// the edge on, a step is held a window before the next, so a limiter's
+/// banked burst cannot hide the overshoots of several steps at once.
+#[test]
+fn a_saturated_rate_climbs_halfway_to_its_edge_then_holds_each_step() {
+    let p = policy();
+    let mut st = saturated(300_000, 600_000);
+    let mut rates = Vec::new();
+    for w in 0..8 {
+        demand_window(&mut st, &p, T0 + 20_000 + w * 1000);
+        assert_eq!(st.mode(), Mode::Saturated);
+        rates.push(st.wake_rate_m());
+    }
+    let near = 562_500;
+    let under = near + near / 16;
+    let past = under + under / 16;
+    assert_eq!(
+        rates,
+        [450_000, 525_000, near, near, under, under, past, past]
+    );
+}

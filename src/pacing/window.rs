@@ -226,33 +226,11 @@ impl PacingState {
             self.rate_max_m = served_m.max(self.rate_m);
             self.settle_win = self.win + 1;
         } else if self.w_short > 0 {
-            // Clean, and demand went short: up a sixteenth at a time (a
-            // limiter's burst hides an overshoot for a window or two, so a
-            // bigger step near the edge is a bigger peak; a thirty-second
-            // in the first eighth past it) until a quarter past the edge;
-            // past that, what a burst can hide is spent and the upstream
-            // has grown: the step doubles the distance from the edge,
-            // within the probe headroom of the rate (what one step can
-            // overshoot by). Only from a rate the window used (slots nobody
-            // asked for in time prove nothing).
+            // Clean, and demand went short. Only from a rate the window used
+            // (slots nobody asked for in time prove nothing).
             self.cap_m = self.cap_m.max(served_m);
-            let r = self.rate_m;
-            if 8 * self.w_granted * MILLI >= 7 * r {
-                self.rate_ok_m = r;
-                let edge = self.rate_max_m;
-                let step = if r < edge {
-                    r / 16
-                } else if r < edge + edge / 8 {
-                    // Just past the edge a limiter's banked burst serves the
-                    // overshoot for a few windows before it rejects, so each
-                    // step there is paid for several times over: half steps.
-                    r / 32
-                } else if r < edge + edge / 4 {
-                    r / 16
-                } else {
-                    (2 * (r - edge)).clamp(r / 16, r / PROBE_HEADROOM)
-                };
-                self.rate_m = r + step.max(MILLI);
+            if 8 * self.w_granted * MILLI >= 7 * self.rate_m {
+                self.climb_saturated();
             }
         } else if self.hint_until <= self.win * WINDOW_MS {
             // The rate met every intent that asked, and no cooldown paused
@@ -267,6 +245,42 @@ impl PacingState {
             self.mode = Mode::Steady as i64;
         }
         self.clamp_rate(policy);
+    }
+
+    /// Raises a saturated rate after a clean window that used it and whose
+    /// demand went short. Well under the edge a saturated window measured
+    /// (where an entry inside a window halved the rate, or a cut left it),
+    /// halfway to it: the upstream served that much, and every window spent
+    /// below it is the backlog's. From near the edge on, a limiter's banked
+    /// burst serves an overshoot for a while before it rejects, so a rate is
+    /// held for one more clean window before it steps: steps taken
+    /// meanwhile would pile their overshoots up before the first rejection
+    /// comes back. The step is a sixteenth up to the edge (a thirty-second
+    /// in the first eighth past it) and to a quarter past it; past that,
+    /// what a burst can hide is spent and the upstream has grown: the step
+    /// doubles the distance from the edge, within the probe headroom of the
+    /// rate (what one step can overshoot by).
+    fn climb_saturated(&mut self) {
+        let r = self.rate_m;
+        let edge = self.rate_max_m;
+        let near = r >= edge - edge / 16;
+        if near && self.rate_ok_m != r {
+            self.rate_ok_m = r;
+            return;
+        }
+        self.rate_ok_m = r;
+        let step = if !near {
+            (r / 16).max((edge - r) / 2)
+        } else if r < edge {
+            r / 16
+        } else if r < edge + edge / 8 {
+            r / 32
+        } else if r < edge + edge / 4 {
+            r / 16
+        } else {
+            (2 * (r - edge)).clamp(r / 16, r / PROBE_HEADROOM)
+        };
+        self.rate_m = r + step.max(MILLI);
     }
 
     /// The rate that drew the window's rejections: the one before the cut

@@ -221,6 +221,32 @@ local function pace_saturate(p, P, edge, rate)
   p.mode = M_SATURATED
 end
 
+-- PacingState::climb_saturated: halfway to a measured edge well under it;
+-- from near it on, a rate is held one more clean window before each step.
+local function pace_climb_saturated(p)
+  local r, edge = p.rate_m, p.rate_max_m
+  local near = r >= edge - idiv(edge, 16)
+  if near and p.rate_ok_m ~= r then
+    p.rate_ok_m = r
+    return
+  end
+  p.rate_ok_m = r
+  local step
+  if not near then
+    step = math.max(idiv(r, 16), idiv(edge - r, 2))
+  elseif r < edge then
+    step = idiv(r, 16)
+  elseif r < edge + idiv(edge, 8) then
+    -- Just past the edge a limiter's burst hides the overshoot: half steps.
+    step = idiv(r, 32)
+  elseif r < edge + idiv(edge, 4) then
+    step = idiv(r, 16)
+  else
+    step = math.min(math.max(2 * (r - edge), idiv(r, 16)), idiv(r, PACE_HEADROOM))
+  end
+  p.rate_m = r + math.max(step, MILLI)
+end
+
 local function pace_learn_saturated(p, P)
   p.lam_m = p.lam_m + math.floor((p.w_first * MILLI - p.lam_m) / 4)
   local served = p.w_ok * MILLI
@@ -235,23 +261,7 @@ local function pace_learn_saturated(p, P)
     p.settle_win = p.win + 1
   elseif p.w_short > 0 then
     p.cap_m = math.max(p.cap_m, served)
-    local r = p.rate_m
-    if 8 * p.w_granted * MILLI >= 7 * r then
-      p.rate_ok_m = r
-      local edge = p.rate_max_m
-      local step
-      if r < edge then
-        step = idiv(r, 16)
-      elseif r < edge + idiv(edge, 8) then
-        -- Just past the edge a limiter's burst hides the overshoot: half steps.
-        step = idiv(r, 32)
-      elseif r < edge + idiv(edge, 4) then
-        step = idiv(r, 16)
-      else
-        step = math.min(math.max(2 * (r - edge), idiv(r, 16)), idiv(r, PACE_HEADROOM))
-      end
-      p.rate_m = r + math.max(step, MILLI)
-    end
+    if 8 * p.w_granted * MILLI >= 7 * p.rate_m then pace_climb_saturated(p) end
   elseif p.hint_until <= p.win * PACE_WINDOW then
     p.cap_m = math.max(p.cap_m, served)
     p.rate_m = pace_spare(p)
