@@ -38,6 +38,7 @@ use crate::metrics::CoordinatorMetrics;
 use crate::pacing::PacingView;
 use crate::scope::ScopeKey;
 use crate::store::Reconsidered;
+use crate::telemetry::{LEASE_SPAN, RECONSIDER_SPAN, RELEASE_SPAN, REPORT_SPAN, WATCH_SPAN};
 
 use self::error::ServiceError;
 use self::quota::WatchQuota;
@@ -163,7 +164,7 @@ impl BudgetService {
 
 #[tonic::async_trait]
 impl Budget for BudgetService {
-    #[instrument(name = "tollgate.lease", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.want = Empty, tollgate.decision = Empty, tollgate.reason = Empty, tollgate.tokens.granted = Empty, tollgate.tokens.remaining = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
+    #[instrument(name = LEASE_SPAN, skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.want = Empty, tollgate.decision = Empty, tollgate.reason = Empty, tollgate.tokens.granted = Empty, tollgate.tokens.remaining = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
     async fn lease(
         &self,
         request: Request<LeaseRequest>,
@@ -221,7 +222,7 @@ impl Budget for BudgetService {
         }))
     }
 
-    #[instrument(name = "tollgate.release", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.tokens.spent = Empty, tollgate.tokens.returned = Empty))]
+    #[instrument(name = RELEASE_SPAN, skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.tokens.spent = Empty, tollgate.tokens.returned = Empty))]
     async fn release(
         &self,
         request: Request<ReleaseRequest>,
@@ -255,7 +256,7 @@ impl Budget for BudgetService {
         Ok(Response::new(ReleaseResponse { returned }))
     }
 
-    #[instrument(name = "tollgate.report", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.first_attempts = Empty, tollgate.evidence = Empty, tollgate.hint.form = Empty, tollgate.hint.valid = Empty, tollgate.hint.delay_ms = Empty, tollgate.hint.capped = Empty, tollgate.hint.claim = Empty, tollgate.cooldown.corroborated = Empty, tollgate.cooldown.workers = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty))]
+    #[instrument(name = REPORT_SPAN, skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.first_attempts = Empty, tollgate.evidence = Empty, tollgate.hint.form = Empty, tollgate.hint.valid = Empty, tollgate.hint.delay_ms = Empty, tollgate.hint.capped = Empty, tollgate.hint.claim = Empty, tollgate.cooldown.corroborated = Empty, tollgate.cooldown.workers = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty))]
     async fn report(
         &self,
         request: Request<ReportRequest>,
@@ -332,7 +333,7 @@ impl Budget for BudgetService {
         }))
     }
 
-    #[instrument(name = "tollgate.reconsider", skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.decision = Empty, tollgate.slot_unix_ms = Empty, tollgate.pacing.wake_rate = Empty, tollgate.pacing.capacity = Empty, tollgate.pacing.spare = Empty, tollgate.pacing.state = Empty, tollgate.slot.delay_ms = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
+    #[instrument(name = RECONSIDER_SPAN, skip_all, fields(tollgate.caller_scope = Empty, tollgate.route = Empty, tollgate.priority = Empty, tollgate.decision = Empty, tollgate.slot_unix_ms = Empty, tollgate.pacing.wake_rate = Empty, tollgate.pacing.capacity = Empty, tollgate.pacing.spare = Empty, tollgate.pacing.state = Empty, tollgate.slot.delay_ms = Empty, tollgate.cooldown_until_unix_ms = Empty, tollgate.policy_version = Empty, tollgate.shadow = Empty))]
     async fn reconsider(
         &self,
         request: Request<ReconsiderRequest>,
@@ -415,7 +416,7 @@ impl Budget for BudgetService {
 
     type WatchStream = ReceiverStream<Result<ScopeEvent, Status>>;
 
-    #[instrument(name = "tollgate.watch", skip_all, fields(tollgate.scopes = Empty))]
+    #[instrument(name = WATCH_SPAN, skip_all, fields(tollgate.scopes = Empty))]
     async fn watch(
         &self,
         request: Request<WatchRequest>,

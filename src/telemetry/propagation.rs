@@ -74,6 +74,11 @@ impl Extractor for Headers<'_> {
 /// Records `tollgate.caller_scope` (hashed when configured, see
 /// [`caller_scope_attr`]), `tollgate.route` and `tollgate.priority` on `span`.
 pub fn record_scope(span: &tracing::Span, key: &ScopeKey) {
+    // No layer wants the span (nothing exports them): skip building the
+    // attribute, which allocates.
+    if span.is_disabled() {
+        return;
+    }
     span.record(
         "tollgate.caller_scope",
         caller_scope_attr(&key.route.caller_scope).as_str(),
