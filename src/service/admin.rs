@@ -69,10 +69,7 @@ impl AdminService {
 
     /// The admin's name for the audit log.
     fn admin<T>(&self, request: &Request<T>) -> Result<String> {
-        let header = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
+        let header = super::authorization(request);
         let loopback = request.remote_addr().is_some_and(|a| a.ip().is_loopback());
         let who = self.auth.identify_admin(header, loopback)?;
         tracing::Span::current().record("who", who.as_str());

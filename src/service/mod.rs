@@ -14,7 +14,7 @@ pub mod quota;
 pub mod validate;
 pub mod watch;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -24,6 +24,7 @@ use tollgate_proto::v1::{
     ReconsiderResponse, ReleaseRequest, ReleaseResponse, ReportRequest, ReportResponse,
     ScopeCertainty, ScopeEvent, WatchRequest, budget_server::Budget,
 };
+use tonic::metadata::{Ascii, MetadataKey};
 use tonic::{Request, Response, Status};
 use tracing::{Span, field::Empty, instrument};
 
@@ -43,6 +44,19 @@ use crate::telemetry::{LEASE_SPAN, RECONSIDER_SPAN, RELEASE_SPAN, REPORT_SPAN, W
 use self::error::ServiceError;
 use self::quota::WatchQuota;
 use self::watch::Watched;
+
+/// The `authorization` metadata key, parsed once: a lookup by `&str`
+/// parses and checks the name on every call.
+static AUTHORIZATION: LazyLock<MetadataKey<Ascii>> =
+    LazyLock::new(|| MetadataKey::from_static("authorization"));
+
+/// The request's `authorization` metadata, if it is text.
+fn authorization<T>(request: &Request<T>) -> Option<&str> {
+    request
+        .metadata()
+        .get(&*AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
 
 /// The Budget service. Cheap to clone: everything is shared.
 #[derive(Clone)]
@@ -94,11 +108,7 @@ impl BudgetService {
     }
 
     fn identify<T>(&self, request: &Request<T>) -> Result<Identity, ServiceError> {
-        let header = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        Ok(self.auth.identify(header)?)
+        Ok(self.auth.identify(authorization(request))?)
     }
 
     /// Validates a scope field and checks the caller may use it.
@@ -106,7 +116,7 @@ impl BudgetService {
         &self,
         identity: Identity,
         field: &str,
-        scope: Option<&v1::Scope>,
+        scope: Option<v1::Scope>,
     ) -> Result<ScopeKey, ServiceError> {
         let key = validate::scope(field, scope)?;
         self.auth.check(identity, &key.route.caller_scope)?;
@@ -170,8 +180,8 @@ impl Budget for BudgetService {
         request: Request<LeaseRequest>,
     ) -> Result<Response<LeaseResponse>, Status> {
         let identity = self.identify(&request)?;
-        let req = request.into_inner();
-        let scope = self.scope(identity, "scope", req.scope.as_ref())?;
+        let mut req = request.into_inner();
+        let scope = self.scope(identity, "scope", req.scope.take())?;
         validate::worker_id(&req.worker_id)?;
         let want = validate::want(req.want)?;
         let retry_class = validate::retry_class(req.retry_class)?;
@@ -228,8 +238,8 @@ impl Budget for BudgetService {
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
         let identity = self.identify(&request)?;
-        let req = request.into_inner();
-        let scope = self.scope(identity, "scope", req.scope.as_ref())?;
+        let mut req = request.into_inner();
+        let scope = self.scope(identity, "scope", req.scope.take())?;
         validate::worker_id(&req.worker_id)?;
         validate::name("lease_id", &req.lease_id, validate::MAX_ID)?;
         if req.retry_successes > req.spent {
@@ -262,8 +272,8 @@ impl Budget for BudgetService {
         request: Request<ReportRequest>,
     ) -> Result<Response<ReportResponse>, Status> {
         let identity = self.identify(&request)?;
-        let req = request.into_inner();
-        let scope = self.scope(identity, "scope", req.scope.as_ref())?;
+        let mut req = request.into_inner();
+        let scope = self.scope(identity, "scope", req.scope.take())?;
         validate::worker_id(&req.worker_id)?;
         let first_attempts = validate::count("first_attempts", req.first_attempts)?;
         let successes = validate::count("successes", req.successes)?;
@@ -339,8 +349,8 @@ impl Budget for BudgetService {
         request: Request<ReconsiderRequest>,
     ) -> Result<Response<ReconsiderResponse>, Status> {
         let identity = self.identify(&request)?;
-        let req = request.into_inner();
-        let scope = self.scope(identity, "scope", req.scope.as_ref())?;
+        let mut req = request.into_inner();
+        let scope = self.scope(identity, "scope", req.scope.take())?;
         validate::worker_id(&req.worker_id)?;
         validate::name("intent_id", &req.intent_id, validate::MAX_ID)?;
         let not_before = validate::unix_ms("not_before_unix_ms", req.not_before_unix_ms, false)?;
@@ -435,7 +445,7 @@ impl Budget for BudgetService {
             .scopes
             .iter()
             .enumerate()
-            .map(|(i, scope)| self.scope(identity, &format!("scopes[{i}]"), Some(scope)))
+            .map(|(i, scope)| self.scope(identity, &format!("scopes[{i}]"), Some(scope.clone())))
             .collect::<Result<Vec<_>, _>>()?;
         let permit = self.watch_quota.acquire(identity)?;
         let (changes, snapshots) = self.core.watch(&keys).await.map_err(ServiceError::from)?;

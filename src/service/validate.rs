@@ -3,7 +3,7 @@
 
 use tollgate_proto::v1;
 
-use crate::scope::{Priority, RetryClass, ScopeKey};
+use crate::scope::{Priority, RetryClass, RouteKey, ScopeKey};
 
 use super::error::ServiceError;
 
@@ -35,17 +35,20 @@ type Result<T> = std::result::Result<T, ServiceError>;
 
 /// A bounded, printable-ASCII name (spaces allowed inside, as in `GET /x`).
 pub fn name(field: &str, value: &str, max: usize) -> Result<()> {
+    name_fault(value, max).map_err(|reason| ServiceError::invalid(field, reason))
+}
+
+/// What is wrong with a name, if anything. Apart from [`name`] so that a
+/// nested field's path (`scope.route`) is only built for a name at fault.
+fn name_fault(value: &str, max: usize) -> std::result::Result<(), String> {
     if value.is_empty() {
-        return Err(ServiceError::invalid(field, "is required"));
+        return Err("is required".to_owned());
     }
     if value.len() > max {
-        return Err(ServiceError::invalid(
-            field,
-            format!("is longer than {max} bytes"),
-        ));
+        return Err(format!("is longer than {max} bytes"));
     }
     if !value.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-        return Err(ServiceError::invalid(field, "must be printable ASCII"));
+        return Err("must be printable ASCII".to_owned());
     }
     Ok(())
 }
@@ -59,15 +62,13 @@ pub fn optional_name(field: &str, value: &str, max: usize) -> Result<()> {
     }
 }
 
-/// A scope message.
-pub fn scope(field: &str, scope: Option<&v1::Scope>) -> Result<ScopeKey> {
+/// A scope message, taken apart: its names become the key's without a copy.
+pub fn scope(field: &str, scope: Option<v1::Scope>) -> Result<ScopeKey> {
     let scope = scope.ok_or_else(|| ServiceError::invalid(field, "is required"))?;
-    name(
-        &format!("{field}.caller_scope"),
-        &scope.caller_scope,
-        MAX_CALLER_SCOPE,
-    )?;
-    name(&format!("{field}.route"), &scope.route, MAX_ROUTE)?;
+    name_fault(&scope.caller_scope, MAX_CALLER_SCOPE)
+        .map_err(|reason| ServiceError::invalid(format!("{field}.caller_scope"), reason))?;
+    name_fault(&scope.route, MAX_ROUTE)
+        .map_err(|reason| ServiceError::invalid(format!("{field}.route"), reason))?;
     let priority = match v1::Priority::try_from(scope.priority) {
         Ok(v1::Priority::Unspecified | v1::Priority::Normal) => Priority::Normal,
         Ok(v1::Priority::Critical) => Priority::Critical,
@@ -79,7 +80,13 @@ pub fn scope(field: &str, scope: Option<&v1::Scope>) -> Result<ScopeKey> {
             ));
         }
     };
-    Ok(ScopeKey::new(&scope.caller_scope, &scope.route, priority))
+    Ok(ScopeKey {
+        route: RouteKey {
+            caller_scope: scope.caller_scope,
+            route: scope.route,
+        },
+        priority,
+    })
 }
 
 /// A worker id.
@@ -224,7 +231,7 @@ mod tests {
             priority: 0,
         };
         assert_eq!(
-            field_of(scope("scope", Some(&s)).expect_err("long")),
+            field_of(scope("scope", Some(s)).expect_err("long")),
             "scope.route"
         );
         let s = v1::Scope {
@@ -233,7 +240,7 @@ mod tests {
             priority: 0,
         };
         assert_eq!(
-            field_of(scope("scope", Some(&s)).expect_err("ctl")),
+            field_of(scope("scope", Some(s)).expect_err("ctl")),
             "scope.caller_scope"
         );
         let s = v1::Scope {
@@ -242,7 +249,7 @@ mod tests {
             priority: 42,
         };
         assert_eq!(
-            field_of(scope("scope", Some(&s)).expect_err("prio")),
+            field_of(scope("scope", Some(s)).expect_err("prio")),
             "scope.priority"
         );
         assert_eq!(
