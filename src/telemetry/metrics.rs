@@ -14,8 +14,21 @@
 //! read at collection time; the store is not scanned. Freezes are the
 //! exception to the bounded-label rule: they are operator actions, few by
 //! nature, and an alert needs to name the scope (see [`super::freezes`]).
+//!
+//! # Counted on the Lease path without the SDK
+//! Every Lease (and Release) counts. A synchronous OpenTelemetry counter
+//! builds, sorts and hashes an attribute set per `add`; the lease counters'
+//! attribute sets are few and known up front, so they are plain atomics
+//! ([`Tally`]) read by an observable counter at collection: the same metric
+//! for every exporter (a monotonic cumulative sum), at one atomic add per
+//! call. The books behind the gauges clone no key a call already has.
+//! Like the gauges, the tallies are per [`CoordinatorMetrics`]: one
+//! coordinator per meter provider.
 
 use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opentelemetry::KeyValue;
@@ -37,11 +50,82 @@ const MAX_BOOK_ENTRIES: usize = 100_000;
 /// A balance not refreshed by a lease for this long is forgotten.
 const BALANCE_TTL_MS: i64 = 10 * 60 * 1000;
 
+/// Every grant limit, in the order of [`limit_index`].
+const LIMITS: [GrantLimit; 4] = [
+    GrantLimit::None,
+    GrantLimit::BudgetExhausted,
+    GrantLimit::FairShare,
+    GrantLimit::Frozen,
+];
+
+fn limit_index(limit: GrantLimit) -> usize {
+    match limit {
+        GrantLimit::None => 0,
+        GrantLimit::BudgetExhausted => 1,
+        GrantLimit::FairShare => 2,
+        GrantLimit::Frozen => 3,
+    }
+}
+
+/// A counter over a fixed list of attribute sets: one atomic per set,
+/// observed at collection by an observable counter of the same name.
+/// Sets never counted are not reported, as with a synchronous counter.
+struct Tally {
+    counts: Arc<[AtomicU64]>,
+}
+
+impl Tally {
+    /// Registers `name` on `meter` over `sets`; [`Tally::add`] takes an
+    /// index into `sets`.
+    fn register(
+        meter: &Meter,
+        name: &'static str,
+        description: &'static str,
+        unit: Option<&'static str>,
+        sets: Vec<Vec<KeyValue>>,
+    ) -> Self {
+        let counts: Arc<[AtomicU64]> = sets.iter().map(|_| AtomicU64::new(0)).collect();
+        let read = Arc::clone(&counts);
+        let builder = meter
+            .u64_observable_counter(name)
+            .with_description(description);
+        let builder = match unit {
+            Some(unit) => builder.with_unit(unit),
+            None => builder,
+        };
+        builder
+            .with_callback(move |observer| {
+                for (count, set) in read.iter().zip(&sets) {
+                    let count = count.load(Ordering::Relaxed);
+                    if count > 0 {
+                        observer.observe(count, set);
+                    }
+                }
+            })
+            .build();
+        Tally { counts }
+    }
+
+    /// Adds `n` to the set at `index` (an index past the sets is a
+    /// programmer error, ignored rather than panicking on the request path).
+    fn add(&self, index: usize, n: u64) {
+        if let Some(count) = self.counts.get(index) {
+            count.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The attribute sets of a per-priority tally, in [`Priority::index`] order.
+fn per_priority() -> Vec<Vec<KeyValue>> {
+    Priority::ALL.iter().map(|&p| vec![priority(p)]).collect()
+}
+
 /// The instruments, and the books behind the gauges.
 pub struct CoordinatorMetrics {
-    leases: Counter<u64>,
-    tokens_granted: Counter<u64>,
-    tokens_returned: Counter<u64>,
+    /// By decision (denied, granted), then [`LIMITS`], then priority.
+    leases: Tally,
+    tokens_granted: Tally,
+    tokens_returned: Tally,
     hints: Counter<u64>,
     claims: Counter<u64>,
     slots: Counter<u64>,
@@ -60,17 +144,41 @@ impl std::fmt::Debug for CoordinatorMetrics {
 
 #[derive(Default)]
 struct Books {
-    /// lease id → (priority, granted, expires at): tokens outstanding.
-    leases: Mutex<HashMap<String, (Priority, u64, i64)>>,
+    /// The keyed hash of a lease id → (priority, granted, expires at):
+    /// tokens outstanding. Keyed by the hash so a grant does not copy the
+    /// id; two ids colliding in 64 bits (odds about 2⁻³² with the book
+    /// full) would count as one lease in the gauge.
+    leases: Mutex<HashMap<u64, (Priority, u64, i64), foldhash::fast::RandomState>>,
+    /// The hash of `leases`' keys: SipHash under this process's random
+    /// keys, so a Release naming an id it was not given cannot aim at
+    /// another lease's entry (and the map itself can use a fast hash of
+    /// keys no peer can choose).
+    lease_ids: RandomState,
     /// scope → (remaining, seen at): the budget balance per scope.
     balances: Mutex<HashMap<ScopeKey, (u64, i64)>>,
     /// cooldown level → until.
     cooldowns: Mutex<HashMap<String, i64>>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Plain maps of numbers: still usable after a panic elsewhere.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets `key`'s entry in a book bounded to `max` entries, cloning `key`
+/// only when the book does not hold it yet (every call after a key's first
+/// finds it). A new key in a full book is not tracked.
+pub(super) fn upsert<K: Hash + Eq + Clone, V, S: BuildHasher>(
+    book: &mut HashMap<K, V, S>,
+    key: &K,
+    value: V,
+    max: usize,
+) {
+    if let Some(entry) = book.get_mut(key) {
+        *entry = value;
+    } else if book.len() < max {
+        book.insert(key.clone(), value);
+    }
 }
 
 fn priority(p: Priority) -> KeyValue {
@@ -167,21 +275,40 @@ impl CoordinatorMetrics {
         super::freezes::register(meter);
         let pacing = Arc::new(PacingBook::default());
         PacingBook::register(&pacing, meter, &clock);
+        let mut lease_sets = Vec::with_capacity(2 * LIMITS.len() * Priority::ALL.len());
+        for decision in ["denied", "granted"] {
+            for limit in LIMITS {
+                for p in Priority::ALL {
+                    lease_sets.push(vec![
+                        KeyValue::new("tollgate.decision", decision),
+                        KeyValue::new("tollgate.reason", limit_str(limit)),
+                        priority(p),
+                    ]);
+                }
+            }
+        }
         CoordinatorMetrics {
-            leases: meter
-                .u64_counter("tollgate.leases")
-                .with_description("Lease decisions, by decision and the reason fewer were granted")
-                .build(),
-            tokens_granted: meter
-                .u64_counter("tollgate.tokens.granted")
-                .with_description("Retry tokens leased out, per priority")
-                .with_unit("{token}")
-                .build(),
-            tokens_returned: meter
-                .u64_counter("tollgate.tokens.returned")
-                .with_description("Unspent tokens given back by Release")
-                .with_unit("{token}")
-                .build(),
+            leases: Tally::register(
+                meter,
+                "tollgate.leases",
+                "Lease decisions, by decision and the reason fewer were granted",
+                None,
+                lease_sets,
+            ),
+            tokens_granted: Tally::register(
+                meter,
+                "tollgate.tokens.granted",
+                "Retry tokens leased out, per priority",
+                Some("{token}"),
+                per_priority(),
+            ),
+            tokens_returned: Tally::register(
+                meter,
+                "tollgate.tokens.returned",
+                "Unspent tokens given back by Release",
+                Some("{token}"),
+                per_priority(),
+            ),
             hints: meter
                 .u64_counter("tollgate.hints")
                 .with_description("Reported wait hints, by form and validity")
@@ -238,28 +365,20 @@ impl CoordinatorMetrics {
 
     /// A `Lease` decision.
     pub fn lease(&self, scope: &ScopeKey, grant: &Grant, lease_id: Option<&str>, now_ms: i64) {
-        let decision = if grant.granted > 0 {
-            "granted"
-        } else {
-            "denied"
-        };
-        self.leases.add(
-            1,
-            &[
-                KeyValue::new("tollgate.decision", decision),
-                KeyValue::new("tollgate.reason", limit_str(grant.limit)),
-                priority(scope.priority),
-            ],
-        );
+        let granted = usize::from(grant.granted > 0);
+        let set = (granted * LIMITS.len() + limit_index(grant.limit)) * Priority::ALL.len()
+            + scope.priority.index();
+        self.leases.add(set, 1);
         if grant.granted > 0 {
             self.tokens_granted
-                .add(u64::from(grant.granted), &[priority(scope.priority)]);
+                .add(scope.priority.index(), u64::from(grant.granted));
         }
         if let Some(id) = lease_id.filter(|_| grant.granted > 0) {
+            let key = self.books.lease_ids.hash_one(id);
             let mut leases = lock(&self.books.leases);
             if leases.len() < MAX_BOOK_ENTRIES {
                 leases.insert(
-                    id.to_owned(),
+                    key,
                     (
                         scope.priority,
                         u64::from(grant.granted),
@@ -268,18 +387,21 @@ impl CoordinatorMetrics {
                 );
             }
         }
-        let mut balances = lock(&self.books.balances);
-        if balances.len() < MAX_BOOK_ENTRIES || balances.contains_key(scope) {
-            balances.insert(scope.clone(), (grant.remaining, now_ms));
-        }
+        upsert(
+            &mut lock(&self.books.balances),
+            scope,
+            (grant.remaining, now_ms),
+            MAX_BOOK_ENTRIES,
+        );
     }
 
     /// A `Release` that gave `returned` tokens back.
     pub fn release(&self, scope: &ScopeKey, lease_id: &str, returned: u32) {
-        lock(&self.books.leases).remove(lease_id);
+        let key = self.books.lease_ids.hash_one(lease_id);
+        lock(&self.books.leases).remove(&key);
         if returned > 0 {
             self.tokens_returned
-                .add(u64::from(returned), &[priority(scope.priority)]);
+                .add(scope.priority.index(), u64::from(returned));
         }
     }
 

@@ -14,6 +14,8 @@ use tollgate_client::telemetry::caller_scope_attr;
 use crate::pacing::{Mode, PacingView};
 use crate::scope::RouteKey;
 
+use super::metrics::{lock, upsert};
+
 /// Routes whose rates are exported, most intents waiting first.
 pub const BUSIEST: usize = 5;
 /// Routes tracked at once; beyond it new ones are not (the gauges
@@ -26,11 +28,6 @@ const SEEN_TTL_MS: i64 = 60_000;
 #[derive(Default)]
 pub struct PacingBook {
     routes: Mutex<HashMap<RouteKey, (PacingView, i64)>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A plain map of numbers: still usable after a panic elsewhere.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 const MODES: [Mode; 7] = [
@@ -46,10 +43,7 @@ const MODES: [Mode; 7] = [
 impl PacingBook {
     /// Records what a Report or Reconsider left of `route`'s pacing.
     pub fn record(&self, route: &RouteKey, view: &PacingView, now_ms: i64) {
-        let mut routes = lock(&self.routes);
-        if routes.len() < MAX_ROUTES || routes.contains_key(route) {
-            routes.insert(route.clone(), (*view, now_ms));
-        }
+        upsert(&mut lock(&self.routes), route, (*view, now_ms), MAX_ROUTES);
     }
 
     /// Registers the gauges on `meter`, read from `book` at collection.
