@@ -47,7 +47,7 @@ use super::{
     LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeCounts, ScopeDetail,
     ScopeFilter, ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
-use route::{RouteName, RouteState};
+use route::{RouteLookup, RouteName, RouteState};
 
 /// The share of `max_scopes` (permille) one room-making pass evicts: 1/64
 /// of the bound, at least one scope.
@@ -83,8 +83,9 @@ pub struct MemoryStore {
     evicted_for_room: AtomicU64,
     refused: AtomicU64,
     next_lease: AtomicU64,
-    /// Makes lease ids from before a restart unrecognisable after it.
-    lease_nonce: u32,
+    /// `{nonce:08x}-`, every lease id's start: a random nonce makes lease
+    /// ids from before a restart unrecognisable after it.
+    lease_prefix: Box<str>,
 }
 
 impl MemoryStore {
@@ -100,7 +101,7 @@ impl MemoryStore {
             evicted_for_room: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             next_lease: AtomicU64::new(1),
-            lease_nonce: rand::random(),
+            lease_prefix: format!("{:08x}-", rand::random::<u32>()).into(),
         }
     }
 
@@ -185,19 +186,18 @@ impl MemoryStore {
     /// state if there is room (or room can be made).
     fn with_route<T>(
         &self,
-        key: &RouteKey,
+        route: &RouteLookup<'_>,
         now_ms: i64,
         f: impl FnOnce(&mut RouteState) -> T,
     ) -> Result<T, StoreError> {
-        let name = RouteName::of(key);
-        if let Some(mut state) = self.routes.get_mut(&name) {
+        if let Some(mut state) = self.routes.get_mut(route.name()) {
             state.last_touched_ms = state.last_touched_ms.max(now_ms);
             return Ok(f(&mut state));
         }
         self.ensure_room(now_ms)?;
         let mut state = self
             .routes
-            .entry(name)
+            .entry(RouteName::of(route.key()))
             .or_insert_with(|| RouteState::new(now_ms));
         state.last_touched_ms = state.last_touched_ms.max(now_ms);
         Ok(f(&mut state))
@@ -240,17 +240,17 @@ impl MemoryStore {
         policy: &Policy,
     ) -> Result<LeaseOutcome, StoreError> {
         let caller = self.caller_floor(&scope.route.caller_scope);
-        // `{nonce:08x}-{counter:x}`, by hand (see `RouteName::of`).
-        let mut id = String::with_capacity(26);
-        route::push_digits(&mut id, u64::from(self.lease_nonce), 16, 8);
-        id.push('-');
+        // `{nonce:08x}-{counter:x}`, by hand: `format!` cost more than the
+        // route's lookup.
+        let mut id = String::with_capacity(self.lease_prefix.len() + 16);
+        id.push_str(&self.lease_prefix);
         route::push_digits(
             &mut id,
             self.next_lease.fetch_add(1, Ordering::Relaxed),
             16,
             1,
         );
-        self.with_route(&scope.route, ask.now_ms, |state| {
+        self.with_route(&RouteLookup::of(&scope.route), ask.now_ms, |state| {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {
                 let remaining =
@@ -308,7 +308,7 @@ impl Store for MemoryStore {
     }
 
     fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
-        let result = match self.routes.get_mut(&RouteName::of(&scope.route)) {
+        let result = match self.routes.get_mut(RouteLookup::of(&scope.route).name()) {
             Some(mut state) => state
                 .budget(end.now_ms)
                 .release(end)
@@ -335,7 +335,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Slotted> {
         let caller = self.caller_floor(&route.caller_scope);
         let result = self
-            .with_route(route, ask.now_ms, |state| {
+            .with_route(&RouteLookup::of(route), ask.now_ms, |state| {
                 let view = Self::view_of(state, caller);
                 if view.frozen.is_some() {
                     let pacing = state.pacing_view(ask.now_ms, &policy.pacing);
@@ -360,7 +360,7 @@ impl Store for MemoryStore {
     }
 
     fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {
-        Box::pin(ready(Ok(self.view_now(route))))
+        Box::pin(ready(Ok(self.view_now(&RouteLookup::of(route)))))
     }
 
     fn set_freeze<'a>(
@@ -369,9 +369,11 @@ impl Store for MemoryStore {
         reason: Option<String>,
         now_ms: i64,
     ) -> StoreFuture<'a, ()> {
-        Box::pin(ready(
-            self.with_route(route, now_ms, |state| state.set_frozen(reason)),
-        ))
+        Box::pin(ready(self.with_route(
+            &RouteLookup::of(route),
+            now_ms,
+            |state| state.set_frozen(reason),
+        )))
     }
 
     fn list_scopes<'a>(
@@ -403,7 +405,7 @@ impl Store for MemoryStore {
             .filter_map(|k| {
                 let caller = self.caller_floor(&k.caller_scope);
                 self.routes
-                    .get(&RouteName::of(k))
+                    .get(RouteLookup::of(k).name())
                     .map(|state| Self::summary(k, &state, caller, now_ms))
             })
             .collect();
@@ -420,7 +422,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, bool> {
         use crate::hints::corroboration::set_mute;
         let result = self
-            .with_route(route, now_ms, |state| {
+            .with_route(&RouteLookup::of(route), now_ms, |state| {
                 set_mute(&mut state.hints_mut().mutes, worker_id, until_ms, now_ms)
             })
             .and_then(|on_route| {
@@ -454,7 +456,7 @@ impl Store for MemoryStore {
         let caller = self.caller_floor(&route.caller_scope);
         // The route's last_touched is left alone so looking does not keep
         // a scope from being evicted.
-        let detail = self.routes.get(&RouteName::of(route)).map(|state| {
+        let detail = self.routes.get(RouteLookup::of(route).name()).map(|state| {
             let summary = Self::summary(route, &state, caller, now_ms);
             // A copy, so a quiet route's ledger is not rebuilt by looking.
             let mut budget = state
@@ -478,7 +480,7 @@ impl Store for MemoryStore {
     }
 
     fn reset_scope<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, bool> {
-        let known = match self.routes.get_mut(&RouteName::of(route)) {
+        let known = match self.routes.get_mut(RouteLookup::of(route).name()) {
             Some(mut state) => {
                 state.reset(now_ms);
                 true

@@ -5,11 +5,11 @@
 use crate::hints::{Assessment, Merge, Reporter};
 use crate::pacing::Observation;
 use crate::policy::Policy;
-use crate::scope::{RouteKey, ScopeKey};
+use crate::scope::ScopeKey;
 use crate::store::{ReportBatch, Reported, RouteView, StoreError};
 
 use super::MemoryStore;
-use super::route::RouteName;
+use super::route::RouteLookup;
 
 impl MemoryStore {
     /// The route's deposit and route-level hints under the route's entry
@@ -22,6 +22,7 @@ impl MemoryStore {
         policy: &Policy,
     ) -> Result<Reported, StoreError> {
         let now_ms = report.now_ms;
+        let route = RouteLookup::of(&scope.route);
         if report.successes > 0
             && let Some(mut caller) = self.callers.get_mut(&scope.route.caller_scope)
         {
@@ -30,8 +31,8 @@ impl MemoryStore {
         let mut merges: Vec<Option<Merge>> = vec![None; report.hints.len()];
         // Rejections that arrive while a cooldown already held are explained
         // by it: pacing is told the cooldown as it was before this report.
-        let cooldown_before = self.view_now(&scope.route).cooldown_until_ms;
-        let active = self.with_route(&scope.route, now_ms, |state| {
+        let cooldown_before = self.view_now(&route).cooldown_until_ms;
+        let active = self.with_route(&route, now_ms, |state| {
             state.budget(now_ms).deposit(
                 policy,
                 report.worker_id,
@@ -74,7 +75,7 @@ impl MemoryStore {
             }
         }
         let merges: Vec<Merge> = merges.into_iter().flatten().collect();
-        let view = self.view_now(&scope.route);
+        let view = self.view_now(&route);
         let hint_ends = report.agreed_hint_ends(&merges);
         let counted = report.window_counts();
         let observation = Observation {
@@ -86,7 +87,7 @@ impl MemoryStore {
             cooldown_until_ms: cooldown_before,
             cooldown_after_ms: view.cooldown_until_ms,
         };
-        let (pacing, pacing_was) = self.with_route(&scope.route, now_ms, |state| {
+        let (pacing, pacing_was) = self.with_route(&route, now_ms, |state| {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);
             let was = pacing.mode();
             pacing.observe(&observation, &policy.pacing);
@@ -97,20 +98,20 @@ impl MemoryStore {
             view,
             pacing,
             pacing_was,
-            cooldown_corroborated: self.cooldown_corroborated(&scope.route),
+            cooldown_corroborated: self.cooldown_corroborated(&route),
         })
     }
 
     /// Whether the level whose cooldown is the route's effective one has it
     /// corroborated.
-    pub(super) fn cooldown_corroborated(&self, route: &RouteKey) -> bool {
-        let caller = self.callers.get(&route.caller_scope).map(|c| {
+    pub(super) fn cooldown_corroborated(&self, route: &RouteLookup<'_>) -> bool {
+        let caller = self.callers.get(&route.key().caller_scope).map(|c| {
             (
                 c.hints.cooldown_until_ms,
                 c.hints.corroboration.corroborated,
             )
         });
-        let own = self.routes.get(&RouteName::of(route)).map(|s| {
+        let own = self.routes.get(route.name()).map(|s| {
             (
                 s.hints().cooldown_until_ms,
                 s.hints().corroboration.corroborated,
@@ -125,9 +126,9 @@ impl MemoryStore {
     }
 
     /// A route's effective state; an unknown route has its caller scope's.
-    pub(super) fn view_now(&self, route: &RouteKey) -> RouteView {
-        let caller = self.caller_floor(&route.caller_scope);
-        match self.routes.get(&RouteName::of(route)) {
+    pub(super) fn view_now(&self, route: &RouteLookup<'_>) -> RouteView {
+        let caller = self.caller_floor(&route.key().caller_scope);
+        match self.routes.get(route.name()) {
             Some(state) => Self::view_of(&state, caller),
             None => RouteView {
                 cooldown_until_ms: caller.0,

@@ -18,36 +18,111 @@ use crate::pacing::{Mode, PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
 use crate::slots::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
 
-/// Appends `n` in `radix` (10 or 16, lowercase), zero-padded to `width`.
-pub(super) fn push_digits(out: &mut String, mut n: u64, radix: u64, width: usize) {
-    let mut digits = [b'0'; 20];
-    let mut at = digits.len();
-    while n > 0 || at == digits.len() {
+/// `n` in `radix` (10 or 16, lowercase), zero-padded to `width` (at most
+/// 20), written at the end of `buf`; the digits are returned.
+#[inline]
+fn digits(buf: &mut [u8; 20], mut n: u64, radix: u64, width: usize) -> &[u8] {
+    let mut at = buf.len();
+    while n > 0 || at == buf.len() {
         at -= 1;
-        digits[at] = b"0123456789abcdef"[(n % radix) as usize];
+        buf[at] = b"0123456789abcdef"[(n % radix) as usize];
         n /= radix;
     }
-    let at = at.min(digits.len().saturating_sub(width));
-    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+    while buf.len() - at < width.min(buf.len()) {
+        at -= 1;
+        buf[at] = b'0';
+    }
+    &buf[at..]
+}
+
+/// Appends `n` in `radix` (10 or 16, lowercase), zero-padded to `width`.
+#[inline]
+pub(super) fn push_digits(out: &mut String, n: u64, radix: u64, width: usize) {
+    let mut buf = [0; 20];
+    // Only ASCII digits: the conversion cannot fail.
+    out.push_str(std::str::from_utf8(digits(&mut buf, n, radix, width)).unwrap_or_default());
 }
 
 /// A [`RouteKey`] as one allocation: `"{caller_len}:{caller_scope}{route}"`.
 /// The length prefix makes it injective for any two names (no separator
 /// character a name could contain), and the ordering of routes is restored
 /// by decoding, where it is needed (listing), not paid on every lookup.
+/// Maps of names are searched by `&str` ([`RouteLookup`]): the derived
+/// `Hash` and `Eq` are the `str`'s, as `Borrow` requires.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct RouteName(Box<str>);
 
+impl std::borrow::Borrow<str> for RouteName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Names up to this long are built on the stack to be looked up: a
+/// validated caller scope (128 bytes) and route (256) with their length
+/// prefix fit.
+const STACK_NAME: usize = 400;
+
+/// A route as an operation looks it up: its key, and its name built once
+/// (however often the operation finds the route: a Report does five
+/// times), on the stack when it fits. A heap string per lookup cost more
+/// than the map's probe.
+pub(super) struct RouteLookup<'a> {
+    key: &'a RouteKey,
+    stack: [u8; STACK_NAME],
+    len: usize,
+    /// The name when it does not fit on the stack; empty otherwise.
+    heap: String,
+}
+
+impl<'a> RouteLookup<'a> {
+    pub(super) fn of(key: &'a RouteKey) -> Self {
+        let mut buf = [0; 20];
+        let prefix = digits(&mut buf, key.caller_scope.len() as u64, 10, 1);
+        let parts = [
+            prefix,
+            b":",
+            key.caller_scope.as_bytes(),
+            key.route.as_bytes(),
+        ];
+        let mut lookup = RouteLookup {
+            key,
+            stack: [0; STACK_NAME],
+            len: 0,
+            heap: String::new(),
+        };
+        if parts.iter().map(|p| p.len()).sum::<usize>() <= STACK_NAME {
+            for part in parts {
+                lookup.stack[lookup.len..lookup.len + part.len()].copy_from_slice(part);
+                lookup.len += part.len();
+            }
+        } else {
+            push_digits(&mut lookup.heap, key.caller_scope.len() as u64, 10, 1);
+            lookup.heap.push(':');
+            lookup.heap.push_str(&key.caller_scope);
+            lookup.heap.push_str(&key.route);
+        }
+        lookup
+    }
+
+    pub(super) fn key(&self) -> &'a RouteKey {
+        self.key
+    }
+
+    /// The route's [`RouteName`], as the map is searched by.
+    pub(super) fn name(&self) -> &str {
+        if self.heap.is_empty() {
+            // Whole `str`s and ASCII: the concatenation is UTF-8.
+            std::str::from_utf8(&self.stack[..self.len]).unwrap_or_default()
+        } else {
+            &self.heap
+        }
+    }
+}
+
 impl RouteName {
     pub(super) fn of(key: &RouteKey) -> Self {
-        // Built by hand: every call looks a route up, and `format!` cost
-        // more than the lookup.
-        let mut name = String::with_capacity(key.caller_scope.len() + key.route.len() + 5);
-        push_digits(&mut name, key.caller_scope.len() as u64, 10, 1);
-        name.push(':');
-        name.push_str(&key.caller_scope);
-        name.push_str(&key.route);
-        RouteName(name.into())
+        RouteName(RouteLookup::of(key).name().into())
     }
 
     pub(super) fn caller_scope(&self) -> &str {
@@ -298,6 +373,19 @@ mod tests {
             route: "r".into(),
         };
         assert_eq!(&*RouteName::of(&key).0, format!("12345:{long}r"));
+        assert_eq!(RouteLookup::of(&key).name(), format!("12345:{long}r"));
+        let short = RouteKey {
+            caller_scope: "tenant".into(),
+            route: "GET /x".into(),
+        };
+        assert_eq!(RouteLookup::of(&short).name(), "6:tenantGET /x");
+        let widest = RouteKey {
+            caller_scope: "c".repeat(128),
+            route: "r".repeat(256),
+        };
+        let lookup = RouteLookup::of(&widest);
+        assert!(lookup.heap.is_empty(), "validated names fit on the stack");
+        assert_eq!(lookup.name(), &*RouteName::of(&widest).0);
     }
 
     #[test]
