@@ -33,9 +33,10 @@ mod route;
 use std::collections::BinaryHeap;
 use std::future::ready;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use dashmap::DashMap;
+use dashmap::mapref::one::RefMut;
 
 use crate::budget::{BudgetLedger, GrantAsk, GrantLimit, LeaseEnd, MAX_WINDOW_SECS};
 use crate::hints::{EvidenceDetail, HintState};
@@ -70,6 +71,13 @@ struct CallerState {
 pub struct MemoryStore {
     routes: DashMap<RouteName, RouteState>,
     callers: DashMap<String, CallerState>,
+    /// Set before the first caller scope is created, never cleared: until
+    /// then the Lease and Report paths skip `callers` (most stores never
+    /// hold one: only evidence from an uncertain scope lands there), where
+    /// each read hashed the caller scope and locked a shard. A read racing
+    /// the first insert sees the map as it was just before, as a read made
+    /// just before would.
+    callers_used: AtomicBool,
     /// Routes plus caller scopes kept at most; a bound on memory that a
     /// stream of invented scope names cannot lift.
     max_scopes: usize,
@@ -94,6 +102,7 @@ impl MemoryStore {
         MemoryStore {
             routes: DashMap::new(),
             callers: DashMap::new(),
+            callers_used: AtomicBool::new(false),
             max_scopes,
             making_room: Mutex::new(()),
             room_retry_at_ms: AtomicI64::new(i64::MIN),
@@ -205,9 +214,25 @@ impl MemoryStore {
 
     /// The caller scope's (cooldown, floor), read without creating anything.
     fn caller_floor(&self, caller_scope: &str) -> (i64, i64) {
-        self.callers
-            .get(caller_scope)
-            .map_or((0, 0), |c| (c.hints.cooldown_until_ms, c.hints.floor_ms()))
+        self.read_caller(caller_scope, |c| {
+            (c.hints.cooldown_until_ms, c.hints.floor_ms())
+        })
+        .unwrap_or((0, 0))
+    }
+
+    /// `f` of the caller scope's state, if it has any.
+    fn read_caller<T>(&self, caller_scope: &str, f: impl FnOnce(&CallerState) -> T) -> Option<T> {
+        if !self.callers_used.load(Ordering::Acquire) {
+            return None;
+        }
+        self.callers.get(caller_scope).map(|c| f(&c))
+    }
+
+    /// The caller scope's state, created if it has none (room for it is
+    /// the caller's business).
+    fn caller_entry(&self, caller_scope: &str) -> RefMut<'_, String, CallerState> {
+        self.callers_used.store(true, Ordering::Release);
+        self.callers.entry(caller_scope.to_owned()).or_default()
     }
 
     fn view_of(state: &RouteState, caller: (i64, i64)) -> RouteView {
@@ -430,7 +455,7 @@ impl Store for MemoryStore {
                 if !self.callers.contains_key(caller) {
                     self.ensure_room(now_ms)?;
                 }
-                let mut state = self.callers.entry(caller.clone()).or_default();
+                let mut state = self.caller_entry(caller);
                 state.last_touched_ms = state.last_touched_ms.max(now_ms);
                 Ok(on_route & set_mute(&mut state.hints.mutes, worker_id, until_ms, now_ms))
             });

@@ -2,6 +2,8 @@
 //! level then caller level) merged under the route's entry lock, and the
 //! route's view as Report answers it.
 
+use std::sync::atomic::Ordering;
+
 use crate::hints::{Assessment, Merge, Reporter};
 use crate::pacing::Observation;
 use crate::policy::Policy;
@@ -24,6 +26,7 @@ impl MemoryStore {
         let now_ms = report.now_ms;
         let route = RouteLookup::of(&scope.route);
         if report.successes > 0
+            && self.callers_used.load(Ordering::Acquire)
             && let Some(mut caller) = self.callers.get_mut(&scope.route.caller_scope)
         {
             caller.hints.decay();
@@ -105,7 +108,7 @@ impl MemoryStore {
     /// Whether the level whose cooldown is the route's effective one has it
     /// corroborated.
     pub(super) fn cooldown_corroborated(&self, route: &RouteLookup<'_>) -> bool {
-        let caller = self.callers.get(&route.key().caller_scope).map(|c| {
+        let caller = self.read_caller(&route.key().caller_scope, |c| {
             (
                 c.hints.cooldown_until_ms,
                 c.hints.corroboration.corroborated,
@@ -151,7 +154,7 @@ impl MemoryStore {
         if !self.callers.contains_key(caller) {
             self.ensure_room(now_ms)?;
         }
-        let mut state = self.callers.entry(caller.to_owned()).or_default();
+        let mut state = self.caller_entry(caller);
         state.last_touched_ms = state.last_touched_ms.max(now_ms);
         Ok(state.hints.merge(assessment, reporter, policy, now_ms))
     }
