@@ -67,6 +67,8 @@ fn rpc_bench_runs_against_an_in_process_coordinator() {
         "| Reconsider |",
         "grpc.health.v1.Health/Check (ceiling)",
         "ratio coordinator/ceiling:",
+        "(target >= 0.9)",
+        "p99 coordinator/ceiling:",
         "server CPU per call: coordinator",
     ] {
         assert!(text.contains(field), "no `{field}` in:\n{text}");

@@ -38,6 +38,11 @@ use super::cpu::Threads;
 pub const MAX_DURATION: Duration = Duration::from_secs(300);
 /// Slowest latency the histograms hold (µs); slower calls are clamped to it.
 const MAX_LATENCY_US: u64 = 60_000_000;
+/// The product's target for coordinator ÷ ceiling requests/s (and CPU per
+/// call), measured with the server pinned to one core.
+pub const TARGET_RATIO: f64 = 0.9;
+/// The product's bound on the coordinator's p99 latency ÷ the ceiling's.
+pub const TARGET_P99_RATIO: f64 = 1.5;
 /// The service whose health the ceiling phase asks for: the coordinator
 /// registers it, so the answer is a map lookup and no store work.
 const HEALTH_SERVICE: &str = "tollgate.v1.Budget";
@@ -62,7 +67,7 @@ pub struct RpcArgs {
     #[arg(long, default_value = "lease=60,report=20,reconsider=20")]
     pub mix: Mix,
     /// Distinct scopes the requests are spread over (stay under the
-    /// server's `max_scopes`, 50 000 by default).
+    /// server's `max_scopes`, 1 000 000 by default).
     #[arg(long, default_value_t = 1000)]
     pub scopes: u32,
     /// Requests per phase at most, whatever the duration.
@@ -604,9 +609,16 @@ fn write_report(r: &RpcReport, args: &RpcArgs, out: &mut dyn Write) -> std::io::
     writeln!(out)?;
     writeln!(
         out,
-        "ratio coordinator/ceiling: {:.3} (target >= 0.85)",
+        "ratio coordinator/ceiling: {:.3} (target >= {TARGET_RATIO})",
         r.ratio
     )?;
+    if r.ceiling.total.p99_us > 0 {
+        writeln!(
+            out,
+            "p99 coordinator/ceiling: {:.2} (target <= {TARGET_P99_RATIO})",
+            r.coordinator.total.p99_us as f64 / r.ceiling.total.p99_us as f64
+        )?;
+    }
     match (
         r.coordinator.server_cpu_us_per_call,
         r.ceiling.server_cpu_us_per_call,
