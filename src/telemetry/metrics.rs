@@ -21,13 +21,14 @@
 //! attribute sets are few and known up front, so they are plain atomics
 //! ([`Tally`]) read by an observable counter at collection: the same metric
 //! for every exporter (a monotonic cumulative sum), at one atomic add per
-//! call. The books behind the gauges clone no key a call already has.
+//! call. The books behind the gauges ([`Book`]) compare and clone no key
+//! on a call.
 //! Like the gauges, the tallies are per [`CoordinatorMetrics`]: one
 //! coordinator per meter provider.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher as _, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -144,18 +145,10 @@ impl std::fmt::Debug for CoordinatorMetrics {
 
 #[derive(Default)]
 struct Books {
-    /// The keyed hash of a lease id → (priority, granted, expires at):
-    /// tokens outstanding. Keyed by the hash so a grant does not copy the
-    /// id; two ids colliding in 64 bits (odds about 2⁻³² with the book
-    /// full) would count as one lease in the gauge.
-    leases: Mutex<HashMap<u64, (Priority, u64, i64), foldhash::fast::RandomState>>,
-    /// The hash of `leases`' keys: SipHash under this process's random
-    /// keys, so a Release naming an id it was not given cannot aim at
-    /// another lease's entry (and the map itself can use a fast hash of
-    /// keys no peer can choose).
-    lease_ids: RandomState,
+    /// lease id → (priority, granted, expires at): tokens outstanding.
+    leases: Mutex<Book<(), (Priority, u64, i64)>>,
     /// scope → (remaining, seen at): the budget balance per scope.
-    balances: Mutex<HashMap<ScopeKey, (u64, i64)>>,
+    balances: Mutex<Book<ScopeKey, (u64, i64)>>,
     /// cooldown level → until.
     cooldowns: Mutex<HashMap<String, i64>>,
 }
@@ -165,19 +158,62 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Sets `key`'s entry in a book bounded to `max` entries, cloning `key`
-/// only when the book does not hold it yet (every call after a key's first
-/// finds it). A new key in a full book is not tracked.
-pub(super) fn upsert<K: Hash + Eq + Clone, V, S: BuildHasher>(
-    book: &mut HashMap<K, V, S>,
-    key: &K,
-    value: V,
-    max: usize,
-) {
-    if let Some(entry) = book.get_mut(key) {
-        *entry = value;
-    } else if book.len() < max {
-        book.insert(key.clone(), value);
+/// A bounded book behind a gauge: entries found by their key's hash alone,
+/// the key itself kept beside the value only for the gauges that show it.
+/// A call finds its entry without comparing a string, each a pointer away
+/// from the table (a Lease compared both names of its scope), and never
+/// copies a key the book already holds.
+///
+/// The hash is SipHash under this process's random keys, so no peer can
+/// choose names that collide; two keys colliding in 64 bits (odds about
+/// 2⁻³² with a book full) would share one entry of the gauge. The map
+/// itself hashes these uniform `u64`s with foldhash.
+pub(super) struct Book<K, V> {
+    hash: RandomState,
+    entries: HashMap<u64, (K, V), foldhash::fast::RandomState>,
+}
+
+impl<K, V> Default for Book<K, V> {
+    fn default() -> Self {
+        Book {
+            hash: RandomState::new(),
+            entries: HashMap::default(),
+        }
+    }
+}
+
+impl<K, V> Book<K, V> {
+    /// Sets `key`'s value; the key is kept (made by `own`) only when new,
+    /// and a new key is not tracked once the book holds `max` entries.
+    pub(super) fn set<Q: Hash + ?Sized>(
+        &mut self,
+        key: &Q,
+        own: impl FnOnce() -> K,
+        value: V,
+        max: usize,
+    ) {
+        let at = self.hash.hash_one(key);
+        if let Some((_, entry)) = self.entries.get_mut(&at) {
+            *entry = value;
+        } else if self.entries.len() < max {
+            self.entries.insert(at, (own(), value));
+        }
+    }
+
+    /// Forgets `key`.
+    pub(super) fn remove<Q: Hash + ?Sized>(&mut self, key: &Q) {
+        let at = self.hash.hash_one(key);
+        self.entries.remove(&at);
+    }
+
+    /// Keeps the entries `keep` says to.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) {
+        self.entries.retain(|_, (key, value)| keep(key, value));
+    }
+
+    /// Every entry, in no order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.entries.values().map(|(key, value)| (key, value))
     }
 }
 
@@ -199,8 +235,8 @@ impl CoordinatorMetrics {
                     let now = to_unix_ms(clock.now());
                     let mut sums = [0u64; 3];
                     let mut leases = lock(&books.leases);
-                    leases.retain(|_, (_, _, expires)| *expires > now);
-                    for (p, granted, _) in leases.values() {
+                    leases.retain(|(), (_, _, expires)| *expires > now);
+                    for (_, (p, granted, _)) in leases.iter() {
                         sums[p.index()] += granted;
                     }
                     for p in Priority::ALL {
@@ -374,22 +410,20 @@ impl CoordinatorMetrics {
                 .add(scope.priority.index(), u64::from(grant.granted));
         }
         if let Some(id) = lease_id.filter(|_| grant.granted > 0) {
-            let key = self.books.lease_ids.hash_one(id);
-            let mut leases = lock(&self.books.leases);
-            if leases.len() < MAX_BOOK_ENTRIES {
-                leases.insert(
-                    key,
-                    (
-                        scope.priority,
-                        u64::from(grant.granted),
-                        grant.expires_at_ms,
-                    ),
-                );
-            }
+            lock(&self.books.leases).set(
+                id,
+                || (),
+                (
+                    scope.priority,
+                    u64::from(grant.granted),
+                    grant.expires_at_ms,
+                ),
+                MAX_BOOK_ENTRIES,
+            );
         }
-        upsert(
-            &mut lock(&self.books.balances),
+        lock(&self.books.balances).set(
             scope,
+            || scope.clone(),
             (grant.remaining, now_ms),
             MAX_BOOK_ENTRIES,
         );
@@ -397,8 +431,7 @@ impl CoordinatorMetrics {
 
     /// A `Release` that gave `returned` tokens back.
     pub fn release(&self, scope: &ScopeKey, lease_id: &str, returned: u32) {
-        let key = self.books.lease_ids.hash_one(lease_id);
-        lock(&self.books.leases).remove(&key);
+        lock(&self.books.leases).remove(lease_id);
         if returned > 0 {
             self.tokens_returned
                 .add(scope.priority.index(), u64::from(returned));

@@ -3,7 +3,6 @@
 //! capacity of the [`BUSIEST`] routes with the most intents waiting — the
 //! ones an SRE watching a storm needs, whatever the number of routes.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use opentelemetry::KeyValue;
@@ -14,7 +13,7 @@ use tollgate_client::telemetry::caller_scope_attr;
 use crate::pacing::{Mode, PacingView};
 use crate::scope::RouteKey;
 
-use super::metrics::{lock, upsert};
+use super::metrics::{Book, lock};
 
 /// Routes whose rates are exported, most intents waiting first.
 pub const BUSIEST: usize = 5;
@@ -27,7 +26,7 @@ const SEEN_TTL_MS: i64 = 60_000;
 /// The latest pacing seen per route.
 #[derive(Default)]
 pub struct PacingBook {
-    routes: Mutex<HashMap<RouteKey, (PacingView, i64)>>,
+    routes: Mutex<Book<RouteKey, (PacingView, i64)>>,
 }
 
 const MODES: [Mode; 7] = [
@@ -43,7 +42,7 @@ const MODES: [Mode; 7] = [
 impl PacingBook {
     /// Records what a Report or Reconsider left of `route`'s pacing.
     pub fn record(&self, route: &RouteKey, view: &PacingView, now_ms: i64) {
-        upsert(&mut lock(&self.routes), route, (*view, now_ms), MAX_ROUTES);
+        lock(&self.routes).set(route, || route.clone(), (*view, now_ms), MAX_ROUTES);
     }
 
     /// Registers the gauges on `meter`, read from `book` at collection.
@@ -58,7 +57,7 @@ impl PacingBook {
                     let mut routes = lock(&book.routes);
                     routes.retain(|_, (_, at)| now - *at < SEEN_TTL_MS);
                     let mut counts = [0u64; MODES.len()];
-                    for (view, _) in routes.values() {
+                    for (_, (view, _)) in routes.iter() {
                         counts[view.mode as usize] += 1;
                     }
                     for mode in MODES {
