@@ -26,8 +26,8 @@
 //! Like the gauges, the tallies are per [`CoordinatorMetrics`]: one
 //! coordinator per meter provider.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher as _, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -145,8 +145,8 @@ impl std::fmt::Debug for CoordinatorMetrics {
 
 #[derive(Default)]
 struct Books {
-    /// lease id → (priority, granted, expires at): tokens outstanding.
-    leases: Mutex<Book<(), (Priority, u64, i64)>>,
+    /// Tokens outstanding.
+    leases: Mutex<LeaseLog>,
     /// scope → (remaining, seen at): the budget balance per scope.
     balances: Mutex<Book<ScopeKey, (u64, i64)>>,
     /// cooldown level → until.
@@ -156,6 +156,54 @@ struct Books {
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Plain maps of numbers: still usable after a panic elsewhere.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The grants and releases behind `tollgate.tokens.outstanding`, as two
+/// logs settled at collection: a Lease appends its grant and a Release its
+/// lease id's hash. A map of live leases cost each Lease a probe at a
+/// random place of a table of up to [`MAX_BOOK_ENTRIES`] entries, a cache
+/// miss on a busy coordinator; an append writes where the last one did.
+/// Each log stops growing at [`MAX_BOOK_ENTRIES`] (the gauge then
+/// undercounts) until a collection settles it.
+#[derive(Default)]
+struct LeaseLog {
+    /// SipHash under this process's random keys: a Release naming an id
+    /// it was not given cannot aim at another lease.
+    hash: RandomState,
+    /// (id hash, priority, granted, expires at), in grant order; kept
+    /// across collections while the lease is live.
+    granted: Vec<(u64, Priority, u64, i64)>,
+    /// Id hashes released since the last collection.
+    released: Vec<u64>,
+}
+
+impl LeaseLog {
+    fn grant(&mut self, id: &str, priority: Priority, granted: u64, expires_at_ms: i64) {
+        if self.granted.len() < MAX_BOOK_ENTRIES {
+            let id = self.hash.hash_one(id);
+            self.granted.push((id, priority, granted, expires_at_ms));
+        }
+    }
+
+    fn release(&mut self, id: &str) {
+        if self.released.len() < MAX_BOOK_ENTRIES {
+            let id = self.hash.hash_one(id);
+            self.released.push(id);
+        }
+    }
+
+    /// Tokens outstanding per priority at `now_ms`; forgets the leases
+    /// that expired or were released, and the releases.
+    fn settle(&mut self, now_ms: i64) -> [u64; 3] {
+        let released: HashSet<u64> = self.released.drain(..).collect();
+        self.granted
+            .retain(|(id, _, _, expires)| *expires > now_ms && !released.contains(id));
+        let mut sums = [0u64; 3];
+        for (_, p, granted, _) in &self.granted {
+            sums[p.index()] += granted;
+        }
+        sums
+    }
 }
 
 /// A bounded book behind a gauge: entries found by their key's hash alone,
@@ -200,12 +248,6 @@ impl<K, V> Book<K, V> {
         }
     }
 
-    /// Forgets `key`.
-    pub(super) fn remove<Q: Hash + ?Sized>(&mut self, key: &Q) {
-        let at = self.hash.hash_one(key);
-        self.entries.remove(&at);
-    }
-
     /// Keeps the entries `keep` says to.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) {
         self.entries.retain(|_, (key, value)| keep(key, value));
@@ -233,12 +275,7 @@ impl CoordinatorMetrics {
                 .with_unit("{token}")
                 .with_callback(move |observer| {
                     let now = to_unix_ms(clock.now());
-                    let mut sums = [0u64; 3];
-                    let mut leases = lock(&books.leases);
-                    leases.retain(|(), (_, _, expires)| *expires > now);
-                    for (_, (p, granted, _)) in leases.iter() {
-                        sums[p.index()] += granted;
-                    }
+                    let sums = lock(&books.leases).settle(now);
                     for p in Priority::ALL {
                         observer.observe(sums[p.index()], &[priority(p)]);
                     }
@@ -410,15 +447,11 @@ impl CoordinatorMetrics {
                 .add(scope.priority.index(), u64::from(grant.granted));
         }
         if let Some(id) = lease_id.filter(|_| grant.granted > 0) {
-            lock(&self.books.leases).set(
+            lock(&self.books.leases).grant(
                 id,
-                || (),
-                (
-                    scope.priority,
-                    u64::from(grant.granted),
-                    grant.expires_at_ms,
-                ),
-                MAX_BOOK_ENTRIES,
+                scope.priority,
+                u64::from(grant.granted),
+                grant.expires_at_ms,
             );
         }
         lock(&self.books.balances).set(
@@ -431,7 +464,7 @@ impl CoordinatorMetrics {
 
     /// A `Release` that gave `returned` tokens back.
     pub fn release(&self, scope: &ScopeKey, lease_id: &str, returned: u32) {
-        lock(&self.books.leases).remove(lease_id);
+        lock(&self.books.leases).release(lease_id);
         if returned > 0 {
             self.tokens_returned
                 .add(scope.priority.index(), u64::from(returned));
@@ -487,5 +520,45 @@ pub fn limit_str(limit: GrantLimit) -> &'static str {
         GrantLimit::BudgetExhausted => "budget_exhausted",
         GrantLimit::FairShare => "fair_share",
         GrantLimit::Frozen => "frozen",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outstanding_tokens_leave_when_released_or_expired() {
+        let mut log = LeaseLog::default();
+        log.grant("a-1", Priority::Normal, 3, 1_000);
+        log.grant("a-2", Priority::Normal, 5, 2_000);
+        log.grant("a-3", Priority::Critical, 7, 2_000);
+        log.release("a-2");
+        // A release of a lease never granted (or already gone) is dropped.
+        log.release("a-9");
+        assert_eq!(log.settle(500), [7, 3, 0]);
+        // Settled releases stay settled; expiry is read at each collection.
+        assert_eq!(log.settle(1_500), [7, 0, 0]);
+        log.release("a-3");
+        assert_eq!(log.settle(1_500), [0, 0, 0]);
+        assert!(log.granted.is_empty() && log.released.is_empty());
+    }
+
+    #[test]
+    fn a_book_keeps_the_first_key_and_the_last_value() {
+        let mut book: Book<String, u64> = Book::default();
+        for (value, key) in ["x", "y", "x"].into_iter().enumerate() {
+            book.set(key, || key.to_owned(), value as u64, 10);
+        }
+        let mut entries: Vec<_> = book.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        entries.sort();
+        assert_eq!(entries, [("x".to_owned(), 2), ("y".to_owned(), 1)]);
+        // Full: a new key is not tracked, a known one still moves.
+        book.set("z", || "z".to_owned(), 9, 2);
+        book.set("y", || "y".to_owned(), 8, 2);
+        assert_eq!(book.iter().count(), 2);
+        assert!(book.iter().any(|(k, v)| k == "y" && *v == 8));
+        book.retain(|k, _| k == "x");
+        assert_eq!(book.iter().count(), 1);
     }
 }
