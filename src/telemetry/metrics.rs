@@ -19,12 +19,11 @@
 //! Every Lease (and Release) counts. A synchronous OpenTelemetry counter
 //! builds, sorts and hashes an attribute set per `add`; the lease counters'
 //! attribute sets are few and known up front, so they are plain atomics
-//! ([`Tally`]) read by an observable counter at collection: the same metric
+//! (`Tally`) read by an observable counter at collection: the same metric
 //! for every exporter (a monotonic cumulative sum), at one atomic add per
-//! call. The books behind the gauges ([`Book`]) compare and clone no key
-//! on a call.
-//! Like the gauges, the tallies are per [`CoordinatorMetrics`]: one
-//! coordinator per meter provider.
+//! call. The books behind the gauges (`Book`, `LeaseLog`) compare and
+//! clone no key on a call. Like the gauges, the tallies are per
+//! [`CoordinatorMetrics`]: one coordinator per meter provider.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
