@@ -47,12 +47,12 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use tracing::Metadata;
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
-use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{FilterExt as _, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::layer::{self, Filter};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer};
 
 pub use self::propagation::{TraceContextLayer, record_scope};
 pub use self::rpc::RpcMetricsLayer;
@@ -279,7 +279,7 @@ pub const RPC_SPANS: [&str; 5] = [
 /// other span, and never the [`RPC_SPANS`]. The exporter's layer has its
 /// own filter ([`span_filter`]), so the spans still reach it; with no
 /// exporter, no layer wants them and they are never built.
-fn log_filter<S>(env: tracing_subscriber::EnvFilter) -> impl Filter<S> + Send + Sync + 'static
+fn log_filter<S>(env: EnvFilter) -> impl Filter<S> + Send + Sync + 'static
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -327,8 +327,7 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_filter(log_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         ));
     let logged = tracing_subscriber::registry().with(logs);
     // Not `.with(telemetry.layer())`: an absent `Option` layer counts as
@@ -348,31 +347,22 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
     use std::sync::{Arc, Mutex};
 
     use tracing_subscriber::layer::Context;
 
     use super::*;
 
-    /// Log lines written by the fmt layer under test.
+    /// What a layer was shown: the names of the spans it saw open, and
+    /// the targets of the events.
     #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
+    struct Seen(Arc<Mutex<Vec<String>>>);
 
-    impl Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("lines").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
+    impl Seen {
+        fn names(&self) -> Vec<String> {
+            self.0.lock().expect("seen").clone()
         }
     }
-
-    /// Names of the spans a layer was shown: the exporter's stand-in.
-    #[derive(Clone, Default)]
-    struct Seen(Arc<Mutex<Vec<&'static str>>>);
 
     impl<S: tracing::Subscriber> Layer<S> for Seen {
         fn on_new_span(
@@ -381,56 +371,58 @@ mod tests {
             _: &tracing::Id,
             _: Context<'_, S>,
         ) {
-            self.0.lock().expect("seen").push(attrs.metadata().name());
+            let name = attrs.metadata().name();
+            self.0.lock().expect("seen").push(format!("span {name}"));
+        }
+
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            let line = event.metadata().line().unwrap_or_default();
+            self.0.lock().expect("seen").push(format!("event {line}"));
         }
     }
 
-    fn logs(lines: &Lines) -> impl Layer<tracing_subscriber::Registry> + use<> {
-        let lines = lines.clone();
-        tracing_subscriber::fmt::layer()
-            .with_ansi(false)
-            .with_writer(move || lines.clone())
-            .with_filter(log_filter(tracing_subscriber::EnvFilter::new("info")))
+    fn logs() -> EnvFilter {
+        EnvFilter::new("info")
     }
 
+    // One test, two subscribers in turn: a callsite's interest is
+    // process-wide, so a second test's exporter layer alive at the same
+    // time would make the first one's RPC span wanted.
     #[test]
-    fn logs_skip_the_rpc_spans_and_keep_their_events() {
-        let lines = Lines::default();
-        let subscriber = tracing_subscriber::registry().with(logs(&lines));
-        tracing::subscriber::with_default(subscriber, || {
-            let rpc = tracing::info_span!(LEASE_SPAN, tollgate.route = "GET /rpc-span");
+    fn logs_skip_the_rpc_spans_that_the_exporter_still_sees() {
+        let logged = Seen::default();
+        let subscriber =
+            tracing_subscriber::registry().with(logged.clone().with_filter(log_filter(logs())));
+        let lines = tracing::subscriber::with_default(subscriber, || {
+            let rpc = tracing::info_span!(LEASE_SPAN, tollgate.route = "GET /x");
             // No layer wants it: never built, its fields never formatted.
             assert!(rpc.is_disabled());
-            rpc.in_scope(|| tracing::info!(route = "GET /event", "inside the rpc"));
+            let inside_rpc = line!() + 1;
+            rpc.in_scope(|| tracing::info!("inside the rpc"));
             let admin = tracing::info_span!("set_policy", who = "ops");
             assert!(!admin.is_disabled());
+            let inside_admin = line!() + 1;
             admin.in_scope(|| tracing::info!("inside admin"));
+            [inside_rpc, inside_admin]
         });
-        let text = String::from_utf8(lines.0.lock().expect("lines").clone()).expect("utf-8");
-        assert!(
-            text.contains("inside the rpc") && text.contains("GET /event"),
-            "{text}"
+        assert_eq!(
+            logged.names(),
+            [
+                format!("event {}", lines[0]),
+                "span set_policy".to_owned(),
+                format!("event {}", lines[1]),
+            ]
         );
-        assert!(!text.contains("GET /rpc-span"), "{text}");
-        assert!(
-            text.contains("who=\"ops\"") || text.contains("who=ops"),
-            "{text}"
-        );
-    }
 
-    #[test]
-    fn the_exporter_still_sees_the_rpc_spans() {
-        let (lines, seen) = (Lines::default(), Seen::default());
+        let (logged, exported) = (Seen::default(), Seen::default());
         let subscriber = tracing_subscriber::registry()
-            .with(logs(&lines))
-            .with(seen.clone().with_filter(span_filter()));
+            .with(logged.clone().with_filter(log_filter(logs())))
+            .with(exported.clone().with_filter(span_filter()));
         tracing::subscriber::with_default(subscriber, || {
             let rpc = tracing::info_span!(target: "tollgate::service", REPORT_SPAN);
             assert!(!rpc.is_disabled());
-            rpc.in_scope(|| tracing::info!("inside the rpc"));
         });
-        assert_eq!(*seen.0.lock().expect("seen"), [REPORT_SPAN]);
-        let text = String::from_utf8(lines.0.lock().expect("lines").clone()).expect("utf-8");
-        assert!(text.contains("inside the rpc"), "{text}");
+        assert_eq!(exported.names(), [format!("span {REPORT_SPAN}")]);
+        assert!(logged.names().is_empty());
     }
 }
