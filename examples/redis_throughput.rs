@@ -227,12 +227,16 @@ fn main() -> anyhow::Result<()> {
                  value {} bytes, leases {} + {} bytes",
                 usage[0], usage[1], usage[2]
             );
-            // Where a call's time goes: Redis's own time per script call.
+            // Where a call's time goes: Redis's own time per script or
+            // function call.
             let stats: String = redis::cmd("INFO")
                 .arg("commandstats")
                 .query_async(&mut conn)
                 .await?;
-            for line in stats.lines().filter(|l| l.starts_with("cmdstat_evalsha")) {
+            for line in stats
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_evalsha") || l.starts_with("cmdstat_fcall"))
+            {
                 println!("redis {line}");
             }
         }

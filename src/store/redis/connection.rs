@@ -10,11 +10,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, ScriptInvocation, Value};
+use redis::{AsyncConnectionConfig, Value};
 
 use crate::store::StoreError;
 
-use super::scripts::SCRIPTS;
+use super::scripts::{Call, SCRIPTS};
 use super::sentinel::{SentinelConn, SentinelTarget};
 use super::store::RedisStore;
 
@@ -199,14 +199,14 @@ impl RedisStore {
         matches!(self.conn, Conn::Cluster(_))
     }
 
-    /// Runs a script invocation within the operation bound.
-    pub(super) async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<Value>, StoreError> {
+    /// Runs a library function's call within the operation bound.
+    pub(super) async fn run(&self, inv: &Call) -> Result<Vec<Value>, StoreError> {
         let mut conn = self.conn.clone();
         let call = async {
             match &mut conn {
-                Conn::Single(c) => inv.invoke_async::<Vec<Value>>(c).await,
-                Conn::Cluster(c) => inv.invoke_async::<Vec<Value>>(c).await,
-                Conn::Sentinel(c) => inv.invoke_async::<Vec<Value>>(c).await,
+                Conn::Single(c) => inv.query::<Vec<Value>>(c).await,
+                Conn::Cluster(c) => inv.query::<Vec<Value>>(c).await,
+                Conn::Sentinel(c) => inv.query::<Vec<Value>>(c).await,
             }
         };
         self.bounded(call).await
@@ -359,12 +359,9 @@ impl RedisStore {
                 if !is_route && !key.ends_with(":c") {
                     continue;
                 }
-                let mut inv = SCRIPTS.evict.prepare_invoke();
-                inv.key(&key)
-                    .arg(now_ms)
-                    .arg(idle_ms)
-                    .arg(u8::from(is_route));
-                let gone: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
+                let mut inv = SCRIPTS.evict.call(&[&key]);
+                inv.arg(now_ms).arg(idle_ms).arg(u8::from(is_route));
+                let gone: i64 = self.bounded(inv.query(&mut conn)).await?;
                 evicted += usize::from(gone == 1);
             }
             if next == 0 {

@@ -1,11 +1,19 @@
-//! The Lua scripts, compiled once. Each is `lua/prelude.lua` (the state
-//! codec and the budget, hint and slot math) plus its own body, behind a
-//! header of the bounds it shares with the Rust modules — written here from
-//! the Rust constants, so the port cannot drift from them.
+//! The Lua scripts as one Redis Functions library, loaded once per node:
+//! `lua/prelude.lua` (the state codec and the budget, hint and slot math)
+//! and `lua/pacing.lua` behind a header of the bounds they share with the
+//! Rust modules — written here from the Rust constants, so the port cannot
+//! drift from them — then each script's body registered as a function.
+//!
+//! Why a library and not `EVALSHA`: a script runs its whole text on every
+//! call, so each call re-created the prelude's hundred-odd functions before
+//! doing any work (more Redis time than a Lease's own reads and writes). A
+//! library's text runs once, at `FUNCTION LOAD`; each `FCALL` runs only
+//! its function.
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
 
 use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
 use crate::hints::corroboration::{MAX_EVIDENCE_WORKERS, MAX_MUTES, NOISY_MIN_DISAGREEMENTS};
@@ -15,23 +23,79 @@ use crate::policy::Policy;
 use crate::slots::{DEADLINE_BUCKET_MS, JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 use crate::store::LevelHint;
 
-/// The scripts, compiled once; their SHA1 is computed here and each is sent
-/// to Redis only when a node answers NOSCRIPT (after a restart or failover).
+/// One function of the library.
+pub(super) struct Function {
+    /// `tollgate_<script>_<hash>`: function names are global to a Redis
+    /// node, and two coordinator versions sharing one (a rolling upgrade)
+    /// must each find their own.
+    name: String,
+}
+
+impl Function {
+    /// A call of this function on `keys` (`FCALL name numkeys keys…`);
+    /// its arguments follow with [`Call::arg`].
+    pub(super) fn call<K: ToRedisArgs>(&self, keys: &[K]) -> Call {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.name).arg(keys.len()).arg(keys);
+        Call(cmd)
+    }
+}
+
+/// One `FCALL`, its arguments written straight into the command.
+pub(super) struct Call(Cmd);
+
+impl Call {
+    pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.0.arg(arg);
+        self
+    }
+
+    /// Sends the call on `conn`. A node without the library (a new node,
+    /// one restarted without persistence, a replica promoted before it
+    /// replicated `FUNCTION LOAD`) answers "Function not found": the
+    /// library is loaded there (on a cluster, on every primary) and the
+    /// call sent again, as `EVALSHA` does on `NOSCRIPT`.
+    pub(super) async fn query<T: FromRedisValue>(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> RedisResult<T> {
+        match self.0.query_async(conn).await {
+            Err(err)
+                if err
+                    .detail()
+                    .is_some_and(|d| d.starts_with("Function not found")) =>
+            {
+                redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&SCRIPTS.library)
+                    .query_async::<()>(conn)
+                    .await?;
+                self.0.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// The library's code and its functions.
 pub(super) struct Scripts {
-    pub(super) lease: Script,
-    pub(super) release: Script,
-    pub(super) report: Script,
-    pub(super) report_caller: Script,
-    pub(super) reconsider: Script,
-    pub(super) view: Script,
-    pub(super) caller: Script,
-    pub(super) freeze: Script,
-    pub(super) evict: Script,
-    pub(super) detail: Script,
-    pub(super) caller_detail: Script,
-    pub(super) reset: Script,
-    pub(super) mute: Script,
-    pub(super) active: Script,
+    /// What `FUNCTION LOAD` is given.
+    pub(super) library: String,
+    pub(super) lease: Function,
+    pub(super) release: Function,
+    pub(super) report: Function,
+    pub(super) report_caller: Function,
+    pub(super) reconsider: Function,
+    pub(super) view: Function,
+    pub(super) caller: Function,
+    pub(super) freeze: Function,
+    pub(super) evict: Function,
+    pub(super) detail: Function,
+    pub(super) caller_detail: Function,
+    pub(super) reset: Function,
+    pub(super) mute: Function,
+    pub(super) active: Function,
 }
 
 /// The Lua constants the prelude uses, from their Rust definitions.
@@ -52,39 +116,78 @@ fn shared_bounds() -> String {
     )
 }
 
-/// The prelude every script starts with: the shared bounds, then
-/// `lua/prelude.lua`. Also what the pacing port's agreement test loads.
+/// The shared bounds, then `lua/prelude.lua`: what the library starts with,
+/// and what the pacing port's agreement test loads as a script (where
+/// `KEYS` and `ARGV` are the script's own).
 pub(crate) fn prelude() -> String {
     format!("{}{}", shared_bounds(), include_str!("lua/prelude.lua"))
 }
 
-pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let prelude = prelude();
-    let with_prelude = |body: &str| Script::new(&format!("{prelude}\n{body}"));
-    // The scripts that pace include the controller's port after the prelude.
-    let pacing = include_str!("lua/pacing.lua");
-    let paced = |body: &str| Script::new(&format!("{prelude}\n{pacing}\n{body}"));
-    Scripts {
-        lease: with_prelude(include_str!("lua/lease.lua")),
-        release: with_prelude(include_str!("lua/release.lua")),
-        report: paced(include_str!("lua/report.lua")),
-        report_caller: with_prelude(include_str!("lua/report_caller.lua")),
-        reconsider: paced(include_str!("lua/reconsider.lua")),
-        view: with_prelude(include_str!("lua/view.lua")),
-        caller: with_prelude(include_str!("lua/caller.lua")),
-        freeze: with_prelude(include_str!("lua/freeze.lua")),
-        evict: with_prelude(include_str!("lua/evict.lua")),
-        detail: paced(include_str!("lua/detail.lua")),
-        caller_detail: with_prelude(include_str!("lua/caller_detail.lua")),
-        reset: with_prelude(include_str!("lua/reset.lua")),
-        mute: with_prelude(include_str!("lua/mute.lua")),
-        active: with_prelude(include_str!("lua/active.lua")),
+/// Each script's body, by the name its function is registered under.
+const BODIES: [(&str, &str); 14] = [
+    ("lease", include_str!("lua/lease.lua")),
+    ("release", include_str!("lua/release.lua")),
+    ("report", include_str!("lua/report.lua")),
+    ("report_caller", include_str!("lua/report_caller.lua")),
+    ("reconsider", include_str!("lua/reconsider.lua")),
+    ("view", include_str!("lua/view.lua")),
+    ("caller", include_str!("lua/caller.lua")),
+    ("freeze", include_str!("lua/freeze.lua")),
+    ("evict", include_str!("lua/evict.lua")),
+    ("detail", include_str!("lua/detail.lua")),
+    ("caller_detail", include_str!("lua/caller_detail.lua")),
+    ("reset", include_str!("lua/reset.lua")),
+    ("mute", include_str!("lua/mute.lua")),
+    ("active", include_str!("lua/active.lua")),
+];
+
+/// The library: the bounds, `KEYS` and `ARGV` as the library's own locals
+/// (the prelude reads them; each function sets them from its arguments,
+/// as a script finds them set), the prelude, the pacing port, then one
+/// function per body. Named by a hash of all of it.
+fn library() -> Scripts {
+    let mut code = format!(
+        "local KEYS, ARGV\n{}\n{}\n",
+        prelude(),
+        include_str!("lua/pacing.lua")
+    );
+    for (name, body) in BODIES {
+        code.push_str(&format!(
+            "redis.register_function('tollgate_{name}_HASH', function(keys, args)\n\
+             KEYS, ARGV = keys, args\n{body}\nend)\n"
+        ));
     }
-});
+    let hash = redis::Script::new(&code).get_hash()[..16].to_owned();
+    let function = |name: &str| Function {
+        name: format!("tollgate_{name}_{hash}"),
+    };
+    Scripts {
+        library: format!(
+            "#!lua name=tollgate_{hash}\n{}",
+            code.replace("_HASH'", &format!("_{hash}'"))
+        ),
+        lease: function("lease"),
+        release: function("release"),
+        report: function("report"),
+        report_caller: function("report_caller"),
+        reconsider: function("reconsider"),
+        view: function("view"),
+        caller: function("caller"),
+        freeze: function("freeze"),
+        evict: function("evict"),
+        detail: function("detail"),
+        caller_detail: function("caller_detail"),
+        reset: function("reset"),
+        mute: function("mute"),
+        active: function("active"),
+    }
+}
+
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(library);
 
 /// Appends one hint's `HINT_FIELDS` arguments, in the order the prelude's
 /// `hint_at` reads them.
-pub(super) fn hint_args(inv: &mut ScriptInvocation<'_>, hint: &LevelHint) {
+pub(super) fn hint_args(inv: &mut Call, hint: &LevelHint) {
     let a = &hint.assessment;
     inv.arg(u8::from(!hint.caller_wide))
         .arg(a.cooldown_until_ms.unwrap_or(-1))
@@ -100,7 +203,7 @@ pub(super) fn hint_args(inv: &mut ScriptInvocation<'_>, hint: &LevelHint) {
 
 /// Appends the five pacing policy arguments, in the order `pacing.lua`'s
 /// `pace_policy` reads them (-1 for a key not set).
-pub(super) fn pacing_args(inv: &mut ScriptInvocation<'_>, pacing: &PacingPolicy) {
+pub(super) fn pacing_args(inv: &mut Call, pacing: &PacingPolicy) {
     inv.arg(pacing.pinned_m.unwrap_or(-1))
         .arg(pacing.known_limit_m.unwrap_or(-1))
         .arg(pacing.floor_m)
@@ -110,7 +213,7 @@ pub(super) fn pacing_args(inv: &mut ScriptInvocation<'_>, pacing: &PacingPolicy)
 
 /// Appends the policy's corroboration keys, in the order the prelude's
 /// `corr_rules` reads them (after a report's hints).
-pub(super) fn corroboration_args(inv: &mut ScriptInvocation<'_>, policy: &Policy) {
+pub(super) fn corroboration_args(inv: &mut Call, policy: &Policy) {
     inv.arg(policy.corroborate_workers)
         .arg(policy.corroborate_permille)
         .arg(policy.uncorroborated_cap_ms);

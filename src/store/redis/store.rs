@@ -56,8 +56,7 @@ impl RedisStore {
         if !self.clustered() {
             return Ok((vec![route_key, caller_key], 0, 0));
         }
-        let mut inv = SCRIPTS.caller.prepare_invoke();
-        inv.key(&caller_key);
+        let inv = SCRIPTS.caller.call(&[&caller_key]);
         let reply = Reply::ok(self.run(&inv).await?)?;
         Ok((vec![route_key], reply.int(1)?, reply.int(2)?))
     }
@@ -70,10 +69,7 @@ impl RedisStore {
         policy: Option<&Policy>,
         now_ms: i64,
     ) -> Result<Option<Reply>, StoreError> {
-        let mut inv = SCRIPTS.detail.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
+        let mut inv = SCRIPTS.detail.call(keys);
         inv.arg(caller.0)
             .arg(caller.1)
             .arg(now_ms)
@@ -155,8 +151,9 @@ impl RedisStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Option<ScopeDetail>, StoreError> {
-        let mut inv = SCRIPTS.caller_detail.prepare_invoke();
-        inv.key(self.caller_key(&route.caller_scope));
+        let inv = SCRIPTS
+            .caller_detail
+            .call(&[self.caller_key(&route.caller_scope)]);
         let caller = Reply::ok(self.run(&inv).await?)?;
         let (ccd, cfloor) = (caller.int(1)?, caller.int(2)?);
         let keys = [self.route_key(route)];
@@ -198,8 +195,8 @@ impl RedisStore {
     }
 
     async fn reset_now(&self, route: &RouteKey, now_ms: i64) -> Result<bool, StoreError> {
-        let mut inv = SCRIPTS.reset.prepare_invoke();
-        inv.key(self.route_key(route)).arg(now_ms).arg(self.idle_ms);
+        let mut inv = SCRIPTS.reset.call(&[self.route_key(route)]);
+        inv.arg(now_ms).arg(self.idle_ms);
         Ok(Reply::ok(self.run(&inv).await?)?.int(1)? == 1)
     }
 
@@ -215,31 +212,37 @@ impl RedisStore {
             self.lease_nonce,
             self.next_lease.fetch_add(1, Ordering::Relaxed)
         );
-        let mut inv = SCRIPTS.lease.prepare_invoke();
-        for k in &keys {
-            inv.key(k);
+        // The numbers as one string of little-endian doubles, which the
+        // script decodes in one step (lease.lua); every value is an
+        // integer below 2^53 but the ceiling, which the script only
+        // compares with, so each stays what the script read before as a
+        // decimal.
+        let ceiling = policy
+            .ceiling_per_window
+            .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
+        let numbers = [
+            ccd as f64,
+            cfloor as f64,
+            ask.now_ms as f64,
+            self.idle_ms as f64,
+            (ask.priority.index() + 1) as f64,
+            f64::from(ask.want),
+            f64::from(policy.window_secs),
+            policy.floor_milli_per_sec as f64,
+            policy.ratio_milli as f64,
+            ceiling as f64,
+            policy.cost(ask.retry_class).max(1) as f64,
+            policy.share(Priority::Critical) as f64,
+            policy.share(Priority::Normal) as f64,
+            policy.share(Priority::Bulk) as f64,
+            policy.lease_ttl_ms as f64,
+        ];
+        let mut packed = [0u8; 8 * 15];
+        for (at, n) in packed.chunks_exact_mut(8).zip(numbers) {
+            at.copy_from_slice(&n.to_le_bytes());
         }
-        inv.arg(ccd)
-            .arg(cfloor)
-            .arg(ask.now_ms)
-            .arg(self.idle_ms)
-            .arg(ask.worker_id)
-            .arg(ask.priority.index() + 1)
-            .arg(ask.want)
-            .arg(&id)
-            .arg(policy.window_secs)
-            .arg(policy.floor_milli_per_sec)
-            .arg(policy.ratio_milli)
-            .arg(
-                policy
-                    .ceiling_per_window
-                    .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)),
-            )
-            .arg(policy.cost(ask.retry_class).max(1));
-        for priority in Priority::ALL {
-            inv.arg(policy.share(priority));
-        }
-        inv.arg(policy.lease_ttl_ms);
+        let mut inv = SCRIPTS.lease.call(&keys);
+        inv.arg(&packed[..]).arg(ask.worker_id).arg(&id);
         let reply = Reply::ok(self.run(&inv).await?)?;
         let granted = u32::try_from(reply.int(1)?).unwrap_or(0);
         let limit = match reply.int(2)? {
@@ -262,9 +265,8 @@ impl RedisStore {
     }
 
     async fn release_now(&self, scope: &ScopeKey, end: LeaseEnd<'_>) -> Result<u32, StoreError> {
-        let mut inv = SCRIPTS.release.prepare_invoke();
-        inv.key(self.route_key(&scope.route))
-            .arg(end.now_ms)
+        let mut inv = SCRIPTS.release.call(&[self.route_key(&scope.route)]);
+        inv.arg(end.now_ms)
             .arg(self.idle_ms)
             .arg(end.worker_id)
             .arg(end.lease_id)
@@ -302,16 +304,14 @@ impl RedisStore {
             let active = if caller_hints.is_empty() {
                 0
             } else {
-                let mut inv = SCRIPTS.active.prepare_invoke();
-                inv.key(&route_key)
-                    .arg(report.now_ms)
+                let mut inv = SCRIPTS.active.call(&[&route_key]);
+                inv.arg(report.now_ms)
                     .arg(policy.window_ms())
                     .arg(report.worker_id);
                 Reply::ok(self.run(&inv).await?)?.int(1)?
             };
-            let mut inv = SCRIPTS.report_caller.prepare_invoke();
-            inv.key(&caller_key)
-                .arg(report.now_ms)
+            let mut inv = SCRIPTS.report_caller.call(&[&caller_key]);
+            inv.arg(report.now_ms)
                 .arg(self.idle_ms)
                 .arg(report.successes)
                 .arg(policy.backoff_base_ms)
@@ -332,11 +332,12 @@ impl RedisStore {
             let (_, ccd, cfloor) = self.route_keys(&scope.route).await?;
             (ccd, cfloor)
         };
-        let mut inv = SCRIPTS.report.prepare_invoke();
-        inv.key(&route_key);
-        if !clustered {
-            inv.key(&caller_key);
-        }
+        let keys: &[&String] = if clustered {
+            &[&route_key]
+        } else {
+            &[&route_key, &caller_key]
+        };
+        let mut inv = SCRIPTS.report.call(keys);
         inv.arg(ccd)
             .arg(cfloor)
             .arg(report.now_ms)
@@ -378,10 +379,7 @@ impl RedisStore {
         policy: &Policy,
     ) -> Result<Slotted, StoreError> {
         let (keys, ccd, cfloor) = self.route_keys(route).await?;
-        let mut inv = SCRIPTS.reconsider.prepare_invoke();
-        for k in &keys {
-            inv.key(k);
-        }
+        let mut inv = SCRIPTS.reconsider.call(&keys);
         inv.arg(ccd)
             .arg(cfloor)
             .arg(ask.now_ms)
@@ -409,13 +407,10 @@ impl RedisStore {
         })
     }
 
-    async fn view_now(&self, route: &RouteKey) -> Result<RouteView, StoreError> {
+    async fn view_now(&self, route: &RouteKey, now_ms: i64) -> Result<RouteView, StoreError> {
         let (keys, ccd, cfloor) = self.route_keys(route).await?;
-        let mut inv = SCRIPTS.view.prepare_invoke();
-        for k in &keys {
-            inv.key(k);
-        }
-        inv.arg(ccd).arg(cfloor);
+        let mut inv = SCRIPTS.view.call(&keys);
+        inv.arg(ccd).arg(cfloor).arg(now_ms);
         let reply = Reply::ok(self.run(&inv).await?)?;
         view_at(&reply, 1)
     }
@@ -426,9 +421,8 @@ impl RedisStore {
         reason: Option<String>,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let mut inv = SCRIPTS.freeze.prepare_invoke();
-        inv.key(self.route_key(route))
-            .arg(now_ms)
+        let mut inv = SCRIPTS.freeze.call(&[self.route_key(route)]);
+        inv.arg(now_ms)
             .arg(self.idle_ms)
             .arg(u8::from(reason.is_some()))
             .arg(reason.unwrap_or_default());
@@ -451,9 +445,8 @@ impl RedisStore {
             ("route", self.route_key(route)),
             ("caller", self.caller_key(&route.caller_scope)),
         ] {
-            let mut inv = SCRIPTS.mute.prepare_invoke();
-            inv.key(key)
-                .arg(kind)
+            let mut inv = SCRIPTS.mute.call(&[key]);
+            inv.arg(kind)
                 .arg(now_ms)
                 .arg(self.idle_ms)
                 .arg(worker_id)
@@ -515,8 +508,8 @@ impl Store for RedisStore {
         Box::pin(self.reconsider_now(route, ask, policy))
     }
 
-    fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {
-        Box::pin(self.view_now(route))
+    fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView> {
+        Box::pin(self.view_now(route, now_ms))
     }
 
     fn set_freeze<'a>(

@@ -3,11 +3,10 @@
 -- deposits: the reporter counts as active, as it will be once it has.
 -- KEYS: route. ARGV: now, window_ms, worker. Reply: 'ok', active workers.
 local now, window_ms, wid = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local st = load(KEYS[1])
+local st = route_open(KEYS[1], now, {})
 if not st then return { 'ok', 1 } end
 local n = active_workers(st, now, window_ms)
 for p = 1, 3 do
-  local cls = st.cls[p]
-  if cls.workers[wid] and worker_seen(cls, wid) > now - window_ms then return { 'ok', n } end
+  if class_workers(st, p)[wid] and worker_seen(st, p, wid) > now - window_ms then return { 'ok', n } end
 end
 return { 'ok', n + 1 }

@@ -4,19 +4,16 @@
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
 -- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3, then
 -- the five pacing policy arguments (pace_policy).
-local ccd, cfloor = caller_floor()
+local ccd, cfloor = caller_floor(tonumber(ARGV[1]), tonumber(ARGV[2]))
 local now = tonumber(ARGV[3])
-local st = load(KEYS[1])
+local st = route_open(KEYS[1], now, { 'h', 'sl' })
 if not st then return { 'ok', 0 } end
 local leases, tokens = leases_held(KEYS[1], now)
-for _, l in pairs(st.leases or {}) do
-  if l.exp > now then leases, tokens = leases + 1, tokens + l.g end
-end
 local waiting = asking_count(st.slots, now)
 for _, s in pairs(st.slots.pending) do if s > now then waiting = waiting + 1 end end
 local out = {
   'ok', 1, math.max(st.hints.cd, ccd), math.max(hints_floor(st.hints), cfloor),
-  st.frozen or false, leases, waiting, st.touched,
+  st.frozen or false, leases, waiting, st.k.t,
 }
 if ARGV[4] ~= '1' then return out end
 
@@ -27,7 +24,7 @@ local P = {
 }
 local sec = sec_of(now)
 local window_ms = P.window * 1000
-out[#out + 1] = s_sum(st.fa, sec, P.window)
+out[#out + 1] = s_sum(series(st, 0), sec, P.window)
 local total = allowance(st, P, now)
 out[#out + 1] = total
 local spent_by = class_spent(st, P, now)
@@ -35,8 +32,8 @@ for p = 1, 3 do
   local a = idiv(total * shares_from(P, p), 1000)
   local spent = spent_by[p]
   local active = 0
-  for wid in pairs(st.cls[p].workers) do
-    if worker_seen(st.cls[p], wid) > now - window_ms then active = active + 1 end
+  for wid in pairs(class_workers(st, p)) do
+    if worker_seen(st, p, wid) > now - window_ms then active = active + 1 end
   end
   out[#out + 1] = a
   out[#out + 1] = spent

@@ -1,50 +1,57 @@
 -- Grants up to `want` tokens of one class (BudgetLedger::grant) and records
--- the lease (lease_put: beside the route's value). KEYS: route [, caller]. ARGV: caller cooldown, caller floor,
--- now, idle_ms, worker, class (1..3), want, lease id, then the policy
--- (policy_at).
-local now, idle_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
-local wid, p, want, id = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
-local P = policy_at(9)
-local ccd, cfloor = caller_floor()
-local st = route_get(KEYS[1], now)
-local cd = math.max(st.hints.cd, ccd)
-local floor = math.max(hints_floor(st.hints), cfloor)
+-- the lease (lease_put: beside the route). KEYS: route [, caller]. ARGV:
+-- the numbers packed as doubles (one string to decode instead of fifteen
+-- to parse: caller cooldown, caller floor, now, idle_ms, class (1..3),
+-- want, then the policy, policy_of), the worker, the lease id's prefix.
+local a = doubles(ARGV[1])
+local now, idle_ms, p, want = a[3], a[4], a[5], a[6]
+local P = policy_of(a, 7)
+local wid, prefix = ARGV[2], ARGV[3]
+local ccd, cfloor = caller_floor(a[1], a[2])
+-- Everything a grant reads, the worker's own record included, in one HMGET.
+local st = route_get(KEYS[1], now, { 'fa', 's1', 's2', 's3', CLASS_KEY[p] .. wid })
+local k = st.k
+local cd = math.max(k.cd, ccd)
+local floor = math.max(k.cd, k.bo, cfloor)
+
+-- What class p could reach in the window, borrowing included (the fair
+-- shares split it), and what it may still spend.
+local total = allowance(st, P, now)
+local capacity = idiv(total * shares_from(P, p), 1000)
+local avail = available_of(P, total, class_spent(st, P, now), p)
 
 if st.frozen then
   -- A frozen route grants nothing but still says what is left.
-  local remaining = idiv(available(st, P, p, now), P.cost)
-  save(KEYS[1], st, live_until(st, now), now, idle_ms)
-  return { 'ok', 0, 3, remaining, now, '', cd, floor, st.frozen }
+  route_save(st, idle_ms)
+  return { 'ok', 0, 3, idiv(avail, P.cost), now, '', cd, floor, st.frozen }
 end
 
 local sec = sec_of(now)
 local window_ms = P.window * 1000
 local expires = now + P.ttl
-if leases_live(KEYS[1], now) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
+if leases_live(st, now) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
 
-local capacity = class_allowance(st, P, p, now)
-local avail = available(st, P, p, now)
-local cls = st.cls[p]
-local me = touch(cls, wid, now, window_ms)
+local me = touch(st, p, wid, now, window_ms)
 
 local want_milli = want * P.cost
 local own_held = held(me, sec, P.window)
 local own_demand = own_held + want_milli
 -- A demand within an equal share among every worker the class tracks is
--- met in full by the water-filling: granted without weighing (and
+-- met in full by the water-filling: granted without reading (and
 -- unpacking) the rest of the fleet (BudgetLedger::grant).
 local fair
-if own_demand <= idiv(capacity, count(cls.workers)) then
+if own_demand <= idiv(capacity, k.n[p]) then
   fair = own_demand
 else
   -- Everyone else's demand.
   local demands = {}
-  for other in pairs(cls.workers) do
-    if other ~= wid and worker_seen(cls, other) > now - window_ms then
-      local w = worker(cls, other)
+  for other in pairs(class_workers(st, p)) do
+    if other ~= wid and worker_seen(st, p, other) > now - window_ms then
+      local w = worker(st, p, other)
       local h = held(w, sec, P.window)
-      if w.lease and w.lease > now - window_ms then
-        demands[#demands + 1] = h + w.unmet
+      -- (A worker that never leased holds -1.)
+      if w[LEASED] > now - window_ms then
+        demands[#demands + 1] = h + w[UNMET]
       else
         -- Seen only through reports: unknown demand, claims an equal share.
         demands[#demands + 1] = math.huge
@@ -66,15 +73,15 @@ if granted ~= want then
 end
 
 local cost = granted * P.cost
-me.lease = now
-me.unmet = want_milli - cost
-local lease_id = ''
+me[LEASED] = now
+me[UNMET] = want_milli - cost
+local id = ''
 if granted > 0 then
-  local charged = s_add(cls.spent, sec, cost)
+  local charged = s_add(series(st, p), sec, cost)
   charge(me, charged, cost)
-  lease_put(KEYS[1], id, { w = wid, p = p, g = granted, c = P.cost, sec = charged, exp = expires }, now)
-  st.lexp = math.max(st.lexp or 0, expires)
-  lease_id = id
+  id = lease_id(prefix, p, granted, P.cost, charged)
+  lease_put(st, id, wid, expires, now)
+  if expires > k.x then k.x = expires end
 end
-save(KEYS[1], st, live_until(st, now), now, idle_ms)
-return { 'ok', granted, limit, idiv(avail - cost, P.cost), expires, lease_id, cd, floor, false }
+route_save(st, idle_ms)
+return { 'ok', granted, limit, idiv(avail - cost, P.cost), expires, id, cd, floor, false }

@@ -6,7 +6,7 @@
 local kind, now, idle_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local wid, until_ms = ARGV[4], tonumber(ARGV[5])
 local st
-if kind == 'route' then st = route_get(KEYS[1], now) else st = caller_for_hint(load(KEYS[1]), now) end
+if kind == 'route' then st = route_get(KEYS[1], now, { 'h' }) else st = caller_for_hint(load(KEYS[1]), now) end
 local h = st.hints
 h.mutes = h.mutes or {}
 local n = 0
@@ -22,7 +22,7 @@ else
   ok = 0
 end
 if kind == 'route' then
-  save(KEYS[1], st, live_until(st, now), now, idle_ms)
+  route_save(st, idle_ms)
 else
   save(KEYS[1], st, hints_live(h), now, idle_ms)
 end

@@ -14,9 +14,11 @@
 -- function of its keys and arguments (safe to replicate as a script or as
 -- its effects).
 --
--- State: one MessagePack blob per route key and one per caller-scope key
--- (cmsgpack keeps integers as integers; cjson would print 14 digits and lose
--- the microsecond cursor).
+-- State: a route is one hash whose fields a call reads and writes only as
+-- it needs them ("route" below); its leases are a sorted set beside it
+-- ("leases"); a caller scope is one MessagePack blob. Numbers are packed
+-- as doubles (struct) or kept by MessagePack (cmsgpack keeps integers as
+-- integers; cjson would print 14 digits and lose the microsecond cursor).
 
 -- The bounds shared with the Rust modules (W, MAX_WORKERS, MAX_LEASES,
 -- MAX_PENDING, JITTER_SCALE, RECENT_HINTS, MAX_BACKOFF_STEP) are not written
@@ -51,19 +53,47 @@ local function sec_of(ms) return math.floor(ms / 1000) end
 -- (max_hint is at most a day), lease and slot.
 local MAX_TTL_MS = 30 * 86400000
 
+-- A caller scope's value (and a route's as an earlier version wrote it).
 local function load(key)
   local raw = redis.call('GET', key)
   if not raw then return nil end
   return cmsgpack.unpack(raw)
 end
 
--- A worker's record (last seen, unmet demand, last lease, charges) is one
--- packed string in the route's value: doubles, last seen, unmet, last lease
--- (-1: none), then its charges as second, milli pairs. Redis's cmsgpack
--- pays per element, and a route shared by a fleet holds a record per
--- worker, so a call unpacks only the records it reads (`worker`, kept in
--- OPEN for the call) and `save` packs them back.
-local OPEN = {}
+-- Writes a caller scope's value with an expiry: idle keys vanish by
+-- themselves, but never while something in them is live (a cooldown, a
+-- mute).
+local function save(key, st, live_until, now, idle_ms)
+  -- Bounded: PX takes at most a 64-bit integer.
+  local ttl = math.min(idle_ms + math.max(0, live_until - now), MAX_TTL_MS)
+  redis.call('SET', key, cmsgpack.pack(st), 'PX', math.max(1, ttl))
+end
+
+-- struct formats of n little-endian doubles, built once per n.
+local DOUBLES = {}
+local function doubles_fmt(n)
+  local f = DOUBLES[n]
+  if not f then
+    f = '<' .. string.rep('d', n)
+    DOUBLES[n] = f
+  end
+  return f
+end
+
+-- The doubles packed in string `v`, as a list (built at its size by the
+-- table constructor: a list grown one element at a time costs Redis's Lua
+-- far more).
+local function doubles(v)
+  local n = #v / 8
+  local t = { struct.unpack(doubles_fmt(n), v) }
+  -- The last value struct.unpack returns is the next position.
+  t[n + 1] = nil
+  return t
+end
+
+local function doubles_pack(t)
+  return struct.pack(doubles_fmt(#t), unpack(t))
+end
 
 -- {second, value} pairs, as an earlier version wrote them, as a flat list.
 local function flatten(pairs_list)
@@ -75,128 +105,47 @@ local function flatten(pairs_list)
   return f
 end
 
-local function worker_pack(w)
-  return struct.pack('<ddd' .. string.rep('d', #w.f), w.seen, w.unmet, w.lease or -1, unpack(w.f))
-end
-
-local function worker_unpack(v)
-  if type(v) == 'table' then
-    -- As an earlier version wrote it: a map, charges as {second, milli}
-    -- pairs in `held`.
-    return { seen = v.seen, unmet = v.unmet or 0, lease = v.lease, f = flatten(v.held or {}) }
-  end
-  local vals = { struct.unpack('<' .. string.rep('d', #v / 8), v) }
-  local f = {}
-  -- The last value struct.unpack returns is the next position.
-  for i = 4, #vals - 1 do f[#f + 1] = vals[i] end
-  local lease = vals[3]
-  if lease < 0 then lease = nil end
-  return { seen = vals[1], unmet = vals[2], lease = lease, f = f }
-end
-
--- Worker `wid`'s record in class `cls`, unpacked once per call (nil: none).
-local function worker(cls, wid)
-  local open = OPEN[cls]
-  if not open then
-    open = {}
-    OPEN[cls] = open
-  end
-  local w = open[wid]
-  if w == nil and cls.workers[wid] ~= nil then
-    w = worker_unpack(cls.workers[wid])
-    open[wid] = w
-  end
-  return w
-end
-
--- When worker `wid` of `cls` was last seen, unpacking nothing else.
-local function worker_seen(cls, wid)
-  local open = OPEN[cls]
-  if open and open[wid] then return open[wid].seen end
-  local v = cls.workers[wid]
-  if type(v) == 'table' then return v.seen end
-  return (struct.unpack('<d', v))
-end
-
-local function worker_forget(cls, wid)
-  cls.workers[wid] = nil
-  if OPEN[cls] then OPEN[cls][wid] = nil end
-end
-
--- Writes `st` with an expiry: idle keys vanish by themselves, but never
--- while something in them is live (a cooldown, a lease, a waiting intent)
--- and never while frozen (an operator's freeze outlives idleness).
-local function save(key, st, live_until, now, idle_ms)
-  -- A route's value (a caller's holds no workers).
-  for _, cls in ipairs(st.cls or {}) do
-    for wid, w in pairs(OPEN[cls] or {}) do cls.workers[wid] = worker_pack(w) end
-  end
-  local blob = cmsgpack.pack(st)
-  if st.frozen then
-    redis.call('SET', key, blob)
-  else
-    -- Bounded: an intent may name a deadline far off (it waits only as
-    -- long as it keeps asking), and PX takes at most a 64-bit integer.
-    local ttl = math.min(idle_ms + math.max(0, live_until - now), MAX_TTL_MS)
-    redis.call('SET', key, blob, 'PX', math.max(1, ttl))
-  end
-end
-
 ---------------------------------------------------------------- series
--- A per-second series over the last W seconds: the head second `h` and the
--- seconds in the window that hold something, as one flat list `f` of
--- second, value, second, value, ... oldest first. Every call decodes and
--- re-encodes the route's value, and the codec pays per table: a few numbers
--- in one list, not a ring of W numbers nor a table per pair, keeps it cheap.
--- A worker's charges are such a list too, inside its packed record.
+-- Second, value pairs in one flat list, oldest first, from index `o` of
+-- a list that starts with other numbers:
+-- - a per-second series over the last W seconds is its head second `h`
+--   then the seconds in the window that hold something (SERIES: pairs
+--   from 2); `d` marks one a call changed, the only ones it writes back;
+-- - a worker's record is its last seen, unmet demand and last lease (-1:
+--   none), then its charges (RECORD: pairs from 4).
+-- Each is one field of the route's hash, packed as doubles (`doubles`).
 
-local function series_new(sec) return { h = sec, f = {} } end
+local SERIES, RECORD = 2, 4
+local SEEN, UNMET, LEASED = 1, 2, 3
 
--- A series an earlier version wrote as a W-bucket ring (`b`) or as
--- {second, value} pairs (`e`): read once into the flat list.
-local function sparse(s)
-  if s.b then
-    local f = {}
-    for back = W - 1, 0, -1 do
-      local t = s.h - back
-      local v = s.b[(t % W) + 1]
-      if v and v ~= 0 then
-        f[#f + 1] = t
-        f[#f + 1] = v
-      end
-    end
-    s.f, s.b = f, nil
-  elseif s.e then
-    s.f, s.e = flatten(s.e), nil
-  end
-end
+local function series_new(sec) return { sec, d = true } end
 
--- Flat list `f` without its entries older than second `oldest` (entries
--- are appended in order, so only the front can be older).
-local function flat_trim(f, oldest)
-  if not f[1] or f[1] >= oldest then return f end
-  local kept = {}
-  for i = 1, #f, 2 do
+-- Drops the pairs older than second `oldest`, in place (pairs are
+-- appended in order, so only the front can be older).
+local function flat_trim(f, o, oldest)
+  if not f[o] or f[o] >= oldest then return end
+  local n, j = #f, o
+  for i = o, n, 2 do
     if f[i] >= oldest then
-      kept[#kept + 1] = f[i]
-      kept[#kept + 1] = f[i + 1]
+      f[j], f[j + 1] = f[i], f[i + 1]
+      j = j + 2
     end
   end
-  return kept
+  for i = j, n do f[i] = nil end
 end
 
-local function flat_sum(f, oldest)
+local function flat_sum(f, o, oldest)
   local total = 0
-  for i = 1, #f, 2 do
+  for i = o, #f, 2 do
     if f[i] >= oldest then total = total + f[i + 1] end
   end
   return total
 end
 
 -- Adds `v` at second `sec`, the newest.
-local function flat_add(f, sec, v)
+local function flat_add(f, o, sec, v)
   local n = #f
-  if n > 0 and f[n - 1] == sec then
+  if n > o and f[n - 1] == sec then
     f[n] = f[n] + v
   else
     f[n + 1] = sec
@@ -205,8 +154,8 @@ local function flat_add(f, sec, v)
 end
 
 -- Takes `v` back from second `sec`, never below zero.
-local function flat_refund(f, sec, v)
-  for i = 1, #f, 2 do
+local function flat_refund(f, o, sec, v)
+  for i = o, #f, 2 do
     if f[i] == sec then
       f[i + 1] = math.max(0, f[i + 1] - v)
       return
@@ -217,26 +166,65 @@ end
 -- The head never moves backwards, so a clock stepping back cannot
 -- resurrect spent tokens.
 local function advance(s, sec)
-  sparse(s)
-  if sec <= s.h then return end
-  s.h = sec
-  s.f = flat_trim(s.f, sec - W + 1)
+  if sec <= s[1] then return end
+  s[1] = sec
+  flat_trim(s, SERIES, sec - W + 1)
+  s.d = true
 end
 
 local function s_add(s, sec, v)
   advance(s, sec)
-  flat_add(s.f, s.h, v)
-  return s.h
+  flat_add(s, SERIES, s[1], v)
+  s.d = true
+  return s[1]
 end
 
 local function s_refund(s, sec, v)
-  sparse(s)
-  if sec <= s.h and s.h - sec < W then flat_refund(s.f, sec, v) end
+  if sec <= s[1] and s[1] - sec < W then
+    flat_refund(s, SERIES, sec, v)
+    s.d = true
+  end
 end
 
 local function s_sum(s, sec, window)
   advance(s, sec)
-  return flat_sum(s.f, s.h - math.min(window, W) + 1)
+  return flat_sum(s, SERIES, s[1] - math.min(window, W) + 1)
+end
+
+-- A series an earlier version wrote as a table: its head `h`, its
+-- seconds as a flat list (`f`), a W-bucket ring (`b`) or {second, value}
+-- pairs (`e`).
+local function series_of_table(s)
+  local out = { s.h }
+  local f
+  if s.b then
+    f = {}
+    for back = W - 1, 0, -1 do
+      local t = s.h - back
+      local v = s.b[(t % W) + 1]
+      if v and v ~= 0 then
+        f[#f + 1] = t
+        f[#f + 1] = v
+      end
+    end
+  elseif s.e then
+    f = flatten(s.e)
+  else
+    f = s.f or {}
+  end
+  for i = 1, #f do out[i + 1] = f[i] end
+  return out
+end
+
+-- A worker's record as an earlier version wrote it: a packed string with
+-- the same numbers, or a map with its charges as {second, milli} pairs in
+-- `held`.
+local function record_of(v)
+  if type(v) == 'string' then return doubles(v) end
+  local r = { v.seen, v.unmet or 0, v.lease or -1 }
+  local f = flatten(v.held or {})
+  for i = 1, #f do r[i + 3] = f[i] end
+  return r
 end
 
 ---------------------------------------------------------------- hints
@@ -468,27 +456,81 @@ local function caller_save(key, c, merged, now, idle_ms)
 end
 
 ---------------------------------------------------------------- leases
--- A route's leases live beside its value under the same hash tag: a hash
--- (lease id -> record) and a sorted set (lease id by expiry). A Lease
--- writes its one record instead of decoding and re-encoding every
--- outstanding lease with the route's value.
-local LEASE_PURGE = 256
+-- A route's leases live beside it under the same hash tag: a sorted set
+-- (`…:e`) of leases by expiry. Each member is the lease id its worker
+-- holds, `/`, and that worker's id; the id ends in what a Release needs
+-- (`.class.granted.cost.second`, the second charged). So a grant is one
+-- ZADD, a Release one ZSCORE, and only a member Redis holds counts: an id
+-- that was never granted, or is named by another worker, finds nothing.
+-- Leases granted by an earlier version have bare ids as members and their
+-- records in a hash (`…:l`, lease id -> MessagePack record), read until
+-- they expire.
+--
+-- The route's core counts the members (`lc`, expired ones included until
+-- purged) and says until when the set's expiry is set (`ez`), so a grant
+-- is one ZADD: the set is purged (and counted exactly) once a second, or
+-- whenever the count reaches MAX_LEASES, where the bound is decided on the
+-- exact count; its expiry is pushed out only when a lease outlives it.
+
+-- How often a route's set drops its expired leases, and how far past its
+-- longest lease the set's expiry is set (so most grants leave it be).
+local LEASE_PURGE_MS = 1000
+local LEASE_SLACK_MS = 1000
 
 local function lease_keys(route_key)
   local base = string.sub(route_key, 1, -2)
   return base .. 'l', base .. 'e'
 end
 
--- Forgets up to LEASE_PURGE leases expired at `now`; returns how many are
--- live (expiring after now).
-local function leases_live(route_key, now)
+-- The id of a lease of `granted` tokens of class `p` at `cost` each,
+-- charged to second `sec`, from the coordinator's unique `prefix`.
+local function lease_id(prefix, p, granted, cost, sec)
+  return string.format('%s.%d.%d.%d.%d', prefix, p, granted, cost, sec)
+end
+
+-- Lease `id` as worker `wid` names it: { w, p, g, c, sec, exp, member }
+-- or nil.
+local function lease_find(route_key, id, wid)
+  -- A `/` would let an id and a worker id name another pair's member.
+  if string.find(id, '/', 1, true) then return nil end
   local lh, le = lease_keys(route_key)
-  local gone = redis.call('ZRANGEBYSCORE', le, '-inf', now, 'LIMIT', 0, LEASE_PURGE)
-  if #gone > 0 then
-    redis.call('HDEL', lh, unpack(gone))
-    redis.call('ZREM', le, unpack(gone))
+  local member = id .. '/' .. wid
+  local exp = redis.call('ZSCORE', le, member)
+  if exp then
+    local p, g, c, sec = string.match(id, '%.(%d+)%.(%d+)%.(%d+)%.(%-?%d+)$')
+    return {
+      w = wid, p = tonumber(p), g = tonumber(g), c = tonumber(c), sec = tonumber(sec),
+      exp = tonumber(exp), member = member,
+    }
   end
-  return redis.call('ZCOUNT', le, '(' .. now, '+inf')
+  -- Granted by an earlier version.
+  local raw = redis.call('HGET', lh, id)
+  if not raw then return nil end
+  local l = cmsgpack.unpack(raw)
+  l.member, l.legacy = id, true
+  return l
+end
+
+-- The live leases' (count, tokens granted), read-only.
+local function leases_held(route_key, now)
+  local lh, le = lease_keys(route_key)
+  local members = redis.call('ZRANGEBYSCORE', le, '(' .. now, '+inf')
+  local tokens = 0
+  for _, m in ipairs(members) do
+    local g = string.match(m, '^[^/]*%.%d+%.(%d+)%.%d+%.%-?%d+/')
+    if g then
+      tokens = tokens + tonumber(g)
+    else
+      local raw = redis.call('HGET', lh, m)
+      if raw then tokens = tokens + cmsgpack.unpack(raw).g end
+    end
+  end
+  return #members, tokens
+end
+
+local function leases_forget(route_key)
+  local lh, le = lease_keys(route_key)
+  redis.call('DEL', lh, le)
 end
 
 -- Lets `key` expire no sooner than `ms` from now.
@@ -496,9 +538,9 @@ local function keep_for(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
 
--- Records lease `l` (its expiry `l.exp`); the pair of keys lives as long
--- as its longest lease.
-local function lease_put(route_key, id, l, now)
+-- A lease kept inside a route's value by an earlier version, moved to
+-- where the version after it kept leases (its id is the worker's).
+local function lease_put_legacy(route_key, id, l, now)
   local lh, le = lease_keys(route_key)
   redis.call('HSET', lh, id, cmsgpack.pack(l))
   redis.call('ZADD', le, l.exp, id)
@@ -507,110 +549,450 @@ local function lease_put(route_key, id, l, now)
   keep_for(le, ttl)
 end
 
-local function lease_get(route_key, id)
-  local lh = lease_keys(route_key)
-  local raw = redis.call('HGET', lh, id)
-  if not raw then return nil end
-  return cmsgpack.unpack(raw)
-end
-
-local function lease_drop(route_key, id)
-  local lh, le = lease_keys(route_key)
-  redis.call('HDEL', lh, id)
-  redis.call('ZREM', le, id)
-end
-
--- The live leases' (count, tokens granted), read-only.
-local function leases_held(route_key, now)
-  local lh, le = lease_keys(route_key)
-  local ids = redis.call('ZRANGEBYSCORE', le, '(' .. now, '+inf')
-  local tokens = 0
-  if #ids > 0 then
-    for _, raw in ipairs(redis.call('HMGET', lh, unpack(ids))) do
-      if raw then tokens = tokens + cmsgpack.unpack(raw).g end
-    end
-  end
-  return #ids, tokens
-end
-
-local function leases_forget(route_key)
-  local lh, le = lease_keys(route_key)
-  redis.call('DEL', lh, le)
-end
-
 ---------------------------------------------------------------- route
-local function route_new(now)
-  local sec = sec_of(now)
-  local cls = {}
-  for p = 1, 3 do cls[p] = { spent = series_new(sec), workers = {} } end
+-- A route is one hash (its `…:r` key), so a call reads and writes only the
+-- fields it needs, not a blob of the whole route:
+--   k          the core (`core_pack`): last touched, the latest lease
+--              expiry, the cooldown and the backoff floor, until when the
+--              hints and the slot cursor hold something live, how many
+--              workers each class tracks, the lease set's count, next
+--              purge and expiry, and the expiry set on this key — what a
+--              Lease needs from the parts below without decoding them
+--   z          the freeze reason (absent: not frozen)
+--   fa         first attempts, a series; s1, s2, s3 each class's spend
+--   h, sl, p   the hints, the slot cursor and the pacing state (MessagePack),
+--              read the first time a script touches st.hints, st.slots or
+--              st.pace (Report, Reconsider and an operator's calls)
+--   1<id>, 2<id>, 3<id>   worker <id>'s record in class 1, 2 or 3
+-- A call names the fields it reads when it opens the route (one HMGET);
+-- `route_save` writes back the core, the series that changed, the parts
+-- and worker records the call read, and pushes the key's expiry out when
+-- it must.
+
+-- How far past what it needs a key's expiry is set, so most writes leave
+-- it be.
+local EXPIRY_SLACK_MS = 1000
+
+local CORE = '<ddddddddddddd'
+
+local function core_unpack(raw)
+  local t, x, cd, bo, hl, sl, n1, n2, n3, lc, lp, ez, er = struct.unpack(CORE, raw)
   return {
-    touched = now, fa = series_new(sec), cls = cls, lexp = 0,
-    hints = hints_new(), slots = { next = 0, pending = {} },
+    t = t, x = x, cd = cd, bo = bo, hl = hl, sl = sl, n = { n1, n2, n3 },
+    lc = lc, lp = lp, ez = ez, er = er,
   }
 end
 
--- Loads the route, creating it (with_route in the memory store).
--- A value written before leases had keys of their own carries them in
--- `st.leases`: the live ones move out.
-local function route_upgrade(key, st, now)
-  if st.leases then
-    st.lexp = 0
-    for id, l in pairs(st.leases) do
-      if l.exp > now then
-        lease_put(key, id, l, now)
-        st.lexp = math.max(st.lexp, l.exp)
-      end
-    end
-    st.leases = nil
-  end
-  return st
+local function core_pack(k)
+  return struct.pack(CORE, k.t, k.x, k.cd, k.bo, k.hl, k.sl, k.n[1], k.n[2], k.n[3],
+    k.lc, k.lp, k.ez, k.er)
 end
 
-local function route_get(key, now)
-  local st = load(key)
-  if not st then return route_new(now) end
-  st.touched = math.max(st.touched, now)
-  return route_upgrade(key, st, now)
-end
+local function slots_new() return { next = 0, pending = {} } end
 
--- The instant until which something in the route is live.
-local function live_until(st, now)
-  -- `lexp`: the latest expiry of any lease granted (a release leaves it).
-  local t = math.max(hints_live(st.hints), st.lexp or 0)
-  for _, l in pairs(st.leases or {}) do t = math.max(t, l.exp) end
-  for _, s in pairs(st.slots.pending) do t = math.max(t, s) end
-  for _, d in pairs(st.slots.asking or {}) do t = math.max(t, d) end
+-- Until when the slot cursor holds a pending slot or an intent asking.
+local function slots_live(s)
+  local t = 0
+  for _, at in pairs(s.pending) do t = math.max(t, at) end
+  for _, d in pairs(s.asking or {}) do t = math.max(t, d) end
   return t
 end
 
+-- The MessagePack parts read on first touch: their field and what an
+-- absent one reads as.
+local PARTS = {
+  hints = { f = 'h', new = hints_new },
+  slots = { f = 'sl', new = slots_new },
+  pace = { f = 'p', new = function() return nil end },
+}
+
+-- The series' fields: first attempts (0), then each class's spend.
+local SERIES_FIELD = { [0] = 'fa', 's1', 's2', 's3' }
+
+-- The raw field `f` of route `st`: read by the opening HMGET, else now
+-- (false: absent).
+local function route_raw(st, f)
+  local raw = st.raw[f]
+  if raw == nil then
+    if st.fresh then raw = false else raw = redis.call('HGET', st.key, f) end
+    st.raw[f] = raw
+  end
+  return raw
+end
+
+local ROUTE = {
+  __index = function(st, name)
+    local part = PARTS[name]
+    if not part then return nil end
+    local raw = route_raw(st, part.f)
+    local v
+    if raw then v = cmsgpack.unpack(raw) else v = part.new() end
+    if v ~= nil then rawset(st, name, v) end
+    return v
+  end,
+}
+
+-- Series `i` of the route (0: first attempts, 1..3: a class's spend),
+-- decoded on first use.
+local function series(st, i)
+  local s = st.ser[i]
+  if s then return s end
+  local raw = route_raw(st, SERIES_FIELD[i])
+  if raw then s = doubles(raw) else s = series_new(sec_of(st.now)) end
+  st.ser[i] = s
+  return s
+end
+
+local function route_of(key, now, k, frozen, fresh)
+  return setmetatable({
+    key = key, now = now, k = k, frozen = frozen, z0 = frozen, fresh = fresh,
+    -- Raw fields read, decoded series, unpacked worker records,
+    -- forgotten workers.
+    raw = {}, ser = {}, w = {}, gone = {},
+  }, ROUTE)
+end
+
+local function core_new(now)
+  return {
+    t = now, x = 0, cd = 0, bo = 0, hl = 0, sl = 0, n = { 0, 0, 0 },
+    lc = 0, lp = 0, ez = 0, er = 0,
+  }
+end
+
+-- A new route (with_route in the memory store): its series start at now.
+local function route_new(key, now)
+  local st = route_of(key, now, core_new(now), false, true)
+  local sec = sec_of(now)
+  for i = 0, 3 do st.ser[i] = series_new(sec) end
+  return st
+end
+
+-- HSETs `args` (field, value, ...) on `key`, a bounded number at a time
+-- (unpack has a bounded stack).
+local function hset(key, args)
+  local n = #args
+  for i = 1, n, 400 do
+    redis.call('HSET', key, unpack(args, i, math.min(i + 399, n)))
+  end
+end
+
+-- The field of worker `wid` in class p is CLASS_KEY[p] .. wid.
+local CLASS_KEY = { '1', '2', '3' }
+local CLASS_OF = { ['1'] = 1, ['2'] = 2, ['3'] = 3 }
+
+-- Rewrites a route an earlier version kept as one MessagePack blob as a
+-- hash, keeping its expiry; leases kept inside the blob move to the lease
+-- keys as that version's successor kept them.
+local function route_convert(key, now)
+  local old = cmsgpack.unpack(redis.call('GET', key))
+  local ttl = redis.call('PTTL', key)
+  local k = core_new(old.touched)
+  for id, l in pairs(old.leases or {}) do
+    if l.exp > now then lease_put_legacy(key, id, l, now) end
+    k.x = math.max(k.x, l.exp)
+  end
+  k.x = math.max(k.x, old.lexp or 0)
+  -- The lease set as the earlier version kept it: counted and purged at
+  -- the first grant; its expiry covers its latest lease.
+  k.lc, k.ez = MAX_LEASES, k.x
+  if ttl > 0 then k.er = now + ttl elseif old.frozen then k.er = -1 end
+  local slots = old.slots or slots_new()
+  k.cd, k.bo, k.hl, k.sl = old.hints.cd, old.hints.bo, hints_live(old.hints), slots_live(slots)
+  local args = {
+    'fa', doubles_pack(series_of_table(old.fa)),
+    'h', cmsgpack.pack(old.hints), 'sl', cmsgpack.pack(slots),
+  }
+  if old.pace then
+    args[#args + 1] = 'p'
+    args[#args + 1] = cmsgpack.pack(old.pace)
+  end
+  if old.frozen then
+    args[#args + 1] = 'z'
+    args[#args + 1] = old.frozen
+  end
+  for p = 1, 3 do
+    local cls = old.cls[p]
+    args[#args + 1] = SERIES_FIELD[p]
+    args[#args + 1] = doubles_pack(series_of_table(cls.spent))
+    for wid, v in pairs(cls.workers) do
+      args[#args + 1] = CLASS_KEY[p] .. wid
+      args[#args + 1] = doubles_pack(record_of(v))
+      k.n[p] = k.n[p] + 1
+    end
+  end
+  args[#args + 1] = 'k'
+  args[#args + 1] = core_pack(k)
+  redis.call('DEL', key)
+  hset(key, args)
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+end
+
+-- Route `key` with its core, its freeze and the fields named in `extra`
+-- read in one HMGET; nil when there is none.
+local function route_open(key, now, extra)
+  local got = redis.pcall('HMGET', key, 'k', 'z', unpack(extra))
+  if got.err then
+    -- WRONGTYPE: a route an earlier version wrote as one blob.
+    route_convert(key, now)
+    got = redis.call('HMGET', key, 'k', 'z', unpack(extra))
+  end
+  if not got[1] then return nil end
+  local st = route_of(key, now, core_unpack(got[1]), got[2], false)
+  for i = 1, #extra do st.raw[extra[i]] = got[i + 2] end
+  return st
+end
+
+-- Opens the route, creating it (with_route in the memory store).
+local function route_get(key, now, extra)
+  local st = route_open(key, now, extra)
+  if not st then return route_new(key, now) end
+  st.k.t = math.max(st.k.t, now)
+  return st
+end
+
+-- The instant until which something in the route is live (a cooldown or
+-- backoff, a mute, a lease, a pending slot, an intent asking).
+local function route_live(st)
+  local k = st.k
+  return math.max(k.hl, k.sl, k.x)
+end
+
+-- Writes back what the call read or changed (the core always), and keeps
+-- the key at least until `idle_ms` past the last instant something in it
+-- is live (idle keys vanish by themselves), never expiring while frozen
+-- (an operator's freeze outlives idleness). The expiry is only ever pushed
+-- out, EXPIRY_SLACK_MS past what is needed, so most writes leave it be.
+local function route_save(st, idle_ms)
+  local k, now = st.k, st.now
+  local hints = rawget(st, 'hints')
+  if hints then k.cd, k.bo, k.hl = hints.cd, hints.bo, hints_live(hints) end
+  local slots = rawget(st, 'slots')
+  if slots then k.sl = slots_live(slots) end
+  local expire
+  if st.frozen then
+    if k.er ~= -1 then expire, k.er = -1, -1 end
+  else
+    -- Bounded: an intent may name a deadline far off (it waits only as
+    -- long as it keeps asking), and PX takes at most a 64-bit integer.
+    local until_ms = now + math.max(1, math.min(idle_ms + math.max(0, route_live(st) - now), MAX_TTL_MS))
+    if k.er == -1 or until_ms > k.er then
+      k.er = until_ms + EXPIRY_SLACK_MS
+      expire = k.er - now
+    end
+  end
+  local args = { 'k', core_pack(k) }
+  for i = 0, 3 do
+    local s = st.ser[i]
+    if s and s.d then
+      args[#args + 1] = SERIES_FIELD[i]
+      args[#args + 1] = doubles_pack(s)
+    end
+  end
+  -- A part is in `st` once read (or set, like a new pacing state).
+  for name, part in pairs(PARTS) do
+    local v = rawget(st, name)
+    if v ~= nil then
+      args[#args + 1] = part.f
+      args[#args + 1] = cmsgpack.pack(v)
+    end
+  end
+  for f, w in pairs(st.w) do
+    args[#args + 1] = f
+    args[#args + 1] = doubles_pack(w)
+  end
+  local gone = {}
+  for f in pairs(st.gone) do gone[#gone + 1] = f end
+  if (st.frozen or false) ~= (st.z0 or false) then
+    if st.frozen then
+      args[#args + 1] = 'z'
+      args[#args + 1] = st.frozen
+    else
+      gone[#gone + 1] = 'z'
+    end
+  end
+  hset(st.key, args)
+  for i = 1, #gone, 400 do
+    redis.call('HDEL', st.key, unpack(gone, i, math.min(i + 399, #gone)))
+  end
+  if expire == -1 then
+    redis.call('PERSIST', st.key)
+  elseif expire then
+    redis.call('PEXPIRE', st.key, expire)
+  end
+end
+
 -- The caller scope's (cooldown, floor): from its key when the script was
--- given it (one node: read atomically), else from ARGV[1..2] (Redis
+-- given it (one node: read atomically), else the values given (Redis
 -- Cluster: the caller key lives in another slot and was read just before,
 -- the same window the memory store has between its two maps).
-local function caller_floor()
+local function caller_floor(ccd, cfloor)
   if KEYS[2] then
     local c = load(KEYS[2])
     if not c then return 0, 0 end
     return c.hints.cd, hints_floor(c.hints)
   end
-  return tonumber(ARGV[1]), tonumber(ARGV[2])
+  return ccd, cfloor
+end
+
+-- Live leases in the route's set: its count, exact when it was just
+-- purged (a purge is due, or the count reached the bound).
+local function leases_live(st, now)
+  local k = st.k
+  if k.lc < MAX_LEASES and now < k.lp then return k.lc end
+  local _, le = lease_keys(st.key)
+  redis.call('ZREMRANGEBYSCORE', le, '-inf', now)
+  k.lc = redis.call('ZCARD', le)
+  k.lp = now + LEASE_PURGE_MS
+  -- A set re-created since its expiry was set (evicted, say) has none.
+  if k.lc > 0 and k.ez > now then redis.call('PEXPIRE', le, k.ez - now) end
+  return k.lc
+end
+
+-- Records lease `id` of worker `wid`, expiring at `exp`: the set lives
+-- at least as long as its longest lease.
+local function lease_put(st, id, wid, exp, now)
+  local k = st.k
+  local _, le = lease_keys(st.key)
+  redis.call('ZADD', le, exp, id .. '/' .. wid)
+  k.lc = k.lc + 1
+  -- A set that had no member is new and has no expiry yet.
+  if k.lc == 1 or exp > k.ez then
+    k.ez = exp + LEASE_SLACK_MS
+    redis.call('PEXPIRE', le, k.ez - now)
+  end
+end
+
+-- Ends lease `l` (lease_find's).
+local function lease_drop(st, l)
+  local lh, le = lease_keys(st.key)
+  redis.call('ZREM', le, l.member)
+  if l.legacy then redis.call('HDEL', lh, l.member) end
+  -- The last member gone takes the set (and its expiry) with it.
+  st.k.lc = redis.call('ZCARD', le)
+end
+
+---------------------------------------------------------------- workers
+-- Worker `wid`'s record in class p (field `p .. wid` in the route's hash),
+-- unpacked once per call and written back by route_save (nil: none).
+local function worker(st, p, wid)
+  local f = CLASS_KEY[p] .. wid
+  local w = st.w[f]
+  if w or st.gone[f] then return w end
+  local raw = route_raw(st, f)
+  if not raw then return nil end
+  w = doubles(raw)
+  st.w[f] = w
+  return w
+end
+
+-- Every worker class p tracks (a set of ids). The first call reads the
+-- whole hash: only the water-filling, a full class, active-worker counts
+-- and an operator's reads need the fleet. It recounts each class too.
+local function class_workers(st, p)
+  if not st.ids then
+    local ids = { {}, {}, {} }
+    st.ids = ids
+    if not st.fresh then
+      local kv = redis.call('HGETALL', st.key)
+      for i = 1, #kv, 2 do
+        local f = kv[i]
+        local c = CLASS_OF[string.sub(f, 1, 1)]
+        if c then
+          if st.raw[f] == nil then st.raw[f] = kv[i + 1] end
+          ids[c][string.sub(f, 2)] = true
+        end
+      end
+    end
+    for f in pairs(st.w) do ids[CLASS_OF[string.sub(f, 1, 1)]][string.sub(f, 2)] = true end
+    for f in pairs(st.gone) do ids[CLASS_OF[string.sub(f, 1, 1)]][string.sub(f, 2)] = nil end
+    for c = 1, 3 do st.k.n[c] = count(ids[c]) end
+  end
+  return st.ids[p]
+end
+
+-- When worker `wid` of class p was last seen (after class_workers), unpacking
+-- nothing else.
+local function worker_seen(st, p, wid)
+  local f = CLASS_KEY[p] .. wid
+  local w = st.w[f]
+  if w then return w[SEEN] end
+  return (struct.unpack('<d', st.raw[f]))
+end
+
+local function worker_forget(st, p, wid)
+  local f = CLASS_KEY[p] .. wid
+  st.w[f] = nil
+  st.gone[f] = true
+  if st.ids then st.ids[p][wid] = nil end
+  st.k.n[p] = st.k.n[p] - 1
+end
+
+-- Workers seen in the window over every class (BudgetLedger::active_workers).
+local function active_workers(st, now, window_ms)
+  local n = 0
+  for p = 1, 3 do
+    for wid in pairs(class_workers(st, p)) do
+      if worker_seen(st, p, wid) > now - window_ms then n = n + 1 end
+    end
+  end
+  return n
+end
+
+-- Marks a worker active in class p; beyond MAX_WORKERS the least recently
+-- seen is forgotten.
+local function touch(st, p, wid, now, window_ms)
+  local w = worker(st, p, wid)
+  if not w and st.k.n[p] >= MAX_WORKERS then
+    local ids = class_workers(st, p)
+    for id in pairs(ids) do
+      if worker_seen(st, p, id) <= now - window_ms then worker_forget(st, p, id) end
+    end
+    if st.k.n[p] >= MAX_WORKERS then
+      local oldest, at
+      for id in pairs(ids) do
+        local seen = worker_seen(st, p, id)
+        if not at or seen < at then oldest, at = id, seen end
+      end
+      if oldest then worker_forget(st, p, oldest) end
+    end
+  end
+  if not w then
+    local f = CLASS_KEY[p] .. wid
+    w = { now, 0, -1 }
+    st.w[f] = w
+    st.gone[f] = nil
+    if st.ids then st.ids[p][wid] = true end
+    st.k.n[p] = st.k.n[p] + 1
+  end
+  if now > w[SEEN] then w[SEEN] = now end
+  return w
+end
+
+-- Milli-tokens charged to worker record `w` within the window (prunes
+-- older ones).
+local function held(w, sec, window)
+  local oldest = sec - window + 1
+  flat_trim(w, RECORD, oldest)
+  return flat_sum(w, RECORD, oldest)
+end
+
+local function charge(w, sec, milli)
+  flat_add(w, RECORD, sec, milli)
 end
 
 ---------------------------------------------------------------- budget
--- Policy numbers, in the order RedisStore passes them: window, floor,
--- ratio, ceiling, cost, the three classes' shares, lease ttl.
-local function policy_at(i)
+-- The policy from a Lease's numbers `a` at `i`, in the order RedisStore
+-- packs them: window, floor, ratio, ceiling, cost, the three classes'
+-- shares, lease ttl.
+local function policy_of(a, i)
   return {
-    window = tonumber(ARGV[i]), floor = tonumber(ARGV[i + 1]),
-    ratio = tonumber(ARGV[i + 2]), ceiling = tonumber(ARGV[i + 3]),
-    cost = math.max(1, tonumber(ARGV[i + 4])),
-    shares = { tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7]) },
-    ttl = tonumber(ARGV[i + 8]),
+    window = a[i], floor = a[i + 1], ratio = a[i + 2], ceiling = a[i + 3],
+    cost = math.max(1, a[i + 4]), shares = { a[i + 5], a[i + 6], a[i + 7] }, ttl = a[i + 8],
   }
 end
 
 local function allowance(st, P, now)
-  local first = s_sum(st.fa, sec_of(now), P.window)
+  local first = s_sum(series(st, 0), sec_of(now), P.window)
   local formula = P.floor * P.window + P.ratio * first
   if P.ceiling >= 0 then formula = math.min(formula, P.ceiling * 1000) end
   return formula
@@ -638,67 +1020,11 @@ local function available_of(P, total, spent, p)
 end
 
 local function class_spent(st, P, now)
-  local spent = {}
-  for j = 1, 3 do spent[j] = s_sum(st.cls[j].spent, sec_of(now), P.window) end
-  return spent
-end
-
--- What class p could reach in the window, borrowing included.
-local function class_allowance(st, P, p, now)
-  return idiv(allowance(st, P, now) * shares_from(P, p), 1000)
-end
-
-local function available(st, P, p, now)
-  return available_of(P, allowance(st, P, now), class_spent(st, P, now), p)
-end
-
--- Workers seen in the window over every class (BudgetLedger::active_workers).
-local function active_workers(st, now, window_ms)
-  local n = 0
-  for p = 1, 3 do
-    for wid in pairs(st.cls[p].workers) do
-      if worker_seen(st.cls[p], wid) > now - window_ms then n = n + 1 end
-    end
-  end
-  return n
-end
-
--- Marks a worker active in a class; beyond MAX_WORKERS the least recently
--- seen is forgotten.
-local function touch(cls, wid, now, window_ms)
-  if not cls.workers[wid] and count(cls.workers) >= MAX_WORKERS then
-    for id in pairs(cls.workers) do
-      if worker_seen(cls, id) <= now - window_ms then worker_forget(cls, id) end
-    end
-    if count(cls.workers) >= MAX_WORKERS then
-      local oldest, at
-      for id in pairs(cls.workers) do
-        local seen = worker_seen(cls, id)
-        if not at or seen < at then oldest, at = id, seen end
-      end
-      if oldest then worker_forget(cls, oldest) end
-    end
-  end
-  local w = worker(cls, wid)
-  if not w then
-    w = { seen = now, unmet = 0, f = {} }
-    cls.workers[wid] = worker_pack(w)
-    OPEN[cls][wid] = w
-  end
-  w.seen = math.max(w.seen, now)
-  return w
-end
-
--- Milli-tokens charged to worker record `w` within the window (prunes
--- older ones).
-local function held(w, sec, window)
-  local oldest = sec - window + 1
-  w.f = flat_trim(w.f, oldest)
-  return flat_sum(w.f, oldest)
-end
-
-local function charge(w, sec, milli)
-  flat_add(w.f, sec, milli)
+  local sec = sec_of(now)
+  return {
+    s_sum(series(st, 1), sec, P.window), s_sum(series(st, 2), sec, P.window),
+    s_sum(series(st, 3), sec, P.window),
+  }
 end
 
 -- Water-filling: the smallest demands are met in full and what is left is

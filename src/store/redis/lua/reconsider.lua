@@ -15,10 +15,11 @@ local ask_floor, deadline = tonumber(ARGV[6]), tonumber(ARGV[7])
 local reserve, jitter = tonumber(ARGV[8]), tonumber(ARGV[9])
 local P = pace_policy(10)
 local first_attempt = tonumber(ARGV[15]) == 1
-local ccd, cfloor = caller_floor()
-local st = route_get(KEYS[1], now)
-local cd = math.max(st.hints.cd, ccd)
-local vfloor = math.max(hints_floor(st.hints), cfloor)
+local ccd, cfloor = caller_floor(tonumber(ARGV[1]), tonumber(ARGV[2]))
+local st = route_get(KEYS[1], now, { 'sl', 'p' })
+-- The route's cooldown and floor from its core: its hints are not read.
+local cd = math.max(st.k.cd, ccd)
+local vfloor = math.max(st.k.cd, st.k.bo, cfloor)
 local cur = st.slots
 cur.asking = cur.asking or {}
 -- Intents told to ask again, counted by deadline bucket (SlotCursor's
@@ -43,7 +44,7 @@ local pace = pace_of(st, now, P)
 local was = pace.mode
 
 local function done(kind, at)
-  save(KEYS[1], st, live_until(st, now), now, idle_ms)
+  route_save(st, idle_ms)
   local out = { 'ok', kind, at, cd, vfloor, st.frozen or false }
   pace_view_out(out, pace, asking_count(cur, now), now)
   out[#out + 1] = was

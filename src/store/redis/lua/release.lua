@@ -5,25 +5,31 @@
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local wid, id, spent = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local successes = tonumber(ARGV[6]) or 0
-local st = load(KEYS[1])
-if not st then return { 'err', 'lease_not_found' } end
-st = route_upgrade(KEYS[1], st, now)
-local l = lease_get(KEYS[1], id)
-if not l then return { 'err', 'lease_not_found' } end
+local l = lease_find(KEYS[1], id, wid)
+local st
+if l then
+  st = route_open(KEYS[1], now, { SERIES_FIELD[l.p], CLASS_KEY[l.p] .. wid })
+else
+  -- A route an earlier version wrote may still hold its leases inside:
+  -- opening it moves them out.
+  st = route_open(KEYS[1], now, {})
+  if st then l = lease_find(KEYS[1], id, wid) end
+end
+if not st or not l then return { 'err', 'lease_not_found' } end
 if l.exp <= now then
-  lease_drop(KEYS[1], id)
+  -- (The core's count is an upper bound: it may stay as it was.)
+  lease_drop(st, l)
   return { 'err', 'lease_not_found' }
 end
 if l.w ~= wid then return { 'err', 'lease_not_found' } end
 if spent > l.g then return { 'err', 'spent_exceeds_grant', l.g } end
 if successes > spent then return { 'err', 'successes_exceed_spent' } end
-lease_drop(KEYS[1], id)
+lease_drop(st, l)
 -- A retry that succeeded earns its token back, like an unspent one.
 local returned = l.g - spent + successes
 local refund = returned * l.c
-local cls = st.cls[l.p]
-s_refund(cls.spent, l.sec, refund)
-local w = worker(cls, wid)
-if w then flat_refund(w.f, l.sec, refund) end
-save(KEYS[1], st, live_until(st, now), now, idle_ms)
+s_refund(series(st, l.p), l.sec, refund)
+local w = worker(st, l.p, wid)
+if w then flat_refund(w, RECORD, l.sec, refund) end
+route_save(st, idle_ms)
 return { 'ok', returned }

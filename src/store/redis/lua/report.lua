@@ -23,15 +23,17 @@ local base, max, n = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local c, c_merged = nil, false
 if KEYS[2] then c = load(KEYS[2]) end
 if successes > 0 and c then decay(c.hints) end
-local st = route_get(KEYS[1], now)
+local st = route_get(KEYS[1], now, { 'h', 'sl', 'p', 'fa', CLASS_KEY[p] .. wid })
 -- Rejections that arrive while a cooldown already held are explained by it:
 -- pacing is told the cooldown as it was before this report.
 local cd_before = math.max(st.hints.cd, c and c.hints.cd or tonumber(ARGV[1]))
-s_add(st.fa, sec_of(now), first)
-touch(st.cls[p], wid, now, window * 1000)
+s_add(series(st, 0), sec_of(now), first)
+touch(st, p, wid, now, window * 1000)
 if successes > 0 then decay(st.hints) end
 local R = corr_rules(13 + n * HINT_FIELDS)
-local active = active_workers(st, now, window * 1000)
+-- The active workers (the whole fleet read) matter only to a hint.
+local active = 0
+if n > 0 then active = active_workers(st, now, window * 1000) end
 local out = { 'ok' }
 -- The hint ends pacing learns from: those the fleet agreed with (claim 1,
 -- ReportBatch::agreed_hint_ends).
@@ -54,12 +56,12 @@ local pi = 13 + n * HINT_FIELDS + 3
 local P = pace_policy(pi + 1)
 local pace = pace_of(st, now, P)
 local was = pace.mode
-local ccd, cfloor = caller_floor()
+local ccd, cfloor = caller_floor(tonumber(ARGV[1]), tonumber(ARGV[2]))
 if c then ccd, cfloor = c.hints.cd, hints_floor(c.hints) end
 local cd_after = math.max(st.hints.cd, ccd)
 local w_first, w_ok = tonumber(ARGV[pi + 6]), tonumber(ARGV[pi + 7])
 pace_observe(pace, P, now, w_first, w_ok, tonumber(ARGV[pi]), ends, cd_before, cd_after)
-save(KEYS[1], st, live_until(st, now), now, idle_ms)
+route_save(st, idle_ms)
 if c and (c_merged or successes > 0) then caller_save(KEYS[2], c, c_merged, now, idle_ms) end
 out[#out + 1] = cd_after
 out[#out + 1] = math.max(hints_floor(st.hints), cfloor)

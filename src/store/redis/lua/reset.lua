@@ -3,12 +3,13 @@
 -- store's reset). Caller-scope evidence is left alone: it covers other
 -- routes too. KEYS: route. ARGV: now, idle_ms. Returns whether it existed.
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-local old = load(KEYS[1])
+local old = route_open(KEYS[1], now, { 'h' })
 if not old then return { 'ok', 0 } end
-local st = route_new(now)
+local st = route_new(KEYS[1], now)
 st.frozen = old.frozen
 st.hints.mutes = old.hints.mutes
-st.touched = math.max(old.touched, now)
+st.k.t = math.max(old.k.t, now)
+redis.call('DEL', KEYS[1])
 leases_forget(KEYS[1])
-save(KEYS[1], st, live_until(st, now), now, idle_ms)
+route_save(st, idle_ms)
 return { 'ok', 1 }
