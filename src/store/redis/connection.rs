@@ -4,13 +4,14 @@
 //! eviction) that a single connection cannot do.
 
 use std::future::Future;
+use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Value};
+use redis::{AsyncConnectionConfig, FromRedisValue, Value};
 
 use crate::store::StoreError;
 
@@ -183,6 +184,7 @@ impl RedisStore {
             op_timeout: options.op_timeout,
             lease_nonce: rand::random(),
             next_lease: AtomicU64::new(1),
+            queue: OnceLock::new(),
         })
     }
 
@@ -201,31 +203,14 @@ impl RedisStore {
 
     /// Runs a library function's call within the operation bound.
     pub(super) async fn run(&self, inv: &Call) -> Result<Vec<Value>, StoreError> {
-        let mut conn = self.conn.clone();
-        let call = async {
-            match &mut conn {
-                Conn::Single(c) => inv.query::<Vec<Value>>(c).await,
-                Conn::Cluster(c) => inv.query::<Vec<Value>>(c).await,
-                Conn::Sentinel(c) => inv.query::<Vec<Value>>(c).await,
-            }
-        };
-        self.bounded(call).await
+        run_on(&self.conn, inv, self.op_timeout).await
     }
 
     pub(super) async fn bounded<T>(
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.op_timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            // The error names the failure kind, never the URL (it may hold
-            // a password).
-            Ok(Err(err)) => Err(StoreError::Unavailable(format!("redis: {err}"))),
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "redis did not answer within {:?}",
-                self.op_timeout
-            ))),
-        }
+        bounded(self.op_timeout, call).await
     }
 
     /// Whether Redis answers PING now.
@@ -369,6 +354,39 @@ impl RedisStore {
             }
             cursor = next;
         }
+    }
+}
+
+/// Runs `inv` on `conn` within `op_timeout`.
+pub(super) async fn run_on<T: FromRedisValue>(
+    conn: &Conn,
+    inv: &Call,
+    op_timeout: Duration,
+) -> Result<T, StoreError> {
+    let mut conn = conn.clone();
+    let call = async {
+        match &mut conn {
+            Conn::Single(c) => inv.query::<T>(c).await,
+            Conn::Cluster(c) => inv.query::<T>(c).await,
+            Conn::Sentinel(c) => inv.query::<T>(c).await,
+        }
+    };
+    bounded(op_timeout, call).await
+}
+
+/// `call` within `op_timeout`; any failure is [`StoreError::Unavailable`].
+pub(super) async fn bounded<T>(
+    op_timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(op_timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        // The error names the failure kind, never the URL (it may hold
+        // a password).
+        Ok(Err(err)) => Err(StoreError::Unavailable(format!("redis: {err}"))),
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "redis did not answer within {op_timeout:?}"
+        ))),
     }
 }
 

@@ -62,11 +62,13 @@
 //! - `connection`: where Redis is ([`RedisTarget`], [`RedisOptions`]), the
 //!   reconnecting connection, the operation bound, SCAN over every primary.
 //! - `keys`: the key layout and its percent-encoding.
-//! - `scripts`: the Lua scripts, with the bounds they share with the Rust
-//!   modules injected from the Rust constants.
+//! - `scripts`: the Lua scripts as one Functions library, with the bounds
+//!   they share with the Rust modules injected from the Rust constants.
 //! - `reply`: decoding a script's reply into store types.
-//! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one script
-//!   invocation per operation.
+//! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one
+//!   function call per operation.
+//! - `queue`: concurrent Leases on one node sent to Redis together, each
+//!   still its own atomic state change.
 //! - `sentinel`: a primary behind Redis Sentinel, asked for again after a
 //!   failure.
 //! - `admin_state`: the replicas' shared runtime control state (policies,
@@ -76,6 +78,7 @@ mod admin_state;
 mod clock;
 mod connection;
 mod keys;
+mod queue;
 mod relay;
 mod reply;
 pub(crate) mod scripts;

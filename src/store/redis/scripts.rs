@@ -83,6 +83,7 @@ pub(super) struct Scripts {
     /// What `FUNCTION LOAD` is given.
     pub(super) library: String,
     pub(super) lease: Function,
+    pub(super) lease_batch: Function,
     pub(super) release: Function,
     pub(super) report: Function,
     pub(super) report_caller: Function,
@@ -124,8 +125,9 @@ pub(crate) fn prelude() -> String {
 }
 
 /// Each script's body, by the name its function is registered under.
-const BODIES: [(&str, &str); 14] = [
+const BODIES: [(&str, &str); 15] = [
     ("lease", include_str!("lua/lease.lua")),
+    ("lease_batch", include_str!("lua/lease_batch.lua")),
     ("release", include_str!("lua/release.lua")),
     ("report", include_str!("lua/report.lua")),
     ("report_caller", include_str!("lua/report_caller.lua")),
@@ -143,18 +145,24 @@ const BODIES: [(&str, &str); 14] = [
 
 /// The library: the bounds, `KEYS` and `ARGV` as the library's own locals
 /// (the prelude reads them; each function sets them from its arguments,
-/// as a script finds them set), the prelude, the pacing port, then one
-/// function per body. Named by a hash of all of it.
+/// as a script finds them set), the prelude, the pacing port, each body as
+/// a function in `BODY` (one local: Lua allows a chunk 200, and the prelude
+/// and the pacing port hold most of them; lease_batch.lua runs
+/// `BODY.lease` once per lease), then one registered function per body.
+/// Named by a hash of all of it.
 fn library() -> Scripts {
     let mut code = format!(
-        "local KEYS, ARGV\n{}\n{}\n",
+        "local KEYS, ARGV\n{}\n{}\nlocal BODY = {{}}\n",
         prelude(),
         include_str!("lua/pacing.lua")
     );
     for (name, body) in BODIES {
+        code.push_str(&format!("BODY.{name} = function()\n{body}\nend\n"));
+    }
+    for (name, _) in BODIES {
         code.push_str(&format!(
             "redis.register_function('tollgate_{name}_HASH', function(keys, args)\n\
-             KEYS, ARGV = keys, args\n{body}\nend)\n"
+             KEYS, ARGV = keys, args\nreturn BODY.{name}()\nend)\n"
         ));
     }
     let hash = redis::Script::new(&code).get_hash()[..16].to_owned();
@@ -167,6 +175,7 @@ fn library() -> Scripts {
             code.replace("_HASH'", &format!("_{hash}'"))
         ),
         lease: function("lease"),
+        lease_batch: function("lease_batch"),
         release: function("release"),
         report: function("report"),
         report_caller: function("report_caller"),

@@ -2,12 +2,13 @@
 //! script invocation (on a cluster, plus a read or write of the caller key,
 //! which lives in another slot).
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::budget::{
-    BudgetError, BudgetSnapshot, ClassSnapshot, Grant, GrantAsk, GrantLimit, LeaseEnd,
-};
+use tokio::sync::oneshot;
+
+use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, GrantAsk, LeaseEnd};
 use crate::pacing::Mode;
 use crate::policy::Policy;
 use crate::scope::{Priority, RouteKey, ScopeKey};
@@ -17,10 +18,11 @@ use crate::store::{
     ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
 
-use super::connection::{Conn, RedisTarget};
+use super::connection::{Conn, RedisTarget, run_on};
+use super::queue::{LeaseQueue, Queued};
 use super::reply::{
-    MERGE_FIELDS, PACING_VIEW_FIELDS, Reply, count, evidence_after, hints_at, merges, pacing_at,
-    summary_of, unsigned, view_at,
+    MERGE_FIELDS, PACING_VIEW_FIELDS, Reply, count, evidence_after, hints_at, lease_outcome,
+    merges, pacing_at, summary_of, unsigned, view_at,
 };
 use super::scripts::{SCRIPTS, corroboration_args, hint_args, pacing_args};
 
@@ -35,6 +37,9 @@ pub struct RedisStore {
     /// its own nonce) and across restarts.
     pub(super) lease_nonce: u64,
     pub(super) next_lease: AtomicU64,
+    /// Leases sent together (one node; on a cluster each goes alone),
+    /// started by the first Lease, on the runtime that serves it.
+    pub(super) queue: OnceLock<LeaseQueue>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -241,27 +246,36 @@ impl RedisStore {
         for (at, n) in packed.chunks_exact_mut(8).zip(numbers) {
             at.copy_from_slice(&n.to_le_bytes());
         }
-        let mut inv = SCRIPTS.lease.call(&keys);
-        inv.arg(&packed[..]).arg(ask.worker_id).arg(&id);
-        let reply = Reply::ok(self.run(&inv).await?)?;
-        let granted = u32::try_from(reply.int(1)?).unwrap_or(0);
-        let limit = match reply.int(2)? {
-            0 => GrantLimit::None,
-            1 => GrantLimit::BudgetExhausted,
-            2 => GrantLimit::FairShare,
-            _ => GrantLimit::Frozen,
+        let reply = if self.clustered() {
+            let mut inv = SCRIPTS.lease.call(&keys);
+            inv.arg(&packed[..]).arg(ask.worker_id).arg(&id);
+            run_on(&self.conn, &inv, self.op_timeout).await?
+        } else {
+            let queue = self
+                .queue
+                .get_or_init(|| LeaseQueue::start(self.conn.clone(), self.op_timeout));
+            let (reply, replied) = oneshot::channel();
+            queue.push(Queued {
+                keys,
+                numbers: packed.to_vec(),
+                worker: ask.worker_id.to_owned(),
+                id,
+                reply,
+            })?;
+            match tokio::time::timeout(self.op_timeout, replied).await {
+                Ok(Ok(reply)) => reply?,
+                Ok(Err(_)) => {
+                    return Err(StoreError::Unavailable("redis lease queue stopped".into()));
+                }
+                Err(_) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "redis did not answer within {:?}",
+                        self.op_timeout
+                    )));
+                }
+            }
         };
-        let lease_id = reply.text(5).filter(|id| !id.is_empty());
-        Ok(LeaseOutcome {
-            lease_id,
-            grant: Grant {
-                granted,
-                limit,
-                remaining: u64::try_from(reply.int(3)?).unwrap_or(0),
-                expires_at_ms: reply.int(4)?,
-            },
-            view: view_at(&reply, 6)?,
-        })
+        lease_outcome(reply)
     }
 
     async fn release_now(&self, scope: &ScopeKey, end: LeaseEnd<'_>) -> Result<u32, StoreError> {

@@ -31,18 +31,25 @@ local function doubles(v)
   t[n + 1] = nil
   return t
 end
-local function series(v)
-  local t = doubles(v)
-  local s = { h = t[1], f = {} }
-  for i = 2, #t do s.f[i - 1] = t[i] end
-  return s
-end
 local kv = redis.call('HGETALL', key)
 local f = {}
 for i = 1, #kv, 2 do f[kv[i]] = kv[i + 1] end
 local k = doubles(f.k)
+-- The core: 5 numbers per series (its head first), 3 worker counts, then
+-- touched and the latest lease expiry.
+local function series(i, v)
+  return { h = k[5 * i + 1], f = doubles(v) }
+end
+-- A worker's record: its first three numbers, then its pairs (after the
+-- seven this version keeps).
+local function record(v)
+  local d = doubles(v)
+  local out = { d[1], d[2], d[3] }
+  for j = 8, #d do out[#out + 1] = d[j] end
+  return struct.pack('<' .. string.rep('d', #out), unpack(out))
+end
 local st = {
-  touched = k[1], lexp = k[2], fa = series(f.fa), cls = {},
+  touched = k[24], lexp = k[25], fa = series(0, f.fa), cls = {},
   hints = f.h and cmsgpack.unpack(f.h) or { cd = 0, step = 0, bo = 0, recent = {} },
   slots = f.sl and cmsgpack.unpack(f.sl) or { next = 0, pending = {} },
 }
@@ -51,9 +58,9 @@ if f.z then st.frozen = f.z end
 for c = 1, 3 do
   local workers = {}
   for name, v in pairs(f) do
-    if string.sub(name, 1, 1) == tostring(c) then workers[string.sub(name, 2)] = v end
+    if string.sub(name, 1, 1) == tostring(c) then workers[string.sub(name, 2)] = record(v) end
   end
-  st.cls[c] = { spent = series(f['s' .. c]), workers = workers }
+  st.cls[c] = { spent = series(c, f['s' .. c]), workers = workers }
 end
 local ttl = redis.call('PTTL', key)
 redis.call('DEL', key)
@@ -397,7 +404,8 @@ async fn series_written_by_earlier_versions_read_the_same() {
            if string.find(string.sub(kv[i], 1, 1), '%d') then
              local packed = kv[i + 1]
              local v = { struct.unpack('<' .. string.rep('d', #packed / 8), packed) }
-             for j = 5, #v - 1, 2 do total = total + v[j] end
+             -- Seven numbers, then second, milli pairs.
+             for j = 9, #v - 1, 2 do total = total + v[j] end
            end
          end
          return total";

@@ -24,7 +24,7 @@ local P = {
 }
 local sec = sec_of(now)
 local window_ms = P.window * 1000
-out[#out + 1] = s_sum(series(st, 0), sec, P.window)
+out[#out + 1] = s_sum(st, 0, sec, P.window)
 local total = allowance(st, P, now)
 out[#out + 1] = total
 local spent_by = class_spent(st, P, now)

@@ -3,13 +3,18 @@
 -- the numbers packed as doubles (one string to decode instead of fifteen
 -- to parse: caller cooldown, caller floor, now, idle_ms, class (1..3),
 -- want, then the policy, policy_of), the worker, the lease id's prefix.
+-- Reply: one string (RedisStore::lease_now reads it without a list of
+-- values to parse): granted, limit, remaining, expiry, cooldown and floor
+-- as doubles, then the lease id, or for a frozen route (limit 3) the
+-- freeze's reason; or {'err', reason}.
 local a = doubles(ARGV[1])
 local now, idle_ms, p, want = a[3], a[4], a[5], a[6]
 local P = policy_of(a, 7)
 local wid, prefix = ARGV[2], ARGV[3]
 local ccd, cfloor = caller_floor(a[1], a[2])
--- Everything a grant reads, the worker's own record included, in one HMGET.
-local st = route_get(KEYS[1], now, { 'fa', 's1', 's2', 's3', CLASS_KEY[p] .. wid })
+-- The core holds the window sums; the class's spend is read to add to
+-- it, the worker's record to charge it: one HMGET.
+local st = route_get(KEYS[1], now, { SERIES_FIELD[p], CLASS_KEY[p] .. wid })
 local k = st.k
 local cd = math.max(k.cd, ccd)
 local floor = math.max(k.cd, k.bo, cfloor)
@@ -23,7 +28,7 @@ local avail = available_of(P, total, class_spent(st, P, now), p)
 if st.frozen then
   -- A frozen route grants nothing but still says what is left.
   route_save(st, idle_ms)
-  return { 'ok', 0, 3, idiv(avail, P.cost), now, '', cd, floor, st.frozen }
+  return struct.pack('<dddddd', 0, 3, idiv(avail, P.cost), now, cd, floor) .. st.frozen
 end
 
 local sec = sec_of(now)
@@ -40,7 +45,7 @@ local own_demand = own_held + want_milli
 -- met in full by the water-filling: granted without reading (and
 -- unpacking) the rest of the fleet (BudgetLedger::grant).
 local fair
-if own_demand <= idiv(capacity, k.n[p]) then
+if own_demand <= idiv(capacity, k[20 + p]) then
   fair = own_demand
 else
   -- Everyone else's demand.
@@ -50,8 +55,8 @@ else
       local w = worker(st, p, other)
       local h = held(w, sec, P.window)
       -- (A worker that never leased holds -1.)
-      if w[LEASED] > now - window_ms then
-        demands[#demands + 1] = h + w[UNMET]
+      if w.lease > now - window_ms then
+        demands[#demands + 1] = h + w.unmet
       else
         -- Seen only through reports: unknown demand, claims an equal share.
         demands[#demands + 1] = math.huge
@@ -73,15 +78,15 @@ if granted ~= want then
 end
 
 local cost = granted * P.cost
-me[LEASED] = now
-me[UNMET] = want_milli - cost
+me.lease = now
+me.unmet = want_milli - cost
 local id = ''
 if granted > 0 then
-  local charged = s_add(series(st, p), sec, cost)
+  local charged = s_add(st, p, sec, cost)
   charge(me, charged, cost)
   id = lease_id(prefix, p, granted, P.cost, charged)
   lease_put(st, id, wid, expires, now)
   if expires > k.x then k.x = expires end
 end
 route_save(st, idle_ms)
-return { 'ok', granted, limit, idiv(avail - cost, P.cost), expires, id, cd, floor, false }
+return struct.pack('<dddddd', granted, limit, idiv(avail - cost, P.cost), expires, cd, floor) .. id

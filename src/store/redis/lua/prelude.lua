@@ -106,26 +106,17 @@ local function flatten(pairs_list)
 end
 
 ---------------------------------------------------------------- series
--- Second, value pairs in one flat list, oldest first, from index `o` of
--- a list that starts with other numbers:
--- - a per-second series over the last W seconds is its head second `h`
---   then the seconds in the window that hold something (SERIES: pairs
---   from 2); `d` marks one a call changed, the only ones it writes back;
--- - a worker's record is its last seen, unmet demand and last lease (-1:
---   none), then its charges (RECORD: pairs from 4).
--- Each is one field of the route's hash, packed as doubles (`doubles`).
-
-local SERIES, RECORD = 2, 4
-local SEEN, UNMET, LEASED = 1, 2, 3
-
-local function series_new(sec) return { sec, d = true } end
+-- Second, value pairs in one flat list, oldest first (a per-second series
+-- over the last W seconds; a worker's charges). Stored packed as doubles
+-- (`doubles`); a call decodes them only when it must (`series_pairs`,
+-- `record_pairs`).
 
 -- Drops the pairs older than second `oldest`, in place (pairs are
 -- appended in order, so only the front can be older).
-local function flat_trim(f, o, oldest)
-  if not f[o] or f[o] >= oldest then return end
-  local n, j = #f, o
-  for i = o, n, 2 do
+local function flat_trim(f, oldest)
+  if not f[1] or f[1] >= oldest then return end
+  local n, j = #f, 1
+  for i = 1, n, 2 do
     if f[i] >= oldest then
       f[j], f[j + 1] = f[i], f[i + 1]
       j = j + 2
@@ -134,18 +125,18 @@ local function flat_trim(f, o, oldest)
   for i = j, n do f[i] = nil end
 end
 
-local function flat_sum(f, o, oldest)
+local function flat_sum(f, oldest)
   local total = 0
-  for i = o, #f, 2 do
+  for i = 1, #f, 2 do
     if f[i] >= oldest then total = total + f[i + 1] end
   end
   return total
 end
 
 -- Adds `v` at second `sec`, the newest.
-local function flat_add(f, o, sec, v)
+local function flat_add(f, sec, v)
   local n = #f
-  if n > o and f[n - 1] == sec then
+  if n > 0 and f[n - 1] == sec then
     f[n] = f[n] + v
   else
     f[n + 1] = sec
@@ -153,78 +144,103 @@ local function flat_add(f, o, sec, v)
   end
 end
 
--- Takes `v` back from second `sec`, never below zero.
-local function flat_refund(f, o, sec, v)
-  for i = o, #f, 2 do
+-- Takes `v` back from second `sec`, never below zero; what it took.
+local function flat_refund(f, sec, v)
+  for i = 1, #f, 2 do
     if f[i] == sec then
-      f[i + 1] = math.max(0, f[i + 1] - v)
-      return
+      local taken = math.min(v, f[i + 1])
+      f[i + 1] = f[i + 1] - taken
+      return taken
     end
   end
+  return 0
 end
 
--- The head never moves backwards, so a clock stepping back cannot
--- resurrect spent tokens.
-local function advance(s, sec)
-  if sec <= s[1] then return end
-  s[1] = sec
-  flat_trim(s, SERIES, sec - W + 1)
-  s.d = true
+-- Packed pairs `raw` with `v` added at second `sec`, the newest, whose
+-- last pair is (`last`, `last_v`): the last pair's value rewritten, or a
+-- pair appended, without decoding the rest.
+local function packed_add(raw, last, last_v, sec, v)
+  if last == sec then return string.sub(raw, 1, -9) .. struct.pack('<d', last_v + v) end
+  return raw .. struct.pack('<dd', sec, v)
 end
 
-local function s_add(s, sec, v)
-  advance(s, sec)
-  flat_add(s, SERIES, s[1], v)
-  s.d = true
-  return s[1]
-end
-
-local function s_refund(s, sec, v)
-  if sec <= s[1] and s[1] - sec < W then
-    flat_refund(s, SERIES, sec, v)
-    s.d = true
-  end
-end
-
-local function s_sum(s, sec, window)
-  advance(s, sec)
-  return flat_sum(s, SERIES, s[1] - math.min(window, W) + 1)
-end
-
--- A series an earlier version wrote as a table: its head `h`, its
--- seconds as a flat list (`f`), a W-bucket ring (`b`) or {second, value}
--- pairs (`e`).
-local function series_of_table(s)
-  local out = { s.h }
-  local f
-  if s.b then
-    f = {}
+-- The pairs of a series an earlier version kept as a table `t`: its
+-- seconds as a flat list (`f`), a W-bucket ring (`b`, from head `h`) or
+-- {second, value} pairs (`e`).
+local function series_of_table(t)
+  if t.b then
+    local f = {}
     for back = W - 1, 0, -1 do
-      local t = s.h - back
-      local v = s.b[(t % W) + 1]
+      local sec = t.h - back
+      local v = t.b[(sec % W) + 1]
       if v and v ~= 0 then
-        f[#f + 1] = t
+        f[#f + 1] = sec
         f[#f + 1] = v
       end
     end
-  elseif s.e then
-    f = flatten(s.e)
-  else
-    f = s.f or {}
+    return f
+  elseif t.e then
+    return flatten(t.e)
   end
-  for i = 1, #f do out[i + 1] = f[i] end
-  return out
+  return t.f or {}
+end
+
+---------------------------------------------------------------- records
+-- A worker's record: last seen, unmet demand, last lease (-1: none), then
+-- its charges' total, first second, last second (-1: none) and last
+-- value (RECORD_HEAD, what most calls need), then the charges' pairs. A
+-- call unpacks the head only, and the pairs when it must trim or refund.
+
+local RECORD_HEAD = '<ddddddd'
+
+local function record_unpack(raw)
+  local seen, unmet, lease, t, first, last, last_v = struct.unpack(RECORD_HEAD, raw)
+  return {
+    seen = seen, unmet = unmet, lease = lease, t = t, first = first, last = last,
+    last_v = last_v, raw = raw,
+  }
+end
+
+-- The charges' pairs, decoded once per call.
+local function record_pairs(w)
+  if not w.f then w.f = doubles(string.sub(w.raw, 57)) end
+  return w.f
+end
+
+local function record_pack(w)
+  local tail
+  if w.f then
+    local f, t = w.f, 0
+    for i = 2, #f, 2 do t = t + f[i] end
+    local n = #f
+    w.t = t
+    if n > 0 then w.first, w.last, w.last_v = f[1], f[n - 1], f[n] else w.first, w.last, w.last_v = -1, -1, 0 end
+    tail = doubles_pack(f)
+  else
+    tail = w.tail or string.sub(w.raw, 57)
+  end
+  return struct.pack(RECORD_HEAD, w.seen, w.unmet, w.lease, w.t, w.first, w.last, w.last_v) .. tail
+end
+
+local function record_new(now)
+  return { seen = now, unmet = 0, lease = -1, t = 0, first = -1, last = -1, last_v = 0, raw = '', tail = '' }
 end
 
 -- A worker's record as an earlier version wrote it: a packed string with
--- the same numbers, or a map with its charges as {second, milli} pairs in
--- `held`.
+-- its last seen, unmet and last lease then its pairs, or a map with its
+-- charges as {second, milli} pairs in `held`.
 local function record_of(v)
-  if type(v) == 'string' then return doubles(v) end
-  local r = { v.seen, v.unmet or 0, v.lease or -1 }
-  local f = flatten(v.held or {})
-  for i = 1, #f do r[i + 3] = f[i] end
-  return r
+  local w = record_new(0)
+  if type(v) == 'string' then
+    local d = doubles(v)
+    w.seen, w.unmet, w.lease = d[1], d[2], d[3]
+    w.f = {}
+    for i = 4, #d do w.f[i - 3] = d[i] end
+  else
+    w.seen, w.unmet, w.lease = v.seen, v.unmet or 0, v.lease or -1
+    w.f = flatten(v.held or {})
+  end
+  return record_pack(w)
 end
 
 ---------------------------------------------------------------- hints
@@ -468,13 +484,15 @@ end
 --
 -- The route's core counts the members (`lc`, expired ones included until
 -- purged) and says until when the set's expiry is set (`ez`), so a grant
--- is one ZADD: the set is purged (and counted exactly) once a second, or
--- whenever the count reaches MAX_LEASES, where the bound is decided on the
--- exact count; its expiry is pushed out only when a lease outlives it.
+-- is one ZADD: the set is purged (and counted exactly) every
+-- LEASE_PURGE_MS, or whenever the count reaches MAX_LEASES, where the bound
+-- is decided on the exact count; its expiry is pushed out only when a
+-- lease outlives it.
 
--- How often a route's set drops its expired leases, and how far past its
--- longest lease the set's expiry is set (so most grants leave it be).
-local LEASE_PURGE_MS = 1000
+-- How often a route's set drops its expired leases (it holds at most that
+-- long's worth more than its live ones), and how far past its longest
+-- lease the set's expiry is set (so most grants leave it be).
+local LEASE_PURGE_MS = 250
 local LEASE_SLACK_MS = 1000
 
 local function lease_keys(route_key)
@@ -573,19 +591,35 @@ end
 -- it be.
 local EXPIRY_SLACK_MS = 1000
 
-local CORE = '<ddddddddddddd'
+-- The core: series numbers (5 per series, k[1..20]), the workers each
+-- class tracks (k[20 + p]), then the route's own numbers, by name. One
+-- table, read and written by one struct.unpack and struct.pack.
+local CORE = '<' .. 'ddddddddddddddddddddddddddddddddd'
 
 local function core_unpack(raw)
-  local t, x, cd, bo, hl, sl, n1, n2, n3, lc, lp, ez, er = struct.unpack(CORE, raw)
+  local s0h, s0l, s0v, s0w, s0s, s1h, s1l, s1v, s1w, s1s, s2h, s2l, s2v, s2w, s2s,
+    s3h, s3l, s3v, s3w, s3s, n1, n2, n3, t, x, cd, bo, hl, sl, lc, lp, ez, er =
+    struct.unpack(CORE, raw)
   return {
-    t = t, x = x, cd = cd, bo = bo, hl = hl, sl = sl, n = { n1, n2, n3 },
-    lc = lc, lp = lp, ez = ez, er = er,
+    s0h, s0l, s0v, s0w, s0s, s1h, s1l, s1v, s1w, s1s, s2h, s2l, s2v, s2w, s2s,
+    s3h, s3l, s3v, s3w, s3s, n1, n2, n3,
+    t = t, x = x, cd = cd, bo = bo, hl = hl, sl = sl, lc = lc, lp = lp, ez = ez, er = er,
   }
 end
 
 local function core_pack(k)
-  return struct.pack(CORE, k.t, k.x, k.cd, k.bo, k.hl, k.sl, k.n[1], k.n[2], k.n[3],
-    k.lc, k.lp, k.ez, k.er)
+  return struct.pack(CORE, k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9], k[10],
+    k[11], k[12], k[13], k[14], k[15], k[16], k[17], k[18], k[19], k[20], k[21], k[22], k[23],
+    k.t, k.x, k.cd, k.bo, k.hl, k.sl, k.lc, k.lp, k.ez, k.er)
+end
+
+-- A core for a route created at `now`: its series start at now's second.
+local function core_new(now)
+  local sec = sec_of(now)
+  return {
+    sec, -1, 0, -1, 0, sec, -1, 0, -1, 0, sec, -1, 0, -1, 0, sec, -1, 0, -1, 0, 0, 0, 0,
+    t = now, x = 0, cd = 0, bo = 0, hl = 0, sl = 0, lc = 0, lp = 0, ez = 0, er = 0,
+  }
 end
 
 local function slots_new() return { next = 0, pending = {} } end
@@ -605,9 +639,6 @@ local PARTS = {
   slots = { f = 'sl', new = slots_new },
   pace = { f = 'p', new = function() return nil end },
 }
-
--- The series' fields: first attempts (0), then each class's spend.
-local SERIES_FIELD = { [0] = 'fa', 's1', 's2', 's3' }
 
 -- The raw field `f` of route `st`: read by the opening HMGET, else now
 -- (false: absent).
@@ -632,38 +663,113 @@ local ROUTE = {
   end,
 }
 
--- Series `i` of the route (0: first attempts, 1..3: a class's spend),
--- decoded on first use.
-local function series(st, i)
-  local s = st.ser[i]
-  if s then return s end
-  local raw = route_raw(st, SERIES_FIELD[i])
-  if raw then s = doubles(raw) else s = series_new(sec_of(st.now)) end
-  st.ser[i] = s
-  return s
+-- Series 0 is the first attempts, 1..3 each class's spend.
+local SERIES_FIELD = { [0] = 'fa', 's1', 's2', 's3' }
+
+-- Series i's packed pairs, read from the route's hash when a call first
+-- needs them.
+local function series_raw(st, i)
+  local raw = st.raw_of[i]
+  if not raw then
+    raw = route_raw(st, SERIES_FIELD[i]) or ''
+    st.raw_of[i] = raw
+  end
+  return raw
+end
+
+-- Series i's pairs, decoded once per call.
+local function series_pairs(st, i)
+  local f = st.pairs[i]
+  if not f then
+    f = doubles(series_raw(st, i))
+    st.pairs[i] = f
+  end
+  return f
+end
+
+-- A per-second series lives in two places: its numbers in the route's
+-- core (`core_pack`; series i at k[5i+1..5i+5]: its head second, its last
+-- pair's second (-1: none) and value, and the window sum it was last
+-- asked for — over k[5i+4] seconds (-1: none), k[5i+5]) and its pairs in a
+-- field of the route's hash (SERIES_FIELD). A call in the same second with
+-- the same window reads the sum without decoding anything; the pairs are
+-- decoded (`series_pairs`) only to move the head or to recount.
+
+-- The head never moves backwards, so a clock stepping back cannot
+-- resurrect spent tokens.
+local function advance(st, i, sec)
+  local k, b = st.k, 5 * i
+  if sec <= k[b + 1] then return end
+  flat_trim(series_pairs(st, i), sec - W + 1)
+  k[b + 1], k[b + 4] = sec, -1
+  st.dirty[i] = true
+end
+
+local function s_sum(st, i, sec, window)
+  advance(st, i, sec)
+  local k, b = st.k, 5 * i
+  if k[b + 4] ~= window then
+    k[b + 5] = flat_sum(series_pairs(st, i), k[b + 1] - math.min(window, W) + 1)
+    k[b + 4] = window
+  end
+  return k[b + 5]
+end
+
+-- Adds `v` at the head second (after `sec`); the second it landed in.
+local function s_add(st, i, sec, v)
+  advance(st, i, sec)
+  local k, b = st.k, 5 * i
+  local h = k[b + 1]
+  local f = st.pairs[i]
+  if f then
+    flat_add(f, h, v)
+  else
+    st.raw_of[i] = packed_add(series_raw(st, i), k[b + 2], k[b + 3], h, v)
+    if k[b + 2] == h then k[b + 3] = k[b + 3] + v else k[b + 2], k[b + 3] = h, v end
+  end
+  -- The head second is inside every window.
+  if k[b + 4] >= 0 then k[b + 5] = k[b + 5] + v end
+  st.dirty[i] = true
+  return h
+end
+
+local function s_refund(st, i, sec, v)
+  local k, b = st.k, 5 * i
+  if sec <= k[b + 1] and k[b + 1] - sec < W then
+    local taken = flat_refund(series_pairs(st, i), sec, v)
+    if k[b + 4] >= 0 and sec >= k[b + 1] - math.min(k[b + 4], W) + 1 then
+      k[b + 5] = k[b + 5] - taken
+    end
+    st.dirty[i] = true
+  end
+end
+
+-- Series i's pairs, packed, its last pair into the core.
+local function series_flush(st, i)
+  local f = st.pairs[i]
+  if not f then return series_raw(st, i) end
+  local k, b, n = st.k, 5 * i, #f
+  if n > 0 then k[b + 2], k[b + 3] = f[n - 1], f[n] else k[b + 2], k[b + 3] = -1, 0 end
+  return doubles_pack(f)
 end
 
 local function route_of(key, now, k, frozen, fresh)
   return setmetatable({
     key = key, now = now, k = k, frozen = frozen, z0 = frozen, fresh = fresh,
-    -- Raw fields read, decoded series, unpacked worker records,
-    -- forgotten workers.
-    raw = {}, ser = {}, w = {}, gone = {},
+    -- Raw fields read; series' packed pairs, decoded pairs and which
+    -- changed; unpacked worker records, forgotten workers.
+    raw = {}, raw_of = {}, pairs = {}, dirty = {}, w = {}, gone = {},
   }, ROUTE)
 end
 
-local function core_new(now)
-  return {
-    t = now, x = 0, cd = 0, bo = 0, hl = 0, sl = 0, n = { 0, 0, 0 },
-    lc = 0, lp = 0, ez = 0, er = 0,
-  }
-end
-
--- A new route (with_route in the memory store): its series start at now.
+-- A new route (with_route in the memory store): its series start at now
+-- and are written with it.
 local function route_new(key, now)
   local st = route_of(key, now, core_new(now), false, true)
-  local sec = sec_of(now)
-  for i = 0, 3 do st.ser[i] = series_new(sec) end
+  for i = 0, 3 do
+    st.raw_of[i] = ''
+    st.dirty[i] = true
+  end
   return st
 end
 
@@ -686,7 +792,8 @@ local CLASS_OF = { ['1'] = 1, ['2'] = 2, ['3'] = 3 }
 local function route_convert(key, now)
   local old = cmsgpack.unpack(redis.call('GET', key))
   local ttl = redis.call('PTTL', key)
-  local k = core_new(old.touched)
+  local st = route_of(key, now, core_new(old.touched), old.frozen or false, true)
+  local k = st.k
   for id, l in pairs(old.leases or {}) do
     if l.exp > now then lease_put_legacy(key, id, l, now) end
     k.x = math.max(k.x, l.exp)
@@ -698,10 +805,7 @@ local function route_convert(key, now)
   if ttl > 0 then k.er = now + ttl elseif old.frozen then k.er = -1 end
   local slots = old.slots or slots_new()
   k.cd, k.bo, k.hl, k.sl = old.hints.cd, old.hints.bo, hints_live(old.hints), slots_live(slots)
-  local args = {
-    'fa', doubles_pack(series_of_table(old.fa)),
-    'h', cmsgpack.pack(old.hints), 'sl', cmsgpack.pack(slots),
-  }
+  local args = { 'h', cmsgpack.pack(old.hints), 'sl', cmsgpack.pack(slots) }
   if old.pace then
     args[#args + 1] = 'p'
     args[#args + 1] = cmsgpack.pack(old.pace)
@@ -710,14 +814,18 @@ local function route_convert(key, now)
     args[#args + 1] = 'z'
     args[#args + 1] = old.frozen
   end
+  local series = { [0] = old.fa, old.cls[1].spent, old.cls[2].spent, old.cls[3].spent }
+  for i = 0, 3 do
+    k[5 * i + 1] = series[i].h
+    st.pairs[i] = series_of_table(series[i])
+    args[#args + 1] = SERIES_FIELD[i]
+    args[#args + 1] = series_flush(st, i)
+  end
   for p = 1, 3 do
-    local cls = old.cls[p]
-    args[#args + 1] = SERIES_FIELD[p]
-    args[#args + 1] = doubles_pack(series_of_table(cls.spent))
-    for wid, v in pairs(cls.workers) do
+    for wid, v in pairs(old.cls[p].workers) do
       args[#args + 1] = CLASS_KEY[p] .. wid
-      args[#args + 1] = doubles_pack(record_of(v))
-      k.n[p] = k.n[p] + 1
+      args[#args + 1] = record_of(v)
+      k[20 + p] = k[20 + p] + 1
     end
   end
   args[#args + 1] = 'k'
@@ -780,14 +888,13 @@ local function route_save(st, idle_ms)
       expire = k.er - now
     end
   end
-  local args = { 'k', core_pack(k) }
-  for i = 0, 3 do
-    local s = st.ser[i]
-    if s and s.d then
-      args[#args + 1] = SERIES_FIELD[i]
-      args[#args + 1] = doubles_pack(s)
-    end
+  local args = {}
+  for i in pairs(st.dirty) do
+    args[#args + 1] = SERIES_FIELD[i]
+    args[#args + 1] = series_flush(st, i)
   end
+  args[#args + 1] = 'k'
+  args[#args + 1] = core_pack(k)
   -- A part is in `st` once read (or set, like a new pacing state).
   for name, part in pairs(PARTS) do
     local v = rawget(st, name)
@@ -798,7 +905,7 @@ local function route_save(st, idle_ms)
   end
   for f, w in pairs(st.w) do
     args[#args + 1] = f
-    args[#args + 1] = doubles_pack(w)
+    args[#args + 1] = record_pack(w)
   end
   local gone = {}
   for f in pairs(st.gone) do gone[#gone + 1] = f end
@@ -880,7 +987,7 @@ local function worker(st, p, wid)
   if w or st.gone[f] then return w end
   local raw = route_raw(st, f)
   if not raw then return nil end
-  w = doubles(raw)
+  w = record_unpack(raw)
   st.w[f] = w
   return w
 end
@@ -905,7 +1012,7 @@ local function class_workers(st, p)
     end
     for f in pairs(st.w) do ids[CLASS_OF[string.sub(f, 1, 1)]][string.sub(f, 2)] = true end
     for f in pairs(st.gone) do ids[CLASS_OF[string.sub(f, 1, 1)]][string.sub(f, 2)] = nil end
-    for c = 1, 3 do st.k.n[c] = count(ids[c]) end
+    for c = 1, 3 do st.k[20 + c] = count(ids[c]) end
   end
   return st.ids[p]
 end
@@ -915,7 +1022,7 @@ end
 local function worker_seen(st, p, wid)
   local f = CLASS_KEY[p] .. wid
   local w = st.w[f]
-  if w then return w[SEEN] end
+  if w then return w.seen end
   return (struct.unpack('<d', st.raw[f]))
 end
 
@@ -924,7 +1031,7 @@ local function worker_forget(st, p, wid)
   st.w[f] = nil
   st.gone[f] = true
   if st.ids then st.ids[p][wid] = nil end
-  st.k.n[p] = st.k.n[p] - 1
+  st.k[20 + p] = st.k[20 + p] - 1
 end
 
 -- Workers seen in the window over every class (BudgetLedger::active_workers).
@@ -942,12 +1049,12 @@ end
 -- seen is forgotten.
 local function touch(st, p, wid, now, window_ms)
   local w = worker(st, p, wid)
-  if not w and st.k.n[p] >= MAX_WORKERS then
+  if not w and st.k[20 + p] >= MAX_WORKERS then
     local ids = class_workers(st, p)
     for id in pairs(ids) do
       if worker_seen(st, p, id) <= now - window_ms then worker_forget(st, p, id) end
     end
-    if st.k.n[p] >= MAX_WORKERS then
+    if st.k[20 + p] >= MAX_WORKERS then
       local oldest, at
       for id in pairs(ids) do
         local seen = worker_seen(st, p, id)
@@ -958,26 +1065,42 @@ local function touch(st, p, wid, now, window_ms)
   end
   if not w then
     local f = CLASS_KEY[p] .. wid
-    w = { now, 0, -1 }
+    w = record_new(now)
     st.w[f] = w
     st.gone[f] = nil
     if st.ids then st.ids[p][wid] = true end
-    st.k.n[p] = st.k.n[p] + 1
+    st.k[20 + p] = st.k[20 + p] + 1
   end
-  if now > w[SEEN] then w[SEEN] = now end
+  if now > w.seen then w.seen = now end
   return w
 end
 
 -- Milli-tokens charged to worker record `w` within the window (prunes
--- older ones).
+-- older ones): the total, unless some charge is older.
 local function held(w, sec, window)
   local oldest = sec - window + 1
-  flat_trim(w, RECORD, oldest)
-  return flat_sum(w, RECORD, oldest)
+  if w.first < 0 or w.first >= oldest then return w.t end
+  local f = record_pairs(w)
+  flat_trim(f, oldest)
+  w.t, w.first = flat_sum(f, oldest), f[1] or -1
+  return w.t
 end
 
+-- Charges `milli` at second `sec`, the newest.
 local function charge(w, sec, milli)
-  flat_add(w, RECORD, sec, milli)
+  if w.f then
+    flat_add(w.f, sec, milli)
+  else
+    w.tail = packed_add(w.tail or string.sub(w.raw, 57), w.last, w.last_v, sec, milli)
+    if w.last == sec then w.last_v = w.last_v + milli else w.last, w.last_v = sec, milli end
+    if w.first < 0 then w.first = sec end
+  end
+  w.t = w.t + milli
+end
+
+-- Takes `milli` back from second `sec`.
+local function record_refund(w, sec, milli)
+  w.t = w.t - flat_refund(record_pairs(w), sec, milli)
 end
 
 ---------------------------------------------------------------- budget
@@ -992,7 +1115,7 @@ local function policy_of(a, i)
 end
 
 local function allowance(st, P, now)
-  local first = s_sum(series(st, 0), sec_of(now), P.window)
+  local first = s_sum(st, 0, sec_of(now), P.window)
   local formula = P.floor * P.window + P.ratio * first
   if P.ceiling >= 0 then formula = math.min(formula, P.ceiling * 1000) end
   return formula
@@ -1021,10 +1144,7 @@ end
 
 local function class_spent(st, P, now)
   local sec = sec_of(now)
-  return {
-    s_sum(series(st, 1), sec, P.window), s_sum(series(st, 2), sec, P.window),
-    s_sum(series(st, 3), sec, P.window),
-  }
+  return { s_sum(st, 1, sec, P.window), s_sum(st, 2, sec, P.window), s_sum(st, 3, sec, P.window) }
 end
 
 -- Water-filling: the smallest demands are met in full and what is left is

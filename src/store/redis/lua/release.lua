@@ -28,8 +28,8 @@ lease_drop(st, l)
 -- A retry that succeeded earns its token back, like an unspent one.
 local returned = l.g - spent + successes
 local refund = returned * l.c
-s_refund(series(st, l.p), l.sec, refund)
+s_refund(st, l.p, l.sec, refund)
 local w = worker(st, l.p, wid)
-if w then flat_refund(w, RECORD, l.sec, refund) end
+if w then record_refund(w, l.sec, refund) end
 route_save(st, idle_ms)
 return { 'ok', returned }

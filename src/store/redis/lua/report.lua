@@ -27,7 +27,7 @@ local st = route_get(KEYS[1], now, { 'h', 'sl', 'p', 'fa', CLASS_KEY[p] .. wid }
 -- Rejections that arrive while a cooldown already held are explained by it:
 -- pacing is told the cooldown as it was before this report.
 local cd_before = math.max(st.hints.cd, c and c.hints.cd or tonumber(ARGV[1]))
-s_add(series(st, 0), sec_of(now), first)
+s_add(st, 0, sec_of(now), first)
 touch(st, p, wid, now, window * 1000)
 if successes > 0 then decay(st.hints) end
 local R = corr_rules(13 + n * HINT_FIELDS)
