@@ -1,6 +1,7 @@
 //! [`RedisStore`] and its [`Store`] implementation: each operation one
-//! script invocation (on a cluster, plus a read or write of the caller key,
-//! which lives in another slot).
+//! call of a library function (on a cluster, plus a read or write of the
+//! caller key, which lives in another slot); concurrent Leases on one node
+//! share a call (`queue`).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -218,10 +219,9 @@ impl RedisStore {
             self.next_lease.fetch_add(1, Ordering::Relaxed)
         );
         // The numbers as one string of little-endian doubles, which the
-        // script decodes in one step (lease.lua); every value is an
-        // integer below 2^53 but the ceiling, which the script only
-        // compares with, so each stays what the script read before as a
-        // decimal.
+        // script decodes in one step (lease.lua). Each is an integer: a
+        // double holds it exactly below 2^53, and rounds a larger one (a
+        // ceiling) as the script's `tonumber` of its decimal did.
         let ceiling = policy
             .ceiling_per_window
             .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));

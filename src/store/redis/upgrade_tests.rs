@@ -111,6 +111,42 @@ async fn rewrite(conn: &mut redis::aio::MultiplexedConnection, script: &str, key
         .expect("rewritten")
 }
 
+/// Reports by one worker, one a second from `T0`: its first attempts (one
+/// more each second), 40 successes and its rejections each, and the hints
+/// given in the last.
+struct History<'a> {
+    worker: &'a str,
+    first_attempts: u32,
+    rejections: u32,
+    seconds: u32,
+}
+
+impl History<'_> {
+    async fn report(&self, store: &RedisStore, key: &ScopeKey, hints: &[LevelHint], p: &Policy) {
+        for s in 0..self.seconds {
+            let batch = ReportBatch {
+                worker_id: self.worker,
+                first_attempts: self.first_attempts + s,
+                successes: 40,
+                rejections: self.rejections,
+                counts_age_ms: 0,
+                hints: if s + 1 == self.seconds { hints } else { &[] },
+                now_ms: T0 + i64::from(s) * 1000,
+            };
+            store.report(key, batch, p).await.expect("report");
+        }
+    }
+}
+
+/// What Redis holds at `key`: "string", "hash", …
+async fn key_type(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+    redis::cmd("TYPE")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("type")
+}
+
 fn ask(worker: &str, priority: Priority, want: u32, now_ms: i64) -> GrantAsk<'_> {
     GrantAsk {
         worker_id: worker,
@@ -158,18 +194,13 @@ async fn a_route_the_previous_version_wrote_is_read_the_same() {
     }];
     let mut leases = Vec::new();
     for key in [&kept, &old] {
-        for s in 0..3 {
-            let batch = ReportBatch {
-                worker_id: "w1",
-                first_attempts: 50 + s,
-                successes: 40,
-                rejections: 2,
-                counts_age_ms: 0,
-                hints: if s == 2 { &hints } else { &[] },
-                now_ms: T0 + i64::from(s) * 1000,
-            };
-            store.report(key, batch, &p).await.expect("report");
-        }
+        let history = History {
+            worker: "w1",
+            first_attempts: 50,
+            rejections: 2,
+            seconds: 3,
+        };
+        history.report(&store, key, &hints, &p).await;
         let mut ids = Vec::new();
         for (i, (worker, priority)) in [
             ("w1", Priority::Normal),
@@ -203,12 +234,11 @@ async fn a_route_the_previous_version_wrote_is_read_the_same() {
     }
     let old_key = store.route_key(&old.route);
     assert_eq!(rewrite(&mut conn, AS_PREVIOUS, &old_key).await, 3);
-    let kind: String = redis::cmd("TYPE")
-        .arg(&old_key)
-        .query_async(&mut conn)
-        .await
-        .expect("type");
-    assert_eq!(kind, "string", "rewritten as one blob");
+    assert_eq!(
+        key_type(&mut conn, &old_key).await,
+        "string",
+        "rewritten as one blob"
+    );
 
     let now = T0 + 2_500;
     let detail = async |key: &ScopeKey| {
@@ -226,12 +256,11 @@ async fn a_route_the_previous_version_wrote_is_read_the_same() {
     assert_eq!(a.summary.leases_outstanding, 3);
     assert_eq!(a.summary.waiting, b.summary.waiting);
     assert_eq!(a.summary.last_touched_ms, b.summary.last_touched_ms);
-    let kind: String = redis::cmd("TYPE")
-        .arg(&old_key)
-        .query_async(&mut conn)
-        .await
-        .expect("type");
-    assert_eq!(kind, "hash", "converted on first touch");
+    assert_eq!(
+        key_type(&mut conn, &old_key).await,
+        "hash",
+        "converted on first touch"
+    );
 
     // A lease the previous version granted is released by its id, once.
     let mut returned = Vec::new();
@@ -324,18 +353,13 @@ async fn series_written_by_earlier_versions_read_the_same() {
     // The same history on all three: first attempts over several
     // seconds and a lease.
     for key in [&kept, &rings, &pairs] {
-        for s in 0..5 {
-            let batch = ReportBatch {
-                worker_id: "w",
-                first_attempts: 40 + s,
-                successes: 40,
-                rejections: 0,
-                counts_age_ms: 0,
-                hints: &[],
-                now_ms: T0 + i64::from(s) * 1000,
-            };
-            store.report(key, batch, &p).await.expect("report");
-        }
+        let history = History {
+            worker: "w",
+            first_attempts: 40,
+            rejections: 0,
+            seconds: 5,
+        };
+        history.report(&store, key, &[], &p).await;
         store
             .lease(key, ask("w", Priority::Normal, 7, T0 + 5_000), &p)
             .await
