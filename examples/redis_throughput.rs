@@ -2,6 +2,12 @@
 //! run with the same load: `cargo run --release --example redis_throughput`
 //! (needs `redis-server` on PATH; it starts a private one).
 //!
+//! `-- --scratch-redis URL` uses a Redis started apart instead, which the
+//! run FLUSHES: point it at a scratch server only. With the example pinned
+//! to some CPUs and that Redis to others (`taskset`), both stores' coordinators
+//! get the same CPU and Redis runs beside them, as on its own host; the
+//! private server inherits the example's CPUs and competes with it.
+//!
 //! Each store gets a fresh coordinator on `127.0.0.1:0`; `CONCURRENCY`
 //! tasks over `CHANNELS` HTTP/2 connections call Lease (want 1) for `RUN`
 //! after a warm-up, and the run prints calls/s and latency percentiles per
@@ -174,25 +180,41 @@ fn report(name: &str, r: &Result) -> f64 {
     rate
 }
 
+/// `--scratch-redis URL`, if given: the only argument the example takes.
+fn scratch_url() -> anyhow::Result<Option<String>> {
+    let mut args = std::env::args().skip(1);
+    match (args.next().as_deref(), args.next(), args.next()) {
+        (None, _, _) => Ok(None),
+        (Some("--scratch-redis"), Some(url), None) => Ok(Some(url)),
+        _ => anyhow::bail!("usage: redis_throughput [--scratch-redis URL] (that Redis is flushed)"),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let Some(redis) = RedisServer::start() else {
-            anyhow::bail!("redis-server is not on PATH");
+        // A private server lives until the run ends.
+        let (url, _private) = match scratch_url()? {
+            Some(url) => (url, None),
+            None => {
+                let Some(server) = RedisServer::start() else {
+                    anyhow::bail!("redis-server is not on PATH");
+                };
+                (server.url(), Some(server))
+            }
         };
         println!(
             "Lease over loopback: {CONCURRENCY} concurrent calls on {CHANNELS} connections, \
              {RUN:?} after {WARMUP:?} warm-up"
         );
-        let client = redis::Client::open(redis.url())?;
+        let client = redis::Client::open(url.as_str())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
         for shape in [Shape::SPREAD, Shape::FLEET] {
             let memory = load(Arc::new(MemoryStore::new(100_000)), shape).await?;
             let redis_store =
-                RedisStore::connect(RedisTarget::parse(&redis.url())?, RedisOptions::default())
-                    .await?;
+                RedisStore::connect(RedisTarget::parse(&url)?, RedisOptions::default()).await?;
             let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
             let _: () = redis::cmd("CONFIG")
                 .arg("RESETSTAT")
