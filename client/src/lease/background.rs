@@ -346,13 +346,19 @@ pub(super) async fn background(
                     // Takes answer from the fallback without RPCs, so
                     // something must notice the coordinator coming back:
                     // one lease attempt per probe interval, never a loop.
+                    // On a scope the worker leased on, or else one it only
+                    // reported on: a worker whose first attempts never
+                    // failed holds no tokens, and while its intents wait
+                    // out a cooldown alone nothing else would call.
                     if probe {
                         last_probe = Instant::now();
                         let key = shared
                             .tokens
                             .iter()
                             .next()
-                            .map(|e| (e.key().clone(), RetryClass::Transient));
+                            .map(|e| e.key().clone())
+                            .or_else(|| shared.views.iter().next().map(|e| e.key().clone()))
+                            .map(|scope| (scope, RetryClass::Transient));
                         if let Some(key) = key {
                             let shared = shared.clone();
                             tasks.spawn(async move { refill(&shared, key).await });

@@ -6,6 +6,7 @@ use tollgate_client::engine::Observation;
 use tollgate_client::gate::{Gate, TokenSource};
 use tollgate_client::link::{LinkConfig, LinkState};
 use tollgate_client::outcome::Outcome;
+use tollgate_proto::v1::ReconsiderRequest;
 
 use super::intent;
 use crate::common::{Upstream, http};
@@ -119,6 +120,44 @@ async fn coordinator_back_without_resetting_dead_connections_is_found_by_keepali
     );
     assert_eq!(h.gate.cache().link().degradations(), 1);
     retries_on_fleet_tokens_again(&h.gate, answers).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_never_leased_finds_the_coordinator_back_by_itself() {
+    let mut h = harness();
+    // Every first attempt served: the worker reports, and never leases.
+    let served = h
+        .gate
+        .run(
+            intent("i-served", policy(secs(60), 3, secs(5), None)),
+            Upstream::new(vec![http(200, None)]).attempt(),
+        )
+        .await;
+    assert_eq!(served.outcome, Outcome::Succeeded);
+    h.gate.cache().flush().await;
+    assert_eq!(h.gate.link_state(), LinkState::Connected);
+
+    // The coordinator dies and the worker's last call fails; then nothing
+    // of its own calls again (its intents wait out a cooldown alone, say).
+    h.coordinator.kill();
+    let failed = h
+        .gate
+        .cache()
+        .link()
+        .reconsider(ReconsiderRequest::default())
+        .await;
+    assert!(failed.is_err());
+    assert_eq!(h.gate.link_state(), LinkState::Degraded);
+
+    // A fresh coordinator: the cache's probe (once a second) finds it, on
+    // the scope the worker reported on.
+    h.coordinator.restart();
+    tokio::time::sleep(secs(3)).await;
+    assert_eq!(
+        h.gate.link_state(),
+        LinkState::Connected,
+        "recovered by itself, holding no tokens"
+    );
 }
 
 /// Back on the coordinator: an intent whose first attempt fails waits for a
