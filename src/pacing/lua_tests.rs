@@ -61,7 +61,11 @@ fn outage_steps(seed: u64) -> Vec<Value> {
 /// again, demand the rate fell short of), and the upstream serves what it
 /// is sent: clean windows whose demand goes short, where the rate climbs
 /// back to the edge it estimated and past it. Seeded jitter in the counts.
-fn saturated_steps(seed: u64) -> Vec<Value> {
+/// With `refused_ms` over a second, the rejections go on after the first
+/// and each report says `served_while_refused` was served: nothing, an
+/// outage answering with short hints, where the rate halves past anything
+/// served and the climb back is slow start.
+fn saturated_steps(seed: u64, refused_ms: i64, served_while_refused: i64) -> Vec<Value> {
     let mut x = seed;
     let mut next = move |n: i64| {
         x = x
@@ -78,10 +82,18 @@ fn saturated_steps(seed: u64) -> Vec<Value> {
         let first = 9 + next(3);
         out.push(report(T0 + t, first, first, 0));
     }
-    for t in (10_000..11_000).step_by(100) {
-        out.push(report(T0 + t, 10, 4 + next(2), 5));
+    let back = 10_000 + refused_ms;
+    for t in (10_000..back).step_by(100) {
+        // The first second saturates the route; what follows it serves
+        // `served_while_refused`.
+        let served = if t < 11_000 {
+            4 + next(2)
+        } else {
+            served_while_refused
+        };
+        out.push(report(T0 + t, 10, served, 5));
     }
-    for t in (11_000..21_000).step_by(5) {
+    for t in (back..back + 10_000).step_by(5) {
         let now = T0 + t;
         out.push(if t % 100 == 0 {
             report(now, 0, 5 + next(3), 0)
@@ -278,12 +290,13 @@ fn the_lua_port_agrees_with_the_rust_controller_step_by_step() {
             .position(|&(name, _)| name == "mode")
             .expect("a mode field");
     for (i, p) in policies.iter().enumerate() {
-        for seed in 1..=12 {
+        for seed in 1..=14 {
             let steps = match seed {
                 1..=4 => steps(seed * 31 + i as u64),
                 5..=8 => edge_steps(seed * 31 + i as u64),
                 9..=10 => outage_steps(seed * 31 + i as u64),
-                _ => saturated_steps(seed * 31 + i as u64),
+                11..=12 => saturated_steps(seed * 31 + i as u64, 1000, 0),
+                _ => saturated_steps(seed * 31 + i as u64, 3000, 0),
             };
             let want = run_rust(p, &steps);
             for line in &want {

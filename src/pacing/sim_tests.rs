@@ -372,3 +372,35 @@ fn first_attempts_far_below_the_upstream_find_the_spare_within_five_seconds() {
     );
     assert_peak_after_recovery(shape, &run);
 }
+
+/// An upstream that is out but answers with 1 s hints (a limiter down, not
+/// a closing hint): every saturated window is refused, so the rate halves
+/// past anything served, and nothing it served is an edge. When the
+/// upstream comes back the climb is slow start, not sixteenths from those
+/// remains (which took a minute): the rate doubles from wherever the
+/// halving left it, so within 8 s of recovery the fleet offers half the
+/// capacity, and never over 1.1 × it.
+#[test]
+fn an_outage_answering_with_short_hints_is_climbed_out_of_by_slow_start() {
+    for (cap, lam) in [(1000, 800), (200, 160), (1000, 300)] {
+        let shape = Shape {
+            cap,
+            lam,
+            outage_at: 5,
+            outage_len: 3,
+            during_tenths: 0,
+            long_hints: false,
+            after_tenths: 10,
+        };
+        let run = run(shape, shape.outage_at + shape.outage_len + 15);
+        let recovered = (shape.outage_at + shape.outage_len) as usize;
+        assert!(
+            run.load_permille[recovered..=recovered + 8]
+                .iter()
+                .any(|&l| l >= 500),
+            "{shape:?}: under half the capacity for 8 s after recovery: {:?}",
+            run.load_permille
+        );
+        assert_peak_after_recovery(shape, &run);
+    }
+}

@@ -38,7 +38,7 @@ impl PacingState {
                 self.clamp_rate(policy);
             }
         } else if self.mode() == Mode::Saturated {
-            self.learn_saturated(policy);
+            self.learn_saturated(ramped_from, policy);
         } else {
             // Rejections that all arrived inside a short cooldown were drawn
             // before the fleet heard of it: in the window after a cut they
@@ -209,7 +209,7 @@ impl PacingState {
     }
 
     /// Learns from a window in which every attempt was paced.
-    fn learn_saturated(&mut self, policy: &PacingPolicy) {
+    fn learn_saturated(&mut self, ramped_from: i64, policy: &PacingPolicy) {
         self.lam_m += (self.w_first * MILLI - self.lam_m).div_euclid(4);
         let served_m = self.w_ok * MILLI;
         if self.w_frozen == 1 {
@@ -218,18 +218,27 @@ impl PacingState {
         } else if self.w_refused > 0 {
             // Over the edge: just under what the window served (a
             // saturated window measures the upstream), never below half
-            // the rate that drew the rejections.
+            // the rate that drew the rejections. A window that served less
+            // than that measured an outage, not an edge (a limiter down,
+            // answering with short hints): no edge is known, and once
+            // windows come back clean the climb is slow start.
             let before = self.rate_before_cut();
             self.cap_m = served_m;
             self.rate_m = just_under(served_m).max(before / 2);
             self.rate_ok_m = self.rate_m;
-            self.rate_max_m = served_m.max(self.rate_m);
+            self.rate_max_m = if self.rate_m < served_m { served_m } else { 0 };
             self.settle_win = self.win + 1;
         } else if self.w_short > 0 {
             // Clean, and demand went short. Only from a rate the window used
             // (slots nobody asked for in time prove nothing).
             self.cap_m = self.cap_m.max(served_m);
-            if 8 * self.w_granted * MILLI >= 7 * self.rate_m {
+            // A ramped window granted what its ramp averaged.
+            let offered = if ramped_from > 0 && ramped_from < self.rate_m {
+                (ramped_from + self.rate_m) / 2
+            } else {
+                self.rate_m
+            };
+            if 8 * self.w_granted * MILLI >= 7 * offered {
                 self.climb_saturated();
             }
         } else if self.hint_until <= self.win * WINDOW_MS {
@@ -256,15 +265,19 @@ impl PacingState {
     /// held for one more clean window before it steps: steps taken
     /// meanwhile would pile their overshoots up before the first rejection
     /// comes back. The step is a sixteenth up to the edge (a thirty-second
-    /// in the first eighth past it) and to a quarter past it; past that,
-    /// what a burst can hide is spent and the upstream has grown: the step
-    /// doubles the distance from the edge, within the probe headroom of the
-    /// rate (what one step can overshoot by).
+    /// in the first eighth past it) and to a quarter past it. Past that, or
+    /// with no edge known (the window that cut the rate measured an
+    /// outage), what a burst can hide is spent and the upstream has grown:
+    /// slow start, each step doubling the distance from the edge up to the
+    /// rate itself, ramped across the window so that the first rejection
+    /// stops it near the edge it finds. (Steps of an eighth at most took a
+    /// minute to climb from a deep brownout's edge to the recovered
+    /// upstream.)
     fn climb_saturated(&mut self) {
         let r = self.rate_m;
         let edge = self.rate_max_m;
         let near = r >= edge - edge / 16;
-        if near && self.rate_ok_m != r {
+        if near && edge > 0 && self.rate_ok_m != r {
             self.rate_ok_m = r;
             return;
         }
@@ -278,7 +291,8 @@ impl PacingState {
         } else if r < edge + edge / 4 {
             r / 16
         } else {
-            (2 * (r - edge)).clamp(r / 16, r / PROBE_HEADROOM)
+            self.ramp_from_m = r;
+            (2 * (r - edge)).clamp(r / 16, r)
         };
         self.rate_m = r + step.max(MILLI);
     }

@@ -222,11 +222,12 @@ local function pace_saturate(p, P, edge, rate)
 end
 
 -- PacingState::climb_saturated: halfway to a measured edge well under it;
--- from near it on, a rate is held one more clean window before each step.
+-- from near it on, a rate is held one more clean window before each step;
+-- past a quarter beyond it, or with none known, slow start.
 local function pace_climb_saturated(p)
   local r, edge = p.rate_m, p.rate_max_m
   local near = r >= edge - idiv(edge, 16)
-  if near and p.rate_ok_m ~= r then
+  if near and edge > 0 and p.rate_ok_m ~= r then
     p.rate_ok_m = r
     return
   end
@@ -242,12 +243,14 @@ local function pace_climb_saturated(p)
   elseif r < edge + idiv(edge, 4) then
     step = idiv(r, 16)
   else
-    step = math.min(math.max(2 * (r - edge), idiv(r, 16)), idiv(r, PACE_HEADROOM))
+    -- The upstream has grown (or no edge is known): slow start, ramped.
+    p.ramp_from_m = r
+    step = math.min(math.max(2 * (r - edge), idiv(r, 16)), r)
   end
   p.rate_m = r + math.max(step, MILLI)
 end
 
-local function pace_learn_saturated(p, P)
+local function pace_learn_saturated(p, P, ramped_from)
   p.lam_m = p.lam_m + math.floor((p.w_first * MILLI - p.lam_m) / 4)
   local served = p.w_ok * MILLI
   if p.w_frozen == 1 then
@@ -257,11 +260,14 @@ local function pace_learn_saturated(p, P)
     p.cap_m = served
     p.rate_m = math.max(pace_just_under(served), idiv(before, 2))
     p.rate_ok_m = p.rate_m
-    p.rate_max_m = math.max(served, p.rate_m)
+    if p.rate_m < served then p.rate_max_m = served else p.rate_max_m = 0 end
     p.settle_win = p.win + 1
   elseif p.w_short > 0 then
     p.cap_m = math.max(p.cap_m, served)
-    if 8 * p.w_granted * MILLI >= 7 * p.rate_m then pace_climb_saturated(p) end
+    -- A ramped window granted what its ramp averaged.
+    local offered = p.rate_m
+    if ramped_from > 0 and ramped_from < p.rate_m then offered = idiv(ramped_from + p.rate_m, 2) end
+    if 8 * p.w_granted * MILLI >= 7 * offered then pace_climb_saturated(p) end
   elseif p.hint_until <= p.win * PACE_WINDOW then
     p.cap_m = math.max(p.cap_m, served)
     p.rate_m = pace_spare(p)
@@ -307,7 +313,7 @@ local function pace_close_window(p, P)
       pace_clamp(p, P)
     end
   elseif p.mode == M_SATURATED then
-    pace_learn_saturated(p, P)
+    pace_learn_saturated(p, P, ramped_from)
   else
     -- Rejections a short cooldown explained: a cut's stragglers in the
     -- window after it; beyond, the rate steps down a sixteenth.
