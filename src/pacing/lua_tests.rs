@@ -54,6 +54,17 @@ fn outage_steps(seed: u64) -> Vec<Value> {
     mix(seed, 60, 2)
 }
 
+/// A seeded source of jitter: `next(n)` is in `0..n`.
+fn seeded(seed: u64) -> impl FnMut(i64) -> i64 {
+    let mut x = seed;
+    move |n: i64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((x >> 33) % n.max(1) as u64) as i64
+    }
+}
+
 /// A route whose first attempts (100/s, all served) suddenly get half
 /// served: it saturates inside that window, at half what it is estimated to
 /// serve. Then for ten seconds a backlog asks for slots every 5 ms, faster
@@ -66,13 +77,7 @@ fn outage_steps(seed: u64) -> Vec<Value> {
 /// outage answering with short hints, where the rate halves past anything
 /// served and the climb back is slow start.
 fn saturated_steps(seed: u64, refused_ms: i64, served_while_refused: i64) -> Vec<Value> {
-    let mut x = seed;
-    let mut next = move |n: i64| {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((x >> 33) % n.max(1) as u64) as i64
-    };
+    let mut next = seeded(seed);
     let mut out = Vec::new();
     let report = |now: i64, first: i64, ok: i64, rej: i64| {
         json!({"k": "o", "now": now, "first": first, "ok": ok, "rej": rej,
@@ -110,13 +115,7 @@ fn saturated_steps(seed: u64, refused_ms: i64, served_while_refused: i64) -> Vec
 }
 
 fn mix(seed: u64, gap: i64, edge: i64) -> Vec<Value> {
-    let mut x = seed;
-    let mut next = move |n: i64| {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((x >> 33) % n.max(1) as u64) as i64
-    };
+    let mut next = seeded(seed);
     let mut now = T0;
     let mut cursor = 0;
     let mut out = Vec::new();
