@@ -2,11 +2,16 @@
 //! run with the same load: `cargo run --release --example redis_throughput`
 //! (needs `redis-server` on PATH; it starts a private one).
 //!
+//! Both stores' coordinators get the same CPUs. With two or more CPUs the
+//! private Redis gets the last one to itself and the example (coordinator
+//! and load) the rest, in both phases: Redis runs beside the coordinator as
+//! on its own host, rather than taking its CPU from the coordinator it
+//! serves, which would measure how the machine splits its cores, not the
+//! store. `-- --shared-cpus` leaves every process on every CPU.
+//!
 //! `-- --scratch-redis URL` uses a Redis started apart instead, which the
-//! run FLUSHES: point it at a scratch server only. With the example pinned
-//! to some CPUs and that Redis to others (`taskset`), both stores' coordinators
-//! get the same CPU and Redis runs beside them, as on its own host; the
-//! private server inherits the example's CPUs and competes with it.
+//! run FLUSHES: point it at a scratch server only, and pin it and the
+//! example yourself (`taskset`) to split the CPUs the same way.
 //!
 //! Each store gets a fresh coordinator on `127.0.0.1:0`; `CONCURRENCY`
 //! tasks over `CHANNELS` HTTP/2 connections call Lease (want 1) for `RUN`
@@ -22,6 +27,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::unistd::Pid;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tollgate::config::Config;
@@ -180,31 +187,80 @@ fn report(name: &str, r: &Result) -> f64 {
     rate
 }
 
-/// `--scratch-redis URL`, if given: the only argument the example takes.
-fn scratch_url() -> anyhow::Result<Option<String>> {
-    let mut args = std::env::args().skip(1);
-    match (args.next().as_deref(), args.next(), args.next()) {
-        (None, _, _) => Ok(None),
-        (Some("--scratch-redis"), Some(url), None) => Ok(Some(url)),
-        _ => anyhow::bail!("usage: redis_throughput [--scratch-redis URL] (that Redis is flushed)"),
+/// Where the Redis comes from.
+enum Redis {
+    /// A private `redis-server`, on a CPU of its own unless `shared_cpus`.
+    Private { shared_cpus: bool },
+    /// `--scratch-redis URL`: started apart, flushed by the run.
+    Scratch(String),
+}
+
+fn parse_args() -> anyhow::Result<Redis> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => Ok(Redis::Private { shared_cpus: false }),
+        ["--shared-cpus"] => Ok(Redis::Private { shared_cpus: true }),
+        ["--scratch-redis", url] => Ok(Redis::Scratch(url.to_owned())),
+        _ => anyhow::bail!(
+            "usage: redis_throughput [--shared-cpus | --scratch-redis URL (that Redis is flushed)]"
+        ),
     }
 }
 
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
+    let set = sched_getaffinity(Pid::from_raw(0))?;
+    Ok((0..CpuSet::count())
+        .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+        .collect())
+}
+
+/// Pins this thread, and the threads and processes it starts from now on,
+/// to `cpus`.
+fn pin_to(cpus: &[usize]) -> anyhow::Result<()> {
+    let mut set = CpuSet::new();
+    for &cpu in cpus {
+        set.set(cpu)?;
+    }
+    sched_setaffinity(Pid::from_raw(0), &set)?;
+    Ok(())
+}
+
+/// Starts the private Redis; with `split`, on the last allowed CPU alone,
+/// the example then pinned to the others. Called before the runtime's
+/// threads exist, so they inherit the example's CPUs.
+fn start_private(split: bool) -> anyhow::Result<RedisServer> {
+    let cpus = allowed_cpus()?;
+    let split = split && cpus.len() >= 2;
+    if split {
+        pin_to(&cpus[cpus.len() - 1..])?;
+    }
+    let Some(server) = RedisServer::start() else {
+        anyhow::bail!("redis-server is not on PATH");
+    };
+    if split {
+        let (mine, redis) = cpus.split_at(cpus.len() - 1);
+        pin_to(mine)?;
+        println!("CPUs: coordinator and load {mine:?}, Redis {redis:?}");
+    } else {
+        println!("CPUs: every process on {cpus:?}");
+    }
+    Ok(server)
+}
+
 fn main() -> anyhow::Result<()> {
+    // A private server lives until the run ends.
+    let (url, _private) = match parse_args()? {
+        Redis::Scratch(url) => (url, None),
+        Redis::Private { shared_cpus } => {
+            let server = start_private(!shared_cpus)?;
+            (server.url(), Some(server))
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        // A private server lives until the run ends.
-        let (url, _private) = match scratch_url()? {
-            Some(url) => (url, None),
-            None => {
-                let Some(server) = RedisServer::start() else {
-                    anyhow::bail!("redis-server is not on PATH");
-                };
-                (server.url(), Some(server))
-            }
-        };
         println!(
             "Lease over loopback: {CONCURRENCY} concurrent calls on {CHANNELS} connections, \
              {RUN:?} after {WARMUP:?} warm-up"
