@@ -11,7 +11,9 @@
 //!   did reject (a saturated window measures capacity directly, which is how
 //!   a capacity that came back smaller is learned at once);
 //! - **first-attempt rate** is a moving average of reported first attempts;
-//! - **spare capacity** is the difference, what retries may use;
+//! - **spare capacity** is the difference, what retries may use (while a
+//!   window's first attempts run ahead of their average, the excess takes
+//!   retry slots: see [`PacingState::decide`]);
 //! - the **wake rate** follows the spare while nobody waits, and is probed
 //!   upward only in windows where it was actually used and nothing was
 //!   rejected: slow start (a first step of an eighth of the most the

@@ -102,7 +102,9 @@ impl PacingState {
         }
         let rate_m = self.rate_at(now);
         let interval_us = (1_000 * MILLI * MILLI + rate_m - 1) / rate_m.max(1);
-        let start_us = ask.cursor_us.max(floor.saturating_mul(1000));
+        let booked_us = ask.cursor_us.max(floor.saturating_mul(1000));
+        let hot_us = self.after_hot_first_attempts_us(now, interval_us);
+        let start_us = booked_us.max(hot_us);
         let slot = start_us
             .saturating_add(spread(interval_us))
             .div_euclid(1000);
@@ -140,6 +142,21 @@ impl PacingState {
         if floor.saturating_add(ask.reserve_ms) > ask.deadline_ms {
             return SlotDecision::Infeasible { at_ms: floor };
         }
+        // Only first attempts running hot put it past the horizon: demand
+        // the window had (it used its rate), but not late for the rate in
+        // force, which would read as a fleet the rate cannot serve (see
+        // `crowded`); it asks again when the window's share frees.
+        let last_chance = ask
+            .deadline_ms
+            .saturating_sub(ask.reserve_ms.saturating_add(horizon))
+            .max(now + 1);
+        if booked_us.saturating_add(queued_us).div_euclid(1000) <= now + horizon {
+            self.w_short += 1;
+            let freed = hot_us.div_euclid(1000) - horizon / 2 + spread(horizon / 2);
+            return SlotDecision::AskAgain {
+                at_ms: freed.max(now + 1).min(last_chance),
+            };
+        }
         // The rate, not a cooldown, put the slot past the horizon.
         let short = floor <= now + horizon;
         if short {
@@ -174,13 +191,47 @@ impl PacingState {
         };
         let again = toward.max(floor - horizon) + spread(span);
         // Ask again while a slot can still fit.
-        let last_chance = ask
-            .deadline_ms
-            .saturating_sub(ask.reserve_ms.saturating_add(horizon))
-            .max(now + 1);
         SlotDecision::AskAgain {
             at_ms: again.min(last_chance),
         }
+    }
+
+    /// While first attempts run faster than their average, where the
+    /// window's next retry may start (Unix µs; 0 when they do not): after
+    /// the slots granted in it and one interval for each first attempt
+    /// beyond the average's share of the window so far. The wake rate is
+    /// the spare the average leaves, so first attempts running hot (an
+    /// arrival burst, a small fleet's noise) would otherwise take the
+    /// upstream past its capacity by the excess; retries yield it instead,
+    /// and the rate is unchanged once first attempts fall back. An eighth
+    /// of a window's first attempts is allowed for reports of the window
+    /// before that arrive late, and they take the rest of the window at most.
+    /// While saturated every attempt is paced
+    /// already, and a pinned or known rate is the operator's. With no
+    /// average yet (a route new to this coordinator, or one restarted
+    /// inside an outage that froze every window since) there is nothing to
+    /// run ahead of: every first attempt would look hot and starve retries.
+    fn after_hot_first_attempts_us(&self, now_ms: i64, interval_us: i64) -> i64 {
+        if !self.adaptive() || self.lam_m <= 0 {
+            return 0;
+        }
+        let start_ms = self.win * WINDOW_MS;
+        let into = (now_ms - start_ms).clamp(0, WINDOW_MS);
+        let expected_m = self.lam_m * into / WINDOW_MS + self.lam_m / 8;
+        let straight_m = (self.w_first - self.w_held).max(0) * MILLI;
+        let excess = (straight_m - expected_m).max(0) / MILLI;
+        if excess == 0 {
+            return 0;
+        }
+        // The rest of this window at most: a burst of counts (a worker's
+        // report held while its coordinator was away) is not a rate, and
+        // must not push retries windows out.
+        let taken = (self.w_granted + excess).clamp(0, MAX_WAITING);
+        start_ms.saturating_mul(1000).saturating_add(
+            (taken * interval_us)
+                .min(MAX_QUEUED_US)
+                .min(WINDOW_MS * 1000),
+        )
     }
 
     /// While a penalty holds: nothing until the latest hint passes, then

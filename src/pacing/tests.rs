@@ -290,6 +290,98 @@ fn the_rate_grows_only_when_it_was_used() {
 }
 
 #[test]
+fn first_attempts_running_hot_take_the_retries_slots() {
+    let p = policy();
+    let mid = T0 + 20_500;
+    // Half a window in, first attempts at their average (800/s): a retry
+    // asking now goes now.
+    let mut calm = learned();
+    report(&mut calm, &p, mid, (400, 400, 0), &[], 0);
+    assert_eq!(
+        calm.decide(&ask(mid, 0), &p),
+        SlotDecision::Slot {
+            at_ms: mid,
+            cursor_us: mid * 1000 + 5_000
+        }
+    );
+    // At 1 400/s instead: the 200 beyond the average's share and an eighth
+    // of a window take the slots of the rest of the window (5 ms apart at
+    // 200/s), so the retry is told to ask again rather than add to them.
+    let mut hot = learned();
+    report(&mut hot, &p, mid, (700, 700, 0), &[], 0);
+    let decision = hot.decide(&ask(mid, 0), &p);
+    assert!(
+        matches!(decision, SlotDecision::AskAgain { .. }),
+        "{decision:?}"
+    );
+    assert_eq!(
+        hot.wake_rate_m(),
+        calm.wake_rate_m(),
+        "the rate is unchanged"
+    );
+    assert_eq!(
+        (hot.w_short, hot.w_late),
+        (1, 0),
+        "demand the window had, not late for the rate"
+    );
+    // With no average yet (a restarted coordinator), nothing is hot.
+    let mut fresh = PacingState::new(T0 + 20_000, &p);
+    report(&mut fresh, &p, mid, (700, 700, 0), &[], 0);
+    assert!(matches!(
+        fresh.decide(&ask(mid, 0), &p),
+        SlotDecision::Slot { .. }
+    ));
+    // Saturated, every attempt is paced already: nothing is taken twice.
+    let mut paced = saturated(200_000, 250_000);
+    report(&mut paced, &p, mid, (700, 700, 0), &[], 0);
+    assert!(matches!(
+        paced.decide(&ask(mid, 0), &p),
+        SlotDecision::Slot { .. }
+    ));
+}
+
+/// A coordinator restarted two seconds before an outage ends hears only
+/// its last, short hints (none closes the route). The window in which the
+/// upstream comes back mixes the outage's last rejections with its first
+/// successes: that is not first attempts overflowing a tiny capacity, and
+/// the route is not paced at a few successes' worth.
+#[test]
+fn a_coordinator_restarted_late_in_an_outage_takes_its_stragglers_for_no_overflow() {
+    let p = policy();
+    let mut st = PacingState::new(T0 + 6_000, &p);
+    // Whole-second hints: each says a second more than the outage has left.
+    report(&mut st, &p, T0 + 6_500, (80, 0, 80), &[T0 + 7_900], 0);
+    report(
+        &mut st,
+        &p,
+        T0 + 7_500,
+        (160, 0, 160),
+        &[T0 + 8_400],
+        T0 + 7_900,
+    );
+    // The upstream is back at 8.5 s; the reports of the window carry the
+    // outage's last rejections, then its first successes.
+    let cooldown = T0 + 9_400;
+    report(
+        &mut st,
+        &p,
+        T0 + 8_400,
+        (80, 0, 80),
+        &[cooldown],
+        T0 + 8_400,
+    );
+    report(&mut st, &p, T0 + 8_600, (30, 4, 26), &[cooldown], cooldown);
+    report(&mut st, &p, T0 + 8_900, (50, 48, 2), &[cooldown], cooldown);
+    st.advance(T0 + 9_000, &p);
+    assert_ne!(st.mode(), Mode::Saturated, "at 9 s");
+    // The first whole window back serves the fleet.
+    report(&mut st, &p, T0 + 9_500, (160, 160, 0), &[], cooldown);
+    st.advance(T0 + 10_000, &p);
+    assert_ne!(st.mode(), Mode::Saturated, "at 10 s");
+    assert!(st.capacity_m() >= 160_000, "{}", st.capacity_m());
+}
+
+#[test]
 fn never_below_the_floor_nor_above_the_ceiling() {
     let p = PacingPolicy {
         floor_m: 5_000,

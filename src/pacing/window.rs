@@ -83,6 +83,19 @@ impl PacingState {
                 return;
             }
         }
+        // A window that refused attempts and served none saw the upstream
+        // out, whatever its hints said (a coordinator restarted inside an
+        // outage hears only the short hints of its last seconds). The next
+        // window is at best the upstream's first back: as under a closing
+        // hint, it learns nothing and judges no overflow (its rejections
+        // are the outage's, its few successes the upstream returning, not
+        // first attempts overflowing a tiny capacity). A saturated route
+        // answers an outage itself: a window that served less than half
+        // the rate that drew its rejections keeps no edge (see
+        // `learn_saturated`).
+        if self.adaptive() && self.w_ok == 0 && self.w_refused > 0 {
+            self.closed_until = self.closed_until.max((self.win + 2) * WINDOW_MS);
+        }
         self.clear_window();
     }
 

@@ -339,6 +339,12 @@ local function pace_close_window(p, P)
       return
     end
   end
+  -- Refused attempts and served none: the upstream was out, whatever its
+  -- hints said; the next window is at best its first back, as under a
+  -- closing hint (PacingState::close_window).
+  if pace_adaptive(p) and p.w_ok == 0 and p.w_refused > 0 then
+    p.closed_until = math.max(p.closed_until, (p.win + 2) * PACE_WINDOW)
+  end
   pace_clear_window(p)
 end
 
@@ -469,6 +475,22 @@ local function pace_drain_ms(waiting, rate, ceiling, saturated)
   return windows * PACE_WINDOW
 end
 
+-- PacingState::after_hot_first_attempts_us: while first attempts run faster
+-- than their average, the window's next retry starts after the slots granted
+-- in it and one interval per first attempt beyond the average's share, within
+-- the window.
+local function pace_after_hot_first(p, now, interval)
+  if not pace_adaptive(p) or p.lam_m <= 0 then return 0 end
+  local start = p.win * PACE_WINDOW
+  local into = math.min(math.max(now - start, 0), PACE_WINDOW)
+  local expected = idiv(p.lam_m * into, PACE_WINDOW) + idiv(p.lam_m, 8)
+  local straight = math.max(p.w_first - p.w_held, 0) * MILLI
+  local excess = idiv(math.max(straight - expected, 0), MILLI)
+  if excess == 0 then return 0 end
+  local taken = math.min(math.max(p.w_granted + excess, 0), MAX_PENDING)
+  return start * 1000 + math.min(taken * interval, 1e15, PACE_WINDOW * 1000)
+end
+
 -- The slot decision at wake time. Returns one of
 --   'slot', at_ms, cursor_us | 'again', at_ms | 'infeasible', at_ms
 local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, waiting, cursor,
@@ -492,7 +514,9 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
   end
   local rate = pace_rate_at(p, now)
   local interval = idiv(1000 * MILLI * MILLI + rate - 1, math.max(rate, 1))
-  local start = math.max(cursor, floor * 1000)
+  local booked = math.max(cursor, floor * 1000)
+  local hot = pace_after_hot_first(p, now, interval)
+  local start = math.max(booked, hot)
   local slot = idiv(start + spread(interval), 1000)
   local horizon = math.max(P.horizon_ms, 1)
   -- Earlier deadlines go first, unless little is booked ahead
@@ -508,6 +532,15 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
     return 'slot', slot, start + interval
   end
   if floor + reserve > deadline then return 'infeasible', floor end
+  -- Only first attempts running hot put it past the horizon: demand the
+  -- window had, not late; ask again when the window's share frees
+  -- (PacingState::decide).
+  local last_chance = math.max(deadline - reserve - horizon, now + 1)
+  if math.floor((booked + queued) / 1000) <= now + horizon then
+    p.w_short = p.w_short + 1
+    local freed = math.floor(hot / 1000) - idiv(horizon, 2) + spread(idiv(horizon, 2))
+    return 'again', math.min(math.max(freed, now + 1), last_chance)
+  end
   local short = floor <= now + horizon
   if short then
     p.w_short = p.w_short + 1
@@ -526,7 +559,6 @@ local function pace_decide(p, P, now, ask_floor, deadline, reserve, jitter, wait
     span = math.max(quarter, span)
   end
   local again = math.max(toward, floor - horizon) + spread(span)
-  local last_chance = math.max(deadline - reserve - horizon, now + 1)
   return 'again', math.min(again, last_chance)
 end
 
