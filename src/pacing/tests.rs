@@ -381,6 +381,21 @@ fn a_coordinator_restarted_late_in_an_outage_takes_its_stragglers_for_no_overflo
     assert!(st.capacity_m() >= 160_000, "{}", st.capacity_m());
 }
 
+/// A window that saturates the route may count more successes than the
+/// upstream serves: requests queued while the coordinator was paused and
+/// the counts its workers held meanwhile land in it together. The pace is
+/// not set above the capacity known before that window.
+#[test]
+fn a_saturating_window_paces_no_faster_than_the_capacity_known_before_it() {
+    let p = policy();
+    let mut st = learned();
+    report(&mut st, &p, T0 + 20_500, (1500, 1300, 200), &[], 0);
+    st.advance(T0 + 21_000, &p);
+    assert_eq!(st.mode(), Mode::Saturated);
+    assert_eq!(st.capacity_m(), 1_000_000);
+    assert!(st.wake_rate_m() < 1_000_000, "{}", st.wake_rate_m());
+}
+
 #[test]
 fn never_below_the_floor_nor_above_the_ceiling() {
     let p = PacingPolicy {

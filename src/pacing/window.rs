@@ -68,12 +68,24 @@ impl PacingState {
                     self.rate_m = down.max(policy.floor_m);
                 }
             }
+            let known_m = self.cap_m;
             if self.w_frozen == 0 || self.w_rej > 0 {
                 self.learn(ramped_from, policy);
             }
             if self.adaptive() && (self.overflowed(17, 16) || self.crowded()) {
+                // Paced at what the window served, but not above the
+                // capacity known before it: successes reported in it can be
+                // a backlog (requests queued while the coordinator was
+                // paused, counts workers held meanwhile), and a pace over
+                // the capacity is the next overload. The saturated climb
+                // finds an upstream that grew.
                 let served_m = self.w_ok * MILLI;
-                self.saturate(served_m, just_under(served_m), policy);
+                let edge_m = if known_m > 0 {
+                    served_m.min(known_m)
+                } else {
+                    served_m
+                };
+                self.saturate(edge_m, just_under(edge_m), policy);
                 self.clear_window();
                 // The next window mixes two regimes: workers start holding
                 // their first attempts as they hear, and the rejections

@@ -329,10 +329,13 @@ local function pace_close_window(p, P)
         p.rate_m = math.max(down, P.floor_m)
       end
     end
+    local known = p.cap_m
     if p.w_frozen == 0 or p.w_rej > 0 then pace_learn(p, P, ramped_from) end
     if pace_adaptive(p) and (pace_overflowed(p, 17, 16) or pace_crowded(p)) then
-      local served = p.w_ok * MILLI
-      pace_saturate(p, P, served, pace_just_under(served))
+      -- What it served, not above the capacity known before it.
+      local edge = p.w_ok * MILLI
+      if known > 0 then edge = math.min(edge, known) end
+      pace_saturate(p, P, edge, pace_just_under(edge))
       -- The next window mixes two regimes: nothing is learned from it.
       pace_clear_window(p)
       p.w_frozen = 1
