@@ -205,12 +205,12 @@ impl PacingState {
     /// upstream past its capacity by the excess; retries yield it instead,
     /// and the rate is unchanged once first attempts fall back. An eighth
     /// of a window's first attempts is allowed for reports of the window
-    /// before that arrive late, and they take the rest of the window at most.
-    /// While saturated every attempt is paced
-    /// already, and a pinned or known rate is the operator's. With no
-    /// average yet (a route new to this coordinator, or one restarted
-    /// inside an outage that froze every window since) there is nothing to
-    /// run ahead of: every first attempt would look hot and starve retries.
+    /// before that arrive late, and they take the rest of the window at
+    /// most. While saturated every attempt is paced already, and a pinned
+    /// or known rate is the operator's. With no average yet (a route new to
+    /// this coordinator, or one restarted inside an outage that froze every
+    /// window since) there is nothing to run ahead of: every first attempt
+    /// would look hot and starve retries.
     fn after_hot_first_attempts_us(&self, now_ms: i64, interval_us: i64) -> i64 {
         if !self.adaptive() || self.lam_m <= 0 {
             return 0;
@@ -225,13 +225,12 @@ impl PacingState {
         }
         // The rest of this window at most: a burst of counts (a worker's
         // report held while its coordinator was away) is not a rate, and
-        // must not push retries windows out.
+        // must not push retries windows out. (The count's bound keeps the
+        // product from overflowing.)
         let taken = (self.w_granted + excess).clamp(0, MAX_WAITING);
-        start_ms.saturating_mul(1000).saturating_add(
-            (taken * interval_us)
-                .min(MAX_QUEUED_US)
-                .min(WINDOW_MS * 1000),
-        )
+        start_ms
+            .saturating_mul(1000)
+            .saturating_add((taken * interval_us).min(WINDOW_MS * 1000))
     }
 
     /// While a penalty holds: nothing until the latest hint passes, then

@@ -491,7 +491,7 @@ local function pace_after_hot_first(p, now, interval)
   local excess = idiv(math.max(straight - expected, 0), MILLI)
   if excess == 0 then return 0 end
   local taken = math.min(math.max(p.w_granted + excess, 0), MAX_PENDING)
-  return start * 1000 + math.min(taken * interval, 1e15, PACE_WINDOW * 1000)
+  return start * 1000 + math.min(taken * interval, PACE_WINDOW * 1000)
 end
 
 -- The slot decision at wake time. Returns one of
