@@ -201,8 +201,9 @@ impl Measured {
     }
 
     /// The busiest 1 s after the outage over C: windows aligned to the
-    /// upstream's seconds, and sliding in 100 ms steps (the storm
-    /// benchmark's definition). Each with where it starts, in seconds.
+    /// upstream's seconds (the storm benchmark's definition), and sliding in
+    /// 100 ms steps (stricter: the bound is checked against this one). Each
+    /// with where it starts, in seconds.
     fn peaks_after_outage(&self) -> ((f64, f64), (f64, f64)) {
         let from = OUTAGE_START + OUTAGE;
         let buckets: Vec<u64> = self

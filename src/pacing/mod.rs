@@ -649,7 +649,7 @@ impl PacingState {
     /// make the window look overflowed (a false saturation paces the whole
     /// fleet at a few successes' worth).
     fn overflowed(&self, over: i64, under: i64) -> bool {
-        let straight = self.w_first - self.w_held;
+        let straight = self.straight_first();
         self.w_refused > 0
             && self.w_ok > 0
             && under * straight > over * self.w_ok
@@ -667,7 +667,7 @@ impl PacingState {
     /// an intent with seconds left needed. Paced together, first attempts
     /// wait their turn in deadline order with everything else.
     fn crowded(&self) -> bool {
-        let straight = self.w_first - self.w_held;
+        let straight = self.straight_first();
         self.w_late > 0 && self.w_refused > 0 && self.w_ok > 0 && 2 * straight >= self.w_ok
     }
 
@@ -686,8 +686,17 @@ impl PacingState {
             && self.lam_m > 0
             && now_ms >= self.closed_until.saturating_add(WINDOW_MS / 4)
             && 4 * self.w_first * MILLI >= self.lam_m
-            && 4 * self.w_refused >= self.w_first - self.w_held
+            && 4 * self.w_refused >= self.straight_first()
             && self.overflowed(5, 4)
+    }
+
+    /// First attempts the window sent straight to the upstream: those
+    /// reported, less those that waited for a slot (a backlog released by
+    /// slots is paced already, not a rate first attempts keep up). Counts
+    /// arrive by report and grants as they happen, so the difference is
+    /// floored at zero.
+    fn straight_first(&self) -> i64 {
+        (self.w_first - self.w_held).max(0)
     }
 
     /// Keeps the rate within the policy's floor and ceiling (a ceiling under

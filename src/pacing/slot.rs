@@ -218,7 +218,7 @@ impl PacingState {
         let start_ms = self.win * WINDOW_MS;
         let into = (now_ms - start_ms).clamp(0, WINDOW_MS);
         let expected_m = self.lam_m * into / WINDOW_MS + self.lam_m / 8;
-        let straight_m = (self.w_first - self.w_held).max(0) * MILLI;
+        let straight_m = self.straight_first() * MILLI;
         let excess = (straight_m - expected_m).max(0) / MILLI;
         if excess == 0 {
             return 0;

@@ -182,7 +182,7 @@ impl PacingState {
     fn learn(&mut self, ramped_from: i64, policy: &PacingPolicy) {
         // First attempts arriving: a backlog held through a cooldown and
         // released by slots is not a rate first attempts keep up.
-        let arrived_m = (self.w_first - self.w_held).max(0) * MILLI;
+        let arrived_m = self.straight_first() * MILLI;
         if self.cap_m == 0 && self.lam_m == 0 {
             // The first window learned from: no average to move yet.
             self.lam_m = arrived_m;

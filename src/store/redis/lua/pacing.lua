@@ -91,6 +91,11 @@ end
 
 local function pace_spare(p) return math.max(p.cap_m - p.lam_m, 0) end
 
+-- PacingState::straight_first: first attempts the window sent straight.
+local function pace_straight_first(p)
+  return math.max(p.w_first - p.w_held, 0)
+end
+
 -- PacingState::adaptive: the rate is learned as a retry rate.
 local function pace_adaptive(p)
   return p.mode == M_STEADY or p.mode == M_PROBING or p.mode == M_BACKING_OFF
@@ -151,7 +156,7 @@ local function pace_probe_up(p, ramped_from, spare)
 end
 
 local function pace_learn(p, P, ramped_from)
-  local arrived = math.max(p.w_first - p.w_held, 0) * MILLI
+  local arrived = pace_straight_first(p) * MILLI
   if p.cap_m == 0 and p.lam_m == 0 then
     p.lam_m = arrived
   else
@@ -188,7 +193,7 @@ local function pace_learn(p, P, ramped_from)
 end
 
 local function pace_overflowed(p, over, under)
-  local straight = p.w_first - p.w_held
+  local straight = pace_straight_first(p)
   return p.w_refused > 0 and p.w_ok > 0 and under * straight > over * p.w_ok
     and 2 * p.lam_m >= p.cap_m and straight * MILLI <= 2 * p.lam_m
 end
@@ -196,7 +201,7 @@ end
 -- PacingState::crowded: first attempts sent straight crowd out intents
 -- that wait.
 local function pace_crowded(p)
-  local straight = p.w_first - p.w_held
+  local straight = pace_straight_first(p)
   return p.w_late > 0 and p.w_refused > 0 and p.w_ok > 0 and 2 * straight >= p.w_ok
 end
 
@@ -206,7 +211,7 @@ end
 
 local function pace_overflowing(p, now)
   return pace_adaptive(p) and p.lam_m > 0 and now >= p.closed_until + idiv(PACE_WINDOW, 4)
-    and 4 * p.w_first * MILLI >= p.lam_m and 4 * p.w_refused >= p.w_first - p.w_held
+    and 4 * p.w_first * MILLI >= p.lam_m and 4 * p.w_refused >= pace_straight_first(p)
     and pace_overflowed(p, 5, 4)
 end
 
@@ -487,7 +492,7 @@ local function pace_after_hot_first(p, now, interval)
   local start = p.win * PACE_WINDOW
   local into = math.min(math.max(now - start, 0), PACE_WINDOW)
   local expected = idiv(p.lam_m * into, PACE_WINDOW) + idiv(p.lam_m, 8)
-  local straight = math.max(p.w_first - p.w_held, 0) * MILLI
+  local straight = pace_straight_first(p) * MILLI
   local excess = idiv(math.max(straight - expected, 0), MILLI)
   if excess == 0 then return 0 end
   local taken = math.min(math.max(p.w_granted + excess, 0), MAX_PENDING)
