@@ -10,10 +10,10 @@
 //!
 //! The busiest second is counted as the storm benchmark counts it, in whole
 //! seconds of the upstream's clock. The busiest 1 s sliding in 100 ms steps
-//! is printed too: it reads a few hundredths over 1.1 × C in the no-fault
-//! control as well as under the faults (the pacing's own slow-start
-//! overshoot at C = 200, `docs/pacing.md`), so it measures the pacing, not
-//! what a fault adds.
+//! is printed too: it reads 1.08–1.16 × C in the no-fault control as well as
+//! under the faults (slow start's overshoot at C = 200, the coordinator's or
+//! the workers' local pacer's, `docs/pacing.md`), so it measures the
+//! pacing, not what a fault adds.
 
 #[path = "support/process.rs"]
 mod process;
