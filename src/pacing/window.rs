@@ -38,7 +38,7 @@ impl PacingState {
                 self.clamp_rate(policy);
             }
         } else if self.mode() == Mode::Saturated {
-            self.learn_saturated(ramped_from, policy);
+            self.learn_saturated(policy);
         } else {
             // Rejections that all arrived inside a short cooldown were drawn
             // before the fleet heard of it: in the window after a cut they
@@ -234,7 +234,7 @@ impl PacingState {
     }
 
     /// Learns from a window in which every attempt was paced.
-    fn learn_saturated(&mut self, ramped_from: i64, policy: &PacingPolicy) {
+    fn learn_saturated(&mut self, policy: &PacingPolicy) {
         self.lam_m += (self.w_first * MILLI - self.lam_m).div_euclid(4);
         let served_m = self.w_ok * MILLI;
         if self.w_frozen == 1 {
@@ -257,13 +257,7 @@ impl PacingState {
             // Clean, and demand went short. Only from a rate the window used
             // (slots nobody asked for in time prove nothing).
             self.cap_m = self.cap_m.max(served_m);
-            // A ramped window granted what its ramp averaged.
-            let offered = if ramped_from > 0 && ramped_from < self.rate_m {
-                (ramped_from + self.rate_m) / 2
-            } else {
-                self.rate_m
-            };
-            if 8 * self.w_granted * MILLI >= 7 * offered {
+            if 8 * self.w_granted * MILLI >= 7 * self.rate_m {
                 self.climb_saturated();
             }
         } else if self.hint_until <= self.win * WINDOW_MS {
@@ -294,10 +288,12 @@ impl PacingState {
     /// with no edge known (the window that cut the rate measured an
     /// outage), what a burst can hide is spent and the upstream has grown:
     /// slow start, each step doubling the distance from the edge up to the
-    /// rate itself, ramped across the window so that the first rejection
-    /// stops it near the edge it finds. (Steps of an eighth at most took a
-    /// minute to climb from a deep brownout's edge to the recovered
-    /// upstream.)
+    /// rate itself, still held a window first. The step is taken at the
+    /// window's start, not ramped across it as a retry rate's slow start
+    /// is ([`rate_at`](Self::rate_at)): made to ramp, the storm's 40 %
+    /// brownout peaked at 1.35 × the capacity and its deep brownouts lost
+    /// about twice as many intents. (Steps of an eighth at most took a minute
+    /// to climb from a deep brownout's edge to the recovered upstream.)
     fn climb_saturated(&mut self) {
         let r = self.rate_m;
         let edge = self.rate_max_m;
@@ -316,7 +312,6 @@ impl PacingState {
         } else if r < edge + edge / 4 {
             r / 16
         } else {
-            self.ramp_from_m = r;
             (2 * (r - edge)).clamp(r / 16, r)
         };
         self.rate_m = r + step.max(MILLI);

@@ -248,14 +248,14 @@ local function pace_climb_saturated(p)
   elseif r < edge + idiv(edge, 4) then
     step = idiv(r, 16)
   else
-    -- The upstream has grown (or no edge is known): slow start, ramped.
-    p.ramp_from_m = r
+    -- The upstream has grown (or no edge is known): slow start, taken at
+    -- the window's start (rate_at ramps only a retry rate).
     step = math.min(math.max(2 * (r - edge), idiv(r, 16)), r)
   end
   p.rate_m = r + math.max(step, MILLI)
 end
 
-local function pace_learn_saturated(p, P, ramped_from)
+local function pace_learn_saturated(p, P)
   p.lam_m = p.lam_m + math.floor((p.w_first * MILLI - p.lam_m) / 4)
   local served = p.w_ok * MILLI
   if p.w_frozen == 1 then
@@ -269,10 +269,7 @@ local function pace_learn_saturated(p, P, ramped_from)
     p.settle_win = p.win + 1
   elseif p.w_short > 0 then
     p.cap_m = math.max(p.cap_m, served)
-    -- A ramped window granted what its ramp averaged.
-    local offered = p.rate_m
-    if ramped_from > 0 and ramped_from < p.rate_m then offered = idiv(ramped_from + p.rate_m, 2) end
-    if 8 * p.w_granted * MILLI >= 7 * offered then pace_climb_saturated(p) end
+    if 8 * p.w_granted * MILLI >= 7 * p.rate_m then pace_climb_saturated(p) end
   elseif p.hint_until <= p.win * PACE_WINDOW then
     p.cap_m = math.max(p.cap_m, served)
     p.rate_m = pace_spare(p)
@@ -318,7 +315,7 @@ local function pace_close_window(p, P)
       pace_clamp(p, P)
     end
   elseif p.mode == M_SATURATED then
-    pace_learn_saturated(p, P, ramped_from)
+    pace_learn_saturated(p, P)
   else
     -- Rejections a short cooldown explained: a cut's stragglers in the
     -- window after it; beyond, the rate steps down a sixteenth.
