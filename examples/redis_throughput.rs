@@ -292,7 +292,7 @@ fn main() -> anyhow::Result<()> {
             // What one busy route costs Redis: its value (budget, workers,
             // evidence, pacing) and its live leases, kept beside it.
             let mut usage = Vec::new();
-            for part in ["r", "l", "e"] {
+            for part in ["r", "e"] {
                 let bytes: Option<u64> = redis::cmd("MEMORY")
                     .arg("USAGE")
                     .arg(format!("tollgate:{{bench|r0}}:{part}"))
@@ -302,8 +302,8 @@ fn main() -> anyhow::Result<()> {
             }
             println!(
                 "one route after the run (leases of the last second): \
-                 value {} bytes, leases {} + {} bytes",
-                usage[0], usage[1], usage[2]
+                 value {} bytes, leases {} bytes",
+                usage[0], usage[1]
             );
             // Where a call's time goes: Redis's own time per script or
             // function call.

@@ -12,7 +12,7 @@ use tollgate_client::clock::{Clock, SystemClock};
 
 use crate::config::Config;
 use crate::store::redis::{EventRelay, RedisClock, RedisOptions, RedisStore, RedisTarget};
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Store, StoreError};
 use crate::telemetry::{self, TelemetryConfig, metrics_http};
 use crate::{server, signal};
 
@@ -230,6 +230,18 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let store = RedisStore::connect(target.clone(), options)
                 .await
                 .context("connecting to the Redis store")?;
+            // State another build wrote is refused before serving; a Redis
+            // that cannot be asked now is checked once it answers (health).
+            match tokio::time::timeout(Duration::from_secs(2), store.claim_format()).await {
+                Ok(Err(StoreError::Unavailable(reason))) if store.refusal().is_some() => {
+                    anyhow::bail!("{reason}")
+                }
+                Ok(Err(err)) => tracing::warn!(error = %err, "redis store format not checked yet"),
+                Err(_) => {
+                    tracing::warn!("redis store format not checked yet: redis did not answer")
+                }
+                Ok(Ok(())) => {}
+            }
             kept.relay = Some(EventRelay::new(&target, &args.redis_prefix).context("Watch relay")?);
             match args.time_source {
                 TimeSource::Local => (Arc::new(store), Arc::new(SystemClock), None),

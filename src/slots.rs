@@ -82,7 +82,136 @@ fn bucket(ms: i64) -> i64 {
     ms.div_euclid(DEADLINE_BUCKET_MS)
 }
 
-/// The slot cursor of one route and the intents waiting on it.
+/// The deadlines, `[from, to)` in ms, of the intents told to ask again that
+/// are ahead of `ask` in deadline order: those in an earlier bucket than
+/// its own that could still start in time now. `None` when none can be.
+pub fn ahead_range(ask: &SlotAsk<'_>) -> Option<(i64, i64)> {
+    let from = bucket(ask.now_ms.saturating_add(ask.reserve_ms));
+    let to = bucket(ask.deadline_ms);
+    (from < to).then(|| {
+        (
+            from.saturating_mul(DEADLINE_BUCKET_MS),
+            to.saturating_mul(DEADLINE_BUCKET_MS),
+        )
+    })
+}
+
+/// What a route's slots hold for one ask, read before it is decided: all a
+/// store must tell [`plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotBook {
+    /// The intent's pending slot, if it holds one.
+    pub pending_ms: Option<i64>,
+    /// Intents told to ask again whose deadline lies in
+    /// [`ahead_range`]: the queue ahead of this one.
+    pub ahead: u32,
+    /// The cursor: start of the next free interval, Unix µs.
+    pub cursor_us: i64,
+}
+
+/// What a decision changes in a route's slots. Every change but `Keep`
+/// voids the intent's pending slot first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotChange {
+    /// Nothing: the intent's pending slot stands.
+    Keep,
+    /// The intent holds slot `at_ms` and stops asking; the cursor moves to
+    /// `cursor_us`.
+    Book {
+        /// The slot.
+        at_ms: i64,
+        /// The cursor after it.
+        cursor_us: i64,
+    },
+    /// The intent is told to ask again and waits with `deadline_ms`
+    /// (unless the route's asking intents are at their bound and it was
+    /// not among them: it is still told to ask again, just not counted).
+    Ask {
+        /// Its deadline, which orders the queue and ends its wait.
+        deadline_ms: i64,
+    },
+    /// The intent stops waiting (no slot can fit its deadline).
+    Forget,
+}
+
+/// A decided ask: the answer, what it changes, and the pacing mode before
+/// the decision (deciding can close a window and change it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotPlan {
+    /// The answer to the intent.
+    pub outcome: SlotOutcome,
+    /// What the route's slots must record.
+    pub change: SlotChange,
+    /// The pacing mode before the decision.
+    pub pacing_was: crate::pacing::Mode,
+}
+
+/// Decides `ask` on a route whose own floor (cooldown, backoff, mutes) is
+/// `route_floor_ms`, from what its slots hold (`book`), at the rate
+/// `pacing` has learned (or is pinned to). The one decision both stores
+/// make: the memory store applies the change to its [`SlotCursor`], the
+/// Redis store to its keys.
+pub fn plan(
+    book: &SlotBook,
+    ask: &SlotAsk<'_>,
+    route_floor_ms: i64,
+    pacing: &mut PacingState,
+    policy: &PacingPolicy,
+) -> SlotPlan {
+    let pacing_was = pacing.mode();
+    let floor_ms = ask
+        .floor_ms
+        .max(pacing.floor_for(route_floor_ms, ask.first_attempt, ask.now_ms))
+        .max(ask.now_ms);
+    if let Some(slot) = book.pending_ms {
+        // Still pending and still after the floor: the same answer. A
+        // floor that moved past it (a newer cooldown) voids it.
+        if slot > ask.now_ms && slot >= floor_ms {
+            return SlotPlan {
+                outcome: SlotOutcome::Slot(slot),
+                change: SlotChange::Keep,
+                pacing_was,
+            };
+        }
+    }
+    let wake = WakeAsk {
+        now_ms: ask.now_ms,
+        floor_ms,
+        deadline_ms: ask.deadline_ms,
+        reserve_ms: ask.reserve_ms,
+        jitter_ppm: ask.jitter_ppm,
+        waiting: i64::from(book.ahead),
+        cursor_us: book.cursor_us,
+        first_attempt: ask.first_attempt,
+    };
+    let (outcome, change) = match pacing.decide(&wake, policy) {
+        SlotDecision::Slot { at_ms, cursor_us } => (
+            SlotOutcome::Slot(at_ms),
+            SlotChange::Book { at_ms, cursor_us },
+        ),
+        // Past the bound the intent is still told to ask again, just not
+        // recorded: the wait estimate saturates there anyway, and refusing
+        // would send it to decide alone, all at once with every other
+        // refused intent when the cooldown ends.
+        SlotDecision::AskAgain { at_ms } => (
+            SlotOutcome::AskAgain(at_ms),
+            SlotChange::Ask {
+                deadline_ms: ask.deadline_ms,
+            },
+        ),
+        SlotDecision::Infeasible { at_ms } => {
+            (SlotOutcome::DeadlineInfeasible(at_ms), SlotChange::Forget)
+        }
+    };
+    SlotPlan {
+        outcome,
+        change,
+        pacing_was,
+    }
+}
+
+/// The slot cursor of one route and the intents waiting on it, as the
+/// memory store keeps them.
 #[derive(Debug, Clone, Default)]
 pub struct SlotCursor {
     /// Start of the next free interval, in Unix microseconds.
@@ -101,81 +230,59 @@ pub struct SlotCursor {
 }
 
 impl SlotCursor {
-    /// Gives `ask` a slot at the rate `pacing` has learned (or is pinned
-    /// to), tells it to ask again, or refuses it when no slot can fit its
-    /// deadline.
+    /// Decides `ask` ([`plan`]) on a route whose own floor is
+    /// `route_floor_ms` and records what it changes.
     pub fn assign(
         &mut self,
         ask: SlotAsk<'_>,
+        route_floor_ms: i64,
         pacing: &mut PacingState,
         policy: &PacingPolicy,
-    ) -> Result<SlotOutcome, SlotError> {
-        let floor_ms = ask.floor_ms.max(ask.now_ms);
-        if let Some(&slot) = self.pending.get(ask.intent_id) {
-            // Still pending and still after the floor: the same answer. A
-            // floor that moved past it (a newer cooldown) voids it.
-            if slot > ask.now_ms && slot >= floor_ms {
-                return Ok(SlotOutcome::Slot(slot));
-            }
-            self.pending.remove(ask.intent_id);
-        }
+    ) -> Result<SlotPlan, SlotError> {
         self.prune_asking(ask.now_ms);
-        let asked_before = self.asking.contains_key(ask.intent_id);
-        let wake = WakeAsk {
-            now_ms: ask.now_ms,
-            floor_ms,
-            deadline_ms: ask.deadline_ms,
-            reserve_ms: ask.reserve_ms,
-            jitter_ppm: ask.jitter_ppm,
-            // Those that could not start in time now are not ahead of it.
-            waiting: i64::from(
-                self.ahead_of(ask.deadline_ms, ask.now_ms.saturating_add(ask.reserve_ms)),
-            ),
+        let book = SlotBook {
+            pending_ms: self.pending.get(ask.intent_id).copied(),
+            ahead: self.ahead_of(&ask),
             cursor_us: self.next_us,
-            first_attempt: ask.first_attempt,
         };
-        match pacing.decide(&wake, policy) {
-            SlotDecision::Slot { at_ms, cursor_us } => {
+        let decided = plan(&book, &ask, route_floor_ms, pacing, policy);
+        let intent = ask.intent_id;
+        if decided.change != SlotChange::Keep {
+            self.pending.remove(intent);
+        }
+        match decided.change {
+            SlotChange::Keep => {}
+            SlotChange::Book { at_ms, cursor_us } => {
                 if self.pending.len() >= MAX_PENDING_PER_ROUTE {
                     self.pending.retain(|_, &mut s| s > ask.now_ms);
                     if self.pending.len() >= MAX_PENDING_PER_ROUTE {
                         return Err(SlotError::TooManyWaiting);
                     }
                 }
-                self.forget(ask.intent_id);
+                self.forget(intent);
                 self.next_us = cursor_us;
-                self.pending.insert(ask.intent_id.to_owned(), at_ms);
-                Ok(SlotOutcome::Slot(at_ms))
+                self.pending.insert(intent.to_owned(), at_ms);
             }
-            SlotDecision::AskAgain { at_ms } => {
-                // Past the bound the intent is still told to ask again, just
-                // not recorded: the wait estimate saturates there anyway, and
-                // refusing would send it to decide alone, all at once with
-                // every other refused intent when the cooldown ends.
-                if asked_before || self.asking.len() < MAX_PENDING_PER_ROUTE {
-                    self.forget(ask.intent_id);
-                    self.asking
-                        .insert(ask.intent_id.to_owned(), ask.deadline_ms);
-                    *self.deadlines.entry(bucket(ask.deadline_ms)).or_default() += 1;
+            SlotChange::Ask { deadline_ms } => {
+                if self.asking.contains_key(intent) || self.asking.len() < MAX_PENDING_PER_ROUTE {
+                    self.forget(intent);
+                    self.asking.insert(intent.to_owned(), deadline_ms);
+                    *self.deadlines.entry(bucket(deadline_ms)).or_default() += 1;
                 }
-                Ok(SlotOutcome::AskAgain(at_ms))
             }
-            SlotDecision::Infeasible { at_ms } => {
-                self.forget(ask.intent_id);
-                Ok(SlotOutcome::DeadlineInfeasible(at_ms))
-            }
+            SlotChange::Forget => self.forget(intent),
         }
+        Ok(decided)
     }
 
-    /// Intents told to ask again whose deadline comes before `deadline_ms`
-    /// (in an earlier bucket) and not before `from_ms`: the queue ahead of
-    /// an intent in deadline order.
-    fn ahead_of(&self, deadline_ms: i64, from_ms: i64) -> u32 {
-        let (from, to) = (bucket(from_ms), bucket(deadline_ms));
-        if from >= to {
-            return 0;
-        }
-        self.deadlines.range(from..to).map(|(_, &n)| n).sum()
+    /// Intents told to ask again whose deadline lies in [`ahead_range`].
+    fn ahead_of(&self, ask: &SlotAsk<'_>) -> u32 {
+        ahead_range(ask).map_or(0, |(from, to)| {
+            self.deadlines
+                .range(bucket(from)..bucket(to))
+                .map(|(_, &n)| n)
+                .sum()
+        })
     }
 
     /// Takes `intent` off the intents told to ask again.
@@ -243,7 +350,9 @@ mod tests {
             ..PacingPolicy::default()
         };
         let mut pacing = PacingState::new(ask.now_ms, &policy);
-        cursor.assign(ask, &mut pacing, &policy)
+        cursor
+            .assign(ask, 0, &mut pacing, &policy)
+            .map(|p| p.outcome)
     }
 
     fn ask(intent: &str, floor_ms: i64, deadline_ms: i64, jitter_ppm: u32) -> SlotAsk<'_> {
@@ -338,7 +447,10 @@ mod tests {
                 now_ms,
                 ..ask(intent, now_ms, deadline_ms, 0)
             };
-            cursor.assign(ask, &mut pacing, &policy).expect("ok")
+            cursor
+                .assign(ask, 0, &mut pacing, &policy)
+                .expect("ok")
+                .outcome
         };
         assert_eq!(at("first", NOW, NOW + 60_000), SlotOutcome::Slot(NOW));
         for (intent, deadline) in [("far", 60_000), ("farther", 50_000), ("near", 10_000)] {

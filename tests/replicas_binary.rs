@@ -440,3 +440,67 @@ async fn file_edits_keep_runtime_changes_until_cleared(
     let missing = fleet.cli(2, &["policy", "clear", "GET /sre"]);
     assert_eq!(missing.status.code(), Some(5), "nothing left to clear");
 }
+
+/// A Redis holding scope state that an older build wrote (keys under the
+/// prefix, no store format named) is refused at start: `serve` exits 1
+/// with one line saying what to delete, and claims nothing. Emptied, the
+/// same Redis is claimed and served.
+#[test]
+fn serve_refuses_state_an_older_build_wrote() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let mut conn = redis::Client::open(redis.url())
+        .expect("client")
+        .get_connection()
+        .expect("connect");
+    let route_key = "tollgate:{tenant-a|GET /users/*}:r";
+    let _: () = redis::cmd("HSET")
+        .arg(route_key)
+        .arg("k")
+        .arg("written by an older build")
+        .query(&mut conn)
+        .expect("HSET");
+    let serve = |listen: &str| {
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--listen", listen, "--store", &redis.url()])
+            .env_remove("TOLLGATE_STORE")
+            .env_remove("TOLLGATE_LISTEN")
+            .env_remove("TOLLGATE_CONFIG");
+        command
+    };
+    let refused = serve("127.0.0.1:0").output().expect("run serve");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("older Tollgate"))
+        .unwrap_or_else(|| panic!("no refusal in: {stderr}"));
+    assert!(line.contains("delete the prefix's keys"), "{line}");
+    let format: Option<String> = redis::cmd("GET")
+        .arg("tollgate:format")
+        .query(&mut conn)
+        .expect("GET");
+    assert_eq!(format, None, "a refused prefix is not claimed");
+
+    let _: () = redis::cmd("DEL")
+        .arg(route_key)
+        .query(&mut conn)
+        .expect("DEL");
+    let port = process::free_port();
+    let command = serve(&format!("127.0.0.1:{port}"));
+    let log = std::env::temp_dir().join(format!("tollgate-format-{port}.log"));
+    let mut served = Served::spawn(command, port, &log);
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(served.until_serving());
+    let format: Option<String> = redis::cmd("GET")
+        .arg("tollgate:format")
+        .query(&mut conn)
+        .expect("GET");
+    assert_eq!(
+        format,
+        Some(tollgate::store::redis::STORE_FORMAT.to_string())
+    );
+}

@@ -269,7 +269,7 @@ impl Claim {
         }
     }
 
-    /// The code the Lua port answers (0..=4, in declaration order).
+    /// The code the Redis store's scripts answer (0..=4, in declaration order).
     pub fn from_code(code: i64) -> Claim {
         match code {
             1 => Claim::Agreed,

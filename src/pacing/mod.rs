@@ -65,14 +65,16 @@
 //! reopens the route.
 //!
 //! Everything is integer math on milli-units (rates in thousandths of an
-//! event per second) so the Lua port in `store/redis/lua/pacing.lua` agrees
-//! bit for bit; the state is a handful of integers, stored per route in
-//! memory and as Redis hash fields ([`PacingState::to_fields`]).
+//! event per second), so a decision is the same on every replica. The
+//! state is a handful of integers: the memory store keeps it as it is, the
+//! Redis store as the versioned bytes of [`PacingState::encode`], and
+//! every decision about it is made here, by whichever store holds it.
 
-mod fields;
+mod codec;
 mod slot;
 mod window;
 
+pub use codec::DecodeError;
 pub use slot::{SlotDecision, WakeAsk};
 
 /// One observation window. Rates are judged per window and the controller
@@ -144,8 +146,7 @@ pub fn counts_hold_ms(mode: Mode, cooldown_until_ms: i64, held: bool, now_ms: i6
     if calm { WINDOW_MS } else { 0 }
 }
 
-/// The horizon of a pinned rate: ten years, far past any deadline, and
-/// exact in a Lua number. Nothing learned can pull a slot earlier, so slots
+/// The horizon of a pinned rate: ten years, far past any deadline. Nothing learned can pull a slot earlier, so slots
 /// are handed out at any distance, as a fixed rate always was.
 pub const PINNED_HORIZON_MS: i64 = 10 * 365 * 86_400_000;
 
@@ -185,8 +186,8 @@ impl Mode {
         }
     }
 
-    /// From its integer code (as stored and as the Lua port answers);
-    /// an unknown code reads as steady.
+    /// From its integer code (`Mode as u8`, as stored and as watch events
+    /// carry it); an unknown code reads as steady.
     pub fn from_code(v: i64) -> Mode {
         match v {
             1 => Mode::Probing,
@@ -285,8 +286,7 @@ pub struct Observation<'a> {
     pub cooldown_after_ms: i64,
 }
 
-/// The controller of one route. Every field is an integer so it maps onto
-/// Redis hash fields and Lua numbers without loss.
+/// The controller of one route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PacingState {
     /// The window being accumulated (`now_ms / WINDOW_MS`).
@@ -338,8 +338,8 @@ pub struct PacingState {
     pub penalty_until: i64,
     /// While penalty-extending: when the one probe was granted (0: none yet).
     pub probe_at: i64,
-    /// [`Mode`] as an integer.
-    pub mode: i64,
+    /// What the controller is doing.
+    pub mode: Mode,
     /// While slow start raises the rate: the rate the window began at
     /// (0: not ramping). The rate in force climbs from it to `rate_m`
     /// across the window ([`rate_at`](Self::rate_at)).
@@ -376,7 +376,7 @@ impl PacingState {
             closed_until: 0,
             penalty_until: 0,
             probe_at: 0,
-            mode: Mode::Steady as i64,
+            mode: Mode::Steady,
             ramp_from_m: 0,
             settle_win: 0,
         };
@@ -400,7 +400,7 @@ impl PacingState {
 
     /// The current [`Mode`].
     pub fn mode(&self) -> Mode {
-        Mode::from_code(self.mode)
+        self.mode
     }
 
     /// The wake rate the current window ends at, milli-slots per second
@@ -618,7 +618,7 @@ impl PacingState {
             self.rate_m = drew.min(back).max(policy.floor_m);
             self.ramp_from_m = 0;
             if !saturated {
-                self.mode = Mode::BackingOff as i64;
+                self.mode = Mode::BackingOff;
             }
         }
     }
@@ -719,7 +719,7 @@ impl PacingState {
         // A cut earlier in the window was of a retry rate: it says nothing
         // of this one.
         self.w_cut_from = 0;
-        self.mode = Mode::Saturated as i64;
+        self.mode = Mode::Saturated;
     }
 
     /// Follows the latest hint end; counts jumps that can only be a limiter
@@ -741,14 +741,14 @@ impl PacingState {
             self.penalty_until = self.penalty_until.max(self.hint_until);
             self.probe_at = 0;
         } else if self.streak >= EXTENSIONS_TO_DETECT {
-            self.mode = Mode::PenaltyExtending as i64;
+            self.mode = Mode::PenaltyExtending;
             self.penalty_until = self.hint_until;
             self.probe_at = 0;
         }
     }
 
     fn leave_penalty(&mut self, policy: &PacingPolicy) {
-        self.mode = Mode::Steady as i64;
+        self.mode = Mode::Steady;
         self.streak = 0;
         self.penalty_until = 0;
         self.probe_at = 0;
@@ -778,7 +778,7 @@ impl PacingState {
         if let Some(pinned) = policy.pinned_m {
             // Obeyed as given: an operator who pins a number means it.
             self.rate_m = pinned.max(1);
-            self.mode = Mode::Pinned as i64;
+            self.mode = Mode::Pinned;
         } else if let Some(limit) = policy.known_limit_m {
             // Known in advance: first attempts take their share first. A
             // cut (the limit was wrong, or shared with someone else) holds
@@ -790,15 +790,13 @@ impl PacingState {
             } else {
                 room
             };
-            self.mode = Mode::KnownLimit as i64;
+            self.mode = Mode::KnownLimit;
         } else if matches!(self.mode(), Mode::Pinned | Mode::KnownLimit) {
-            self.mode = Mode::Steady as i64;
+            self.mode = Mode::Steady;
         }
     }
 }
 
-#[cfg(test)]
-mod lua_tests;
 #[cfg(test)]
 mod sim_tests;
 #[cfg(test)]

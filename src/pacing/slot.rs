@@ -17,7 +17,7 @@ use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 const MAX_WAITING: i64 = MAX_PENDING_PER_ROUTE as i64;
 
 /// A queue ahead longer than this (about 30 years) puts a slot past any
-/// horizon; the bound keeps the product exact in a Lua number.
+/// horizon; the bound keeps the product far from overflow.
 const MAX_QUEUED_US: i64 = 1_000_000_000_000_000;
 
 /// One waiting intent asking when to go.

@@ -54,7 +54,7 @@ impl PacingState {
             // drew them.
             if self.w_rej == 0 && self.w_refused > 0 && self.adaptive() {
                 if self.mode() == Mode::BackingOff {
-                    self.mode = Mode::Steady as i64;
+                    self.mode = Mode::Steady;
                 } else {
                     let before = self.rate_m;
                     self.cap_m = self.cap_m.min(self.lam_m + before);
@@ -176,7 +176,7 @@ impl PacingState {
             // across the next window, not jumped at its start (rate_at).
             self.ramp_from_m = before;
         }
-        self.mode = Mode::Probing as i64;
+        self.mode = Mode::Probing;
     }
 
     fn learn(&mut self, ramped_from: i64, policy: &PacingPolicy) {
@@ -218,7 +218,7 @@ impl PacingState {
                 cut + (before - cut) / 2
             };
             self.rate_m = cut;
-            self.mode = Mode::BackingOff as i64;
+            self.mode = Mode::BackingOff;
         } else {
             self.cap_m = self.cap_m.max(served_m);
             let spare = self.spare_m();
@@ -227,7 +227,7 @@ impl PacingState {
             } else {
                 // Not in use: follow the estimate, down as well as up.
                 self.rate_m = spare;
-                self.mode = Mode::Steady as i64;
+                self.mode = Mode::Steady;
             }
         }
         self.clamp_rate(policy);
@@ -270,7 +270,7 @@ impl PacingState {
             // what it leaves by sixteenths, not by the growth of a route
             // that never found one.
             self.rate_max_m = self.rate_m.max(MILLI);
-            self.mode = Mode::Steady as i64;
+            self.mode = Mode::Steady;
         }
         self.clamp_rate(policy);
     }

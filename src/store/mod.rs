@@ -3,10 +3,12 @@
 //! The trait's operations are the state changes that must be atomic per
 //! scope — grant a lease (take tokens), release one, apply a worker's report
 //! (first attempts, successes and every hint merged into cooldowns), advance
-//! a slot cursor, freeze — so a shared store (Redis) runs each one as a
-//! single server-side script and replicas stay stateless. The decision math itself lives in the pure modules
-//! ([`crate::budget`], [`crate::hints`], [`crate::slots`]); a store only
-//! applies it to the state it holds.
+//! a slot cursor, freeze — so a shared store (Redis) makes each one atomic
+//! (a server-side script, or a decision made in Rust and written by
+//! compare-and-set) and replicas stay stateless. The decision math itself
+//! lives in the pure modules ([`crate::budget`], [`crate::hints`],
+//! [`crate::slots`], [`crate::pacing`]); a store only applies it to the
+//! state it holds.
 //!
 //! Time is passed in (`now_ms`, from the core's injected clock) instead of
 //! being read here, so the in-memory store is deterministic under test.

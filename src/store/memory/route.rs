@@ -258,21 +258,12 @@ impl RouteState {
         let pacing = self
             .pacing
             .get_or_insert_with(|| Box::new(PacingState::new(ask.now_ms, policy)));
-        let ask = SlotAsk {
-            floor_ms: ask.floor_ms.max(pacing.floor_for(
-                route_floor_ms,
-                ask.first_attempt,
-                ask.now_ms,
-            )),
-            ..ask
-        };
-        let was = pacing.mode();
         let extras = self.extras.get_or_insert_with(Box::default);
-        let outcome = extras.slots.assign(ask, pacing, policy)?;
+        let plan = extras.slots.assign(ask, route_floor_ms, pacing, policy)?;
         Ok((
-            outcome,
+            plan.outcome,
             pacing.view(extras.slots.asking(ask.now_ms), ask.now_ms),
-            was,
+            plan.pacing_was,
         ))
     }
 

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::OnceLock;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -185,6 +185,9 @@ impl RedisStore {
             lease_nonce: rand::random(),
             next_lease: AtomicU64::new(1),
             queue: OnceLock::new(),
+            turns: Default::default(),
+            format_checked: AtomicBool::new(false),
+            refused: OnceLock::new(),
         })
     }
 
@@ -203,6 +206,9 @@ impl RedisStore {
 
     /// Runs a library function's call within the operation bound.
     pub(super) async fn run(&self, inv: &Call) -> Result<Vec<Value>, StoreError> {
+        if let Some(reason) = self.refused.get() {
+            return Err(super::format::refusal(reason));
+        }
         run_on(&self.conn, inv, self.op_timeout).await
     }
 

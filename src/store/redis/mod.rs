@@ -1,38 +1,44 @@
 //! The shared store: scope state in Redis (or Redis Cluster), so coordinator
 //! replicas are stateless and share one budget exactly.
 //!
-//! # One script per state change
-//! Every [`Store`](crate::store::Store) operation is one server-side Lua
-//! function (`FCALL`), so it is atomic without locks or WATCH loops. The
-//! scripts (`lua/*.lua`, after `lua/prelude.lua`) are one Redis Functions
-//! library, loaded on a node the first time a call finds it missing
-//! (`scripts`): a port of the pure modules — [`crate::budget`],
-//! [`crate::hints`]'s `HintState`, [`crate::slots`] — because a script
-//! cannot call Rust. The two are necessarily parallel; the store contract
-//! suite (`contract_tests!`), run against this store and the in-memory
-//! one, is the proof they agree. The bounds both use (window, worker, lease
-//! and waiting limits, the hint ring, the backoff cap) are written into the
-//! scripts from the Rust constants, so those cannot drift.
+//! # Scripts, and decisions made in Rust
+//! Lease, Release, a Report's counts and hints, freeze and the idle sweep
+//! are each one server-side Lua function (`FCALL`), atomic without locks
+//! or WATCH loops. Those scripts (`lua/*.lua`, after `lua/prelude.lua`) are
+//! one Redis Functions library, loaded on a node the first time a call
+//! finds it missing (`scripts`), and still carry a port of the budget and
+//! hint rules ([`crate::budget`], [`crate::hints`]'s `HintState`); the store
+//! contract suite (`contract_tests!`), run against this store and the
+//! in-memory one, is the proof they agree. The bounds both use are written
+//! into the scripts from the Rust constants, so those cannot drift.
+//!
+//! The slots and the pacing controller have no port: a Reconsider, and
+//! the pacing half of a Report, read what the decision needs, decide in
+//! Rust with the code the memory store runs, and write the outcome with a
+//! compare-and-set that fails if anything read moved meanwhile (`decide`).
+//! Their scripts only read and write.
 //!
 //! # Keys
 //! - `PREFIX:{CALLER|ROUTE}:r` — a route, as one hash: a small core
 //!   (touched, cooldown and floor, what is live until when, worker counts),
-//!   the freeze, each per-second series, the hints, slot cursor and pacing
-//!   state, and one field per worker and class. A call reads and writes
-//!   only the fields it needs (`lua/prelude.lua`, "route").
+//!   the freeze, each per-second series, the hints, the slot cursor, the
+//!   pacing state ([`PacingState::encode`](crate::pacing::PacingState::encode))
+//!   and their version, and one field per worker and class. A call reads
+//!   and writes only the fields it needs (`lua/prelude.lua`, "route").
 //! - `PREFIX:{CALLER|ROUTE}:e` — the route's leases, a sorted set by
-//!   expiry whose members carry what a Release needs (`…:l` holds the
-//!   records of leases an earlier version granted).
+//!   expiry whose members carry what a Release needs.
+//! - `PREFIX:{CALLER|ROUTE}:p` and `…:a` — the intents holding a slot, by
+//!   slot, and those told to ask again, by deadline (sorted sets).
 //! - `PREFIX:{CALLER}:c` — a caller scope's hints (uncertain evidence).
+//! - `PREFIX:format` — the layout of all of the above (`format`): a build
+//!   refuses a prefix another layout wrote.
 //!
 //! The hash tag keeps a route's keys in one Redis Cluster slot, so every
 //! route script touches one slot and routes spread over the cluster. `{`,
 //! `}`, `|` and `%` in names are percent-encoded so two scopes never share
 //! a key or a hash tag by accident. Keys expire by themselves an idle TTL
 //! past their last live instant (cooldown, lease, waiting intent), pushed
-//! out by the writes that need it; a frozen route never expires. A route an
-//! earlier version wrote as one MessagePack blob is rewritten as a hash by
-//! the first call that reads it.
+//! out by the writes that need it; a frozen route never expires.
 //!
 //! On one node a route script also reads the caller key, atomically. On a
 //! cluster the caller key is in another slot, so it is read by a small
@@ -64,6 +70,9 @@
 //! - `keys`: the key layout and its percent-encoding.
 //! - `scripts`: the Lua scripts as one Functions library, with the bounds
 //!   they share with the Rust modules injected from the Rust constants.
+//! - `decide`: Reconsider and a Report's pacing, decided in Rust and
+//!   written by compare-and-set.
+//! - `format`: the prefix's layout, claimed or refused at start.
 //! - `reply`: decoding a script's reply into store types.
 //! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one
 //!   function call per operation.
@@ -77,6 +86,8 @@
 mod admin_state;
 mod clock;
 mod connection;
+mod decide;
+mod format;
 mod keys;
 mod queue;
 mod relay;
@@ -84,11 +95,10 @@ mod reply;
 pub(crate) mod scripts;
 mod sentinel;
 mod store;
-#[cfg(test)]
-mod upgrade_tests;
 
 pub use clock::RedisClock;
 pub use connection::{RedisOptions, RedisSetupError, RedisTarget};
+pub use format::STORE_FORMAT;
 pub use relay::EventRelay;
 pub use sentinel::SentinelTarget;
 pub use store::RedisStore;

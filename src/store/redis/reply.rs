@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 
 use crate::hints::corroboration::Claim;
 use crate::hints::{Corroboration, EvidenceDetail, HintRecord, Merge, WorkerEvidence};
-use crate::pacing::{Mode, PacingView};
 use crate::scope::RouteKey;
 use crate::slots::SlotError;
 use crate::store::{LeaseOutcome, RouteView, ScopeSummary, StoreError};
@@ -134,23 +133,6 @@ pub(super) fn merges(r: &Reply, n: usize) -> Result<Vec<Merge>, StoreError> {
         .collect()
 }
 
-/// Fields of a pacing view in a reply (`pacing.lua`'s `pace_view_out`).
-pub(super) const PACING_VIEW_FIELDS: usize = 8;
-
-/// The pacing view `pace_view_out` wrote from field `at`.
-pub(super) fn pacing_at(r: &Reply, at: usize) -> Result<PacingView, StoreError> {
-    Ok(PacingView {
-        mode: Mode::from_code(r.int(at)?),
-        wake_rate_m: r.int(at + 1)?,
-        capacity_m: r.int(at + 2)?,
-        first_rate_m: r.int(at + 3)?,
-        spare_m: r.int(at + 4)?,
-        penalty_until_ms: r.int(at + 5)?,
-        asking: count(r.int(at + 6)?),
-        closed_until_ms: r.int(at + 7)?,
-    })
-}
-
 /// A `lease.lua` reply: one string — granted, limit, remaining, expiry,
 /// cooldown and floor as little-endian doubles, then the lease id, or for
 /// a frozen route the freeze's reason — or `{'err', reason}`.
@@ -249,6 +231,14 @@ impl Reply {
             _ => Err(StoreError::Unavailable(format!(
                 "redis script reply: field {i} is not an integer"
             ))),
+        }
+    }
+
+    /// A field's bytes; `None` for Lua `false` (a nil reply).
+    pub(super) fn bytes(&self, i: usize) -> Option<&[u8]> {
+        match self.0.get(i) {
+            Some(Value::BulkString(bytes)) => Some(bytes),
+            _ => None,
         }
     }
 

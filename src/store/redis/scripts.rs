@@ -1,8 +1,10 @@
 //! The Lua scripts as one Redis Functions library, loaded once per node:
-//! `lua/prelude.lua` (the state codec and the budget, hint and slot math)
-//! and `lua/pacing.lua` behind a header of the bounds they share with the
-//! Rust modules — written here from the Rust constants, so the port cannot
-//! drift from them — then each script's body registered as a function.
+//! `lua/prelude.lua` (the state codec and the budget and hint math) behind
+//! a header of the bounds it shares with the Rust modules — written here
+//! from the Rust constants, so the port cannot drift from them — then each
+//! script's body registered as a function. The slots and the pacing
+//! controller have no Lua at all: `slot_read`, `slot_commit` and
+//! `pace_commit` read and write what Rust decides.
 //!
 //! Why a library and not `EVALSHA`: a script runs its whole text on every
 //! call, so each call re-created the prelude's hundred-odd functions before
@@ -18,9 +20,9 @@ use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
 use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
 use crate::hints::corroboration::{MAX_EVIDENCE_WORKERS, MAX_MUTES, NOISY_MIN_DISAGREEMENTS};
 use crate::hints::{MAX_BACKOFF_STEP, RECENT_HINTS};
-use crate::pacing::{HINT_GRANULARITY_MS, PacingPolicy};
+use crate::pacing::HINT_GRANULARITY_MS;
 use crate::policy::Policy;
-use crate::slots::{DEADLINE_BUCKET_MS, JITTER_SCALE, MAX_PENDING_PER_ROUTE};
+use crate::slots::MAX_PENDING_PER_ROUTE;
 use crate::store::LevelHint;
 
 /// One function of the library.
@@ -87,7 +89,9 @@ pub(super) struct Scripts {
     pub(super) release: Function,
     pub(super) report: Function,
     pub(super) report_caller: Function,
-    pub(super) reconsider: Function,
+    pub(super) slot_read: Function,
+    pub(super) slot_commit: Function,
+    pub(super) pace_commit: Function,
     pub(super) view: Function,
     pub(super) caller: Function,
     pub(super) freeze: Function,
@@ -106,8 +110,6 @@ fn shared_bounds() -> String {
          local MAX_WORKERS = {MAX_WORKERS_PER_CLASS}\n\
          local MAX_LEASES = {MAX_LEASES_PER_ROUTE}\n\
          local MAX_PENDING = {MAX_PENDING_PER_ROUTE}\n\
-         local DEADLINE_BUCKET = {DEADLINE_BUCKET_MS}\n\
-         local JITTER_SCALE = {JITTER_SCALE}\n\
          local RECENT_HINTS = {RECENT_HINTS}\n\
          local MAX_BACKOFF_STEP = {MAX_BACKOFF_STEP}\n\
          local MAX_EVIDENCE_WORKERS = {MAX_EVIDENCE_WORKERS}\n\
@@ -117,21 +119,21 @@ fn shared_bounds() -> String {
     )
 }
 
-/// The shared bounds, then `lua/prelude.lua`: what the library starts with,
-/// and what the pacing port's agreement test loads as a script (where
-/// `KEYS` and `ARGV` are the script's own).
-pub(crate) fn prelude() -> String {
+/// The shared bounds, then `lua/prelude.lua`: what the library starts with.
+fn prelude() -> String {
     format!("{}{}", shared_bounds(), include_str!("lua/prelude.lua"))
 }
 
 /// Each script's body, by the name its function is registered under.
-const BODIES: [(&str, &str); 15] = [
+const BODIES: [(&str, &str); 17] = [
     ("lease", include_str!("lua/lease.lua")),
     ("lease_batch", include_str!("lua/lease_batch.lua")),
     ("release", include_str!("lua/release.lua")),
     ("report", include_str!("lua/report.lua")),
     ("report_caller", include_str!("lua/report_caller.lua")),
-    ("reconsider", include_str!("lua/reconsider.lua")),
+    ("slot_read", include_str!("lua/slot_read.lua")),
+    ("slot_commit", include_str!("lua/slot_commit.lua")),
+    ("pace_commit", include_str!("lua/pace_commit.lua")),
     ("view", include_str!("lua/view.lua")),
     ("caller", include_str!("lua/caller.lua")),
     ("freeze", include_str!("lua/freeze.lua")),
@@ -145,17 +147,12 @@ const BODIES: [(&str, &str); 15] = [
 
 /// The library: the bounds, `KEYS` and `ARGV` as the library's own locals
 /// (the prelude reads them; each function sets them from its arguments,
-/// as a script finds them set), the prelude, the pacing port, each body as
-/// a function in `BODY` (one local: Lua allows a chunk 200, and the prelude
-/// and the pacing port hold most of them; lease_batch.lua runs
-/// `BODY.lease` once per lease), then one registered function per body.
-/// Named by a hash of all of it.
+/// as a script finds them set), the prelude, each body as a function in
+/// `BODY` (one local: Lua allows a chunk 200, and the prelude holds most
+/// of them; lease_batch.lua runs `BODY.lease` once per lease), then one
+/// registered function per body. Named by a hash of all of it.
 fn library() -> Scripts {
-    let mut code = format!(
-        "local KEYS, ARGV\n{}\n{}\nlocal BODY = {{}}\n",
-        prelude(),
-        include_str!("lua/pacing.lua")
-    );
+    let mut code = format!("local KEYS, ARGV\n{}\nlocal BODY = {{}}\n", prelude());
     for (name, body) in BODIES {
         code.push_str(&format!("BODY.{name} = function()\n{body}\nend\n"));
     }
@@ -179,7 +176,9 @@ fn library() -> Scripts {
         release: function("release"),
         report: function("report"),
         report_caller: function("report_caller"),
-        reconsider: function("reconsider"),
+        slot_read: function("slot_read"),
+        slot_commit: function("slot_commit"),
+        pace_commit: function("pace_commit"),
         view: function("view"),
         caller: function("caller"),
         freeze: function("freeze"),
@@ -210,16 +209,6 @@ pub(super) fn hint_args(inv: &mut Call, hint: &LevelHint) {
         .arg(u8::from(a.clock_skew));
 }
 
-/// Appends the five pacing policy arguments, in the order `pacing.lua`'s
-/// `pace_policy` reads them (-1 for a key not set).
-pub(super) fn pacing_args(inv: &mut Call, pacing: &PacingPolicy) {
-    inv.arg(pacing.pinned_m.unwrap_or(-1))
-        .arg(pacing.known_limit_m.unwrap_or(-1))
-        .arg(pacing.floor_m)
-        .arg(pacing.ceiling_m)
-        .arg(pacing.horizon_ms);
-}
-
 /// Appends the policy's corroboration keys, in the order the prelude's
 /// `corr_rules` reads them (after a report's hints).
 pub(super) fn corroboration_args(inv: &mut Call, policy: &Policy) {
@@ -242,8 +231,6 @@ mod tests {
             "MAX_WORKERS",
             "MAX_LEASES",
             "MAX_PENDING",
-            "DEADLINE_BUCKET",
-            "JITTER_SCALE",
             "RECENT_HINTS",
             "MAX_BACKOFF_STEP",
             "HINT_GRANULARITY",

@@ -4,28 +4,30 @@
 //! share a call (`queue`).
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, GrantAsk, LeaseEnd};
-use crate::pacing::Mode;
+use crate::hints::Merge;
+use crate::pacing::Observation;
 use crate::policy::Policy;
 use crate::scope::{Priority, RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
 use crate::store::{
-    LeaseOutcome, Reconsidered, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
-    ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
+    LeaseOutcome, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter, ScopePage,
+    ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
 
 use super::connection::{Conn, RedisTarget, run_on};
+use super::decide::{Turns, pacing_view, stored_pacing};
 use super::queue::{LeaseQueue, Queued};
 use super::reply::{
-    MERGE_FIELDS, PACING_VIEW_FIELDS, Reply, count, evidence_after, hints_at, lease_outcome,
-    merges, pacing_at, summary_of, unsigned, view_at,
+    MERGE_FIELDS, Reply, count, evidence_after, hints_at, lease_outcome, merges, summary_of,
+    unsigned, view_at,
 };
-use super::scripts::{SCRIPTS, corroboration_args, hint_args, pacing_args};
+use super::scripts::{SCRIPTS, corroboration_args, hint_args};
 
 /// The Redis [`Store`].
 pub struct RedisStore {
@@ -41,6 +43,12 @@ pub struct RedisStore {
     /// Leases sent together (one node; on a cluster each goes alone),
     /// started by the first Lease, on the runtime that serves it.
     pub(super) queue: OnceLock<LeaseQueue>,
+    /// A route's decisions in this process take turns (`decide`).
+    pub(super) turns: Turns,
+    /// Whether the prefix's store format was checked (`format`), and why
+    /// it was refused if it was.
+    pub(super) format_checked: AtomicBool,
+    pub(super) refused: OnceLock<String>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -56,7 +64,10 @@ impl RedisStore {
     /// The keys of a route script and the caller floor to pass: on one node
     /// the script reads the caller key itself; on a cluster it is read
     /// first (another slot).
-    async fn route_keys(&self, route: &RouteKey) -> Result<(Vec<String>, i64, i64), StoreError> {
+    pub(super) async fn route_keys(
+        &self,
+        route: &RouteKey,
+    ) -> Result<(Vec<String>, i64, i64), StoreError> {
         let route_key = self.route_key(route);
         let caller_key = self.caller_key(&route.caller_scope);
         if !self.clustered() {
@@ -92,7 +103,6 @@ impl RedisStore {
             for priority in Priority::ALL {
                 inv.arg(policy.share(priority));
             }
-            pacing_args(&mut inv, &policy.pacing);
         }
         let reply = Reply::ok(self.run(&inv).await?)?;
         Ok((reply.int(1)? == 1).then_some(reply))
@@ -192,11 +202,16 @@ impl RedisStore {
             route_cooldown_until_ms: r.int(23)?,
             caller_cooldown_until_ms: ccd,
             backoff_step: u8::try_from(r.int(24)?).unwrap_or(u8::MAX),
-            route_hints: hints_at(&r, 25 + PACING_VIEW_FIELDS)?,
+            route_hints: hints_at(&r, 27)?,
             caller_hints: hints_at(&caller, 3)?,
-            route_evidence: evidence_after(&r, 25 + PACING_VIEW_FIELDS, now_ms)?,
+            route_evidence: evidence_after(&r, 27, now_ms)?,
             caller_evidence: evidence_after(&caller, 3, now_ms)?,
-            pacing: pacing_at(&r, 25)?,
+            pacing: pacing_view(
+                stored_pacing(r.bytes(26), now_ms, &policy.pacing)?,
+                count(r.int(25)?),
+                now_ms,
+                &policy.pacing,
+            ),
         }))
     }
 
@@ -305,6 +320,8 @@ impl RedisStore {
         let route_key = self.route_key(&scope.route);
         let caller_key = self.caller_key(&scope.route.caller_scope);
         let clustered = self.clustered();
+        // Its pacing half is a decision on the route (`decide`).
+        let _turn = self.turns.take(&route_key).await;
         // Which hints the route script merges; on a cluster the
         // caller-wide ones go to the caller's own script.
         let (caller_hints, route_hints): (Vec<usize>, Vec<usize>) =
@@ -368,56 +385,40 @@ impl RedisStore {
             hint_args(&mut inv, &report.hints[i]);
         }
         corroboration_args(&mut inv, policy);
-        let counted = report.window_counts();
-        inv.arg(counted.rejections);
-        pacing_args(&mut inv, &policy.pacing);
-        inv.arg(counted.first_attempts).arg(counted.successes);
         let reply = Reply::ok(self.run(&inv).await?)?;
         for (&i, merge) in route_hints.iter().zip(merges(&reply, route_hints.len())?) {
             merged[i] = Some(merge);
         }
+        let merges: Vec<Merge> = merged.into_iter().flatten().collect();
         let at = 1 + MERGE_FIELDS * route_hints.len();
-        Ok(Reported {
-            merges: merged.into_iter().flatten().collect(),
-            view: view_at(&reply, at)?,
-            pacing: pacing_at(&reply, at + 3)?,
-            pacing_was: Mode::from_code(reply.int(at + 3 + PACING_VIEW_FIELDS)?),
-            cooldown_corroborated: reply.int(at + 4 + PACING_VIEW_FIELDS)? == 1,
-        })
-    }
-
-    async fn reconsider_now(
-        &self,
-        route: &RouteKey,
-        ask: SlotAsk<'_>,
-        policy: &Policy,
-    ) -> Result<Slotted, StoreError> {
-        let (keys, ccd, cfloor) = self.route_keys(route).await?;
-        let mut inv = SCRIPTS.reconsider.call(&keys);
-        inv.arg(ccd)
-            .arg(cfloor)
-            .arg(ask.now_ms)
-            .arg(self.idle_ms)
-            .arg(ask.intent_id)
-            .arg(ask.floor_ms)
-            .arg(ask.deadline_ms)
-            .arg(ask.reserve_ms)
-            .arg(ask.jitter_ppm);
-        pacing_args(&mut inv, &policy.pacing);
-        inv.arg(i64::from(ask.first_attempt));
-        let reply = Reply::ok(self.run(&inv).await?)?;
-        let at = reply.int(2)?;
-        let decided = match reply.text(1).as_deref() {
-            Some("slot") => Reconsidered::Slot(at),
-            Some("infeasible") => Reconsidered::DeadlineInfeasible(at),
-            Some("again") => Reconsidered::AskAgain(at),
-            _ => Reconsidered::Frozen,
+        let view = view_at(&reply, at)?;
+        let hint_ends = report.agreed_hint_ends(&merges);
+        let counted = report.window_counts();
+        let observation = Observation {
+            now_ms: report.now_ms,
+            first_attempts: counted.first_attempts,
+            successes: counted.successes,
+            rejections: counted.rejections,
+            hint_until_ms: &hint_ends,
+            cooldown_until_ms: reply.int(at + 4)?,
+            cooldown_after_ms: view.cooldown_until_ms,
         };
-        Ok(Slotted {
-            decided,
-            view: view_at(&reply, 3)?,
-            pacing: pacing_at(&reply, 6)?,
-            pacing_was: Mode::from_code(reply.int(6 + PACING_VIEW_FIELDS)?),
+        let (pacing, pacing_was) = self
+            .observe_pacing(
+                &route_key,
+                &observation,
+                reply.int(at + 5)?,
+                reply.bytes(at + 6).map(<[u8]>::to_vec),
+                count(reply.int(at + 7)?),
+                &policy.pacing,
+            )
+            .await?;
+        Ok(Reported {
+            merges,
+            view,
+            pacing,
+            pacing_was,
+            cooldown_corroborated: reply.int(at + 3)? == 1,
         })
     }
 
@@ -591,7 +592,12 @@ impl Store for RedisStore {
     }
 
     fn health(&self) -> StoreFuture<'_, ()> {
-        Box::pin(self.ping())
+        // A store that could not be checked at start is checked once Redis
+        // answers; one holding another build's state is never healthy.
+        Box::pin(async move {
+            self.ping().await?;
+            self.claim_format().await
+        })
     }
 
     fn admin_state(&self) -> Option<&dyn crate::store::AdminStateStore> {

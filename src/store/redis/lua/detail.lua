@@ -2,15 +2,16 @@
 -- ScopeDetail), read-only: creates nothing and saves nothing (the series
 -- advance in the decoded copy only), so looking never keeps a scope alive.
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
--- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3, then
--- the five pacing policy arguments (pace_policy).
+-- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3.
+-- With the budget, the reply goes on with the intents asking, the pacing
+-- state (false: none; Rust reads it), the route's hints and evidence.
 local ccd, cfloor = caller_floor(tonumber(ARGV[1]), tonumber(ARGV[2]))
 local now = tonumber(ARGV[3])
-local st = route_open(KEYS[1], now, { 'h', 'sl' })
+local st = route_open(KEYS[1], now, { 'h', 'p' })
 if not st then return { 'ok', 0 } end
 local leases, tokens = leases_held(KEYS[1], now)
-local waiting = asking_count(st.slots, now)
-for _, s in pairs(st.slots.pending) do if s > now then waiting = waiting + 1 end end
+local asking, pending = slots_waiting(KEYS[1], now)
+local waiting = asking + pending
 local out = {
   'ok', 1, math.max(st.hints.cd, ccd), math.max(hints_floor(st.hints), cfloor),
   st.frozen or false, leases, waiting, st.k.t,
@@ -43,11 +44,8 @@ end
 out[#out + 1] = tokens
 out[#out + 1] = st.hints.cd
 out[#out + 1] = st.hints.step
--- A copy brought to now: looking changes nothing (nothing is saved here).
-local P = pace_policy(12)
-local pace = st.pace or pace_new(now, P)
-pace_advance(pace, now, P)
-pace_view_out(out, pace, asking_count(st.slots, now), now)
+out[#out + 1] = asking
+out[#out + 1] = st.raw.p or false
 hints_out(out, st.hints)
 evidence_out(out, st.hints)
 return out

@@ -12,6 +12,7 @@ if ARGV[3] == '1' then
   if st.k.t > now - idle_ms or st.frozen or route_live(st) > now then return 0 end
   redis.call('DEL', KEYS[1])
   leases_forget(KEYS[1])
+  slots_forget(KEYS[1])
   return 1
 end
 local c = load(KEYS[1])

@@ -1,8 +1,10 @@
--- Shared by every Tollgate script: the state codec and the budget, hint and
--- slot math. This is a port of src/budget.rs, src/hints.rs and
--- src/slots.rs, line for line where possible: the Rust modules are the
--- reference and the store contract suite (run against both stores) is what
--- proves the two agree. Change one, change the other.
+-- Shared by every Tollgate script: the state codec and the budget and hint
+-- math. This is a port of src/budget.rs and src/hints.rs, line for line
+-- where possible: the Rust modules are the reference and the store
+-- contract suite (run against both stores) is what proves the two agree.
+-- Change one, change the other. The slots and the pacing controller are
+-- decided in Rust alone: scripts only read and write what they keep
+-- (`slots` below), never deciding anything from it.
 --
 -- Numbers: Lua numbers are doubles, exact for integers below 2^53. Times are
 -- Unix milliseconds (~2^41), the slot cursor is in microseconds (~2^51) and
@@ -21,21 +23,13 @@
 -- integers; cjson would print 14 digits and lose the microsecond cursor).
 
 -- The bounds shared with the Rust modules (W, MAX_WORKERS, MAX_LEASES,
--- MAX_PENDING, JITTER_SCALE, RECENT_HINTS, MAX_BACKOFF_STEP) are not written
+-- MAX_PENDING, RECENT_HINTS, MAX_BACKOFF_STEP) are not written
 -- here: RedisStore prepends them from the Rust constants when it loads the
 -- scripts, so the two can never drift apart.
 
 local function count(t)
   local n = 0
   for _ in pairs(t) do n = n + 1 end
-  return n
-end
-
--- Intents told to ask again whose deadline has not passed (SlotCursor::asking):
--- one that stopped waiting tells nobody, so its deadline ends its count.
-local function asking_count(slots, now)
-  local n = 0
-  for _, d in pairs(slots.asking or {}) do if d > now then n = n + 1 end end
   return n
 end
 
@@ -53,7 +47,7 @@ local function sec_of(ms) return math.floor(ms / 1000) end
 -- (max_hint is at most a day), lease and slot.
 local MAX_TTL_MS = 30 * 86400000
 
--- A caller scope's value (and a route's as an earlier version wrote it).
+-- A caller scope's value.
 local function load(key)
   local raw = redis.call('GET', key)
   if not raw then return nil end
@@ -93,16 +87,6 @@ end
 
 local function doubles_pack(t)
   return struct.pack(doubles_fmt(#t), unpack(t))
-end
-
--- {second, value} pairs, as an earlier version wrote them, as a flat list.
-local function flatten(pairs_list)
-  local f = {}
-  for _, pair in ipairs(pairs_list) do
-    f[#f + 1] = pair[1]
-    f[#f + 1] = pair[2]
-  end
-  return f
 end
 
 ---------------------------------------------------------------- series
@@ -164,27 +148,6 @@ local function packed_add(raw, last, last_v, sec, v)
   return raw .. struct.pack('<dd', sec, v)
 end
 
--- The pairs of a series an earlier version kept as a table `t`: its
--- seconds as a flat list (`f`), a W-bucket ring (`b`, from head `h`) or
--- {second, value} pairs (`e`).
-local function series_of_table(t)
-  if t.b then
-    local f = {}
-    for back = W - 1, 0, -1 do
-      local sec = t.h - back
-      local v = t.b[(sec % W) + 1]
-      if v and v ~= 0 then
-        f[#f + 1] = sec
-        f[#f + 1] = v
-      end
-    end
-    return f
-  elseif t.e then
-    return flatten(t.e)
-  end
-  return t.f or {}
-end
-
 ---------------------------------------------------------------- records
 -- A worker's record: last seen, unmet demand, last lease (-1: none), then
 -- its charges' total, first second, last second (-1: none) and last
@@ -224,23 +187,6 @@ end
 
 local function record_new(now)
   return { seen = now, unmet = 0, lease = -1, t = 0, first = -1, last = -1, last_v = 0, raw = '', tail = '' }
-end
-
--- A worker's record as an earlier version wrote it: a packed string with
--- its last seen, unmet and last lease then its pairs, or a map with its
--- charges as {second, milli} pairs in `held`.
-local function record_of(v)
-  local w = record_new(0)
-  if type(v) == 'string' then
-    local d = doubles(v)
-    w.seen, w.unmet, w.lease = d[1], d[2], d[3]
-    w.f = {}
-    for i = 4, #d do w.f[i - 3] = d[i] end
-  else
-    w.seen, w.unmet, w.lease = v.seen, v.unmet or 0, v.lease or -1
-    w.f = flatten(v.held or {})
-  end
-  return record_pack(w)
 end
 
 ---------------------------------------------------------------- hints
@@ -478,9 +424,6 @@ end
 -- (`.class.granted.cost.second`, the second charged). So a grant is one
 -- ZADD, a Release one ZSCORE, and only a member Redis holds counts: an id
 -- that was never granted, or is named by another worker, finds nothing.
--- Leases granted by an earlier version have bare ids as members and their
--- records in a hash (`…:l`, lease id -> MessagePack record), read until
--- they expire.
 --
 -- The route's core counts the members (`lc`, expired ones included until
 -- purged) and says until when the set's expiry is set (`ez`), so a grant
@@ -495,9 +438,8 @@ end
 local LEASE_PURGE_MS = 250
 local LEASE_SLACK_MS = 1000
 
-local function lease_keys(route_key)
-  local base = string.sub(route_key, 1, -2)
-  return base .. 'l', base .. 'e'
+local function lease_key(route_key)
+  return string.sub(route_key, 1, -2) .. 'e'
 end
 
 -- The id of a lease of `granted` tokens of class `p` at `cost` each,
@@ -511,60 +453,61 @@ end
 local function lease_find(route_key, id, wid)
   -- A `/` would let an id and a worker id name another pair's member.
   if string.find(id, '/', 1, true) then return nil end
-  local lh, le = lease_keys(route_key)
   local member = id .. '/' .. wid
-  local exp = redis.call('ZSCORE', le, member)
-  if exp then
-    local p, g, c, sec = string.match(id, '%.(%d+)%.(%d+)%.(%d+)%.(%-?%d+)$')
-    return {
-      w = wid, p = tonumber(p), g = tonumber(g), c = tonumber(c), sec = tonumber(sec),
-      exp = tonumber(exp), member = member,
-    }
-  end
-  -- Granted by an earlier version.
-  local raw = redis.call('HGET', lh, id)
-  if not raw then return nil end
-  local l = cmsgpack.unpack(raw)
-  l.member, l.legacy = id, true
-  return l
+  local exp = redis.call('ZSCORE', lease_key(route_key), member)
+  if not exp then return nil end
+  local p, g, c, sec = string.match(id, '%.(%d+)%.(%d+)%.(%d+)%.(%-?%d+)$')
+  if not sec then return nil end
+  return {
+    w = wid, p = tonumber(p), g = tonumber(g), c = tonumber(c), sec = tonumber(sec),
+    exp = tonumber(exp), member = member,
+  }
 end
 
 -- The live leases' (count, tokens granted), read-only.
 local function leases_held(route_key, now)
-  local lh, le = lease_keys(route_key)
-  local members = redis.call('ZRANGEBYSCORE', le, '(' .. now, '+inf')
+  local members = redis.call('ZRANGEBYSCORE', lease_key(route_key), '(' .. now, '+inf')
   local tokens = 0
   for _, m in ipairs(members) do
     local g = string.match(m, '^[^/]*%.%d+%.(%d+)%.%d+%.%-?%d+/')
-    if g then
-      tokens = tokens + tonumber(g)
-    else
-      local raw = redis.call('HGET', lh, m)
-      if raw then tokens = tokens + cmsgpack.unpack(raw).g end
-    end
+    if g then tokens = tokens + tonumber(g) end
   end
   return #members, tokens
 end
 
 local function leases_forget(route_key)
-  local lh, le = lease_keys(route_key)
-  redis.call('DEL', lh, le)
+  redis.call('DEL', lease_key(route_key))
+end
+
+---------------------------------------------------------------- slots
+-- A route's slots live beside it under the same hash tag: its pending
+-- slots (`…:p`, intents scored by their slot) and the intents told to ask
+-- again (`…:a`, scored by their deadline), both sorted sets, and its
+-- cursor in the route's hash (`cu`). Which slot an intent gets is decided
+-- in Rust (slots::plan, with the pacing controller): slot_read.lua reads
+-- what the decision needs, slot_commit.lua applies what it decided if
+-- nothing it read has moved since. No script decides anything here.
+local function slot_keys(route_key)
+  local base = string.sub(route_key, 1, -2)
+  return base .. 'p', base .. 'a'
+end
+
+local function slots_forget(route_key)
+  local sp, sa = slot_keys(route_key)
+  redis.call('DEL', sp, sa)
+end
+
+-- Intents told to ask again whose deadline is after `now`, and pending
+-- slots after `now`: who is waiting on the route.
+local function slots_waiting(route_key, now)
+  local sp, sa = slot_keys(route_key)
+  local after = '(' .. now
+  return redis.call('ZCOUNT', sa, after, '+inf'), redis.call('ZCOUNT', sp, after, '+inf')
 end
 
 -- Lets `key` expire no sooner than `ms` from now.
 local function keep_for(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-end
-
--- A lease kept inside a route's value by an earlier version, moved to
--- where the version after it kept leases (its id is the worker's).
-local function lease_put_legacy(route_key, id, l, now)
-  local lh, le = lease_keys(route_key)
-  redis.call('HSET', lh, id, cmsgpack.pack(l))
-  redis.call('ZADD', le, l.exp, id)
-  local ttl = math.max(1, l.exp - now)
-  keep_for(lh, ttl)
-  keep_for(le, ttl)
 end
 
 ---------------------------------------------------------------- route
@@ -578,9 +521,11 @@ end
 --              Lease needs from the parts below without decoding them
 --   z          the freeze reason (absent: not frozen)
 --   fa         first attempts, a series; s1, s2, s3 each class's spend
---   h, sl, p   the hints, the slot cursor and the pacing state (MessagePack),
---              read the first time a script touches st.hints, st.slots or
---              st.pace (Report, Reconsider and an operator's calls)
+--   h          the hints (MessagePack), read the first time a script
+--              touches st.hints (Report and an operator's calls)
+--   cu, p, pv  the slot cursor (Unix µs), the pacing state (bytes only
+--              Rust reads, PacingState::encode) and its version, which
+--              every write of either bumps (`slots` below)
 --   1<id>, 2<id>, 3<id>   worker <id>'s record in class 1, 2 or 3
 -- A call names the fields it reads when it opens the route (one HMGET);
 -- `route_save` writes back the core, the series that changed, the parts
@@ -622,22 +567,10 @@ local function core_new(now)
   }
 end
 
-local function slots_new() return { next = 0, pending = {} } end
-
--- Until when the slot cursor holds a pending slot or an intent asking.
-local function slots_live(s)
-  local t = 0
-  for _, at in pairs(s.pending) do t = math.max(t, at) end
-  for _, d in pairs(s.asking or {}) do t = math.max(t, d) end
-  return t
-end
-
 -- The MessagePack parts read on first touch: their field and what an
 -- absent one reads as.
 local PARTS = {
   hints = { f = 'h', new = hints_new },
-  slots = { f = 'sl', new = slots_new },
-  pace = { f = 'p', new = function() return nil end },
 }
 
 -- The raw field `f` of route `st`: read by the opening HMGET, else now
@@ -786,64 +719,10 @@ end
 local CLASS_KEY = { '1', '2', '3' }
 local CLASS_OF = { ['1'] = 1, ['2'] = 2, ['3'] = 3 }
 
--- Rewrites a route an earlier version kept as one MessagePack blob as a
--- hash, keeping its expiry; leases kept inside the blob move to the lease
--- keys as that version's successor kept them.
-local function route_convert(key, now)
-  local old = cmsgpack.unpack(redis.call('GET', key))
-  local ttl = redis.call('PTTL', key)
-  local st = route_of(key, now, core_new(old.touched), old.frozen or false, true)
-  local k = st.k
-  for id, l in pairs(old.leases or {}) do
-    if l.exp > now then lease_put_legacy(key, id, l, now) end
-    k.x = math.max(k.x, l.exp)
-  end
-  k.x = math.max(k.x, old.lexp or 0)
-  -- The lease set as the earlier version kept it: counted and purged at
-  -- the first grant; its expiry covers its latest lease.
-  k.lc, k.ez = MAX_LEASES, k.x
-  if ttl > 0 then k.er = now + ttl elseif old.frozen then k.er = -1 end
-  local slots = old.slots or slots_new()
-  k.cd, k.bo, k.hl, k.sl = old.hints.cd, old.hints.bo, hints_live(old.hints), slots_live(slots)
-  local args = { 'h', cmsgpack.pack(old.hints), 'sl', cmsgpack.pack(slots) }
-  if old.pace then
-    args[#args + 1] = 'p'
-    args[#args + 1] = cmsgpack.pack(old.pace)
-  end
-  if old.frozen then
-    args[#args + 1] = 'z'
-    args[#args + 1] = old.frozen
-  end
-  local series = { [0] = old.fa, old.cls[1].spent, old.cls[2].spent, old.cls[3].spent }
-  for i = 0, 3 do
-    k[5 * i + 1] = series[i].h
-    st.pairs[i] = series_of_table(series[i])
-    args[#args + 1] = SERIES_FIELD[i]
-    args[#args + 1] = series_flush(st, i)
-  end
-  for p = 1, 3 do
-    for wid, v in pairs(old.cls[p].workers) do
-      args[#args + 1] = CLASS_KEY[p] .. wid
-      args[#args + 1] = record_of(v)
-      k[20 + p] = k[20 + p] + 1
-    end
-  end
-  args[#args + 1] = 'k'
-  args[#args + 1] = core_pack(k)
-  redis.call('DEL', key)
-  hset(key, args)
-  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
-end
-
 -- Route `key` with its core, its freeze and the fields named in `extra`
 -- read in one HMGET; nil when there is none.
 local function route_open(key, now, extra)
-  local got = redis.pcall('HMGET', key, 'k', 'z', unpack(extra))
-  if got.err then
-    -- WRONGTYPE: a route an earlier version wrote as one blob.
-    route_convert(key, now)
-    got = redis.call('HMGET', key, 'k', 'z', unpack(extra))
-  end
+  local got = redis.call('HMGET', key, 'k', 'z', unpack(extra))
   if not got[1] then return nil end
   local st = route_of(key, now, core_unpack(got[1]), got[2], false)
   for i = 1, #extra do st.raw[extra[i]] = got[i + 2] end
@@ -874,8 +753,6 @@ local function route_save(st, idle_ms)
   local k, now = st.k, st.now
   local hints = rawget(st, 'hints')
   if hints then k.cd, k.bo, k.hl = hints.cd, hints.bo, hints_live(hints) end
-  local slots = rawget(st, 'slots')
-  if slots then k.sl = slots_live(slots) end
   local expire
   if st.frozen then
     if k.er ~= -1 then expire, k.er = -1, -1 end
@@ -946,7 +823,7 @@ end
 local function leases_live(st, now)
   local k = st.k
   if k.lc < MAX_LEASES and now < k.lp then return k.lc end
-  local _, le = lease_keys(st.key)
+  local le = lease_key(st.key)
   redis.call('ZREMRANGEBYSCORE', le, '-inf', now)
   k.lc = redis.call('ZCARD', le)
   k.lp = now + LEASE_PURGE_MS
@@ -959,7 +836,7 @@ end
 -- at least as long as its longest lease.
 local function lease_put(st, id, wid, exp, now)
   local k = st.k
-  local _, le = lease_keys(st.key)
+  local le = lease_key(st.key)
   redis.call('ZADD', le, exp, id .. '/' .. wid)
   k.lc = k.lc + 1
   -- A set that had no member is new and has no expiry yet.
@@ -971,9 +848,8 @@ end
 
 -- Ends lease `l` (lease_find's).
 local function lease_drop(st, l)
-  local lh, le = lease_keys(st.key)
+  local le = lease_key(st.key)
   redis.call('ZREM', le, l.member)
-  if l.legacy then redis.call('HDEL', lh, l.member) end
   -- The last member gone takes the set (and its expiry) with it.
   st.k.lc = redis.call('ZCARD', le)
 end

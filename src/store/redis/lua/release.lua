@@ -6,16 +6,9 @@ local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local wid, id, spent = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local successes = tonumber(ARGV[6]) or 0
 local l = lease_find(KEYS[1], id, wid)
-local st
-if l then
-  st = route_open(KEYS[1], now, { SERIES_FIELD[l.p], CLASS_KEY[l.p] .. wid })
-else
-  -- A route an earlier version wrote may still hold its leases inside:
-  -- opening it moves them out.
-  st = route_open(KEYS[1], now, {})
-  if st then l = lease_find(KEYS[1], id, wid) end
-end
-if not st or not l then return { 'err', 'lease_not_found' } end
+if not l then return { 'err', 'lease_not_found' } end
+local st = route_open(KEYS[1], now, { SERIES_FIELD[l.p], CLASS_KEY[l.p] .. wid })
+if not st then return { 'err', 'lease_not_found' } end
 if l.exp <= now then
   -- (The core's count is an upper bound: it may stay as it was.)
   lease_drop(st, l)

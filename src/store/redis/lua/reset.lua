@@ -11,5 +11,6 @@ st.hints.mutes = old.hints.mutes
 st.k.t = math.max(old.k.t, now)
 redis.call('DEL', KEYS[1])
 leases_forget(KEYS[1])
+slots_forget(KEYS[1])
 route_save(st, idle_ms)
 return { 'ok', 1 }
