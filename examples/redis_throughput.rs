@@ -34,8 +34,8 @@ use tokio::sync::oneshot;
 use tollgate::config::Config;
 use tollgate::server;
 use tollgate::store::{MemoryStore, RedisOptions, RedisStore, RedisTarget, Store};
-use tollgate::testing::RedisServer;
 use tollgate_proto::v1::{self, budget_client::BudgetClient};
+use tollgate_testkit::RedisServer;
 use tonic::transport::Channel;
 
 const CONCURRENCY: usize = 32;

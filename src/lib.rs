@@ -49,10 +49,6 @@
 //!   [`telemetry::metrics`], the standard RPC server metrics, freeze gauges),
 //!   W3C trace context from the caller, the Prometheus `/metrics` endpoint
 //!   (docs/telemetry.md).
-//! - [`bench`](mod@bench): `tollgate bench storm`, the fleet retry-storm benchmark;
-//!   `bench rpc` (coordinator RPC throughput against the same server's health
-//!   check), `bench memory` (resident bytes per scope in the in-memory store)
-//!   and `bench soak` (RSS, file descriptors and p99 kept flat over a long run).
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
@@ -64,11 +60,12 @@
 //! `service` imports from it.
 //!
 //! `src/main.rs` is a thin clap front end: one enum of subcommands, each
-//! handing off to a module here.
+//! handing off to a module here. The benchmarks are the `tollgate-bench`
+//! crate (`bench/`) and the tests' Redis fixtures `tollgate-testkit`
+//! (`testkit/`): neither is part of this library or its binary.
 
 pub mod admin;
 pub mod auth;
-pub mod bench;
 pub mod budget;
 pub mod config;
 pub mod coordinator;
@@ -88,5 +85,3 @@ pub mod store;
 pub mod telemetry;
 // The instruments moved under `telemetry`; the old path stays for callers.
 pub use telemetry::metrics;
-#[doc(hidden)]
-pub mod testing;

@@ -91,15 +91,6 @@ Keys: q quit, j/k move, r/c/b/n sort by rejections/cooldown/backlog/name,
         #[arg(required = true, value_name = "FILE")]
         files: Vec<String>,
     },
-    /// Benchmarks: see docs/benchmarks.md.
-    #[command(after_help = "Examples:
-  tollgate bench storm --workers 500 --out results
-  tollgate bench rpc --duration 10s
-  tollgate bench memory --scopes 100000")]
-    Bench {
-        #[command(subcommand)]
-        bench: BenchCommand,
-    },
     /// Print a shell completion script to stdout.
     #[command(after_help = "Examples:
   tollgate completions bash > /etc/bash_completion.d/tollgate
@@ -121,42 +112,6 @@ Keys: q quit, j/k move, r/c/b/n sort by rejections/cooldown/backlog/name,
     },
 }
 
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// A fleet against an in-process upstream through a rate-limit outage,
-    /// one retry strategy at a time on the same arrivals.
-    #[command(after_help = "Examples:
-  tollgate bench storm
-  tollgate bench storm --workers 200 --hint date --strategies a,e --out results")]
-    Storm(tollgate::bench::storm::StormArgs),
-    /// Lease/Report/Reconsider throughput and latency against a coordinator,
-    /// with the same server's health check as the ceiling.
-    #[command(after_help = "Examples:
-  tollgate bench rpc                               # an in-process coordinator
-  tollgate bench rpc --addr 127.0.0.1:50051 --concurrency 64 --duration 30s")]
-    Rpc(tollgate::bench::rpc::RpcArgs),
-    /// Resident memory of the in-memory store with N scopes (live and idle),
-    /// or, with `--traffic`, what reaching `max_scopes` does to traffic.
-    #[command(after_help = "Examples:
-  tollgate bench memory --scopes 1000000
-  tollgate bench memory --traffic 60s --scopes 200000 --max-scopes 50000")]
-    Memory(tollgate::bench::memory::MemoryArgs),
-    /// A long open-loop run with scope churn: RSS, open file descriptors and
-    /// p99 sampled and judged flat (PASS/FAIL; exit status 1 on FAIL).
-    #[command(after_help = "Examples:
-  tollgate bench soak                              # 10 minutes at half the measured max
-  tollgate bench soak --duration 3m --rate 2000 --json soak.json")]
-    Soak(tollgate::bench::soak::SoakArgs),
-    /// An HTTP/1 upstream stand-in with the storm's capacity model and an
-    /// outage, printing its load per second (for tests/chaos_fleet.rs).
-    #[command(hide = true)]
-    Upstream(tollgate::bench::fleet::upstream::UpstreamArgs),
-    /// One worker process sending intents through the gate to an upstream
-    /// (for tests/chaos_fleet.rs).
-    #[command(hide = true)]
-    Worker(tollgate::bench::fleet::worker::WorkerArgs),
-}
-
 fn main() -> anyhow::Result<ExitCode> {
     let Cli { connect, command } = Cli::parse();
     match command {
@@ -173,10 +128,6 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Audit { limit } => Ok(ops::run(&connect, ops::Command::Audit { limit })),
         Command::Top(args) => Ok(ops::run(&connect, ops::Command::Top(args))),
         Command::Simulate { json, files } => simulate(json, connect.output, &files),
-        Command::Bench { bench } => {
-            self::bench(bench)?;
-            Ok(ExitCode::SUCCESS)
-        }
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -217,36 +168,6 @@ fn simulate(json: bool, output: Output, files: &[String]) -> anyhow::Result<Exit
     } else {
         ExitCode::from(ops::EXIT_INVALID)
     })
-}
-
-fn bench(bench: BenchCommand) -> anyhow::Result<()> {
-    let stdout = &mut std::io::stdout().lock();
-    match bench {
-        BenchCommand::Storm(args) => {
-            let (_, written) = tollgate::bench::storm::run_and_write(&args, stdout)?;
-            for path in written {
-                eprintln!("wrote {}", path.display());
-            }
-        }
-        // The reports are for the smoke tests; the command prints them.
-        BenchCommand::Rpc(args) => {
-            tollgate::bench::rpc::run(&args, stdout)?;
-        }
-        BenchCommand::Memory(args) if args.traffic.is_some() => {
-            tollgate::bench::memory::run_traffic(&args, stdout)?;
-        }
-        BenchCommand::Memory(args) => {
-            tollgate::bench::memory::run(&args, stdout)?;
-        }
-        BenchCommand::Soak(args) => {
-            if !tollgate::bench::soak::run(&args, stdout)?.pass {
-                anyhow::bail!("soak: FAIL (see the verdicts above)");
-            }
-        }
-        BenchCommand::Upstream(args) => tollgate::bench::fleet::upstream::run(&args, stdout)?,
-        BenchCommand::Worker(args) => tollgate::bench::fleet::worker::run(&args, stdout)?,
-    }
-    Ok(())
 }
 
 #[cfg(test)]

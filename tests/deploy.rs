@@ -330,7 +330,7 @@ fn secret_files(volume: &serde_norway::Value) -> Vec<(String, String)> {
 /// (a certificate made here).
 #[tokio::test]
 async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writable_file() {
-    let Some(redis) = tollgate::testing::RedisServer::start() else {
+    let Some(redis) = tollgate_testkit::RedisServer::start() else {
         return;
     };
     let all = manifests();

@@ -15,8 +15,8 @@ use std::time::Duration;
 use support::{Coordinator, lease, poll, scope};
 use tollgate::config::Config;
 use tollgate::store::redis::{RedisClock, RedisOptions, RedisStore, RedisTarget};
-use tollgate::testing::RedisServer;
 use tollgate_proto::v1::{self, Priority};
+use tollgate_testkit::RedisServer;
 use tonic::Code;
 
 const SERVICE: &str = "tollgate-main";

@@ -16,9 +16,9 @@ use support::{Coordinator, T0, lease, poll, rate_limited, rate_limited_at, recon
 use tokio::task::JoinSet;
 use tollgate::config::Config;
 use tollgate::store::redis::{EventRelay, RedisOptions, RedisStore, RedisTarget};
-use tollgate::testing::RedisServer;
 use tollgate_client::clock::{Clock, ManualClock, from_unix_ms, to_unix_ms};
 use tollgate_proto::v1::{self, Priority, ScopeCertainty, ScopeEventKind};
+use tollgate_testkit::RedisServer;
 use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,

@@ -21,10 +21,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use process::{BIN, Served};
 use support::{lease, scope, with_token};
 use tokio::task::JoinSet;
-use tollgate::testing::RedisServer;
 use tollgate_proto::v1::{
     self, LeaseLimit, Priority, ScopeCertainty, ScopeEventKind, budget_client::BudgetClient,
 };
+use tollgate_testkit::RedisServer;
 use tonic::Code;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;

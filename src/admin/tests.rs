@@ -8,7 +8,7 @@ use tollgate_client::clock::{ManualClock, from_unix_ms};
 
 use super::*;
 use crate::store::{MemoryStore, RedisOptions, RedisStore, RedisTarget};
-use crate::testing::RedisServer;
+use tollgate_testkit::RedisServer;
 
 const T0: i64 = 1_704_110_400_000;
 

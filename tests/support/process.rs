@@ -5,7 +5,8 @@
 //! Not a module of `support` itself: the client crate's tests share that
 //! harness, and only this package's tests know where the binary is. A test
 //! of this package includes it as `#[path = "support/process.rs"] mod
-//! process;`.
+//! process;`, the benchmark crate's as `#[path =
+//! "../../tests/support/process.rs"]`.
 
 // Each test binary uses a different subset.
 #![allow(dead_code)]
@@ -19,8 +20,27 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-/// The binary under test.
-pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+/// The binary under test. Cargo names it for this package's tests; the
+/// benchmark crate's tests (which include this file too) find it with
+/// [`coordinator_bin`].
+pub(crate) const BIN: &str = match option_env!("CARGO_BIN_EXE_tollgate") {
+    Some(bin) => bin,
+    None => "",
+};
+
+/// The `tollgate` binary for a test of another package of the workspace:
+/// beside that test's own binary `beside` (both in the target folder).
+/// `cargo test --workspace` builds it; a test run alone fails here saying
+/// how to build it, rather than running an old one unknowingly absent.
+pub(crate) fn coordinator_bin(beside: &str) -> PathBuf {
+    let bin = Path::new(beside).with_file_name("tollgate");
+    assert!(
+        bin.is_file(),
+        "{} not built: cargo build --bin tollgate (cargo test --workspace builds it)",
+        bin.display()
+    );
+    bin
+}
 
 /// A free loopback port (released at once; the child binds it next).
 pub(crate) fn free_port() -> u16 {

@@ -10,7 +10,7 @@
 //! cursor and a freeze are boxed together and dropped while inert. A route
 //! with no activity in its window costs its key and the entry; one with a
 //! lease and a report costs the ledger's few small vectors and the pacing
-//! controller on top (`tollgate bench memory` measures both).
+//! controller on top (`tollgate-bench memory` measures both).
 
 use crate::budget::BudgetLedger;
 use crate::hints::{HintRecord, HintState};

@@ -111,8 +111,8 @@ impl RedisClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::RedisServer;
     use tollgate_client::clock::ManualClock;
+    use tollgate_testkit::RedisServer;
 
     /// The local clock is set a day behind Redis's (same host, so Redis's
     /// `TIME` is the system's): only an applied offset brings `now` back to

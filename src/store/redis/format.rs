@@ -112,7 +112,7 @@ mod tests {
     use crate::scope::RouteKey;
     use crate::store::redis::{RedisOptions, RedisTarget};
     use crate::store::{Store, StoreError};
-    use crate::testing::RedisServer;
+    use tollgate_testkit::RedisServer;
 
     async fn store_on(server: &RedisServer) -> RedisStore {
         RedisStore::connect(

@@ -109,7 +109,7 @@ mod tests {
 
     use super::*;
     use crate::store::contract::Fixture;
-    use crate::testing::RedisServer;
+    use tollgate_testkit::RedisServer;
 
     async fn make() -> Option<Fixture> {
         let server = RedisServer::start()?;

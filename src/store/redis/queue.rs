@@ -138,7 +138,7 @@ mod tests {
     use crate::scope::{Priority, RetryClass, ScopeKey};
     use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
     use crate::store::{Store, StoreError};
-    use crate::testing::RedisServer;
+    use tollgate_testkit::RedisServer;
 
     const T0: i64 = 1_700_000_000_000;
 

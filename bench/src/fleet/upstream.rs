@@ -1,4 +1,4 @@
-//! `tollgate bench upstream`: an HTTP/1 upstream stand-in with the storm
+//! `tollgate-bench upstream`: an HTTP/1 upstream stand-in with the storm
 //! benchmark's capacity model, for worker *processes*.
 //!
 //! The model is `bench::storm`'s own `Upstream`, not a second one: a token
@@ -34,12 +34,12 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use super::DEADLINE_HEADER;
-use crate::bench::storm::strategy::Answer;
-use crate::bench::storm::{
+use crate::storm::strategy::Answer;
+use crate::storm::{
     BUCKET, HintStyle, Mode, StormArgs, StormConfig, StrategyKind, Truth, Upstream, VirtualWall,
 };
 
-/// `tollgate bench upstream` arguments. Seconds are decimals.
+/// `tollgate-bench upstream` arguments. Seconds are decimals.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpstreamArgs {
     /// Where to listen (HTTP/1, plain).

@@ -1,6 +1,6 @@
-//! `tollgate bench worker`: one worker process of a fleet, sending intents
+//! `tollgate-bench worker`: one worker process of a fleet, sending intents
 //! at a steady rate through `TollgateLayer` to an HTTP upstream (usually
-//! `tollgate bench upstream`), with retry budgets from a coordinator.
+//! `tollgate-bench upstream`), with retry budgets from a coordinator.
 //!
 //! It prints JSON lines: `{"link":"connected"|"degraded","at_unix_ms":t}`
 //! whenever its coordinator link changes state (sampled every 10 ms; the
@@ -57,7 +57,7 @@ const BACKOFF: Backoff = Backoff {
     jitter: Jitter::Full,
 };
 
-/// `tollgate bench worker` arguments.
+/// `tollgate-bench worker` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
     /// The coordinator's URL.

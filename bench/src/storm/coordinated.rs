@@ -52,8 +52,8 @@ use super::runner::{
     WorkerRunner,
 };
 use super::{StormConfig, StormError};
-use crate::config::Config;
-use crate::scope::RouteKey;
+use tollgate::config::Config;
+use tollgate::scope::RouteKey;
 
 /// The scope every intent of the run belongs to.
 const CALLER_SCOPE: &str = "storm";
@@ -259,10 +259,10 @@ impl Coordinated {
         let clock = Arc::new(TokioClock::new(config.wall_at_start));
         let (pipes, incoming) = Pipes::new();
         let shutdown = CancellationToken::new();
-        let server = tokio::spawn(crate::server::run(
+        let server = tokio::spawn(tollgate::server::run(
             ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>),
             shutdown.clone().cancelled_owned(),
-            crate::server::Setup::new(tuning.config.clone()).clock(clock.clone()),
+            tollgate::server::Setup::new(tuning.config.clone()).clock(clock.clone()),
         ));
         let samples = Arc::new(Mutex::new(ScopeSeries::new()));
         let sampler = tokio::spawn(sample_scope(

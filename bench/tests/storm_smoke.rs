@@ -1,4 +1,4 @@
-//! `tollgate bench storm` with tiny parameters on a paused clock, so the
+//! `tollgate-bench storm` with tiny parameters on a paused clock, so the
 //! benchmark cannot rot: every strategy runs, the invariants that must hold
 //! in any run hold, the files are written, and one property that a broken
 //! strategy or upstream would fail holds too. No timing is asserted.
@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use tollgate::bench::storm::{self, StormArgs, StormReport, StrategyKind};
+use tollgate_bench::storm::{self, StormArgs, StormReport, StrategyKind};
 
 #[derive(Parser)]
 struct Cli {

@@ -1,12 +1,12 @@
 //! The storm as separate processes: an upstream stand-in and worker
 //! processes, so a real `tollgate serve` can be killed and stopped under a
-//! fleet in a storm (`tests/chaos_fleet.rs`, `docs/operating.md`).
+//! fleet in a storm (`bench/tests/chaos_fleet.rs`, `docs/operating.md`).
 //!
-//! - [`upstream`]: `tollgate bench upstream`, the storm benchmark's
+//! - [`upstream`]: `tollgate-bench upstream`, the storm benchmark's
 //!   upstream model (`bench::storm`'s token bucket, outage and hints)
 //!   served over HTTP/1, printing what it was offered, served and refused
 //!   per second as JSON lines.
-//! - [`worker`]: `tollgate bench worker`, one worker process sending
+//! - [`worker`]: `tollgate-bench worker`, one worker process sending
 //!   intents at a steady rate through `TollgateLayer` to that upstream,
 //!   printing its link's state changes and its outcome counts.
 //!

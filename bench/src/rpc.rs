@@ -1,4 +1,4 @@
-//! `tollgate bench rpc`: how fast does the coordinator answer, and how close
+//! `tollgate-bench rpc`: how fast does the coordinator answer, and how close
 //! is that to what the same server can do at all?
 //!
 //! N tasks share a few HTTP/2 connections (real tonic clients) and issue a
@@ -47,7 +47,7 @@ pub const TARGET_P99_RATIO: f64 = 1.5;
 /// registers it, so the answer is a map lookup and no store work.
 const HEALTH_SERVICE: &str = "tollgate.v1.Budget";
 
-/// Command-line arguments of `tollgate bench rpc`.
+/// Command-line arguments of `tollgate-bench rpc`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RpcArgs {
     /// A running coordinator (loopback only); omitted: one is started in
@@ -214,7 +214,7 @@ pub struct PhaseStats {
     pub server_cpu_us_per_call: Option<f64>,
 }
 
-/// The result of `tollgate bench rpc`.
+/// The result of `tollgate-bench rpc`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RpcReport {
     /// Where the coordinator was.
@@ -305,7 +305,7 @@ async fn run_async(
             let shutdown = stop.clone().cancelled_owned();
             let task = runtime.spawn(async move {
                 let listener = TcpListener::from_std(listener)?;
-                crate::server::run_tcp(listener, shutdown, crate::server::Setup::default())
+                tollgate::server::run_tcp(listener, shutdown, tollgate::server::Setup::default())
                     .await
                     .map_err(anyhow::Error::from)
             });
@@ -578,7 +578,7 @@ fn write_row(out: &mut dyn Write, s: &OpStats) -> std::io::Result<()> {
 fn write_report(r: &RpcReport, args: &RpcArgs, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "tollgate bench rpc: {} ({}), concurrency {} over {} HTTP/2 connections, {} per phase, {} scopes, mix {}",
+        "tollgate-bench rpc: {} ({}), concurrency {} over {} HTTP/2 connections, {} per phase, {} scopes, mix {}",
         r.addr,
         if r.in_process {
             "in-process coordinator, default config"

@@ -248,7 +248,7 @@ fn ceil_to_second(t: SystemTime) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::storm::{StormArgs, StormConfig};
+    use crate::storm::{StormArgs, StormConfig};
     use clap::Parser;
 
     #[derive(Parser)]

@@ -1,4 +1,4 @@
-//! `tollgate bench storm`: does a fleet recover from a rate-limit storm
+//! `tollgate-bench storm`: does a fleet recover from a rate-limit storm
 //! without hammering the upstream?
 //!
 //! # Layout
@@ -101,7 +101,7 @@ pub enum Mode {
     Realtime,
 }
 
-/// `tollgate bench storm` arguments. Seconds are decimals.
+/// `tollgate-bench storm` arguments. Seconds are decimals.
 #[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
 pub struct StormArgs {
     /// Workers in the fleet (W); each is a task with its own identity and RNG.

@@ -1,4 +1,4 @@
-//! `tollgate bench soak`: does the coordinator stay flat over time?
+//! `tollgate-bench soak`: does the coordinator stay flat over time?
 //!
 //! An in-process coordinator takes an open-loop Lease/Report/Reconsider mix
 //! at a fixed rate (default: half of what a short `bench rpc` measures on
@@ -40,7 +40,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 const MAX_IN_FLIGHT: usize = 512;
 const MAX_LATENCY_US: u64 = 60_000_000;
 
-/// Command-line arguments of `tollgate bench soak`.
+/// Command-line arguments of `tollgate-bench soak`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SoakArgs {
     /// How long to run, e.g. `10m`.
@@ -194,12 +194,12 @@ async fn soak(args: &SoakArgs, rate: f64) -> anyhow::Result<Vec<Sample>> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
-    let mut config = crate::config::Config::default();
+    let mut config = tollgate::config::Config::default();
     config.limits.scope_idle_ttl = args.scope_idle_ttl;
-    let server = tokio::spawn(crate::server::run_tcp(
+    let server = tokio::spawn(tollgate::server::run_tcp(
         listener,
         stop.clone().cancelled_owned(),
-        crate::server::Setup::new(config),
+        tollgate::server::Setup::new(config),
     ));
     let channel = Channel::from_shared(format!("http://{addr}"))?
         .timeout(Duration::from_secs(10))

@@ -1,9 +1,9 @@
-//! `tollgate bench rpc`, `bench memory` and `bench soak` with tiny parameters, so
+//! `tollgate-bench rpc`, `bench memory` and `bench soak` with tiny parameters, so
 //! they cannot rot: each runs end to end, prints its fields and counts
 //! something. No timing is asserted.
 
 use clap::Parser;
-use tollgate::bench::{memory, rpc, soak};
+use tollgate_bench::{memory, rpc, soak};
 
 #[derive(Parser)]
 struct RpcCli {

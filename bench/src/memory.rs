@@ -1,4 +1,4 @@
-//! `tollgate bench memory`: resident memory of the in-memory store per
+//! `tollgate-bench memory`: resident memory of the in-memory store per
 //! scope, and what reaching `max_scopes` does to traffic.
 //!
 //! Two cases, each in its own store, both kept alive until the end so one
@@ -26,12 +26,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail};
 use rand::{RngExt as _, SeedableRng as _};
 
-use crate::budget::GrantAsk;
-use crate::policy::Policy;
-use crate::scope::{Priority, RetryClass, ScopeKey};
-use crate::store::{MemoryStore, ReportBatch, ScopeCounts, Store, StoreError};
+use tollgate::budget::GrantAsk;
+use tollgate::policy::Policy;
+use tollgate::scope::{Priority, RetryClass, ScopeKey};
+use tollgate::store::{MemoryStore, ReportBatch, ScopeCounts, Store, StoreError};
 
-/// Command-line arguments of `tollgate bench memory`.
+/// Command-line arguments of `tollgate-bench memory`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MemoryArgs {
     /// Scopes to create (with `--traffic`: routes the traffic spreads over).
@@ -62,7 +62,7 @@ pub struct CaseReport {
     pub fill_s: f64,
 }
 
-/// The result of `tollgate bench memory`.
+/// The result of `tollgate-bench memory`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MemoryReport {
     /// Scopes created per case.
@@ -73,7 +73,7 @@ pub struct MemoryReport {
     pub idle: CaseReport,
 }
 
-/// The result of `tollgate bench memory --traffic`.
+/// The result of `tollgate-bench memory --traffic`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TrafficReport {
     /// Lease and Report calls made.
@@ -252,7 +252,7 @@ pub fn run_traffic(args: &MemoryArgs, out: &mut dyn Write) -> anyhow::Result<Tra
     };
     writeln!(
         out,
-        "tollgate bench memory --traffic: {:?} of Lease+Report at {}/s over {} routes, max_scopes {}",
+        "tollgate-bench memory --traffic: {:?} of Lease+Report at {}/s over {} routes, max_scopes {}",
         duration, args.rate, args.scopes, args.max_scopes
     )?;
     writeln!(out, "calls: {}", report.calls)?;
@@ -293,7 +293,7 @@ fn write_case(name: &str, c: &CaseReport, out: &mut dyn Write) -> std::io::Resul
 fn write_report(r: &MemoryReport, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "tollgate bench memory: {} scopes per case in MemoryStore (default policy, one worker)",
+        "tollgate-bench memory: {} scopes per case in MemoryStore (default policy, one worker)",
         r.scopes
     )?;
     writeln!(

@@ -1,4 +1,4 @@
-//! `tollgate bench`: benchmarks anyone can re-run to check Tollgate's claims.
+//! `tollgate-bench`: benchmarks anyone can re-run to check Tollgate's claims.
 //!
 //! - [`storm`]: a fleet of workers against an in-process upstream through a
 //!   rate-limit outage, one retry strategy at a time on the same arrivals.

@@ -1,5 +1,5 @@
-//! Chaos with every party a real process: an upstream stand-in (`tollgate
-//! bench upstream`), a fleet of worker processes (`tollgate bench worker`,
+//! Chaos with every party a real process: an upstream stand-in
+//! (`tollgate-bench upstream`), a fleet of worker processes (`tollgate-bench worker`,
 //! each its own `TollgateLayer` and coordinator link) and `tollgate serve`.
 //! The upstream goes fully out for a few seconds; during that storm the
 //! coordinator is SIGKILLed and restarted (one run), or SIGSTOPped for 5 s
@@ -15,7 +15,7 @@
 //! the workers' local pacer's, `docs/pacing.md`), so it measures the
 //! pacing, not what a fault adds.
 
-#[path = "support/process.rs"]
+#[path = "../../tests/support/process.rs"]
 mod process;
 
 use std::path::{Path, PathBuf};
@@ -25,7 +25,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use process::{BIN, Served};
+use process::Served;
+
+/// The upstream and worker processes.
+const BENCH: &str = env!("CARGO_BIN_EXE_tollgate-bench");
 
 /// Upstream capacity C, requests/s.
 const CAPACITY: f64 = 200.0;
@@ -63,12 +66,12 @@ impl Lines {
     fn spawn(args: &[String], out: PathBuf) -> Lines {
         let file = std::fs::File::create(&out).expect("output file");
         let log = std::fs::File::create(out.with_extension("log")).expect("log file");
-        let child = Command::new(BIN)
+        let child = Command::new(BENCH)
             .args(args)
             .stdout(file)
             .stderr(log)
             .spawn()
-            .expect("spawn tollgate bench");
+            .expect("spawn tollgate-bench");
         Lines { child, out }
     }
 
@@ -116,7 +119,6 @@ impl Storm {
         let upstream_for = INTENTS_FOR + DEADLINE + Duration::from_secs(2);
         let upstream = Lines::spawn(
             &[
-                "bench".into(),
                 "upstream".into(),
                 "--listen".into(),
                 format!("127.0.0.1:{port}"),
@@ -146,7 +148,6 @@ impl Storm {
             .map(|i| {
                 Lines::spawn(
                     &[
-                        "bench".into(),
                         "worker".into(),
                         "--coordinator".into(),
                         coordinator.into(),
@@ -382,12 +383,12 @@ impl Measured {
 /// fresh storm with a SIGSTOP one second into the outage, held 5 s, so the
 /// coordinator returns to a fleet recovering on its local budgets.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "real processes and about a minute of real time: cargo test --test chaos_fleet -- --ignored"]
+#[ignore = "real processes and about a minute of real time: cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
 async fn chaos_fleet_upstream_peak_stays_near_capacity_across_kill_and_stop() {
     let dir = process::temp_dir("chaos-fleet");
     let port = process::free_port();
     let serve = |log: &str| {
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(process::coordinator_bin(BENCH));
         command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .env_remove("TOLLGATE_STORE")
