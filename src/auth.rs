@@ -183,6 +183,13 @@ pub enum Identity {
     Token(usize),
 }
 
+/// A request extension: the identity the server's gate found for the
+/// request's token before it took a request slot, so the handler need not
+/// check the token again. Only the server inserts extensions; a peer
+/// cannot send one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Authenticated(pub Identity);
+
 #[derive(Debug, Default)]
 struct Table {
     entries: Vec<TokenEntry>,

@@ -357,6 +357,9 @@ struct ServerSpec {
     max_budget_message: Option<String>,
     handshake_timeout: Option<String>,
     idle_timeout: Option<String>,
+    body_timeout: Option<String>,
+    max_unauthenticated_calls_per_connection: Option<usize>,
+    max_unauthenticated_calls_per_ip: Option<usize>,
     max_watch_streams: Option<usize>,
     max_watch_streams_per_token: Option<usize>,
 }
@@ -400,6 +403,11 @@ impl Config {
             max_budget_message: server.max_budget_message.take(),
             handshake_timeout: server.handshake_timeout.take(),
             idle_timeout: server.idle_timeout.take(),
+            body_timeout: server.body_timeout.take(),
+            max_unauthenticated_calls_per_connection: server
+                .max_unauthenticated_calls_per_connection
+                .take(),
+            max_unauthenticated_calls_per_ip: server.max_unauthenticated_calls_per_ip.take(),
             max_watch_streams: server.max_watch_streams.take(),
             max_watch_streams_per_token: server.max_watch_streams_per_token.take(),
         })?;

@@ -22,11 +22,14 @@
 //! the connection limits before a handshake ([`listen`]); it refuses to
 //! serve plaintext on an address other peers can reach unless the
 //! configuration allows it. Every transport gets the per-request guards
-//! ([`guard`]: calls in flight for the idle timeout, slowed-down bad
-//! tokens), the HTTP/2 stream and header limits, a decoding limit per
-//! service and the Watch stream quota; the numbers are in
+//! ([`guard`]: calls in flight for the idle timeout; [`gate`]: tokens
+//! checked before a request slot is taken, slowed-down bad tokens, calls
+//! without a token bounded per connection and peer, the body timeout),
+//! the HTTP/2 stream and header limits, a decoding limit per service and
+//! the Watch stream quota; the numbers are in
 //! [`crate::config::Transport`].
 
+pub mod gate;
 pub mod guard;
 pub mod listen;
 pub mod tls;
@@ -322,8 +325,11 @@ where
         // RESOURCE_EXHAUSTED at once and lets the client fall back.
         .layer(
             ServiceBuilder::new()
-                // Outermost, so a held-back refusal holds no request permit.
-                .layer(guard::ConnLayer::default())
+                .layer(guard::ConnLayer)
+                // Before the server-wide limit: a call without a valid token
+                // is refused (and a held-back refusal held) without taking a
+                // request slot; calls without a token are bounded per peer.
+                .layer(gate::GateLayer::new(config.auth.clone(), &transport))
                 // The caller's W3C trace context parents each RPC's span.
                 .layer(crate::telemetry::TraceContextLayer)
                 .layer(crate::telemetry::RpcMetricsLayer::coordinator())

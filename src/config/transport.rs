@@ -14,6 +14,9 @@
 //! max_budget_message = "64KiB"  # decoded Budget request; Admin has its own
 //! handshake_timeout = "10s"     # TLS handshake, per connection
 //! idle_timeout = "5m"           # a connection with no open call is closed
+//! body_timeout = "1s"           # a request's message must arrive this soon
+//! max_unauthenticated_calls_per_connection = 8   # calls without a token
+//! max_unauthenticated_calls_per_ip = 32           # (health, reflection)
 //! max_watch_streams = 20000     # Watch streams, all callers
 //! max_watch_streams_per_token = 2000
 //! ```
@@ -63,6 +66,19 @@ pub struct Transport {
     /// A connection with no call in flight for this long is closed; an open
     /// Watch stream is a call in flight.
     pub idle_timeout: Duration,
+    /// A request whose message has not arrived this long after its headers
+    /// ends (DEADLINE_EXCEEDED): a peer that sends headers and never a body
+    /// would otherwise hold a request slot for the whole request timeout.
+    /// Reflection streams, which send requests as they go, are exempt.
+    pub body_timeout: Duration,
+    /// Calls in flight on one connection that carry no token to check
+    /// (health, reflection, unknown methods, Admin in open dev mode): they
+    /// are answered without credentials, so they are bounded by where they
+    /// come from. More are refused (RESOURCE_EXHAUSTED).
+    pub max_unauthenticated_calls_per_connection: usize,
+    /// The same, across all connections of one peer address. Behind a
+    /// proxy that hides peer addresses this is a limit on the proxy.
+    pub max_unauthenticated_calls_per_ip: usize,
     /// Watch streams open at once across all callers.
     pub max_watch_streams: usize,
     /// Watch streams open at once per caller token (a fleet sharing one
@@ -82,6 +98,9 @@ impl Default for Transport {
             max_budget_message: 64 * 1024,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            body_timeout: Duration::from_secs(1),
+            max_unauthenticated_calls_per_connection: 8,
+            max_unauthenticated_calls_per_ip: 32,
             max_watch_streams: 20_000,
             max_watch_streams_per_token: 2_000,
         }
@@ -103,6 +122,9 @@ pub(super) struct TransportSpec {
     pub(super) max_budget_message: Option<String>,
     pub(super) handshake_timeout: Option<String>,
     pub(super) idle_timeout: Option<String>,
+    pub(super) body_timeout: Option<String>,
+    pub(super) max_unauthenticated_calls_per_connection: Option<usize>,
+    pub(super) max_unauthenticated_calls_per_ip: Option<usize>,
     pub(super) max_watch_streams: Option<usize>,
     pub(super) max_watch_streams_per_token: Option<usize>,
 }
@@ -215,6 +237,17 @@ pub(super) fn transport(spec: TransportSpec) -> Result<Transport, ConfigError> {
             d.handshake_timeout,
         )?,
         idle_timeout: duration("idle_timeout", spec.idle_timeout, d.idle_timeout)?,
+        body_timeout: duration("body_timeout", spec.body_timeout, d.body_timeout)?,
+        max_unauthenticated_calls_per_connection: count(
+            "max_unauthenticated_calls_per_connection",
+            spec.max_unauthenticated_calls_per_connection,
+            d.max_unauthenticated_calls_per_connection,
+        )?,
+        max_unauthenticated_calls_per_ip: count(
+            "max_unauthenticated_calls_per_ip",
+            spec.max_unauthenticated_calls_per_ip,
+            d.max_unauthenticated_calls_per_ip,
+        )?,
         max_watch_streams: count(
             "max_watch_streams",
             spec.max_watch_streams,

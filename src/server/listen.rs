@@ -82,6 +82,9 @@ impl Drop for Slot {
 pub struct Activity {
     active: AtomicUsize,
     idle_since: Mutex<Instant>,
+    /// Calls in flight without a token to check, bounded per connection
+    /// by the [`gate`](super::gate).
+    pub(super) unauthenticated: AtomicUsize,
 }
 
 impl Activity {
@@ -89,6 +92,7 @@ impl Activity {
         Arc::new(Activity {
             active: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
+            unauthenticated: AtomicUsize::new(0),
         })
     }
 
