@@ -360,6 +360,11 @@ struct ServerSpec {
     body_timeout: Option<String>,
     max_unauthenticated_calls_per_connection: Option<usize>,
     max_unauthenticated_calls_per_ip: Option<usize>,
+    probe_max_connections: Option<usize>,
+    probe_max_connections_per_ip: Option<usize>,
+    probe_idle_timeout: Option<String>,
+    probe_header_timeout: Option<String>,
+    allow_plaintext_metrics: Option<bool>,
     max_watch_streams: Option<usize>,
     max_watch_streams_per_token: Option<usize>,
 }
@@ -408,6 +413,11 @@ impl Config {
                 .max_unauthenticated_calls_per_connection
                 .take(),
             max_unauthenticated_calls_per_ip: server.max_unauthenticated_calls_per_ip.take(),
+            probe_max_connections: server.probe_max_connections.take(),
+            probe_max_connections_per_ip: server.probe_max_connections_per_ip.take(),
+            probe_idle_timeout: server.probe_idle_timeout.take(),
+            probe_header_timeout: server.probe_header_timeout.take(),
+            allow_plaintext_metrics: server.allow_plaintext_metrics.take(),
             max_watch_streams: server.max_watch_streams.take(),
             max_watch_streams_per_token: server.max_watch_streams_per_token.take(),
         })?;

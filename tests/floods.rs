@@ -240,3 +240,198 @@ async fn bad_token_guesses_from_one_peer_are_answered_at_a_bounded_rate() {
     assert_eq!(tenant_leases(&coordinator).await, vec![Ok(()); 20]);
     coordinator.stop().await;
 }
+
+/// Probe listener limits low enough to fill from a test: 64 connections
+/// per listener, 32 per peer address.
+const PROBE_LIMITS: &str = "probe_max_connections = 64\nprobe_max_connections_per_ip = 32\n";
+
+/// A coordinator with `/metrics` and the plaintext health listener on
+/// loopback, `[server]` keys `server` added to the tenant policy.
+async fn with_probe_listeners(server: &str) -> (Coordinator, SocketAddr, SocketAddr) {
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind metrics");
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind health");
+    let (metrics_at, health_at) = (
+        metrics.local_addr().expect("addr"),
+        health.local_addr().expect("addr"),
+    );
+    let config = support::config(&format!(
+        "[server]\n{server}\n{}",
+        support::POLICY_WITH_TOKENS
+    ));
+    let mut setup = tollgate::server::Setup::new(config);
+    setup.metrics = Some(tollgate::server::MetricsListener {
+        listener: metrics,
+        registry: prometheus::Registry::new(),
+    });
+    setup.health_listener = Some(health);
+    let clock = std::sync::Arc::new(tollgate_client::clock::ManualClock::new(
+        tollgate_client::clock::from_unix_ms(support::T0),
+    ));
+    let coordinator = Coordinator::start_setup(setup, clock).await;
+    (coordinator, metrics_at, health_at)
+}
+
+/// Opens `n` connections from [`ATTACKER`] to `addr` and holds them; each
+/// task ends when the server closes its connection.
+async fn hold_connections(addr: SocketAddr, n: usize) -> JoinSet<()> {
+    let mut set = JoinSet::new();
+    for _ in 0..n {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::new(ATTACKER, 0))
+            .expect("bind source");
+        let mut stream = socket.connect(addr).await.expect("connect");
+        set.spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 256];
+            while let Ok(n) = stream.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        });
+    }
+    set
+}
+
+/// Waits until `count` of `held` have been closed by the server.
+async fn closed(held: &mut JoinSet<()>, count: usize, what: &str) {
+    for _ in 0..count {
+        tokio::time::timeout(PUSH_BOUND, held.join_next())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the server closes what is past the cap"))
+            .expect("a connection")
+            .expect("task");
+    }
+}
+
+/// `GET /metrics` from 127.0.0.1: the status code.
+async fn scrape(addr: SocketAddr) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: tollgate\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.expect("response");
+    let text = String::from_utf8_lossy(&response);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn held_connections_to_the_probe_listeners_leave_the_grpc_port_serving() {
+    let (coordinator, metrics, health) = with_probe_listeners(PROBE_LIMITS).await;
+    // 300 connections held on each probe listener from one peer: all but
+    // the 32 a peer may hold are closed at once. Before, every one stayed
+    // open, and 20 000 of them ran the process out of file descriptors.
+    let mut on_metrics = hold_connections(metrics, 300).await;
+    let mut on_health = hold_connections(health, 300).await;
+    closed(&mut on_metrics, 300 - 32, "metrics").await;
+    closed(&mut on_health, 300 - 32, "health").await;
+    assert_eq!((on_metrics.len(), on_health.len()), (32, 32));
+    // The gRPC port serves the tenant; the probes still answer others.
+    assert_eq!(tenant_leases(&coordinator).await, vec![Ok(()); 20]);
+    assert_eq!(scrape(metrics).await, 200);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{health}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect to the health listener");
+    tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect("health answers");
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn a_probe_connection_that_never_finishes_its_headers_is_closed() {
+    let (coordinator, metrics, health) = with_probe_listeners(&format!(
+        "{PROBE_LIMITS}probe_header_timeout = \"200ms\"\nprobe_idle_timeout = \"1h\""
+    ))
+    .await;
+    use tokio::io::AsyncWriteExt;
+    let mut on_metrics = hold_connections(metrics, 1).await;
+    let mut on_health = hold_connections(health, 1).await;
+    // Half a request line on one, nothing at all on the other: both are
+    // closed at the header timeout although the idle timeout is an hour.
+    let mut partial = tokio::net::TcpStream::connect(metrics)
+        .await
+        .expect("connect");
+    partial.write_all(b"GET /metr").await.expect("write");
+    closed(&mut on_metrics, 1, "metrics, nothing sent").await;
+    closed(&mut on_health, 1, "health, nothing sent").await;
+    let mut rest = Vec::new();
+    // Closed or reset, either way ended (hyper may first answer 408).
+    let _ = tokio::time::timeout(PUSH_BOUND, async {
+        use tokio::io::AsyncReadExt;
+        partial.read_to_end(&mut rest).await
+    })
+    .await
+    .expect("half a request is closed at the header timeout");
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_off_loopback_need_tls_or_consent() {
+    let config = |extra: &str| {
+        support::config(&format!(
+            "[server]\n{extra}\n{}",
+            support::POLICY_WITH_TOKENS
+        ))
+    };
+    let setup = |config| async {
+        let mut setup = tollgate::server::Setup::new(config);
+        setup.metrics = Some(tollgate::server::MetricsListener {
+            listener: tokio::net::TcpListener::bind("0.0.0.0:0")
+                .await
+                .expect("bind metrics"),
+            registry: prometheus::Registry::new(),
+        });
+        setup
+    };
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let refused = tollgate::server::run_tcp(grpc, std::future::pending(), setup(config("")).await)
+        .await
+        .expect_err("plaintext /metrics off loopback is refused");
+    assert!(
+        matches!(refused, tollgate::server::ServeError::PlaintextMetrics(_)),
+        "{refused}"
+    );
+    // With consent it serves (scraped here through loopback).
+    let mut consented = setup(config("allow_plaintext_metrics = true")).await;
+    let port = consented
+        .metrics
+        .as_ref()
+        .expect("metrics")
+        .listener
+        .local_addr()
+        .expect("addr")
+        .port();
+    consented = consented.clock(std::sync::Arc::new(
+        tollgate_client::clock::ManualClock::new(tollgate_client::clock::from_unix_ms(support::T0)),
+    ));
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let (stop, task) = support::tcp::spawn_setup(grpc, consented);
+    let metrics = SocketAddr::from(([127, 0, 0, 1], port));
+    support::poll("the consented /metrics answers", PUSH_BOUND, || async {
+        tokio::time::timeout(Duration::from_secs(1), scrape(metrics))
+            .await
+            .is_ok_and(|code| code == 200)
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.expect("join").expect("served");
+}
