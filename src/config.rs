@@ -453,7 +453,6 @@ impl Config {
                 Ok((token.trim().to_owned(), file))
             };
         let mut entries = Vec::with_capacity(tokens.len());
-        let mut caller_secrets = Vec::with_capacity(tokens.len());
         for (i, spec) in tokens.into_iter().enumerate() {
             let place = format!("token #{}", i + 1);
             let (token, file) = secret(&place, spec.token, spec.token_env, spec.token_file)?;
@@ -468,7 +467,6 @@ impl Config {
                     .map_err(|reason| ConfigError::Invalid { place, reason })?,
                 None => TokenEntry::new(&token, &spec.caller_scopes),
             });
-            caller_secrets.push(token);
         }
         let mut admins = Vec::with_capacity(admin_tokens.len());
         for (i, spec) in admin_tokens.into_iter().enumerate() {
@@ -489,22 +487,23 @@ impl Config {
                     "name must be 1..=64 characters of [A-Za-z0-9-_.@] (it goes in the audit log)",
                 ));
             }
-            // A leaked caller token must never be an admin credential.
-            if caller_secrets.contains(&token) {
-                return Err(invalid(
-                    "an admin token must differ from every caller token",
-                ));
-            }
             admins.push(match file {
                 Some(path) => AdminEntry::from_file(name, &path).map_err(|r| invalid(&r))?,
                 None => AdminEntry::new(name, &token),
             });
         }
+        // Two entries with one token, or an admin token that is also a
+        // caller token (a leaked caller token must never be an admin
+        // credential): refused here, and on every token file reload.
+        let auth = Authenticator::try_new(entries, admins).map_err(|e| ConfigError::Invalid {
+            place: "tokens".into(),
+            reason: e.to_string(),
+        })?;
         Ok(Config {
             limits,
             policies,
             doc,
-            auth: Authenticator::with_admins(entries, admins),
+            auth,
             transport,
         })
     }
@@ -648,6 +647,23 @@ caller_scopes = ["tenant-a"]
         let config = Config::from_toml("", |_| None).expect("empty is valid");
         assert!(config.auth.is_open());
         assert_eq!(config.limits, ServerLimits::default());
+    }
+
+    #[test]
+    fn repeated_or_crossed_tokens_are_refused() {
+        let refused = [
+            "[[token]]\ntoken = \"token-one\"\ncaller_scopes = [\"a\"]\n\
+             [[token]]\ntoken = \" token-one\"\ncaller_scopes = [\"b\"]\n",
+            "[[admin_token]]\nname = \"x\"\ntoken = \"admin-one\"\n\
+             [[admin_token]]\nname = \"y\"\ntoken = \"admin-one\"\n",
+            "[[token]]\ntoken = \"token-one\"\ncaller_scopes = [\"a\"]\n\
+             [[admin_token]]\nname = \"x\"\ntoken = \"token-one\"\n",
+        ];
+        for text in refused {
+            let err = Config::from_toml(text, |_| None).expect_err("refused");
+            assert!(err.to_string().contains("holds the same token"), "{err}");
+            assert!(!err.to_string().contains("-one"), "no value in {err}");
+        }
     }
 
     #[test]
