@@ -36,9 +36,11 @@
 //! Only `[defaults]` and `[[rule]]` change at runtime (live reload, `tollgate
 //! policy apply`); `[server]` and the token entries are read at start, the
 //! values of `token_file` tokens and the TLS certificate are re-read while
-//! the server runs. The transport keys of `[server]` (TLS, connection and
-//! stream limits) are described in [`Transport`]. Errors name
-//! the place and, where it can be found, the line.
+//! the server runs. Two entries holding one token, or an admin token that
+//! is also a caller token, are refused here and on every token file reload
+//! ([`Authenticator::try_new`]). The transport keys of `[server]` (TLS,
+//! connection and stream limits) are described in [`Transport`]. Errors
+//! name the place and, where it can be found, the line.
 //!
 //! A rule's policy is its own keys over `[defaults]` over the built-in
 //! defaults ([`crate::policy::PolicySpec::builtin`]). With no file at all the
