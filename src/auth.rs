@@ -5,8 +5,18 @@
 //! without a known token is unauthenticated (UNAUTHENTICATED), and a known
 //! token asking for something it was not given — another caller scope, or
 //! the Admin API with a caller token — is denied (PERMISSION_DENIED); the
-//! same two codes on every service. Tokens are compared in constant time
-//! and never logged; only the index of the matching entry is kept.
+//! same two codes on every service. Tokens are kept and compared as
+//! SHA-256 digests, in constant time whatever their lengths (the presented
+//! token is hashed once; a digest comparison cannot stop early at a length
+//! mismatch), and never logged; only the index of the matching entry is
+//! kept.
+//!
+//! A table where two entries hold the same token, or an admin token is
+//! also a caller token, is refused: at start by the policy file's parser,
+//! and on every reload of token files by [`Authenticator::reload_files`],
+//! which then keeps the table it had. Such a table would otherwise make
+//! the second entry's scopes dead, name the wrong holder in the audit, or
+//! make a caller an admin.
 //!
 //! A token may live in a file (a mounted Kubernetes Secret): the table is
 //! shared by every clone of the [`Authenticator`], and
@@ -18,7 +28,9 @@ pub mod throttle;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ring::digest::{SHA256, digest};
 
 use crate::policy::Pattern;
 
@@ -39,12 +51,23 @@ pub enum AuthError {
     },
 }
 
+/// A token's SHA-256 digest: what the table keeps instead of the value.
+type Digest = [u8; 32];
+
+/// The digest of `token`.
+fn digest_of(token: &[u8]) -> Digest {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest(&SHA256, token).as_ref());
+    out
+}
+
 /// A token's value and, for a file-backed one, where it is re-read from.
 #[derive(Debug, Clone)]
 struct Secret {
-    /// `None`: the file is missing, unreadable or too short; the entry then
-    /// matches nothing (an empty value must never match an empty header).
-    value: Option<Vec<u8>>,
+    /// The value's digest. `None`: the file is missing, unreadable or too
+    /// short; the entry then matches nothing (an empty value must never
+    /// match an empty header).
+    value: Option<Digest>,
     file: Option<PathBuf>,
     /// Bumped whenever `value` changes, so a stream opened with the old
     /// value can tell it was revoked.
@@ -54,7 +77,7 @@ struct Secret {
 impl Secret {
     fn inline(token: &str) -> Secret {
         Secret {
-            value: Some(token.trim().as_bytes().to_vec()),
+            value: Some(digest_of(token.trim().as_bytes())),
             file: None,
             generation: 0,
         }
@@ -62,15 +85,16 @@ impl Secret {
 
     fn from_file(path: &Path) -> Result<Secret, String> {
         Ok(Secret {
-            value: Some(read_token_file(path)?),
+            value: Some(digest_of(&read_token_file(path)?)),
             file: Some(path.to_owned()),
             generation: 0,
         })
     }
 
-    fn matches(&self, presented: &[u8]) -> bool {
+    /// Whether this secret's value has `presented` as its digest.
+    fn matches(&self, presented: &Digest) -> bool {
         self.value
-            .as_deref()
+            .as_ref()
             .is_some_and(|v| constant_time_eq(v, presented))
     }
 
@@ -80,7 +104,7 @@ impl Secret {
             return false;
         };
         let fresh = match read_token_file(path) {
-            Ok(value) => Some(value),
+            Ok(value) => Some(digest_of(&value)),
             Err(reason) => {
                 if self.value.is_some() {
                     tracing::warn!(file = %path.display(), %reason, "token file unusable: its token is refused until it is fixed");
@@ -183,10 +207,89 @@ pub enum Identity {
     Token(usize),
 }
 
+/// A request extension: the identity the server's gate found for the
+/// request's token before it took a request slot, so the handler need not
+/// check the token again. Only the server inserts extensions; a peer
+/// cannot send one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Authenticated(pub Identity);
+
 #[derive(Debug, Default)]
 struct Table {
     entries: Vec<TokenEntry>,
     admins: Vec<AdminEntry>,
+}
+
+/// Why a token table was refused; the message names entries by their
+/// place (1-based, in file order), never by value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// Two `[[token]]` entries hold the same token.
+    #[error("token #{second} holds the same token as token #{first}")]
+    DuplicateToken {
+        /// The first entry.
+        first: usize,
+        /// The entry repeating it.
+        second: usize,
+    },
+    /// Two `[[admin_token]]` entries hold the same token.
+    #[error("admin_token #{second} holds the same token as admin_token #{first}")]
+    DuplicateAdmin {
+        /// The first entry.
+        first: usize,
+        /// The entry repeating it.
+        second: usize,
+    },
+    /// An admin token is also a caller token: a leaked caller token must
+    /// never be an admin credential.
+    #[error("admin_token #{admin} holds the same token as token #{caller}")]
+    AdminIsCaller {
+        /// The admin entry.
+        admin: usize,
+        /// The caller entry.
+        caller: usize,
+    },
+}
+
+impl Table {
+    /// The first mistake in the table, if any. Entries whose file is
+    /// unusable hold no value and clash with nothing.
+    fn check(&self) -> Result<(), TableError> {
+        let callers: Vec<Option<&Digest>> = self
+            .entries
+            .iter()
+            .map(|e| e.secret.value.as_ref())
+            .collect();
+        let admins: Vec<Option<&Digest>> = self
+            .admins
+            .iter()
+            .map(|a| a.secret.value.as_ref())
+            .collect();
+        if let Some((first, second)) = first_repeat(&callers, &callers) {
+            return Err(TableError::DuplicateToken { first, second });
+        }
+        if let Some((first, second)) = first_repeat(&admins, &admins) {
+            return Err(TableError::DuplicateAdmin { first, second });
+        }
+        if let Some((caller, admin)) = first_repeat(&callers, &admins) {
+            return Err(TableError::AdminIsCaller { admin, caller });
+        }
+        Ok(())
+    }
+}
+
+/// The first pair (1-based) of an item of `a` and a later item of `b`
+/// (any item of `b` when the two lists differ) holding the same digest.
+fn first_repeat(a: &[Option<&Digest>], b: &[Option<&Digest>]) -> Option<(usize, usize)> {
+    let same_list = std::ptr::eq(a, b);
+    for (j, y) in b.iter().enumerate() {
+        let Some(y) = y else { continue };
+        let before = if same_list { &a[..j] } else { a };
+        if let Some(i) = before.iter().position(|x| x.is_some_and(|x| x == *y)) {
+            return Some((i + 1, j + 1));
+        }
+    }
+    None
 }
 
 /// The token table. Clones share it, so a reload through any clone (the
@@ -196,6 +299,9 @@ pub struct Authenticator {
     table: Arc<RwLock<Arc<Table>>>,
     /// Signalled after each reload that changed something.
     reloads: Arc<tokio::sync::watch::Sender<()>>,
+    /// The last refused reload, so a wrong file is logged once, not at
+    /// every poll.
+    refused: Arc<Mutex<Option<TableError>>>,
 }
 
 /// The admin name recorded when open dev mode lets a loopback peer in.
@@ -207,12 +313,22 @@ impl Authenticator {
         Authenticator::with_admins(entries, Vec::new())
     }
 
-    /// Caller `entries` and `admins`.
+    /// Caller `entries` and `admins`, whatever they hold (tests build
+    /// tables freely; the policy file goes through [`Self::try_new`]).
     pub fn with_admins(entries: Vec<TokenEntry>, admins: Vec<AdminEntry>) -> Self {
         Authenticator {
             table: Arc::new(RwLock::new(Arc::new(Table { entries, admins }))),
             reloads: Arc::default(),
+            refused: Arc::default(),
         }
+    }
+
+    /// Caller `entries` and `admins`, refused if two entries hold the same
+    /// token or an admin token is a caller token.
+    pub fn try_new(entries: Vec<TokenEntry>, admins: Vec<AdminEntry>) -> Result<Self, TableError> {
+        let auth = Authenticator::with_admins(entries, admins);
+        auth.table().check()?;
+        Ok(auth)
     }
 
     fn table(&self) -> Arc<Table> {
@@ -230,7 +346,11 @@ impl Authenticator {
 
     /// Re-reads every file-backed token; returns how many changed. A file
     /// that is gone, unreadable or too short disables its token (logged
-    /// once, when that happens), so deleting a Secret key revokes it.
+    /// once, when that happens), so deleting a Secret key revokes it. A
+    /// reload that would make two entries hold the same token, or an
+    /// admin token a caller token, is refused whole (logged once, naming
+    /// the entries, never the values): the table stays as it was and 0 is
+    /// returned.
     pub fn reload_files(&self) -> usize {
         let mut next = Table {
             entries: self.table().entries.clone(),
@@ -245,6 +365,16 @@ impl Authenticator {
             .filter(|&changed| changed)
             .count();
         if changed > 0 {
+            let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(err) = next.check() {
+                if refused.as_ref() != Some(&err) {
+                    tracing::error!(cause = %err, "token files rejected; keeping the tokens in use");
+                }
+                *refused = Some(err);
+                return 0;
+            }
+            *refused = None;
+            drop(refused);
             *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
             self.reloads.send_replace(());
             tracing::info!(changed, "token files reloaded");
@@ -320,6 +450,7 @@ impl Authenticator {
         let token = bearer(authorization).ok_or(AdminDenied::Unauthenticated(
             "the Admin API needs an admin bearer token",
         ))?;
+        let token = &digest_of(token);
         let table = self.table();
         let mut found = None;
         for entry in &table.admins {
@@ -347,7 +478,7 @@ impl Authenticator {
         if table.entries.is_empty() {
             return Ok(Identity::Open);
         }
-        let token = bearer(authorization).ok_or(AuthError::Unauthenticated)?;
+        let token = &digest_of(bearer(authorization).ok_or(AuthError::Unauthenticated)?);
         // Compare against every entry so timing does not tell which one
         // (or whether any) matched early.
         let mut found = None;
@@ -386,10 +517,9 @@ fn bearer(authorization: Option<&str>) -> Option<&[u8]> {
         .map(str::as_bytes)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
+/// Digests are of one length, so every byte is compared whatever the
+/// tokens' lengths were.
+fn constant_time_eq(a: &Digest, b: &Digest) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -458,6 +588,135 @@ mod tests {
             auth.identify(Some("Bearer admin-secret")),
             Err(AuthError::Unauthenticated)
         );
+    }
+
+    #[test]
+    fn tokens_of_any_length_are_compared_whole() {
+        let auth = Authenticator::new(vec![TokenEntry::new("secret-a-123", &["a".into()])]);
+        for presented in [
+            "s",
+            "secret-a-12",
+            "secret-a-1234",
+            "secret-a-123x",
+            "x".repeat(4096).as_str(),
+        ] {
+            assert_eq!(
+                auth.identify(Some(&format!("Bearer {presented}"))),
+                Err(AuthError::Unauthenticated),
+                "{presented}"
+            );
+        }
+        assert_eq!(
+            auth.identify(Some("Bearer secret-a-123")),
+            Ok(Identity::Token(0))
+        );
+    }
+
+    #[test]
+    fn a_table_with_repeated_or_crossed_tokens_is_refused() {
+        let caller = |t: &str| TokenEntry::new(t, &["a".into()]);
+        assert_eq!(
+            Authenticator::try_new(
+                vec![
+                    caller("token-one"),
+                    caller("token-two"),
+                    caller("token-one")
+                ],
+                vec![]
+            )
+            .err(),
+            Some(TableError::DuplicateToken {
+                first: 1,
+                second: 3
+            })
+        );
+        assert_eq!(
+            Authenticator::try_new(
+                vec![],
+                vec![
+                    AdminEntry::new("a", "admin-one"),
+                    AdminEntry::new("b", "admin-one")
+                ]
+            )
+            .err(),
+            Some(TableError::DuplicateAdmin {
+                first: 1,
+                second: 2
+            })
+        );
+        assert_eq!(
+            Authenticator::try_new(
+                vec![caller("token-one"), caller("token-two")],
+                vec![
+                    AdminEntry::new("a", "admin-one"),
+                    AdminEntry::new("b", "token-two")
+                ]
+            )
+            .err(),
+            Some(TableError::AdminIsCaller {
+                admin: 2,
+                caller: 2
+            })
+        );
+        assert!(
+            Authenticator::try_new(
+                vec![caller("token-one")],
+                vec![AdminEntry::new("a", "admin-one")]
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_reload_that_repeats_or_crosses_tokens_keeps_the_old_table() {
+        let dir = std::env::temp_dir().join(format!("tollgate-auth-cross-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (a, b, admin) = (dir.join("a"), dir.join("b"), dir.join("admin"));
+        std::fs::write(&a, "token-of-a-1").expect("write");
+        std::fs::write(&b, "token-of-b-1").expect("write");
+        std::fs::write(&admin, "admin-token-1").expect("write");
+        let auth = Authenticator::try_new(
+            vec![
+                TokenEntry::from_file(&a, &["a".into()]).expect("a"),
+                TokenEntry::from_file(&b, &["b".into()]).expect("b"),
+            ],
+            vec![AdminEntry::from_file("oncall", &admin).expect("admin")],
+        )
+        .expect("distinct tokens");
+        // A caller file rotated to the admin token: refused, all kept.
+        std::fs::write(&a, "admin-token-1").expect("cross");
+        assert_eq!(auth.reload_files(), 0);
+        assert_eq!(
+            auth.identify(Some("Bearer token-of-a-1")),
+            Ok(Identity::Token(0))
+        );
+        assert_eq!(
+            auth.identify(Some("Bearer admin-token-1")),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            auth.identify_admin(Some("Bearer admin-token-1"), false),
+            Ok("oncall".into())
+        );
+        // Two caller files holding one token: refused too.
+        std::fs::write(&a, "token-of-b-1").expect("repeat");
+        assert_eq!(auth.reload_files(), 0);
+        assert_eq!(
+            auth.identify(Some("Bearer token-of-a-1")),
+            Ok(Identity::Token(0))
+        );
+        assert_eq!(
+            auth.identify(Some("Bearer token-of-b-1")),
+            Ok(Identity::Token(1))
+        );
+        // Fixed: applied.
+        std::fs::write(&a, "token-of-a-2").expect("fix");
+        assert_eq!(auth.reload_files(), 1);
+        assert_eq!(
+            auth.identify(Some("Bearer token-of-a-2")),
+            Ok(Identity::Token(0))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

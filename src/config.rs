@@ -36,9 +36,11 @@
 //! Only `[defaults]` and `[[rule]]` change at runtime (live reload, `tollgate
 //! policy apply`); `[server]` and the token entries are read at start, the
 //! values of `token_file` tokens and the TLS certificate are re-read while
-//! the server runs. The transport keys of `[server]` (TLS, connection and
-//! stream limits) are described in [`Transport`]. Errors name
-//! the place and, where it can be found, the line.
+//! the server runs. Two entries holding one token, or an admin token that
+//! is also a caller token, are refused here and on every token file reload
+//! ([`Authenticator::try_new`]). The transport keys of `[server]` (TLS,
+//! connection and stream limits) are described in [`Transport`]. Errors
+//! name the place and, where it can be found, the line.
 //!
 //! A rule's policy is its own keys over `[defaults]` over the built-in
 //! defaults ([`crate::policy::PolicySpec::builtin`]). With no file at all the
@@ -357,6 +359,14 @@ struct ServerSpec {
     max_budget_message: Option<String>,
     handshake_timeout: Option<String>,
     idle_timeout: Option<String>,
+    body_timeout: Option<String>,
+    max_unauthenticated_calls_per_connection: Option<usize>,
+    max_unauthenticated_calls_per_ip: Option<usize>,
+    probe_max_connections: Option<usize>,
+    probe_max_connections_per_ip: Option<usize>,
+    probe_idle_timeout: Option<String>,
+    probe_header_timeout: Option<String>,
+    allow_plaintext_metrics: Option<bool>,
     max_watch_streams: Option<usize>,
     max_watch_streams_per_token: Option<usize>,
 }
@@ -400,6 +410,16 @@ impl Config {
             max_budget_message: server.max_budget_message.take(),
             handshake_timeout: server.handshake_timeout.take(),
             idle_timeout: server.idle_timeout.take(),
+            body_timeout: server.body_timeout.take(),
+            max_unauthenticated_calls_per_connection: server
+                .max_unauthenticated_calls_per_connection
+                .take(),
+            max_unauthenticated_calls_per_ip: server.max_unauthenticated_calls_per_ip.take(),
+            probe_max_connections: server.probe_max_connections.take(),
+            probe_max_connections_per_ip: server.probe_max_connections_per_ip.take(),
+            probe_idle_timeout: server.probe_idle_timeout.take(),
+            probe_header_timeout: server.probe_header_timeout.take(),
+            allow_plaintext_metrics: server.allow_plaintext_metrics.take(),
             max_watch_streams: server.max_watch_streams.take(),
             max_watch_streams_per_token: server.max_watch_streams_per_token.take(),
         })?;
@@ -435,7 +455,6 @@ impl Config {
                 Ok((token.trim().to_owned(), file))
             };
         let mut entries = Vec::with_capacity(tokens.len());
-        let mut caller_secrets = Vec::with_capacity(tokens.len());
         for (i, spec) in tokens.into_iter().enumerate() {
             let place = format!("token #{}", i + 1);
             let (token, file) = secret(&place, spec.token, spec.token_env, spec.token_file)?;
@@ -450,7 +469,6 @@ impl Config {
                     .map_err(|reason| ConfigError::Invalid { place, reason })?,
                 None => TokenEntry::new(&token, &spec.caller_scopes),
             });
-            caller_secrets.push(token);
         }
         let mut admins = Vec::with_capacity(admin_tokens.len());
         for (i, spec) in admin_tokens.into_iter().enumerate() {
@@ -471,22 +489,23 @@ impl Config {
                     "name must be 1..=64 characters of [A-Za-z0-9-_.@] (it goes in the audit log)",
                 ));
             }
-            // A leaked caller token must never be an admin credential.
-            if caller_secrets.contains(&token) {
-                return Err(invalid(
-                    "an admin token must differ from every caller token",
-                ));
-            }
             admins.push(match file {
                 Some(path) => AdminEntry::from_file(name, &path).map_err(|r| invalid(&r))?,
                 None => AdminEntry::new(name, &token),
             });
         }
+        // Two entries with one token, or an admin token that is also a
+        // caller token (a leaked caller token must never be an admin
+        // credential): refused here, and on every token file reload.
+        let auth = Authenticator::try_new(entries, admins).map_err(|e| ConfigError::Invalid {
+            place: "tokens".into(),
+            reason: e.to_string(),
+        })?;
         Ok(Config {
             limits,
             policies,
             doc,
-            auth: Authenticator::with_admins(entries, admins),
+            auth,
             transport,
         })
     }
@@ -630,6 +649,23 @@ caller_scopes = ["tenant-a"]
         let config = Config::from_toml("", |_| None).expect("empty is valid");
         assert!(config.auth.is_open());
         assert_eq!(config.limits, ServerLimits::default());
+    }
+
+    #[test]
+    fn repeated_or_crossed_tokens_are_refused() {
+        let refused = [
+            "[[token]]\ntoken = \"token-one\"\ncaller_scopes = [\"a\"]\n\
+             [[token]]\ntoken = \" token-one\"\ncaller_scopes = [\"b\"]\n",
+            "[[admin_token]]\nname = \"x\"\ntoken = \"admin-one\"\n\
+             [[admin_token]]\nname = \"y\"\ntoken = \"admin-one\"\n",
+            "[[token]]\ntoken = \"token-one\"\ncaller_scopes = [\"a\"]\n\
+             [[admin_token]]\nname = \"x\"\ntoken = \"token-one\"\n",
+        ];
+        for text in refused {
+            let err = Config::from_toml(text, |_| None).expect_err("refused");
+            assert!(err.to_string().contains("holds the same token"), "{err}");
+            assert!(!err.to_string().contains("-one"), "no value in {err}");
+        }
     }
 
     #[test]

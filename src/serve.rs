@@ -13,7 +13,7 @@ use tollgate_client::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::store::redis::{EventRelay, RedisClock, RedisOptions, RedisStore, RedisTarget};
 use crate::store::{MemoryStore, Store, StoreError};
-use crate::telemetry::{self, TelemetryConfig, metrics_http};
+use crate::telemetry::{self, TelemetryConfig};
 use crate::{server, signal};
 
 /// `tollgate serve`: run the coordinator.
@@ -43,8 +43,11 @@ pub struct ServeArgs {
     /// reloaded on SIGHUP).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub reload_interval: std::time::Duration,
-    /// Serve Prometheus metrics on `http://ADDR/metrics` (off by default).
-    /// Traces and OTLP metrics follow the standard `OTEL_*` variables.
+    /// Serve Prometheus metrics on `http://ADDR/metrics` (off by default;
+    /// `https://` when TLS is configured). Off loopback without TLS it
+    /// needs --allow-plaintext-metrics: the page names every caller scope
+    /// and route. Traces and OTLP metrics follow the standard `OTEL_*`
+    /// variables.
     #[arg(long, env = "TOLLGATE_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
     /// Where scope state lives: `memory` (one coordinator), or
@@ -93,6 +96,11 @@ pub struct ServeArgs {
     /// otherwise cross the network in clear.
     #[arg(long, env = "TOLLGATE_ALLOW_PLAINTEXT")]
     pub allow_plaintext: bool,
+    /// Serve `/metrics` in plaintext on a non-loopback --metrics-listen
+    /// address. Restrict who can reach that port (a network policy): the
+    /// page names every caller scope and route and needs no token.
+    #[arg(long, env = "TOLLGATE_ALLOW_PLAINTEXT_METRICS")]
+    pub allow_plaintext_metrics: bool,
     /// Also serve `grpc.health.v1` alone, in plaintext, on this address:
     /// for probes that cannot speak TLS (Kubernetes gRPC probes).
     #[arg(long, env = "TOLLGATE_HEALTH_LISTEN", value_name = "ADDR")]
@@ -116,6 +124,7 @@ impl ServeArgs {
             }
         }
         transport.allow_plaintext |= self.allow_plaintext;
+        transport.allow_plaintext_metrics |= self.allow_plaintext_metrics;
         Ok(())
     }
 }
@@ -193,20 +202,19 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     runtime.block_on(async {
-        let metrics_stop = tokio_util::sync::CancellationToken::new();
+        let mut kept = kept;
         if let (Some(addr), Some(registry)) = (args.metrics_listen, telemetry.registry()) {
             let listener = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding metrics listener {addr}"))?;
-            tracing::info!(%addr, "serving Prometheus metrics on /metrics");
-            let stop = metrics_stop.clone().cancelled_owned();
-            tokio::spawn(metrics_http::serve(listener, registry.clone(), stop));
+            kept.metrics = Some(server::MetricsListener {
+                listener,
+                registry: registry.clone(),
+            });
         }
-        let _stop_metrics = metrics_stop.drop_guard();
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        let mut kept = kept;
         if let Some(addr) = args.health_listen {
             kept.health_listener = Some(
                 TcpListener::bind(addr)

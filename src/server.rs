@@ -22,11 +22,14 @@
 //! the connection limits before a handshake ([`listen`]); it refuses to
 //! serve plaintext on an address other peers can reach unless the
 //! configuration allows it. Every transport gets the per-request guards
-//! ([`guard`]: calls in flight for the idle timeout, slowed-down bad
-//! tokens), the HTTP/2 stream and header limits, a decoding limit per
-//! service and the Watch stream quota; the numbers are in
+//! ([`guard`]: calls in flight for the idle timeout; [`gate`]: tokens
+//! checked before a request slot is taken, slowed-down bad tokens, calls
+//! without a token bounded per connection and peer, the body timeout),
+//! the HTTP/2 stream and header limits, a decoding limit per service and
+//! the Watch stream quota; the numbers are in
 //! [`crate::config::Transport`].
 
+pub mod gate;
 pub mod guard;
 pub mod listen;
 pub mod tls;
@@ -98,8 +101,23 @@ pub struct Setup {
     pub secrets_every: Duration,
     /// A second listener serving only `grpc.health.v1`, in plaintext: for
     /// probes that cannot speak TLS (Kubernetes' gRPC probes). Health
-    /// carries no token and changes nothing, so it needs no consent.
+    /// carries no token and changes nothing, so it needs no consent. Its
+    /// connections are limited as [`listen::ConnLimits::probes`] says.
     pub health_listener: Option<TcpListener>,
+    /// Prometheus `/metrics` on a listener of its own, served by
+    /// [`run_tcp`] with the probe connection limits, over TLS when the
+    /// gRPC port has it; in plaintext off loopback only with
+    /// `allow_plaintext_metrics`.
+    pub metrics: Option<MetricsListener>,
+}
+
+/// Where `/metrics` is served, and what from.
+#[derive(Debug)]
+pub struct MetricsListener {
+    /// The bound listener.
+    pub listener: TcpListener,
+    /// The registry the OpenTelemetry Prometheus reader fills.
+    pub registry: prometheus::Registry,
 }
 
 impl Default for Setup {
@@ -132,6 +150,7 @@ impl Setup {
             relay: None,
             secrets_every: SECRETS_EVERY,
             health_listener: None,
+            metrics: None,
         }
     }
 
@@ -178,6 +197,13 @@ pub enum ServeError {
          configure TLS (--tls-cert/--tls-key) or pass --allow-plaintext"
     )]
     Plaintext(std::net::SocketAddr),
+    /// `/metrics` in plaintext on an address other hosts can reach,
+    /// without consent.
+    #[error(
+        "refusing to serve /metrics in plaintext on {0}: it names every caller scope and route; \
+         configure TLS (--tls-cert/--tls-key), listen on loopback, or pass --allow-plaintext-metrics"
+    )]
+    PlaintextMetrics(std::net::SocketAddr),
     /// The saved runtime state could not be restored.
     #[error("restoring runtime state: {0}")]
     Admin(#[from] AdminError),
@@ -194,14 +220,25 @@ pub enum ServeError {
 /// [`run`] on a bound TCP listener, logging its address: TLS when the
 /// configuration names a certificate (re-read every `secrets_every` and
 /// on SIGHUP), the connection limits, and no plaintext off loopback
-/// without `allow_plaintext`.
+/// without `allow_plaintext`; and `/metrics` when [`Setup::metrics`] asks,
+/// under the same rules (`allow_plaintext_metrics`).
 pub async fn run_tcp(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
-    setup: Setup,
+    mut setup: Setup,
 ) -> Result<(), ServeError> {
     let address = listener.local_addr()?;
     let transport = setup.config.transport.clone();
+    let metrics = setup.metrics.take();
+    if let Some(metrics) = &metrics {
+        let at = metrics.listener.local_addr()?;
+        if listen::needs_plaintext_consent(at)
+            && transport.tls.is_none()
+            && !transport.allow_plaintext_metrics
+        {
+            return Err(ServeError::PlaintextMetrics(at));
+        }
+    }
     let tls = match &transport.tls {
         Some(files) => Some(Arc::new(tls::ServerTls::load(files)?)),
         None if listen::needs_plaintext_consent(address) && !transport.allow_plaintext => {
@@ -220,7 +257,8 @@ pub async fn run_tcp(
     };
     info!(%address, security, max_scopes = setup.config.limits.max_scopes, "tollgate coordinator listening");
     let every = setup.secrets_every;
-    let incoming = listen::incoming(listener, transport, tls.clone());
+    let incoming = listen::incoming(listener, listen::ConnLimits::grpc(&transport), tls.clone());
+    let scraped = serve_metrics(metrics, &transport, tls.clone());
     let following = async move {
         match tls {
             Some(tls) => follow_files(every, || tls.reload_logged()).await,
@@ -229,8 +267,37 @@ pub async fn run_tcp(
     };
     tokio::select! {
         result = run(incoming, shutdown, setup) => result,
-        // Never completes; stops with the server.
+        // Never complete; they stop with the server.
         () = following => Ok(()),
+        () = scraped => Ok(()),
+    }
+}
+
+/// Serves `/metrics` as [`Setup::metrics`] says, with the probe limits and
+/// `tls` if any; runs as long as it is polled.
+fn serve_metrics(
+    metrics: Option<MetricsListener>,
+    transport: &crate::config::Transport,
+    tls: Option<Arc<tls::ServerTls>>,
+) -> impl Future<Output = ()> + use<> {
+    let header_timeout = transport.probe_header_timeout;
+    let limits = listen::ConnLimits::probes(transport);
+    async move {
+        if let Some(MetricsListener { listener, registry }) = metrics {
+            if let Ok(address) = listener.local_addr() {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                info!(%address, scheme, "serving Prometheus metrics on /metrics");
+            }
+            let incoming = listen::incoming(listener, limits, tls);
+            crate::telemetry::metrics_http::serve_incoming(
+                incoming,
+                registry,
+                header_timeout,
+                std::future::pending(),
+            )
+            .await;
+        }
+        std::future::pending().await
     }
 }
 
@@ -281,6 +348,7 @@ where
         relay,
         secrets_every,
         health_listener,
+        metrics: _,
     } = setup;
     let transport = config.transport.clone();
     let limits = config.limits.clone();
@@ -310,7 +378,14 @@ where
     )?;
     let following_tokens = follow_tokens(config.auth.clone(), secrets_every);
 
-    let health_only = serve_health_only(health_listener, health_service, drain.clone());
+    let gate = gate::GateLayer::new(config.auth.clone(), &transport);
+    let health_only = serve_health_only(
+        health_listener,
+        &transport,
+        gate.clone(),
+        health_service.clone(),
+        drain.clone(),
+    );
     let serve = Server::builder()
         .max_concurrent_streams(transport.max_concurrent_streams)
         .http2_max_header_list_size(transport.max_header_list_size)
@@ -322,8 +397,11 @@ where
         // RESOURCE_EXHAUSTED at once and lets the client fall back.
         .layer(
             ServiceBuilder::new()
-                // Outermost, so a held-back refusal holds no request permit.
-                .layer(guard::ConnLayer::default())
+                .layer(guard::ConnLayer)
+                // Before the server-wide limit: a call without a valid token
+                // is refused (and a held-back refusal held) without taking a
+                // request slot; calls without a token are bounded per peer.
+                .layer(gate)
                 // The caller's W3C trace context parents each RPC's span.
                 .layer(crate::telemetry::TraceContextLayer)
                 .layer(crate::telemetry::RpcMetricsLayer::coordinator())
@@ -453,27 +531,44 @@ async fn follow_tokens(tokens: crate::auth::Authenticator, every: Duration) {
     std::future::pending().await
 }
 
-/// Serves `health` alone on `listener` until `drain`; runs as long as it is
-/// polled (without a listener, or after an error it has logged, it waits).
-async fn serve_health_only<H: tonic_health::pb::health_server::Health>(
+/// Serves `health` alone on `listener` until `drain`, with the probe
+/// connection limits and the gRPC port's `gate` (calls without a token
+/// bounded per peer, the body timeout); runs as long as it is polled
+/// (without a listener, or after an error it has logged, it waits).
+fn serve_health_only<H: tonic_health::pb::health_server::Health>(
     listener: Option<TcpListener>,
+    transport: &crate::config::Transport,
+    gate: gate::GateLayer,
     health: tonic_health::pb::health_server::HealthServer<H>,
     drain: CancellationToken,
-) {
-    if let Some(listener) = listener {
-        if let Ok(address) = listener.local_addr() {
-            info!(%address, "serving grpc.health.v1 alone, in plaintext");
+) -> impl Future<Output = ()> + use<H> {
+    let limits = listen::ConnLimits::probes(transport);
+    let streams = transport.max_concurrent_streams;
+    let header_list = transport.max_header_list_size;
+    async move {
+        if let Some(listener) = listener {
+            if let Ok(address) = listener.local_addr() {
+                info!(%address, "serving grpc.health.v1 alone, in plaintext");
+            }
+            let incoming = listen::incoming(listener, limits, None);
+            if let Err(err) = Server::builder()
+                .max_concurrent_streams(streams)
+                .http2_max_header_list_size(header_list)
+                .layer(
+                    ServiceBuilder::new()
+                        .layer(guard::ConnLayer)
+                        .layer(gate)
+                        .into_inner(),
+                )
+                .add_service(health.max_decoding_message_size(MAX_SMALL_MESSAGE_BYTES))
+                .serve_with_incoming_shutdown(incoming, drain.cancelled_owned())
+                .await
+            {
+                warn!(cause = %err, "the health listener failed");
+            }
         }
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        if let Err(err) = Server::builder()
-            .add_service(health)
-            .serve_with_incoming_shutdown(incoming, drain.cancelled_owned())
-            .await
-        {
-            warn!(cause = %err, "the health listener failed");
-        }
+        std::future::pending().await
     }
-    std::future::pending().await
 }
 
 /// Where runtime state is kept, as [`Setup`] names it.

@@ -89,6 +89,10 @@ fn compose_brings_up_the_stack_with_existing_files() {
         .position(|a| a == "--metrics-listen")
         .expect("the coordinator serves /metrics");
     assert_eq!(command[metrics_at + 1], "0.0.0.0:9464");
+    assert!(
+        command.iter().any(|a| a == "--allow-plaintext-metrics"),
+        "/metrics in plaintext off loopback needs the flag, or the coordinator refuses to start"
+    );
     let env = keys(&coordinator["environment"]);
     assert!(env.contains("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"));
     assert!(env.contains("OTEL_SERVICE_NAME"));

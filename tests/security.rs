@@ -609,3 +609,104 @@ async fn python_grpcio_reflects_and_calls_every_budget_method() {
     .expect("TLS run");
     tls.stop().await;
 }
+
+#[tokio::test]
+async fn a_token_file_reload_that_crosses_or_repeats_tokens_is_refused_and_the_old_tokens_kept() {
+    let dir = TempDir::new("crossed");
+    let tenant_a = dir.write("tenant-a", "tenant-a-token-1\n");
+    let tenant_b = dir.write("tenant-b", "tenant-b-token-1\n");
+    let admin = dir.write("admin", "admin-token-one\n");
+    let text = format!(
+        "[[token]]\ntoken_file = {:?}\ncaller_scopes = [\"tenant-a\"]\n\
+         [[token]]\ntoken_file = {:?}\ncaller_scopes = [\"tenant-b\"]\n\
+         [[admin_token]]\nname = \"oncall\"\ntoken_file = {:?}\n",
+        tenant_a.display().to_string(),
+        tenant_b.display().to_string(),
+        admin.display().to_string(),
+    );
+    let mut setup = server::Setup::new(config(&text));
+    setup.secrets_every = Duration::from_millis(20);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, task) = support::tcp::spawn_setup(listener, setup);
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = BudgetClient::new(channel.clone());
+    let mut admin_client = tollgate_proto::v1::admin_client::AdminClient::new(channel);
+    a_lease(&mut client, Some("tenant-a-token-1"))
+        .await
+        .expect("tenant-a's token");
+
+    // The caller file rotated to the admin token, then to tenant-b's: a
+    // caller must not become an admin, nor two entries share a token. Each
+    // reload is refused whole; the tokens in use stay as they were.
+    for bad in ["admin-token-one\n", "tenant-b-token-1\n"] {
+        dir.write("tenant-a", bad);
+        // Many reload periods: a reload that was not refused would show.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        a_lease(&mut client, Some("tenant-a-token-1"))
+            .await
+            .expect("the old tenant-a token still works");
+        let as_caller = a_lease(&mut client, Some(bad.trim())).await;
+        if bad.starts_with("admin") {
+            assert_eq!(
+                as_caller.expect_err("not a caller token").code(),
+                Code::Unauthenticated
+            );
+        }
+        admin_client
+            .list_policies(with_token(
+                tollgate_proto::v1::ListPoliciesRequest {},
+                "admin-token-one",
+            ))
+            .await
+            .expect("the admin token is still the admin's");
+    }
+    // A good rotation is applied again.
+    dir.write("tenant-a", "tenant-a-token-2\n");
+    poll("the fixed rotation is applied", PUSH_BOUND, || {
+        let mut client = client.clone();
+        async move { a_lease(&mut client, Some("tenant-a-token-2")).await.is_ok() }
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.expect("join").expect("served");
+}
+
+#[tokio::test]
+async fn the_audit_and_state_files_are_created_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = TempDir::new("modes");
+    let mut setup = server::Setup::new(config(support::POLICY_WITH_TOKENS));
+    setup.audit_file = Some(dir.0.join("audit.jsonl"));
+    setup.paths.state_file = Some(dir.0.join("state.json"));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, task) = support::tcp::spawn_setup(listener, setup);
+    // Started: it answers, and has written both files.
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut admin = tollgate_proto::v1::admin_client::AdminClient::new(channel);
+    admin
+        .list_policies(with_token(
+            tollgate_proto::v1::ListPoliciesRequest {},
+            support::ADMIN_TOKEN,
+        ))
+        .await
+        .expect("admin");
+    for name in ["audit.jsonl", "state.json"] {
+        let mode = std::fs::metadata(dir.0.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{name} is {:o}", mode & 0o777);
+    }
+    let _ = stop.send(());
+    task.await.expect("join").expect("served");
+}

@@ -303,9 +303,21 @@ async fn run_async(
             listener.set_nonblocking(true)?;
             let addr = listener.local_addr()?;
             let shutdown = stop.clone().cancelled_owned();
+            // The ceiling's health checks carry no token, and the server
+            // bounds such calls per connection and per peer; all of the
+            // bench's come from one address, so lift the bound to the
+            // concurrency or the ceiling would measure the bound.
+            let mut config = tollgate::config::Config::default();
+            let transport = &mut config.transport;
+            transport.max_unauthenticated_calls_per_connection = transport
+                .max_unauthenticated_calls_per_connection
+                .max(args.concurrency);
+            transport.max_unauthenticated_calls_per_ip = transport
+                .max_unauthenticated_calls_per_ip
+                .max(args.concurrency);
             let task = runtime.spawn(async move {
                 let listener = TcpListener::from_std(listener)?;
-                tollgate::server::run_tcp(listener, shutdown, tollgate::server::Setup::default())
+                tollgate::server::run_tcp(listener, shutdown, tollgate::server::Setup::new(config))
                     .await
                     .map_err(anyhow::Error::from)
             });

@@ -92,11 +92,7 @@ impl AuditLog {
             }
         }
         let next_seq = records.back().map_or(1, |r: &AuditRecord| r.seq + 1);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .open(path)?;
+        let mut file = open_append(path)?;
         let bytes = file.metadata()?.len();
         // After a kill mid-line, start on a fresh line so the next record
         // is not glued to the torn one.
@@ -186,6 +182,16 @@ fn rotated(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Opens the audit file for appending, creating it readable and writable
+/// by its owner only: it says who changed what and when.
+fn open_append(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.create(true).append(true).read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
+}
+
 fn write_line(
     path: &Path,
     file: &mut File,
@@ -194,11 +200,7 @@ fn write_line(
 ) -> io::Result<()> {
     if *bytes >= ROTATE_BYTES {
         std::fs::rename(path, rotated(path))?;
-        *file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .open(path)?;
+        *file = open_append(path)?;
         *bytes = 0;
     }
     let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;

@@ -155,7 +155,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     tmp_name.push(name);
     tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
-    let mut file = File::create(&tmp)?;
+    // Owner only: the state holds the runtime policy and who changed it.
+    // A temp file left by a crash may have other modes: start afresh.
+    let _ = fs::remove_file(&tmp);
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&tmp)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     drop(file);

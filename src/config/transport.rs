@@ -14,6 +14,14 @@
 //! max_budget_message = "64KiB"  # decoded Budget request; Admin has its own
 //! handshake_timeout = "10s"     # TLS handshake, per connection
 //! idle_timeout = "5m"           # a connection with no open call is closed
+//! body_timeout = "1s"           # a request's message must arrive this soon
+//! max_unauthenticated_calls_per_connection = 8   # calls without a token
+//! max_unauthenticated_calls_per_ip = 32           # (health, reflection)
+//! probe_max_connections = 64    # --metrics-listen and --health-listen, each
+//! probe_max_connections_per_ip = 8
+//! probe_idle_timeout = "30s"
+//! probe_header_timeout = "5s"   # a request's headers must arrive this soon
+//! allow_plaintext_metrics = false  # needed to serve /metrics in clear off loopback
 //! max_watch_streams = 20000     # Watch streams, all callers
 //! max_watch_streams_per_token = 2000
 //! ```
@@ -63,6 +71,35 @@ pub struct Transport {
     /// A connection with no call in flight for this long is closed; an open
     /// Watch stream is a call in flight.
     pub idle_timeout: Duration,
+    /// A request whose message has not arrived this long after its headers
+    /// ends (DEADLINE_EXCEEDED): a peer that sends headers and never a body
+    /// would otherwise hold a request slot for the whole request timeout.
+    /// Reflection streams, which send requests as they go, are exempt.
+    pub body_timeout: Duration,
+    /// Calls in flight on one connection that carry no token to check
+    /// (health, reflection, unknown methods, Admin in open dev mode): they
+    /// are answered without credentials, so they are bounded by where they
+    /// come from. More are refused (RESOURCE_EXHAUSTED).
+    pub max_unauthenticated_calls_per_connection: usize,
+    /// The same, across all connections of one peer address. Behind a
+    /// proxy that hides peer addresses this is a limit on the proxy.
+    pub max_unauthenticated_calls_per_ip: usize,
+    /// Connections open at once on each probe listener (`/metrics`, the
+    /// plaintext health listener): a scraper or a probe needs one or two,
+    /// and without a bound a peer holding thousands ran the whole process
+    /// out of file descriptors, the gRPC listener's included.
+    pub probe_max_connections: usize,
+    /// The same, from one peer address.
+    pub probe_max_connections_per_ip: usize,
+    /// A probe connection with no request in flight this long is closed.
+    pub probe_idle_timeout: Duration,
+    /// A probe connection's request headers must arrive whole within this
+    /// (the first request's counted from the connection's start).
+    pub probe_header_timeout: Duration,
+    /// `/metrics` names every caller scope and route: in plaintext on an
+    /// address other hosts can reach it is served only with this (with
+    /// TLS configured it is served over TLS, like the gRPC port).
+    pub allow_plaintext_metrics: bool,
     /// Watch streams open at once across all callers.
     pub max_watch_streams: usize,
     /// Watch streams open at once per caller token (a fleet sharing one
@@ -82,6 +119,14 @@ impl Default for Transport {
             max_budget_message: 64 * 1024,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            body_timeout: Duration::from_secs(1),
+            max_unauthenticated_calls_per_connection: 8,
+            max_unauthenticated_calls_per_ip: 32,
+            probe_max_connections: 64,
+            probe_max_connections_per_ip: 8,
+            probe_idle_timeout: Duration::from_secs(30),
+            probe_header_timeout: Duration::from_secs(5),
+            allow_plaintext_metrics: false,
             max_watch_streams: 20_000,
             max_watch_streams_per_token: 2_000,
         }
@@ -103,6 +148,14 @@ pub(super) struct TransportSpec {
     pub(super) max_budget_message: Option<String>,
     pub(super) handshake_timeout: Option<String>,
     pub(super) idle_timeout: Option<String>,
+    pub(super) body_timeout: Option<String>,
+    pub(super) max_unauthenticated_calls_per_connection: Option<usize>,
+    pub(super) max_unauthenticated_calls_per_ip: Option<usize>,
+    pub(super) probe_max_connections: Option<usize>,
+    pub(super) probe_max_connections_per_ip: Option<usize>,
+    pub(super) probe_idle_timeout: Option<String>,
+    pub(super) probe_header_timeout: Option<String>,
+    pub(super) allow_plaintext_metrics: Option<bool>,
     pub(super) max_watch_streams: Option<usize>,
     pub(super) max_watch_streams_per_token: Option<usize>,
 }
@@ -215,6 +268,38 @@ pub(super) fn transport(spec: TransportSpec) -> Result<Transport, ConfigError> {
             d.handshake_timeout,
         )?,
         idle_timeout: duration("idle_timeout", spec.idle_timeout, d.idle_timeout)?,
+        body_timeout: duration("body_timeout", spec.body_timeout, d.body_timeout)?,
+        max_unauthenticated_calls_per_connection: count(
+            "max_unauthenticated_calls_per_connection",
+            spec.max_unauthenticated_calls_per_connection,
+            d.max_unauthenticated_calls_per_connection,
+        )?,
+        max_unauthenticated_calls_per_ip: count(
+            "max_unauthenticated_calls_per_ip",
+            spec.max_unauthenticated_calls_per_ip,
+            d.max_unauthenticated_calls_per_ip,
+        )?,
+        probe_max_connections: count(
+            "probe_max_connections",
+            spec.probe_max_connections,
+            d.probe_max_connections,
+        )?,
+        probe_max_connections_per_ip: count(
+            "probe_max_connections_per_ip",
+            spec.probe_max_connections_per_ip,
+            d.probe_max_connections_per_ip,
+        )?,
+        probe_idle_timeout: duration(
+            "probe_idle_timeout",
+            spec.probe_idle_timeout,
+            d.probe_idle_timeout,
+        )?,
+        probe_header_timeout: duration(
+            "probe_header_timeout",
+            spec.probe_header_timeout,
+            d.probe_header_timeout,
+        )?,
+        allow_plaintext_metrics: spec.allow_plaintext_metrics.unwrap_or(false),
         max_watch_streams: count(
             "max_watch_streams",
             spec.max_watch_streams,

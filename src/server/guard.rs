@@ -1,41 +1,28 @@
 //! The per-request side of the connection limits, as one tower layer over
 //! every service: it counts the call as in flight on its connection (for
-//! the idle timeout) until the response body ends, makes the peer address
-//! visible to `Request::remote_addr` on every transport, and holds back an
-//! UNAUTHENTICATED answer as long as [`BadTokens`] says, on Budget and
-//! Admin alike, without the handlers knowing.
+//! the idle timeout) until the response body ends, and makes the peer
+//! address visible to `Request::remote_addr` on every transport (and to
+//! the [`gate`](super::gate) behind it).
 
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tonic::transport::server::TcpConnectInfo;
 use tower::{Layer, Service};
 
 use super::listen::{ActiveCall, ConnInfo};
-use crate::auth::throttle::BadTokens;
-
-/// The gRPC status code UNAUTHENTICATED as it appears in `grpc-status`.
-const UNAUTHENTICATED: &[u8] = b"16";
 
 /// See the module documentation.
 #[derive(Debug, Clone, Default)]
-pub struct ConnLayer {
-    bad_tokens: Arc<BadTokens>,
-}
+pub struct ConnLayer;
 
 impl<S> Layer<S> for ConnLayer {
     type Service = ConnGuard<S>;
 
     fn layer(&self, inner: S) -> ConnGuard<S> {
-        ConnGuard {
-            inner,
-            bad_tokens: Arc::clone(&self.bad_tokens),
-        }
+        ConnGuard { inner }
     }
 }
 
@@ -43,7 +30,6 @@ impl<S> Layer<S> for ConnLayer {
 #[derive(Debug, Clone)]
 pub struct ConnGuard<S> {
     inner: S,
-    bad_tokens: Arc<BadTokens>,
 }
 
 impl<S, B, ResBody> Service<http::Request<B>> for ConnGuard<S>
@@ -67,19 +53,9 @@ where
             request.extensions_mut().insert(info.tcp.clone());
             info.activity.start()
         });
-        let peer: Option<IpAddr> = request
-            .extensions()
-            .get::<TcpConnectInfo>()
-            .and_then(|i| i.remote_addr())
-            .map(|a| a.ip());
-        let bad_tokens = Arc::clone(&self.bad_tokens);
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            if response.headers().get("grpc-status").map(|v| v.as_bytes()) == Some(UNAUTHENTICATED)
-            {
-                bad_tokens.hold(peer).await;
-            }
             Ok(response.map(|inner| GuardedBody { inner, _call: call }))
         })
     }

@@ -7,13 +7,17 @@
 //! an [`Activity`] count of calls in flight, which the server's
 //! [`ConnLayer`](super::guard::ConnLayer) keeps; a connection with no call
 //! in flight for the idle timeout reads as closed, and hyper lets it go.
+//! The same code accepts for the gRPC port and for the probe listeners
+//! (`/metrics`, plaintext health), each with its own [`ConnLimits`]; the
+//! probe listeners also close a connection that has not finished its first
+//! request within a header timeout.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,6 +36,48 @@ use crate::config::Transport;
 /// Connections accepted but not yet handed to the server.
 const BACKLOG: usize = 64;
 
+/// The numbers one listener accepts connections with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Connections open at once; more are closed on accept.
+    pub max_connections: usize,
+    /// Connections open at once from one peer address.
+    pub max_connections_per_ip: usize,
+    /// A TLS handshake not done by then is dropped.
+    pub handshake_timeout: Duration,
+    /// A connection with no call in flight this long is closed.
+    pub idle_timeout: Duration,
+    /// A connection whose first request has not arrived whole this long
+    /// after it opened is closed (`None`: only the idle timeout applies).
+    pub header_timeout: Option<Duration>,
+}
+
+impl ConnLimits {
+    /// The gRPC port's: `[server]` `max_connections`, … `idle_timeout`.
+    pub fn grpc(transport: &Transport) -> ConnLimits {
+        ConnLimits {
+            max_connections: transport.max_connections,
+            max_connections_per_ip: transport.max_connections_per_ip,
+            handshake_timeout: transport.handshake_timeout,
+            idle_timeout: transport.idle_timeout,
+            header_timeout: None,
+        }
+    }
+
+    /// The probe listeners' (`/metrics`, plaintext health): `[server]`
+    /// `probe_*`. A scraper or a probe needs a connection or two; these
+    /// listeners are for nobody else.
+    pub fn probes(transport: &Transport) -> ConnLimits {
+        ConnLimits {
+            max_connections: transport.probe_max_connections,
+            max_connections_per_ip: transport.probe_max_connections_per_ip,
+            handshake_timeout: transport.handshake_timeout,
+            idle_timeout: transport.probe_idle_timeout,
+            header_timeout: Some(transport.probe_header_timeout),
+        }
+    }
+}
+
 /// How many connections each peer address holds, and all of them.
 #[derive(Debug, Default)]
 struct Slots {
@@ -47,11 +93,11 @@ struct Slot {
 }
 
 impl Slots {
-    fn take(self: &Arc<Self>, ip: IpAddr, transport: &Transport) -> Option<Slot> {
+    fn take(self: &Arc<Self>, ip: IpAddr, limits: &ConnLimits) -> Option<Slot> {
         let mut per_ip = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let mine = per_ip.get(&ip).copied().unwrap_or(0);
-        if mine >= transport.max_connections_per_ip
-            || self.total.load(Ordering::Relaxed) >= transport.max_connections
+        if mine >= limits.max_connections_per_ip
+            || self.total.load(Ordering::Relaxed) >= limits.max_connections
         {
             return None;
         }
@@ -81,20 +127,29 @@ impl Drop for Slot {
 #[derive(Debug)]
 pub struct Activity {
     active: AtomicUsize,
+    /// Whether any call has started: until one has, the header timeout
+    /// applies.
+    started: AtomicBool,
     idle_since: Mutex<Instant>,
+    /// Calls in flight without a token to check, bounded per connection
+    /// by the [`gate`](super::gate).
+    pub(super) unauthenticated: AtomicUsize,
 }
 
 impl Activity {
     fn new() -> Arc<Activity> {
         Arc::new(Activity {
             active: AtomicUsize::new(0),
+            started: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
+            unauthenticated: AtomicUsize::new(0),
         })
     }
 
     /// Counts a call in flight until the guard is dropped.
     pub fn start(self: &Arc<Self>) -> ActiveCall {
         self.active.fetch_add(1, Ordering::SeqCst);
+        self.started.store(true, Ordering::Relaxed);
         ActiveCall(Arc::clone(self))
     }
 
@@ -140,6 +195,8 @@ pub struct Conn {
     io: Io,
     info: ConnInfo,
     idle_timeout: Duration,
+    /// When the first request must have arrived by, if there is a bound.
+    first_request_by: Option<Instant>,
     idle: Pin<Box<Sleep>>,
     _slot: Slot,
 }
@@ -170,7 +227,14 @@ impl AsyncRead for Conn {
         // hyper always has a read pending, so the idle timer is polled here
         // and its wake-up lands in hyper's connection task.
         while this.idle.as_mut().poll(cx).is_ready() {
-            match this.info.activity.idle_deadline(this.idle_timeout) {
+            let idle = this.info.activity.idle_deadline(this.idle_timeout);
+            let idle = match (idle, this.first_request_by) {
+                (Some(idle), Some(by)) if !this.info.activity.started.load(Ordering::Relaxed) => {
+                    Some(idle.min(by))
+                }
+                (idle, _) => idle,
+            };
+            match idle {
                 // End of stream: hyper closes the connection.
                 Some(deadline) if deadline <= Instant::now() => return Poll::Ready(Ok(())),
                 Some(deadline) => this.idle.as_mut().reset(deadline),
@@ -234,17 +298,17 @@ impl AsyncWrite for Conn {
 /// is dropped (the server stops accepting when it drains).
 pub fn incoming(
     listener: TcpListener,
-    transport: Transport,
+    limits: ConnLimits,
     tls: Option<Arc<ServerTls>>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = mpsc::channel(BACKLOG);
-    tokio::spawn(accept_loop(listener, transport, tls, tx));
+    tokio::spawn(accept_loop(listener, limits, tls, tx));
     ReceiverStream::new(rx)
 }
 
 async fn accept_loop(
     listener: TcpListener,
-    transport: Transport,
+    limits: ConnLimits,
     tls: Option<Arc<ServerTls>>,
     tx: mpsc::Sender<io::Result<Conn>>,
 ) {
@@ -264,7 +328,7 @@ async fn accept_loop(
                 }
             },
         };
-        let Some(slot) = slots.take(peer.ip(), &transport) else {
+        let Some(slot) = slots.take(peer.ip(), &limits) else {
             refused.note(peer.ip());
             drop(stream);
             continue;
@@ -277,12 +341,18 @@ async fn accept_loop(
             },
             activity: Activity::new(),
         };
-        let idle_timeout = transport.idle_timeout;
+        let idle_timeout = limits.idle_timeout;
+        let first_request_by = limits.header_timeout.map(|t| Instant::now() + t);
         let conn = move |io| Conn {
             io,
             info,
             idle_timeout,
-            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            first_request_by,
+            idle: Box::pin(tokio::time::sleep_until(
+                first_request_by.map_or(Instant::now() + idle_timeout, |by| {
+                    by.min(Instant::now() + idle_timeout)
+                }),
+            )),
             _slot: slot,
         };
         match &tls {
@@ -295,7 +365,7 @@ async fn accept_loop(
             // nobody; it ends by itself within the handshake timeout.
             Some(tls) => {
                 let (acceptor, tx) = (tls.acceptor().clone(), tx.clone());
-                let timeout = transport.handshake_timeout;
+                let timeout = limits.handshake_timeout;
                 tokio::spawn(async move {
                     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => {

@@ -8,45 +8,76 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder as _, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::transport::server::Connected as _;
 
-/// Serves `GET /metrics` from `registry` on `listener` until `shutdown`;
-/// connections still open then are dropped.
+use crate::config::Transport;
+use crate::server::listen::{self, Conn, ConnLimits};
+
+/// Serves `GET /metrics` from `registry` on `listener`, in plaintext with
+/// the default probe limits, until `shutdown`; connections still open then
+/// are dropped.
 pub async fn serve(
     listener: TcpListener,
     registry: Registry,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    let transport = Transport::default();
+    let incoming = listen::incoming(listener, ConnLimits::probes(&transport), None);
+    serve_incoming(incoming, registry, transport.probe_header_timeout, shutdown).await;
+    Ok(())
+}
+
+/// Serves `GET /metrics` from `registry` on the connections of `incoming`
+/// (accepted and limited by [`listen::incoming`]) until `shutdown`; a
+/// request's headers must arrive within `header_timeout`.
+pub async fn serve_incoming(
+    incoming: impl Stream<Item = std::io::Result<Conn>>,
+    registry: Registry,
+    header_timeout: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) {
     tokio::pin!(shutdown);
+    tokio::pin!(incoming);
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // A failed accept (fd limit, reset) is not fatal.
+            accepted = incoming.next() => {
+                let conn = match accepted {
+                    Some(Ok(conn)) => conn,
+                    Some(Err(err)) => {
                         tracing::debug!(cause = %err, "metrics accept failed");
                         continue;
                     }
+                    None => break,
                 };
                 let registry = registry.clone();
+                let activity = conn.connect_info().activity;
                 connections.spawn(async move {
                     let service = service_fn(move |request| {
+                        // In flight (for the idle timeout) while answered.
+                        let call = activity.start();
                         let registry = registry.clone();
-                        async move { Ok::<_, Infallible>(respond(&request, &registry)) }
+                        async move {
+                            let _call = call;
+                            Ok::<_, Infallible>(respond(&request, &registry))
+                        }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(header_timeout)
+                        .serve_connection(TokioIo::new(conn), service)
                         .await;
                 });
             }
@@ -54,7 +85,6 @@ pub async fn serve(
         }
     }
     connections.abort_all();
-    Ok(())
 }
 
 fn respond(request: &http::Request<Incoming>, registry: &Registry) -> http::Response<Full<Bytes>> {
