@@ -24,6 +24,7 @@
 //! becomes permission: it is kept as evidence and widens the scope's backoff
 //! step, which decays only on reported successes.
 
+mod codec;
 pub mod corroboration;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -67,6 +67,7 @@
 pub mod admin;
 pub mod auth;
 pub mod budget;
+pub mod codec;
 pub mod config;
 pub mod coordinator;
 pub mod events;

@@ -268,17 +268,6 @@ impl Claim {
             Claim::Muted => "muted",
         }
     }
-
-    /// The code the Redis store's scripts answer (0..=4, in declaration order).
-    pub fn from_code(code: i64) -> Claim {
-        match code {
-            1 => Claim::Agreed,
-            2 => Claim::Outlier,
-            3 => Claim::Uncorroborated,
-            4 => Claim::Muted,
-            _ => Claim::None,
-        }
-    }
 }
 
 /// Counts `worker`'s latest claim against the fleet's cooldown after it was

@@ -1,29 +1,15 @@
-//! The controller's state as bytes, for a store that keeps it outside the
-//! process (the Redis store): a format byte, then every number as a zigzag
-//! varint in one fixed order. The format is this module's alone: a store
-//! keeps the bytes and never reads them, so no script can decide anything
-//! from them, and a change of the state's shape is a new format byte here.
+//! The controller's state as bytes ([`crate::codec`]), for a store that
+//! keeps it outside the process (the Redis store): its mode, then every
+//! number in one fixed order. A change of the state's shape is a new
+//! [`FORMAT`] here.
 
 use super::{Mode, PacingPolicy, PacingState};
+use crate::codec::{DecodeError, Reader, Writer};
 
 /// The format [`PacingState::encode`] writes and [`PacingState::decode`]
 /// reads.
 const FORMAT: u8 = 1;
-
-/// Why stored bytes are not a pacing state this build reads.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    /// Another build's format: the store was written by an older or newer
-    /// Tollgate.
-    #[error("pacing state in format {found}; this build reads format {FORMAT}")]
-    Format {
-        /// The format byte found.
-        found: u8,
-    },
-    /// Truncated, too long, or a number out of range.
-    #[error("pacing state is malformed")]
-    Malformed,
-}
+const WHAT: &str = "pacing state";
 
 impl PacingState {
     /// Every number of the state but the mode, in the encoding's order.
@@ -55,66 +41,33 @@ impl PacingState {
         ]
     }
 
-    /// The state as bytes: a format byte, then its numbers.
+    /// The state as bytes: a format byte, its mode, then its numbers.
     pub fn encode(&self) -> Vec<u8> {
         let mut copy = *self;
-        let mut out = Vec::with_capacity(64);
-        out.push(FORMAT);
-        out.push(self.mode as u8);
+        let mut w = Writer::new(FORMAT);
+        w.int(i64::from(self.mode as u8));
         for n in copy.numbers() {
-            put_varint(&mut out, *n);
+            w.int(*n);
         }
-        out
+        w.finish()
     }
 
     /// A state from [`encode`](Self::encode)'s bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let (&format, rest) = bytes.split_first().ok_or(DecodeError::Malformed)?;
-        if format != FORMAT {
-            return Err(DecodeError::Format { found: format });
-        }
-        let (&code, mut rest) = rest.split_first().ok_or(DecodeError::Malformed)?;
-        let mode = Mode::from_code(i64::from(code));
-        if mode as u8 != code {
-            return Err(DecodeError::Malformed);
+        let mut r = Reader::new(bytes, WHAT, FORMAT)?;
+        let code = r.int()?;
+        let mode = Mode::from_code(code);
+        if i64::from(mode as u8) != code {
+            return Err(DecodeError::Malformed { what: WHAT });
         }
         let mut st = Self::new(0, &PacingPolicy::default());
         st.mode = mode;
         for n in st.numbers() {
-            *n = take_varint(&mut rest)?;
+            *n = r.int()?;
         }
-        if !rest.is_empty() {
-            return Err(DecodeError::Malformed);
-        }
+        r.end()?;
         Ok(st)
     }
-}
-
-/// `n` zigzagged, then seven bits a byte, low first.
-fn put_varint(out: &mut Vec<u8>, n: i64) {
-    let mut z = ((n << 1) ^ (n >> 63)) as u64;
-    while z >= 0x80 {
-        out.push((z as u8 & 0x7f) | 0x80);
-        z >>= 7;
-    }
-    out.push(z as u8);
-}
-
-fn take_varint(bytes: &mut &[u8]) -> Result<i64, DecodeError> {
-    let mut z: u64 = 0;
-    for shift in (0..64).step_by(7) {
-        let (&b, rest) = bytes.split_first().ok_or(DecodeError::Malformed)?;
-        *bytes = rest;
-        let bits = u64::from(b & 0x7f);
-        if shift == 63 && bits > 1 {
-            return Err(DecodeError::Malformed);
-        }
-        z |= bits << shift;
-        if b & 0x80 == 0 {
-            return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
-        }
-    }
-    Err(DecodeError::Malformed)
 }
 
 #[cfg(test)]
@@ -139,7 +92,11 @@ mod tests {
         bytes[0] = 0x82;
         assert_eq!(
             PacingState::decode(&bytes),
-            Err(DecodeError::Format { found: 0x82 })
+            Err(DecodeError::Format {
+                what: WHAT,
+                found: 0x82,
+                expected: FORMAT
+            })
         );
     }
 
@@ -148,14 +105,20 @@ mod tests {
         let bytes = PacingState::new(0, &PacingPolicy::default()).encode();
         assert_eq!(
             PacingState::decode(&bytes[..bytes.len() - 1]),
-            Err(DecodeError::Malformed)
+            Err(DecodeError::Malformed { what: WHAT })
         );
         let mut long = bytes.clone();
         long.push(0);
-        assert_eq!(PacingState::decode(&long), Err(DecodeError::Malformed));
+        assert_eq!(
+            PacingState::decode(&long),
+            Err(DecodeError::Malformed { what: WHAT })
+        );
         let mut mode = bytes;
         mode[1] = 200;
-        assert_eq!(PacingState::decode(&mode), Err(DecodeError::Malformed));
+        assert_eq!(
+            PacingState::decode(&mode),
+            Err(DecodeError::Malformed { what: WHAT })
+        );
     }
 
     proptest! {

@@ -74,7 +74,6 @@ mod codec;
 mod slot;
 mod window;
 
-pub use codec::DecodeError;
 pub use slot::{SlotDecision, WakeAsk};
 
 /// One observation window. Rates are judged per window and the controller

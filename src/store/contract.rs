@@ -1,9 +1,9 @@
 //! The contract every [`Store`] backend honours, as one test suite that
 //! each backend instantiates (`contract_tests!`): the in-memory store, Redis
 //! and Redis Cluster run the same cases, which is what proves the Lua port
-//! of the budget and hint rules agrees with the Rust modules, and that the
-//! decisions made in Rust alone (slots, pacing) read and write the same
-//! state on every backend. The cases live in submodules grouped by what
+//! of the budget rules agrees with the Rust module, and that the decisions
+//! made in Rust alone (hints, slots, pacing) read and write the same state
+//! on every backend. The cases live in submodules grouped by what
 //! they exercise (`budget`, `cooldowns`, `admin`, `corroboration`,
 //! `pacing`); `common` holds the helpers the first three share.
 

@@ -1,9 +1,12 @@
-//! Reconsider, and the pacing half of Report, on Redis: read what the
-//! decision needs, decide in Rust ([`crate::slots::plan`],
-//! [`PacingState::observe`]), write the outcome only if nothing read has
-//! moved meanwhile, and decide again if it has. The scripts involved
-//! (`slot_read`, `slot_commit`, `pace_commit`) hold no policy: the memory
-//! store and this one make the same decision with the same code.
+//! The decisions the Redis store makes in Rust: a Reconsider's slot
+//! ([`crate::slots::plan`]), a Report's pacing ([`PacingState::observe`])
+//! and every change to a level's hints (merging, corroboration, backoff,
+//! mutes: [`HintState`]). Each reads what the decision needs, decides,
+//! writes the outcome only if nothing read has moved meanwhile, and decides
+//! again if it has. The scripts involved (`slot_read`, `slot_commit`,
+//! `pace_commit`, `route_read`, `caller_read`, `hints_commit`) hold no
+//! policy: the memory store and this one make the same decisions with the
+//! same code.
 //!
 //! Within one coordinator the decisions on a route take turns
 //! ([`Turns`]), so its concurrent calls do not race each other into
@@ -12,6 +15,7 @@
 
 use tokio::sync::{Mutex, MutexGuard};
 
+use crate::hints::HintState;
 use crate::pacing::{Observation, PacingPolicy, PacingState};
 use crate::policy::Policy;
 use crate::scope::RouteKey;
@@ -55,11 +59,7 @@ pub(super) fn stored_pacing(
 ) -> Result<PacingState, StoreError> {
     match bytes {
         None => Ok(PacingState::new(now_ms, policy)),
-        Some(bytes) => PacingState::decode(bytes).map_err(|e| {
-            StoreError::Unavailable(format!(
-                "redis holds state this build cannot read ({e}); flush the store"
-            ))
-        }),
+        Some(bytes) => PacingState::decode(bytes).map_err(unreadable),
     }
 }
 
@@ -201,4 +201,132 @@ fn contended() -> StoreError {
     StoreError::Unavailable(format!(
         "route changed under {MAX_ROUNDS} decisions in a row; try again"
     ))
+}
+
+/// What `report.lua` and `route_read.lua` answer about a route
+/// (`route_state_out`): what its hints and pacing are decided from.
+#[derive(Debug, Clone, Default)]
+pub(super) struct RouteRead {
+    pub(super) frozen: Option<String>,
+    pub(super) hints_version: i64,
+    pub(super) hints: Option<Vec<u8>>,
+    pub(super) pacing_version: i64,
+    pub(super) pacing: Option<Vec<u8>>,
+    pub(super) asking: usize,
+}
+
+impl RouteRead {
+    /// The six fields from field `at`.
+    pub(super) fn at(r: &Reply, at: usize) -> Result<Self, StoreError> {
+        Ok(RouteRead {
+            frozen: r.text(at),
+            hints_version: r.int(at + 1)?,
+            hints: r.bytes(at + 2).map(<[u8]>::to_vec),
+            pacing_version: r.int(at + 3)?,
+            pacing: r.bytes(at + 4).map(<[u8]>::to_vec),
+            asking: count(r.int(at + 5)?),
+        })
+    }
+}
+
+/// The hints stored as `bytes` (none yet: the empty state).
+pub(super) fn stored_hints(bytes: Option<&[u8]>) -> Result<HintState, StoreError> {
+    bytes.map_or(Ok(HintState::default()), |bytes| {
+        HintState::decode(bytes).map_err(unreadable)
+    })
+}
+
+fn unreadable(e: crate::codec::DecodeError) -> StoreError {
+    StoreError::Unavailable(format!(
+        "redis holds state this build cannot read ({e}); flush the store"
+    ))
+}
+
+/// Which level's hints a change is made to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Level {
+    /// A route's own.
+    Route,
+    /// A caller scope's (uncertain evidence); `touch`: the change is a
+    /// hint or a mute, which keeps the scope alive (a success narrowing
+    /// its backoff does not).
+    Caller { touch: bool },
+}
+
+impl RedisStore {
+    /// `route_read.lua`: the route's hints and pacing as stored; `None`
+    /// when there is no such route.
+    pub(super) async fn read_route(
+        &self,
+        route_key: &str,
+    ) -> Result<Option<RouteRead>, StoreError> {
+        let mut inv = SCRIPTS.route_read.call(&[route_key]);
+        inv.arg(0);
+        let r = Reply::ok(self.run(&inv).await?)?;
+        if r.int(1)? == 0 {
+            return Ok(None);
+        }
+        RouteRead::at(&r, 2).map(Some)
+    }
+
+    /// `caller_read.lua`: a caller scope's hints version and bytes.
+    pub(super) async fn read_caller(
+        &self,
+        caller_key: &str,
+    ) -> Result<(i64, Option<Vec<u8>>), StoreError> {
+        let inv = SCRIPTS.caller_read.call(&[caller_key]);
+        let r = Reply::ok(self.run(&inv).await?)?;
+        Ok((r.int(1)?, r.bytes(2).map(<[u8]>::to_vec)))
+    }
+
+    /// Makes `change` to the hints of `level` at `key`, starting from the
+    /// `version` and `stored` bytes already read, and writes the result
+    /// with `hints_commit.lua` unless nothing changed; decides again on
+    /// what is there if another replica wrote in between. Returns what the
+    /// change answered and the state after it.
+    pub(super) async fn change_hints<T>(
+        &self,
+        key: &str,
+        level: Level,
+        now_ms: i64,
+        mut version: i64,
+        mut stored: Option<Vec<u8>>,
+        mut change: impl FnMut(&mut HintState) -> T,
+    ) -> Result<(T, HintState), StoreError> {
+        for _ in 0..MAX_ROUNDS {
+            let mut hints = stored_hints(stored.as_deref())?;
+            let before = stored.take().unwrap_or_else(|| hints.encode());
+            let answer = change(&mut hints);
+            let after = hints.encode();
+            if after == before {
+                return Ok((answer, hints));
+            }
+            let (kind, floor, touch) = match level {
+                Level::Route => ("route", hints.backoff_until_ms, false),
+                Level::Caller { touch } => ("caller", hints.floor_ms(), touch),
+            };
+            let mut inv = SCRIPTS.hints_commit.call(&[key]);
+            inv.arg(kind)
+                .arg(now_ms)
+                .arg(self.idle_ms)
+                .arg(version)
+                .arg(&after[..])
+                .arg(hints.cooldown_until_ms)
+                .arg(floor)
+                .arg(hints.live_until_ms())
+                .arg(u8::from(touch));
+            let r = Reply::ok(self.run(&inv).await?)?;
+            if r.text(1).as_deref() == Some("done") {
+                return Ok((answer, hints));
+            }
+            (version, stored) = match level {
+                Level::Route => self
+                    .read_route(key)
+                    .await?
+                    .map_or((0, None), |read| (read.hints_version, read.hints)),
+                Level::Caller { .. } => self.read_caller(key).await?,
+            };
+        }
+        Err(contended())
+    }
 }

@@ -2,21 +2,21 @@
 //! replicas are stateless and share one budget exactly.
 //!
 //! # Scripts, and decisions made in Rust
-//! Lease, Release, a Report's counts and hints, freeze and the idle sweep
-//! are each one server-side Lua function (`FCALL`), atomic without locks
-//! or WATCH loops. Those scripts (`lua/*.lua`, after `lua/prelude.lua`) are
-//! one Redis Functions library, loaded on a node the first time a call
-//! finds it missing (`scripts`), and still carry a port of the budget and
-//! hint rules ([`crate::budget`], [`crate::hints`]'s `HintState`); the store
-//! contract suite (`contract_tests!`), run against this store and the
-//! in-memory one, is the proof they agree. The bounds both use are written
-//! into the scripts from the Rust constants, so those cannot drift.
+//! Lease, Release, a Report's deposit of first attempts, freeze and the
+//! idle sweep are each one server-side Lua function (`FCALL`), atomic
+//! without locks or WATCH loops. Those scripts (`lua/*.lua`, after
+//! `lua/prelude.lua`) are one Redis Functions library, loaded on a node the
+//! first time a call finds it missing (`scripts`), and still carry a port
+//! of the budget rules ([`crate::budget`]); the store contract suite
+//! (`contract_tests!`), run against this store and the in-memory one, is
+//! the proof they agree. The bounds both use are written into the scripts
+//! from the Rust constants, so those cannot drift.
 //!
-//! The slots and the pacing controller have no port: a Reconsider, and
-//! the pacing half of a Report, read what the decision needs, decide in
-//! Rust with the code the memory store runs, and write the outcome with a
-//! compare-and-set that fails if anything read moved meanwhile (`decide`).
-//! Their scripts only read and write.
+//! The hints ([`crate::hints`]: cooldowns, corroboration, backoff, mutes),
+//! the slots and the pacing controller have no port: a call reads what the
+//! decision needs, decides in Rust with the code the memory store runs,
+//! and writes the outcome with a compare-and-set that fails if anything
+//! read moved meanwhile (`decide`). Their scripts only read and write.
 //!
 //! # Keys
 //! - `PREFIX:{CALLER|ROUTE}:r` — a route, as one hash: a small core
@@ -29,7 +29,9 @@
 //!   expiry whose members carry what a Release needs.
 //! - `PREFIX:{CALLER|ROUTE}:p` and `…:a` — the intents holding a slot, by
 //!   slot, and those told to ask again, by deadline (sorted sets).
-//! - `PREFIX:{CALLER}:c` — a caller scope's hints (uncertain evidence).
+//! - `PREFIX:{CALLER}:c` — a caller scope's hints (uncertain evidence),
+//!   as a hash: the encoded [`HintState`](crate::hints::HintState), its
+//!   version, and the cooldown, floor and live-until decided from it.
 //! - `PREFIX:format` — the layout of all of the above (`format`): a build
 //!   refuses a prefix another layout wrote.
 //!

@@ -2,13 +2,8 @@
 //! positional fields) into the store's types.
 
 use redis::Value;
-use tollgate_client::hint::HintForm;
 
 use crate::budget::{BudgetError, Grant, GrantLimit};
-use std::collections::BTreeMap;
-
-use crate::hints::corroboration::Claim;
-use crate::hints::{Corroboration, EvidenceDetail, HintRecord, Merge, WorkerEvidence};
 use crate::scope::RouteKey;
 use crate::slots::SlotError;
 use crate::store::{LeaseOutcome, RouteView, ScopeSummary, StoreError};
@@ -36,73 +31,6 @@ pub(super) fn summary_of(route: &RouteKey, r: &Reply) -> Result<ScopeSummary, St
     })
 }
 
-/// A hint ring written by the prelude's `hints_out` from field `at`.
-pub(super) fn hints_at(r: &Reply, at: usize) -> Result<Vec<HintRecord>, StoreError> {
-    (0..count(r.int(at)?))
-        .map(|i| {
-            let f = at + 1 + 7 * i;
-            let form = match r.text(f + 2).as_deref() {
-                Some("delay") => HintForm::Delay,
-                Some("date") => HintForm::Date,
-                Some("pushback") => HintForm::Pushback,
-                Some("absent") => HintForm::Absent,
-                _ => HintForm::Invalid,
-            };
-            Ok(HintRecord {
-                at_ms: r.int(f)?,
-                raw: r.text(f + 1),
-                form,
-                valid: r.int(f + 3)? == 1,
-                capped: r.int(f + 4)? == 1,
-                clock_skew: r.int(f + 5)? == 1,
-                cooldown_until_ms: Some(r.int(f + 6)?).filter(|&cd| cd >= 0),
-            })
-        })
-        .collect()
-}
-
-/// A level's evidence written by the prelude's `evidence_out` right after
-/// the hint ring that starts at field `ring_at`.
-pub(super) fn evidence_after(
-    r: &Reply,
-    ring_at: usize,
-    now_ms: i64,
-) -> Result<EvidenceDetail, StoreError> {
-    let at = ring_at + 1 + 7 * count(r.int(ring_at)?);
-    let corroboration = Corroboration {
-        until_ms: r.int(at)?,
-        corroborated: r.int(at + 1)? == 1,
-        workers: u32::try_from(r.int(at + 2)?).unwrap_or(0),
-        reporters: u32::try_from(r.int(at + 3)?).unwrap_or(0),
-        needed: u32::try_from(r.int(at + 4)?).unwrap_or(0),
-    };
-    let small = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
-    let mut workers = BTreeMap::new();
-    let listed = count(r.int(at + 5)?);
-    let mut f = at + 6;
-    for _ in 0..listed {
-        let id = r.text(f).unwrap_or_default();
-        workers.insert(
-            id,
-            WorkerEvidence {
-                claim_until_ms: r.int(f + 1)?,
-                since_ms: r.int(f + 2)?,
-                last_ms: r.int(f + 3)?,
-                hints: small(r.int(f + 4)?),
-                outliers: small(r.int(f + 5)?),
-                uncorroborated: small(r.int(f + 6)?),
-            },
-        );
-        f += 7;
-    }
-    let mut mutes = BTreeMap::new();
-    for i in 0..count(r.int(f)?) {
-        let m = f + 1 + 2 * i;
-        mutes.insert(r.text(m).unwrap_or_default(), r.int(m + 1)?);
-    }
-    Ok(EvidenceDetail::of(corroboration, &workers, &mutes, now_ms))
-}
-
 /// The three fields of a `RouteView` written from field `at` (cooldown,
 /// floor, freeze), as every route script ends its answer.
 pub(super) fn view_at(r: &Reply, at: usize) -> Result<RouteView, StoreError> {
@@ -111,26 +39,6 @@ pub(super) fn view_at(r: &Reply, at: usize) -> Result<RouteView, StoreError> {
         floor_ms: r.int(at + 1)?,
         frozen: r.text(at + 2),
     })
-}
-
-/// The `n` merges (raised, cooldown, backoff) the prelude's `merge_hint`
-/// wrote from field 1.
-pub(super) fn merges(r: &Reply, n: usize) -> Result<Vec<Merge>, StoreError> {
-    (0..n)
-        .map(|i| {
-            let at = 1 + MERGE_FIELDS * i;
-            Ok(Merge {
-                raised: r.int(at)? == 1,
-                cooldown_until_ms: r.int(at + 1)?,
-                backoff_ms: unsigned(r.int(at + 2)?),
-                corroborated: r.int(at + 3)? == 1,
-                workers: u32::try_from(r.int(at + 4)?).unwrap_or(0),
-                claim: Claim::from_code(r.int(at + 5)?),
-                noisy: r.int(at + 6)? == 1,
-                support_moved: r.int(at + 7)? == 1,
-            })
-        })
-        .collect()
 }
 
 /// A `lease.lua` reply: one string — granted, limit, remaining, expiry,
@@ -185,9 +93,6 @@ pub(super) fn lease_outcome(reply: Value) -> Result<LeaseOutcome, StoreError> {
         },
     })
 }
-
-/// Fields per merge in a report's reply (the prelude's `merge_hint`).
-pub(super) const MERGE_FIELDS: usize = 8;
 
 /// A script's reply: `{'ok', …}` or `{'err', reason, …}`.
 pub(super) struct Reply(Vec<Value>);

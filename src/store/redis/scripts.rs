@@ -1,10 +1,10 @@
 //! The Lua scripts as one Redis Functions library, loaded once per node:
-//! `lua/prelude.lua` (the state codec and the budget and hint math) behind
-//! a header of the bounds it shares with the Rust modules — written here
-//! from the Rust constants, so the port cannot drift from them — then each
-//! script's body registered as a function. The slots and the pacing
-//! controller have no Lua at all: `slot_read`, `slot_commit` and
-//! `pace_commit` read and write what Rust decides.
+//! `lua/prelude.lua` (the state codec and the budget math) behind a header
+//! of the bounds it shares with the Rust modules — written here from the
+//! Rust constants, so the port cannot drift from them — then each script's
+//! body registered as a function. The hints, the slots and the pacing
+//! controller have no Lua at all: their scripts read and write what Rust
+//! decides.
 //!
 //! Why a library and not `EVALSHA`: a script runs its whole text on every
 //! call, so each call re-created the prelude's hundred-odd functions before
@@ -18,12 +18,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
 
 use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
-use crate::hints::corroboration::{MAX_EVIDENCE_WORKERS, MAX_MUTES, NOISY_MIN_DISAGREEMENTS};
-use crate::hints::{MAX_BACKOFF_STEP, RECENT_HINTS};
-use crate::pacing::HINT_GRANULARITY_MS;
-use crate::policy::Policy;
 use crate::slots::MAX_PENDING_PER_ROUTE;
-use crate::store::LevelHint;
 
 /// One function of the library.
 pub(super) struct Function {
@@ -88,7 +83,9 @@ pub(super) struct Scripts {
     pub(super) lease_batch: Function,
     pub(super) release: Function,
     pub(super) report: Function,
-    pub(super) report_caller: Function,
+    pub(super) route_read: Function,
+    pub(super) caller_read: Function,
+    pub(super) hints_commit: Function,
     pub(super) slot_read: Function,
     pub(super) slot_commit: Function,
     pub(super) pace_commit: Function,
@@ -97,10 +94,7 @@ pub(super) struct Scripts {
     pub(super) freeze: Function,
     pub(super) evict: Function,
     pub(super) detail: Function,
-    pub(super) caller_detail: Function,
     pub(super) reset: Function,
-    pub(super) mute: Function,
-    pub(super) active: Function,
 }
 
 /// The Lua constants the prelude uses, from their Rust definitions.
@@ -109,13 +103,7 @@ fn shared_bounds() -> String {
         "local W = {MAX_WINDOW_SECS}\n\
          local MAX_WORKERS = {MAX_WORKERS_PER_CLASS}\n\
          local MAX_LEASES = {MAX_LEASES_PER_ROUTE}\n\
-         local MAX_PENDING = {MAX_PENDING_PER_ROUTE}\n\
-         local RECENT_HINTS = {RECENT_HINTS}\n\
-         local MAX_BACKOFF_STEP = {MAX_BACKOFF_STEP}\n\
-         local MAX_EVIDENCE_WORKERS = {MAX_EVIDENCE_WORKERS}\n\
-         local MAX_MUTES = {MAX_MUTES}\n\
-         local NOISY_MIN_DISAGREEMENTS = {NOISY_MIN_DISAGREEMENTS}\n\
-         local HINT_GRANULARITY = {HINT_GRANULARITY_MS}\n"
+         local MAX_PENDING = {MAX_PENDING_PER_ROUTE}\n"
     )
 }
 
@@ -125,12 +113,14 @@ fn prelude() -> String {
 }
 
 /// Each script's body, by the name its function is registered under.
-const BODIES: [(&str, &str); 17] = [
+const BODIES: [(&str, &str); 16] = [
     ("lease", include_str!("lua/lease.lua")),
     ("lease_batch", include_str!("lua/lease_batch.lua")),
     ("release", include_str!("lua/release.lua")),
     ("report", include_str!("lua/report.lua")),
-    ("report_caller", include_str!("lua/report_caller.lua")),
+    ("route_read", include_str!("lua/route_read.lua")),
+    ("caller_read", include_str!("lua/caller_read.lua")),
+    ("hints_commit", include_str!("lua/hints_commit.lua")),
     ("slot_read", include_str!("lua/slot_read.lua")),
     ("slot_commit", include_str!("lua/slot_commit.lua")),
     ("pace_commit", include_str!("lua/pace_commit.lua")),
@@ -139,10 +129,7 @@ const BODIES: [(&str, &str); 17] = [
     ("freeze", include_str!("lua/freeze.lua")),
     ("evict", include_str!("lua/evict.lua")),
     ("detail", include_str!("lua/detail.lua")),
-    ("caller_detail", include_str!("lua/caller_detail.lua")),
     ("reset", include_str!("lua/reset.lua")),
-    ("mute", include_str!("lua/mute.lua")),
-    ("active", include_str!("lua/active.lua")),
 ];
 
 /// The library: the bounds, `KEYS` and `ARGV` as the library's own locals
@@ -175,7 +162,9 @@ fn library() -> Scripts {
         lease_batch: function("lease_batch"),
         release: function("release"),
         report: function("report"),
-        report_caller: function("report_caller"),
+        route_read: function("route_read"),
+        caller_read: function("caller_read"),
+        hints_commit: function("hints_commit"),
         slot_read: function("slot_read"),
         slot_commit: function("slot_commit"),
         pace_commit: function("pace_commit"),
@@ -184,38 +173,11 @@ fn library() -> Scripts {
         freeze: function("freeze"),
         evict: function("evict"),
         detail: function("detail"),
-        caller_detail: function("caller_detail"),
         reset: function("reset"),
-        mute: function("mute"),
-        active: function("active"),
     }
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(library);
-
-/// Appends one hint's `HINT_FIELDS` arguments, in the order the prelude's
-/// `hint_at` reads them.
-pub(super) fn hint_args(inv: &mut Call, hint: &LevelHint) {
-    let a = &hint.assessment;
-    inv.arg(u8::from(!hint.caller_wide))
-        .arg(a.cooldown_until_ms.unwrap_or(-1))
-        .arg(u8::from(a.widen_backoff))
-        .arg(a.anchor_ms)
-        .arg(a.raw.as_deref().unwrap_or(""))
-        .arg(u8::from(a.raw.is_some()))
-        .arg(a.form.as_str())
-        .arg(u8::from(a.valid))
-        .arg(u8::from(a.capped))
-        .arg(u8::from(a.clock_skew));
-}
-
-/// Appends the policy's corroboration keys, in the order the prelude's
-/// `corr_rules` reads them (after a report's hints).
-pub(super) fn corroboration_args(inv: &mut Call, policy: &Policy) {
-    inv.arg(policy.corroborate_workers)
-        .arg(policy.corroborate_permille)
-        .arg(policy.uncorroborated_cap_ms);
-}
 
 #[cfg(test)]
 mod tests {
@@ -226,15 +188,7 @@ mod tests {
     #[test]
     fn shared_bounds_have_one_definition() {
         let prelude = include_str!("lua/prelude.lua");
-        for name in [
-            "W",
-            "MAX_WORKERS",
-            "MAX_LEASES",
-            "MAX_PENDING",
-            "RECENT_HINTS",
-            "MAX_BACKOFF_STEP",
-            "HINT_GRANULARITY",
-        ] {
+        for name in ["W", "MAX_WORKERS", "MAX_LEASES", "MAX_PENDING"] {
             let definition = format!("local {name} =");
             assert!(
                 !prelude.contains(&definition),

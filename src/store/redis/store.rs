@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, GrantAsk, LeaseEnd};
-use crate::hints::Merge;
+use crate::hints::{HintState, Merge, Reporter};
 use crate::pacing::Observation;
 use crate::policy::Policy;
 use crate::scope::{Priority, RouteKey, ScopeKey};
@@ -21,13 +21,10 @@ use crate::store::{
 };
 
 use super::connection::{Conn, RedisTarget, run_on};
-use super::decide::{Turns, pacing_view, stored_pacing};
+use super::decide::{Level, RouteRead, Turns, pacing_view, stored_hints, stored_pacing};
 use super::queue::{LeaseQueue, Queued};
-use super::reply::{
-    MERGE_FIELDS, Reply, count, evidence_after, hints_at, lease_outcome, merges, summary_of,
-    unsigned, view_at,
-};
-use super::scripts::{SCRIPTS, corroboration_args, hint_args};
+use super::reply::{Reply, count, lease_outcome, summary_of, unsigned, view_at};
+use super::scripts::SCRIPTS;
 
 /// The Redis [`Store`].
 pub struct RedisStore {
@@ -167,11 +164,11 @@ impl RedisStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Option<ScopeDetail>, StoreError> {
-        let inv = SCRIPTS
-            .caller_detail
-            .call(&[self.caller_key(&route.caller_scope)]);
-        let caller = Reply::ok(self.run(&inv).await?)?;
-        let (ccd, cfloor) = (caller.int(1)?, caller.int(2)?);
+        let (_, stored) = self
+            .read_caller(&self.caller_key(&route.caller_scope))
+            .await?;
+        let caller = stored_hints(stored.as_deref())?;
+        let (ccd, cfloor) = (caller.cooldown_until_ms, caller.floor_ms());
         let keys = [self.route_key(route)];
         let Some(r) = self
             .detail_reply(&keys, (ccd, cfloor), Some(policy), now_ms)
@@ -179,6 +176,7 @@ impl RedisStore {
         else {
             return Ok(None);
         };
+        let hints = stored_hints(r.bytes(25))?;
         let summary = summary_of(route, &r)?;
         let class = |p: usize| -> Result<ClassSnapshot, StoreError> {
             let at = 10 + 4 * p;
@@ -199,25 +197,44 @@ impl RedisStore {
         Ok(Some(ScopeDetail {
             summary,
             budget,
-            route_cooldown_until_ms: r.int(23)?,
+            route_cooldown_until_ms: hints.cooldown_until_ms,
             caller_cooldown_until_ms: ccd,
-            backoff_step: u8::try_from(r.int(24)?).unwrap_or(u8::MAX),
-            route_hints: hints_at(&r, 27)?,
-            caller_hints: hints_at(&caller, 3)?,
-            route_evidence: evidence_after(&r, 27, now_ms)?,
-            caller_evidence: evidence_after(&caller, 3, now_ms)?,
+            backoff_step: hints.backoff_step,
+            route_hints: hints.recent.iter().cloned().collect(),
+            caller_hints: caller.recent.iter().cloned().collect(),
+            route_evidence: hints.evidence(now_ms),
+            caller_evidence: caller.evidence(now_ms),
             pacing: pacing_view(
-                stored_pacing(r.bytes(26), now_ms, &policy.pacing)?,
-                count(r.int(25)?),
+                stored_pacing(r.bytes(24), now_ms, &policy.pacing)?,
+                count(r.int(23)?),
                 now_ms,
                 &policy.pacing,
             ),
         }))
     }
 
+    /// Keeps the route's mutes (an operator's decision, like the freeze)
+    /// and has `reset.lua` forget the rest.
     async fn reset_now(&self, route: &RouteKey, now_ms: i64) -> Result<bool, StoreError> {
-        let mut inv = SCRIPTS.reset.call(&[self.route_key(route)]);
-        inv.arg(now_ms).arg(self.idle_ms);
+        let route_key = self.route_key(route);
+        let _turn = self.turns.take(&route_key).await;
+        let Some(read) = self.read_route(&route_key).await? else {
+            return Ok(false);
+        };
+        let kept = HintState {
+            mutes: stored_hints(read.hints.as_deref())?.mutes,
+            ..HintState::default()
+        };
+        let bytes = if kept.mutes.is_empty() {
+            Vec::new()
+        } else {
+            kept.encode()
+        };
+        let mut inv = SCRIPTS.reset.call(&[&route_key]);
+        inv.arg(now_ms)
+            .arg(self.idle_ms)
+            .arg(&bytes[..])
+            .arg(kept.live_until_ms());
         Ok(Reply::ok(self.run(&inv).await?)?.int(1)? == 1)
     }
 
@@ -305,111 +322,150 @@ impl RedisStore {
         Ok(u32::try_from(reply.int(1)?).unwrap_or(0))
     }
 
-    /// On one node, one script (`report.lua`) on the route and caller keys:
-    /// the whole report is atomic. On a cluster the caller key lives in
-    /// another slot, so its half (successes and uncertain hints) runs first
-    /// in `report_caller.lua`, then the route's half with the caller's
-    /// cooldown as it left it — each half atomic, the pair not (the same
-    /// window the memory store has between its two maps).
+    /// `report.lua` deposits the first attempts and reads the route's
+    /// (and, on one node, the caller scope's) hints and pacing; then, as
+    /// the memory store does, the route's hints take the report's successes
+    /// and route-level hints, the caller scope's its successes and
+    /// uncertain hints, and the pacing its counts — each decided in Rust
+    /// and written by compare-and-set (`decide`). Each change is atomic,
+    /// the report as a whole not (the memory store's two maps have the
+    /// same window).
     async fn report_now(
         &self,
         scope: &ScopeKey,
         report: ReportBatch<'_>,
         policy: &Policy,
     ) -> Result<Reported, StoreError> {
+        let now = report.now_ms;
         let route_key = self.route_key(&scope.route);
         let caller_key = self.caller_key(&scope.route.caller_scope);
         let clustered = self.clustered();
-        // Its pacing half is a decision on the route (`decide`).
         let _turn = self.turns.take(&route_key).await;
-        // Which hints the route script merges; on a cluster the
-        // caller-wide ones go to the caller's own script.
-        let (caller_hints, route_hints): (Vec<usize>, Vec<usize>) =
-            (0..report.hints.len()).partition(|&i| clustered && report.hints[i].caller_wide);
-        let mut merged = vec![None; report.hints.len()];
-        let (ccd, cfloor) = if !clustered {
-            (0, 0)
-        } else if report.successes > 0 || !caller_hints.is_empty() {
-            // The route's active workers live in another slot: read them
-            // first, so broadening is judged as on one node.
-            let active = if caller_hints.is_empty() {
-                0
-            } else {
-                let mut inv = SCRIPTS.active.call(&[&route_key]);
-                inv.arg(report.now_ms)
-                    .arg(policy.window_ms())
-                    .arg(report.worker_id);
-                Reply::ok(self.run(&inv).await?)?.int(1)?
-            };
-            let mut inv = SCRIPTS.report_caller.call(&[&caller_key]);
-            inv.arg(report.now_ms)
-                .arg(self.idle_ms)
-                .arg(report.successes)
-                .arg(policy.backoff_base_ms)
-                .arg(policy.backoff_max_ms)
-                .arg(caller_hints.len());
-            for &i in &caller_hints {
-                hint_args(&mut inv, &report.hints[i]);
-            }
-            inv.arg(report.worker_id).arg(active);
-            corroboration_args(&mut inv, policy);
-            let reply = Reply::ok(self.run(&inv).await?)?;
-            for (&i, merge) in caller_hints.iter().zip(merges(&reply, caller_hints.len())?) {
-                merged[i] = Some(merge);
-            }
-            let at = 1 + MERGE_FIELDS * caller_hints.len();
-            (reply.int(at)?, reply.int(at + 1)?)
-        } else {
-            let (_, ccd, cfloor) = self.route_keys(&scope.route).await?;
-            (ccd, cfloor)
-        };
         let keys: &[&String] = if clustered {
             &[&route_key]
         } else {
             &[&route_key, &caller_key]
         };
         let mut inv = SCRIPTS.report.call(keys);
-        inv.arg(ccd)
-            .arg(cfloor)
-            .arg(report.now_ms)
+        inv.arg(now)
             .arg(self.idle_ms)
             .arg(report.worker_id)
             .arg(scope.priority.index() + 1)
             .arg(report.first_attempts)
-            .arg(report.successes)
             .arg(policy.window_secs)
-            .arg(policy.backoff_base_ms)
-            .arg(policy.backoff_max_ms)
-            .arg(route_hints.len());
-        for &i in &route_hints {
-            hint_args(&mut inv, &report.hints[i]);
-        }
-        corroboration_args(&mut inv, policy);
+            .arg(u8::from(!report.hints.is_empty()));
         let reply = Reply::ok(self.run(&inv).await?)?;
-        for (&i, merge) in route_hints.iter().zip(merges(&reply, route_hints.len())?) {
+        let reporter = Reporter {
+            worker_id: report.worker_id,
+            active: count(reply.int(1)?),
+        };
+        let route = RouteRead::at(&reply, 2)?;
+        let (caller_version, caller_stored) = if clustered {
+            self.read_caller(&caller_key).await?
+        } else {
+            (reply.int(8)?, reply.bytes(9).map(<[u8]>::to_vec))
+        };
+        // Rejections that arrive while a cooldown already held are
+        // explained by it: pacing is told the cooldown as it was before.
+        let caller_before = caller_stored
+            .as_deref()
+            .map(|b| stored_hints(Some(b)))
+            .transpose()?;
+        let cooldown_before = stored_hints(route.hints.as_deref())?
+            .cooldown_until_ms
+            .max(caller_before.as_ref().map_or(0, |c| c.cooldown_until_ms));
+        let mut merged: Vec<Option<Merge>> = vec![None; report.hints.len()];
+        let narrows = report.successes > 0;
+        // The hints of one level merged in order, each with its index.
+        let merge_level = |h: &mut HintState, caller_wide: bool| {
+            report
+                .hints
+                .iter()
+                .enumerate()
+                .filter(|(_, hint)| hint.caller_wide == caller_wide)
+                .map(|(i, hint)| (i, h.merge(&hint.assessment, reporter, policy, now)))
+                .collect::<Vec<_>>()
+        };
+        let (route_merges, route_hints) = self
+            .change_hints(
+                &route_key,
+                Level::Route,
+                now,
+                route.hints_version,
+                route.hints.clone(),
+                |h| {
+                    if narrows && h.backoff_step > 0 {
+                        h.decay();
+                    }
+                    merge_level(h, false)
+                },
+            )
+            .await?;
+        for (i, merge) in route_merges {
             merged[i] = Some(merge);
         }
+        let uncertain = report.hints.iter().any(|h| h.caller_wide);
+        // A caller scope is made by uncertain evidence, and narrowed by
+        // successes only once it exists.
+        let caller_hints = if uncertain || (narrows && caller_before.is_some()) {
+            let (caller_merges, hints) = self
+                .change_hints(
+                    &caller_key,
+                    Level::Caller { touch: uncertain },
+                    now,
+                    caller_version,
+                    caller_stored,
+                    |h| {
+                        if narrows {
+                            h.decay();
+                        }
+                        merge_level(h, true)
+                    },
+                )
+                .await?;
+            for (i, merge) in caller_merges {
+                merged[i] = Some(merge);
+            }
+            Some(hints)
+        } else {
+            caller_before
+        };
         let merges: Vec<Merge> = merged.into_iter().flatten().collect();
-        let at = 1 + MERGE_FIELDS * route_hints.len();
-        let view = view_at(&reply, at)?;
+        let view = RouteView {
+            cooldown_until_ms: route_hints
+                .cooldown_until_ms
+                .max(caller_hints.as_ref().map_or(0, |c| c.cooldown_until_ms)),
+            floor_ms: route_hints
+                .floor_ms()
+                .max(caller_hints.as_ref().map_or(0, HintState::floor_ms)),
+            frozen: route.frozen.clone(),
+        };
+        // The level whose cooldown is the effective one says whether it
+        // is corroborated (the route's when no earlier than the caller's).
+        let cooldown_corroborated = match &caller_hints {
+            Some(c) if c.cooldown_until_ms > route_hints.cooldown_until_ms => {
+                c.corroboration.corroborated
+            }
+            _ => route_hints.corroboration.corroborated,
+        };
         let hint_ends = report.agreed_hint_ends(&merges);
         let counted = report.window_counts();
         let observation = Observation {
-            now_ms: report.now_ms,
+            now_ms: now,
             first_attempts: counted.first_attempts,
             successes: counted.successes,
             rejections: counted.rejections,
             hint_until_ms: &hint_ends,
-            cooldown_until_ms: reply.int(at + 4)?,
+            cooldown_until_ms: cooldown_before,
             cooldown_after_ms: view.cooldown_until_ms,
         };
         let (pacing, pacing_was) = self
             .observe_pacing(
                 &route_key,
                 &observation,
-                reply.int(at + 5)?,
-                reply.bytes(at + 6).map(<[u8]>::to_vec),
-                count(reply.int(at + 7)?),
+                route.pacing_version,
+                route.pacing,
+                route.asking,
                 &policy.pacing,
             )
             .await?;
@@ -418,7 +474,7 @@ impl RedisStore {
             view,
             pacing,
             pacing_was,
-            cooldown_corroborated: reply.int(at + 3)? == 1,
+            cooldown_corroborated,
         })
     }
 
@@ -448,6 +504,8 @@ impl RedisStore {
 impl RedisStore {
     /// One `mute.lua` per key (route, then caller scope): each key is its
     /// own slot on a cluster.
+    /// Mutes or unmutes `worker_id` on the route's hints, then on its
+    /// caller scope's: each a change decided in Rust (`decide`).
     async fn mute_now(
         &self,
         route: &RouteKey,
@@ -455,20 +513,33 @@ impl RedisStore {
         until_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let mut ok = true;
-        for (kind, key) in [
-            ("route", self.route_key(route)),
-            ("caller", self.caller_key(&route.caller_scope)),
-        ] {
-            let mut inv = SCRIPTS.mute.call(&[key]);
-            inv.arg(kind)
-                .arg(now_ms)
-                .arg(self.idle_ms)
-                .arg(worker_id)
-                .arg(until_ms.unwrap_or(-1));
-            ok &= Reply::ok(self.run(&inv).await?)?.int(1)? == 1;
-        }
-        Ok(ok)
+        use crate::hints::corroboration::set_mute;
+        let route_key = self.route_key(route);
+        let caller_key = self.caller_key(&route.caller_scope);
+        let _turn = self.turns.take(&route_key).await;
+        let read = self.read_route(&route_key).await?.unwrap_or_default();
+        let (on_route, _) = self
+            .change_hints(
+                &route_key,
+                Level::Route,
+                now_ms,
+                read.hints_version,
+                read.hints,
+                |h| set_mute(&mut h.mutes, worker_id, until_ms, now_ms),
+            )
+            .await?;
+        let (version, stored) = self.read_caller(&caller_key).await?;
+        let (on_caller, _) = self
+            .change_hints(
+                &caller_key,
+                Level::Caller { touch: true },
+                now_ms,
+                version,
+                stored,
+                |h| set_mute(&mut h.mutes, worker_id, until_ms, now_ms),
+            )
+            .await?;
+        Ok(on_route & on_caller)
     }
 }
 

@@ -1,5 +1,4 @@
 -- Redis Cluster only: the caller scope's (cooldown, floor), read before a
 -- route script that cannot touch this key's slot. KEYS: caller.
-local c = load(KEYS[1])
-if not c then return { 'ok', 0, 0 } end
-return { 'ok', c.hints.cd, hints_floor(c.hints) }
+local got = redis.call('HMGET', KEYS[1], 'cd', 'fl')
+return { 'ok', tonumber(got[1] or 0), tonumber(got[2] or 0) }

@@ -3,8 +3,8 @@
 -- advance in the decoded copy only), so looking never keeps a scope alive.
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
 -- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3.
--- With the budget, the reply goes on with the intents asking, the pacing
--- state (false: none; Rust reads it), the route's hints and evidence.
+-- With the budget, the reply goes on with the intents asking, then the
+-- pacing state and the hints (false: none; Rust reads both).
 local ccd, cfloor = caller_floor(tonumber(ARGV[1]), tonumber(ARGV[2]))
 local now = tonumber(ARGV[3])
 local st = route_open(KEYS[1], now, { 'h', 'p' })
@@ -13,7 +13,7 @@ local leases, tokens = leases_held(KEYS[1], now)
 local asking, pending = slots_waiting(KEYS[1], now)
 local waiting = asking + pending
 local out = {
-  'ok', 1, math.max(st.hints.cd, ccd), math.max(hints_floor(st.hints), cfloor),
+  'ok', 1, math.max(st.k.cd, ccd), math.max(st.k.cd, st.k.bo, cfloor),
   st.frozen or false, leases, waiting, st.k.t,
 }
 if ARGV[4] ~= '1' then return out end
@@ -42,10 +42,7 @@ for p = 1, 3 do
   out[#out + 1] = active
 end
 out[#out + 1] = tokens
-out[#out + 1] = st.hints.cd
-out[#out + 1] = st.hints.step
 out[#out + 1] = asking
 out[#out + 1] = st.raw.p or false
-hints_out(out, st.hints)
-evidence_out(out, st.hints)
+out[#out + 1] = st.raw.h or false
 return out

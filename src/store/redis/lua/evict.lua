@@ -15,8 +15,8 @@ if ARGV[3] == '1' then
   slots_forget(KEYS[1])
   return 1
 end
-local c = load(KEYS[1])
-if not c then return 0 end
-if c.touched > now - idle_ms or hints_live(c.hints) > now then return 0 end
+local got = redis.call('HMGET', KEYS[1], 't', 'hl')
+if not got[1] then return 0 end
+if tonumber(got[1]) > now - idle_ms or tonumber(got[2] or 0) > now then return 0 end
 redis.call('DEL', KEYS[1])
 return 1

@@ -1,10 +1,10 @@
--- Shared by every Tollgate script: the state codec and the budget and hint
--- math. This is a port of src/budget.rs and src/hints.rs, line for line
--- where possible: the Rust modules are the reference and the store
--- contract suite (run against both stores) is what proves the two agree.
--- Change one, change the other. The slots and the pacing controller are
--- decided in Rust alone: scripts only read and write what they keep
--- (`slots` below), never deciding anything from it.
+-- Shared by every Tollgate script: the state codec and the budget math.
+-- This is a port of src/budget.rs, line for line where possible: the Rust
+-- module is the reference and the store contract suite (run against both
+-- stores) is what proves the two agree. Change one, change the other. The
+-- hints and cooldowns, the slots and the pacing controller are decided in
+-- Rust alone: scripts only read and write what Rust keeps (`hints`,
+-- `slots` below), never deciding anything from it.
 --
 -- Numbers: Lua numbers are doubles, exact for integers below 2^53. Times are
 -- Unix milliseconds (~2^41), the slot cursor is in microseconds (~2^51) and
@@ -18,12 +18,11 @@
 --
 -- State: a route is one hash whose fields a call reads and writes only as
 -- it needs them ("route" below); its leases are a sorted set beside it
--- ("leases"); a caller scope is one MessagePack blob. Numbers are packed
--- as doubles (struct) or kept by MessagePack (cmsgpack keeps integers as
--- integers; cjson would print 14 digits and lose the microsecond cursor).
+-- ("leases"); a caller scope is a hash of what Rust decided about its
+-- hints ("hints"). Numbers are packed as doubles (struct).
 
 -- The bounds shared with the Rust modules (W, MAX_WORKERS, MAX_LEASES,
--- MAX_PENDING, RECENT_HINTS, MAX_BACKOFF_STEP) are not written
+-- MAX_PENDING) are not written
 -- here: RedisStore prepends them from the Rust constants when it loads the
 -- scripts, so the two can never drift apart.
 
@@ -47,20 +46,12 @@ local function sec_of(ms) return math.floor(ms / 1000) end
 -- (max_hint is at most a day), lease and slot.
 local MAX_TTL_MS = 30 * 86400000
 
--- A caller scope's value.
-local function load(key)
-  local raw = redis.call('GET', key)
-  if not raw then return nil end
-  return cmsgpack.unpack(raw)
-end
-
--- Writes a caller scope's value with an expiry: idle keys vanish by
--- themselves, but never while something in them is live (a cooldown, a
--- mute).
-local function save(key, st, live_until, now, idle_ms)
-  -- Bounded: PX takes at most a 64-bit integer.
-  local ttl = math.min(idle_ms + math.max(0, live_until - now), MAX_TTL_MS)
-  redis.call('SET', key, cmsgpack.pack(st), 'PX', math.max(1, ttl))
+-- How long a key must be kept: `idle_ms` past the last instant something
+-- in it is live (idle keys vanish by themselves, never while a cooldown, a
+-- mute or a lease holds), and never past MAX_TTL_MS (PX takes at most a
+-- 64-bit integer).
+local function keep_ms(live_until, now, idle_ms)
+  return math.max(1, math.min(idle_ms + math.max(0, live_until - now), MAX_TTL_MS))
 end
 
 -- struct formats of n little-endian doubles, built once per n.
@@ -190,231 +181,20 @@ local function record_new(now)
 end
 
 ---------------------------------------------------------------- hints
-local function hints_new() return { cd = 0, step = 0, bo = 0, recent = {} } end
+-- A level's hints (a route's, or a whole caller scope's for uncertain
+-- evidence) are decided in Rust (HintState: cooldown merging,
+-- corroboration, backoff, mutes) and kept as bytes only Rust reads, with a
+-- version every write bumps: `h` and `hv` in the route's hash, or in the
+-- caller scope's hash (`…:c`) beside what Rust decided from them — `cd`
+-- the cooldown, `fl` the floor (cooldown or backoff), `hl` until when
+-- something in them is live, `t` when last touched. hints_read.lua reads
+-- them, hints_commit.lua writes what Rust decided if the version is the
+-- one read.
 
-local function hints_floor(h) return math.max(h.cd, h.bo) end
-
--- Until when the state must be kept: its floor, and any mute in force (an
--- operator's mute outlives idleness, like a freeze).
-local function hints_live(h)
-  local t = hints_floor(h)
-  for _, m in pairs(h.mutes or {}) do t = math.max(t, m) end
-  return t
-end
-
-local function backoff_ms(h, base, max)
-  if h.step == 0 then return 0 end
-  return math.min(base * 2 ^ math.min(h.step - 1, 40), max)
-end
-
--- A reported success narrows the step; what was imposed stays.
-local function decay(h) h.step = math.max(0, h.step - 1) end
-
--- Fields per hint in a report's ARGV (RedisStore::hint_args): level (1
--- route / 0 caller scope), cooldown until (-1 for none), widen (1/0),
--- anchor, raw (or ''), has_raw, form, valid, capped, clock_skew.
-local HINT_FIELDS = 10
-
-local function hint_at(i)
-  return {
-    route = ARGV[i] == '1', until_ms = tonumber(ARGV[i + 1]),
-    widen = ARGV[i + 2] == '1', anchor = tonumber(ARGV[i + 3]),
-    raw = ARGV[i + 4], has_raw = ARGV[i + 5] == '1', form = ARGV[i + 6],
-    valid = ARGV[i + 7] == '1', capped = ARGV[i + 8] == '1',
-    skew = ARGV[i + 9] == '1',
-  }
-end
-
----------------------------------------------------------------- corroboration
--- A port of src/hints/corroboration.rs. Per worker: c = claim until, s =
--- streak start, l = last hint, h = hints, o = outliers, u = uncorroborated.
--- R (corr_rules): m = min workers, p = fraction permille, cap = cap ms.
-
--- The corroboration keys of a report, appended after its hints at `i`.
-local function corr_rules(i)
-  return { m = tonumber(ARGV[i]), p = tonumber(ARGV[i + 1]), cap = tonumber(ARGV[i + 2]) }
-end
-
-local function corr_needed(R, population)
-  population = math.max(population, 1)
-  local by_fraction = idiv(population * R.p + 999, 1000)
-  return math.max(1, math.min(population, math.max(R.m, by_fraction)))
-end
-
--- Rules::needed and evaluate: what the live claims support at `now`.
-local function corr_evaluate(workers, R, active, now)
-  local claims, alone = {}, 0
-  for _, w in pairs(workers) do
-    if w.c > now then
-      claims[#claims + 1] = w.c
-      alone = math.max(alone, math.min(w.c, w.s + R.cap))
-    end
-  end
-  table.sort(claims, function(x, y) return x > y end)
-  local needed = corr_needed(R, math.max(active, #claims))
-  local corroborated = claims[needed] or 0
-  local until_ms = math.max(corroborated, alone)
-  local supporting = 0
-  for _, c in ipairs(claims) do if c >= until_ms then supporting = supporting + 1 end end
-  return {
-    u = until_ms, c = (corroborated > 0 and corroborated + HINT_GRANULARITY >= alone) and 1 or 0,
-    w = supporting, r = #claims, n = needed,
-  }
-end
-
--- Rules::within_typical: the cap no longer than the lower median of the
--- recent claims' lengths (one granularity at least).
-local function corr_within_typical(R, recent)
-  local lengths = {}
-  for _, r in ipairs(recent) do
-    if r.cd then lengths[#lengths + 1] = r.cd - r.at end
-  end
-  if #lengths == 0 then return R end
-  table.sort(lengths)
-  local typical = math.max(lengths[idiv(#lengths - 1, 2) + 1], HINT_GRANULARITY)
-  return { m = R.m, p = R.p, cap = math.min(R.cap, typical) }
-end
-
--- record: a worker's claim, forgetting the longest-silent worker (the
--- smallest id among ties, as a BTreeMap's min_by_key) when full.
-local function corr_record(workers, wid, until_ms, anchor, now)
-  if not workers[wid] and count(workers) >= MAX_EVIDENCE_WORKERS then
-    local oldest, at
-    for id, w in pairs(workers) do
-      if not at or w.l < at or (w.l == at and id < oldest) then oldest, at = id, w.l end
-    end
-    if oldest then workers[oldest] = nil end
-  end
-  local w = workers[wid]
-  if not w then
-    w = { c = 0, s = 0, l = 0, h = 0, o = 0, u = 0 }
-    workers[wid] = w
-  end
-  if w.c <= now then
-    w.s, w.c = anchor, until_ms
-  else
-    w.c = math.max(w.c, until_ms)
-  end
-  w.l = math.max(w.l, now)
-  return w
-end
-
--- claim: a hint's claim, counted.
-local function corr_claim(workers, wid, until_ms, anchor, now)
-  local w = corr_record(workers, wid, until_ms, anchor, now)
-  w.h = w.h + 1
-end
-
--- judge: counts a claim that outran the cooldown by more than the cap.
--- Returns the claim code (Claim::from_code): 0 none, 1 agreed, 2 outlier,
--- 3 uncorroborated, 4 muted.
-local function corr_judge(workers, wid, v, cd, R)
-  local w = workers[wid]
-  if not w then return 0 end
-  if w.c <= cd + R.cap then return 1 end
-  if v.r >= v.n then
-    w.o = w.o + 1
-    return 2
-  end
-  w.u = w.u + 1
-  return 3
-end
-
--- WorkerEvidence::noisy.
-local function corr_noisy(w)
-  if not w then return false end
-  local disagreed = w.o + w.u
-  return disagreed >= NOISY_MIN_DISAGREEMENTS and disagreed > math.floor(w.h / 2)
-end
-
-local function corr_muted(h, wid, now)
-  local m = h.mutes and h.mutes[wid]
-  return m ~= nil and m > now
-end
-
--- HintState::reassess: the cooldown = max(current, what the claims
--- support); a cooldown an earlier claim set may outlast that support, and
--- is then not corroborated.
-local function corr_reassess(h, R, active, now)
-  local v = corr_evaluate(h.workers, R, active, now)
-  h.cd = math.max(h.cd, v.u)
-  if v.u + HINT_GRANULARITY < h.cd then v.c = 0 end
-  h.corr = v
-end
-
--- Merges one assessed hint from worker `wid` (with `active` workers in the
--- route) into `h` (HintState::merge): the claim joins the others and the
--- cooldown = max(current, what the claims support) unless the worker is
--- muted, a hintless rejection widens the backoff step, the evidence is kept
--- in a bounded ring either way. Appends the merge (MERGE_FIELDS: raised
--- 1/0, cooldown, backoff, corroborated 1/0, workers, claim code, noisy 1/0,
--- support moved 1/0) to `out`.
-local function merge_hint(out, h, a, now, base, max, wid, active, R)
-  local before = h.cd
-  local corr_before = (h.corr or { c = 0 }).c
-  local claim = 0
-  h.workers = h.workers or {}
-  local muted = corr_muted(h, wid, now)
-  if a.until_ms >= 0 and muted then
-    claim = 4
-  elseif a.until_ms >= 0 then
-    R = corr_within_typical(R, h.recent)
-    corr_claim(h.workers, wid, a.until_ms, a.anchor, now)
-    corr_reassess(h, R, active, now)
-    claim = corr_judge(h.workers, wid, h.corr, h.cd, R)
-  elseif a.widen and not muted and h.cd > now then
-    -- Refused without a hint while a cooldown holds: the upstream's own
-    -- behaviour supports it, to now + cap at most (corroboration::support).
-    R = corr_within_typical(R, h.recent)
-    corr_record(h.workers, wid, now + R.cap, now, now)
-    corr_reassess(h, R, active, now)
-  end
-  if a.widen then
-    h.step = math.min(h.step + 1, MAX_BACKOFF_STEP)
-    h.bo = math.max(h.bo, a.anchor + backoff_ms(h, base, max))
-  end
-  if #h.recent >= RECENT_HINTS then table.remove(h.recent, 1) end
-  local rec = {
-    at = now, raw = a.raw, has_raw = a.has_raw, form = a.form,
-    valid = a.valid, capped = a.capped, skew = a.skew,
-  }
-  -- The cooldown this hint asked for, so an operator can tell which hint a
-  -- scope's cooldown came from.
-  if a.until_ms >= 0 then rec.cd = a.until_ms end
-  h.recent[#h.recent + 1] = rec
-  local raised = 0
-  if h.cd > before and h.cd > now then raised = 1 end
-  out[#out + 1] = raised
-  out[#out + 1] = h.cd
-  out[#out + 1] = backoff_ms(h, base, max)
-  local v = h.corr or { c = 0, w = 0 }
-  out[#out + 1] = v.c
-  out[#out + 1] = v.w
-  out[#out + 1] = claim
-  out[#out + 1] = corr_noisy(h.workers[wid]) and 1 or 0
-  -- The cooldown kept its end but its corroboration changed.
-  if raised == 0 and h.cd > now and v.c ~= corr_before then
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
-  end
-end
-
--- A caller scope's state about to take a hint: created when absent.
-local function caller_for_hint(c, now)
-  c = c or { hints = hints_new(), touched = now }
-  c.touched = math.max(c.touched, now)
-  return c
-end
-
--- Writes a caller scope's state after a report: with a fresh expiry when a
--- hint landed on it, keeping its expiry when only a success narrowed it.
-local function caller_save(key, c, merged, now, idle_ms)
-  if merged then
-    save(key, c, hints_live(c.hints), now, idle_ms)
-  else
-    redis.call('SET', key, cmsgpack.pack(c), 'KEEPTTL')
-  end
+-- The caller scope's (version, hints) at `key` (0, false: none).
+local function caller_hints(key)
+  local got = redis.call('HMGET', key, 'hv', 'h')
+  return tonumber(got[1] or 0), got[2] or false
 end
 
 ---------------------------------------------------------------- leases
@@ -505,6 +285,18 @@ local function slots_waiting(route_key, now)
   return redis.call('ZCOUNT', sa, after, '+inf'), redis.call('ZCOUNT', sp, after, '+inf')
 end
 
+-- Appends what Rust decides a route's hints and pacing from
+-- (RouteRead): its freeze, the hints' version and bytes, the pacing's
+-- version and bytes (false: none), and the intents asking.
+local function route_state_out(out, st, now)
+  out[#out + 1] = st.frozen or false
+  out[#out + 1] = tonumber(st.raw.hv or 0)
+  out[#out + 1] = st.raw.h or false
+  out[#out + 1] = tonumber(st.raw.pv or 0)
+  out[#out + 1] = st.raw.p or false
+  out[#out + 1] = (slots_waiting(st.key, now))
+end
+
 -- Lets `key` expire no sooner than `ms` from now.
 local function keep_for(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
@@ -521,8 +313,9 @@ end
 --              Lease needs from the parts below without decoding them
 --   z          the freeze reason (absent: not frozen)
 --   fa         first attempts, a series; s1, s2, s3 each class's spend
---   h          the hints (MessagePack), read the first time a script
---              touches st.hints (Report and an operator's calls)
+--   h, hv      the hints (bytes only Rust reads, HintState::encode) and
+--              their version; the core holds what they decided (cd, bo,
+--              hl), so a Lease reads no hints (`hints` below)
 --   cu, p, pv  the slot cursor (Unix µs), the pacing state (bytes only
 --              Rust reads, PacingState::encode) and its version, which
 --              every write of either bumps (`slots` below)
@@ -567,12 +360,6 @@ local function core_new(now)
   }
 end
 
--- The MessagePack parts read on first touch: their field and what an
--- absent one reads as.
-local PARTS = {
-  hints = { f = 'h', new = hints_new },
-}
-
 -- The raw field `f` of route `st`: read by the opening HMGET, else now
 -- (false: absent).
 local function route_raw(st, f)
@@ -583,18 +370,6 @@ local function route_raw(st, f)
   end
   return raw
 end
-
-local ROUTE = {
-  __index = function(st, name)
-    local part = PARTS[name]
-    if not part then return nil end
-    local raw = route_raw(st, part.f)
-    local v
-    if raw then v = cmsgpack.unpack(raw) else v = part.new() end
-    if v ~= nil then rawset(st, name, v) end
-    return v
-  end,
-}
 
 -- Series 0 is the first attempts, 1..3 each class's spend.
 local SERIES_FIELD = { [0] = 'fa', 's1', 's2', 's3' }
@@ -687,12 +462,12 @@ local function series_flush(st, i)
 end
 
 local function route_of(key, now, k, frozen, fresh)
-  return setmetatable({
+  return {
     key = key, now = now, k = k, frozen = frozen, z0 = frozen, fresh = fresh,
     -- Raw fields read; series' packed pairs, decoded pairs and which
     -- changed; unpacked worker records, forgotten workers.
     raw = {}, raw_of = {}, pairs = {}, dirty = {}, w = {}, gone = {},
-  }, ROUTE)
+  }
 end
 
 -- A new route (with_route in the memory store): its series start at now
@@ -751,15 +526,13 @@ end
 -- out, EXPIRY_SLACK_MS past what is needed, so most writes leave it be.
 local function route_save(st, idle_ms)
   local k, now = st.k, st.now
-  local hints = rawget(st, 'hints')
-  if hints then k.cd, k.bo, k.hl = hints.cd, hints.bo, hints_live(hints) end
   local expire
   if st.frozen then
     if k.er ~= -1 then expire, k.er = -1, -1 end
   else
     -- Bounded: an intent may name a deadline far off (it waits only as
     -- long as it keeps asking), and PX takes at most a 64-bit integer.
-    local until_ms = now + math.max(1, math.min(idle_ms + math.max(0, route_live(st) - now), MAX_TTL_MS))
+    local until_ms = now + keep_ms(route_live(st), now, idle_ms)
     if k.er == -1 or until_ms > k.er then
       k.er = until_ms + EXPIRY_SLACK_MS
       expire = k.er - now
@@ -772,14 +545,6 @@ local function route_save(st, idle_ms)
   end
   args[#args + 1] = 'k'
   args[#args + 1] = core_pack(k)
-  -- A part is in `st` once read (or set, like a new pacing state).
-  for name, part in pairs(PARTS) do
-    local v = rawget(st, name)
-    if v ~= nil then
-      args[#args + 1] = part.f
-      args[#args + 1] = cmsgpack.pack(v)
-    end
-  end
   for f, w in pairs(st.w) do
     args[#args + 1] = f
     args[#args + 1] = record_pack(w)
@@ -811,9 +576,8 @@ end
 -- the same window the memory store has between its two maps).
 local function caller_floor(ccd, cfloor)
   if KEYS[2] then
-    local c = load(KEYS[2])
-    if not c then return 0, 0 end
-    return c.hints.cd, hints_floor(c.hints)
+    local got = redis.call('HMGET', KEYS[2], 'cd', 'fl')
+    return tonumber(got[1] or 0), tonumber(got[2] or 0)
   end
   return ccd, cfloor
 end
@@ -1035,60 +799,4 @@ local function max_min_share(capacity, own, others)
     n = n - 1
   end
   return math.min(own, idiv(left, n))
-end
-
--- Appends a level's evidence (EvidenceDetail's input): the corroboration
--- (until, corroborated, workers, reporters, needed), the count of workers
--- that disagreed (a noisy worker always did) then per worker id, claim, since, last, hints, outliers,
--- uncorroborated; then the count of mutes then per mute id, until. Rust
--- picks what to show, so the selection is written once.
-local function evidence_out(out, h)
-  local v = h.corr or { u = 0, c = 0, w = 0, r = 0, n = 0 }
-  out[#out + 1] = v.u
-  out[#out + 1] = v.c
-  out[#out + 1] = v.w
-  out[#out + 1] = v.r
-  out[#out + 1] = v.n
-  local ids = {}
-  for id, w in pairs(h.workers or {}) do
-    if w.o + w.u > 0 then ids[#ids + 1] = id end
-  end
-  table.sort(ids)
-  out[#out + 1] = #ids
-  for _, id in ipairs(ids) do
-    local w = h.workers[id]
-    out[#out + 1] = id
-    out[#out + 1] = w.c
-    out[#out + 1] = w.s
-    out[#out + 1] = w.l
-    out[#out + 1] = w.h
-    out[#out + 1] = w.o
-    out[#out + 1] = w.u
-  end
-  local mutes = {}
-  for id, _ in pairs(h.mutes or {}) do mutes[#mutes + 1] = id end
-  table.sort(mutes)
-  out[#out + 1] = #mutes
-  for _, id in ipairs(mutes) do
-    out[#out + 1] = id
-    out[#out + 1] = h.mutes[id]
-  end
-end
-
--- Appends a hint ring to a reply (the Admin API's HintRecord list): the
--- count, then per record at, raw (false when none), form, valid, capped,
--- clock_skew (1/0) and the cooldown it asked for (-1 for none).
-local function hints_out(out, h)
-  out[#out + 1] = #h.recent
-  for _, r in ipairs(h.recent) do
-    local raw = false
-    if r.has_raw then raw = r.raw end
-    out[#out + 1] = r.at
-    out[#out + 1] = raw
-    out[#out + 1] = r.form
-    out[#out + 1] = r.valid and 1 or 0
-    out[#out + 1] = r.capped and 1 or 0
-    out[#out + 1] = r.skew and 1 or 0
-    out[#out + 1] = r.cd or -1
-  end
 end
