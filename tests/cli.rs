@@ -665,3 +665,56 @@ async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
     assert_eq!(actions, ["scope.unmute", "scope.mute"]);
     assert!(!server.log().contains(CALLER), "no token in the log");
 }
+
+/// Runs the CLI with stdout a pipe whose reader is already gone, as
+/// `tollgate … | head -1` is once `head` has read its line.
+fn cli_into_closed_pipe(server: &Server, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    Command::new(BIN)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("TOLLGATE_SERVER", format!("127.0.0.1:{}", server.port))
+        .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
+        .stdout(writer)
+        .output()
+        .expect("run the cli")
+}
+
+#[test]
+fn every_command_ends_quietly_when_its_reader_goes_away() {
+    let server = setup("closed-pipe");
+    let freeze = server.cli(&[
+        "scopes",
+        "freeze",
+        "tenant-a",
+        "GET /users/{id}",
+        "--reason",
+        "a scope with state to show",
+    ]);
+    assert!(freeze.status.success(), "{}", stderr(&freeze));
+    let commands: &[&[&str]] = &[
+        &["completions", "bash"],
+        &["policy", "list"],
+        &["policy", "get", "GET /users/*"],
+        &["-o", "json", "policy", "list"],
+        &["-o", "yaml", "policy", "list"],
+        &["scopes", "list"],
+        &["scopes", "show", "tenant-a", "GET /users/{id}"],
+        &["audit"],
+        &["top", "--once"],
+        &["simulate", "examples/scenarios/schedule-a.json"],
+    ];
+    for args in commands {
+        let out = cli_into_closed_pipe(&server, args);
+        assert_eq!(
+            (out.status.code(), stderr(&out).as_str()),
+            (Some(0), ""),
+            "tollgate {}",
+            args.join(" ")
+        );
+    }
+    // A command that fails still says so: the exit code is its own.
+    let missing = cli_into_closed_pipe(&server, &["policy", "get", "GET /nowhere"]);
+    assert_eq!(missing.status.code(), Some(5), "{}", stderr(&missing));
+}

@@ -127,7 +127,7 @@ fn print_changes(client: &Client, changes: &v1::PolicyChanges, what: &str) {
         || changes_json(changes),
         || {
             if changes.changes.is_empty() {
-                println!("{what}: no differences");
+                outln!("{what}: no differences");
                 return;
             }
             let mut rows = Vec::new();
@@ -160,7 +160,7 @@ fn print_changes(client: &Client, changes: &v1::PolicyChanges, what: &str) {
             }
             print_table(&["RULE", "CHANGE", "FIELD", "RUNNING", "FILE"], &rows);
             if changes.applied {
-                println!("applied as policy_version {}", changes.policy_version);
+                outln!("applied as policy_version {}", changes.policy_version);
             }
         },
     );
@@ -171,10 +171,10 @@ fn print_rule(client: &Client, r: &v1::PolicyRule) {
         client.output,
         || rule_json(r),
         || {
-            println!("rule            {}|{}", r.caller_scope, r.route);
-            println!("policy_version  {}", r.policy_version);
-            println!("sets            {}", fields_text(r.fields.clone()));
-            println!("effective       {}", fields_text(r.effective.clone()));
+            outln!("rule            {}|{}", r.caller_scope, r.route);
+            outln!("policy_version  {}", r.policy_version);
+            outln!("sets            {}", fields_text(r.fields.clone()));
+            outln!("effective       {}", fields_text(r.effective.clone()));
         },
     );
 }
@@ -331,9 +331,11 @@ async fn clear(client: &mut Client, rule: RuleRef, reason: String) -> Outcome {
         client.output,
         || json!({"policy_version": r.policy_version}),
         || {
-            println!(
+            outln!(
                 "{}|{} follows the policy file again (policy_version {})",
-                rule.caller_scope, rule.route, r.policy_version
+                rule.caller_scope,
+                rule.route,
+                r.policy_version
             );
         },
     );
@@ -367,9 +369,11 @@ async fn delete(
         client.output,
         || json!({"deleted_version": r.deleted_version}),
         || {
-            println!(
+            outln!(
                 "deleted {}|{} (was policy_version {})",
-                rule.caller_scope, rule.route, r.deleted_version
+                rule.caller_scope,
+                rule.route,
+                r.deleted_version
             );
         },
     );
