@@ -718,3 +718,67 @@ fn every_command_ends_quietly_when_its_reader_goes_away() {
     let missing = cli_into_closed_pipe(&server, &["policy", "get", "GET /nowhere"]);
     assert_eq!(missing.status.code(), Some(5), "{}", stderr(&missing));
 }
+
+#[test]
+fn defaults_are_set_shown_diffed_and_cleared_by_name() {
+    let server = setup("defaults");
+    let set = server.cli(&["policy", "set", "[defaults]", "retry_ratio=0.3"]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    assert!(
+        stdout(&set).starts_with("rule            [defaults]\n"),
+        "{}",
+        stdout(&set)
+    );
+
+    // The running `[defaults]` changed, and no rule was made.
+    let list = json(&server.cli(&["-o", "json", "policy", "list"]));
+    assert_eq!(list["defaults"]["fields"]["retry_ratio"], 0.3, "{list}");
+    let routes: Vec<&str> = list["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| r["route"].as_str().expect("route"))
+        .collect();
+    assert_eq!(routes, ["GET /users/*"], "{list}");
+    let shown = json(&server.cli(&["-o", "json", "policy", "get", "[defaults]"]));
+    assert_eq!(shown["effective"]["retry_ratio"], 0.3, "{shown}");
+    assert_eq!(shown["policy_version"], list["defaults"]["policy_version"]);
+
+    // A runtime change over the file: diff shows it, clear drops it.
+    let diff = server.cli(&["-o", "json", "policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(7), "{}", stderr(&diff));
+    let drift: serde_json::Value = serde_json::from_slice(&diff.stdout).expect("json");
+    assert_eq!(drift["changes"][0]["target"], "[defaults]", "{drift}");
+    let clear = server.cli(&["policy", "clear", "[defaults]"]);
+    assert!(clear.status.success(), "{}", stderr(&clear));
+    assert!(
+        stdout(&clear).starts_with("[defaults] follows the policy file again"),
+        "{}",
+        stdout(&clear)
+    );
+    let list = json(&server.cli(&["-o", "json", "policy", "list"]));
+    assert!(
+        list["defaults"]["fields"]["retry_ratio"].is_null(),
+        "{list}"
+    );
+    let diff = server.cli(&["policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(0), "{}", stdout(&diff));
+
+    // `[defaults]` covers every caller scope and cannot be deleted: both
+    // refused in one line, as invalid input.
+    for args in [
+        &[
+            "policy",
+            "set",
+            "[defaults]",
+            "--caller-scope",
+            "tenant-a",
+            "retry_ratio=0.3",
+        ][..],
+        &["policy", "delete", "[defaults]"][..],
+    ] {
+        let refused = server.cli(args);
+        assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+        assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
+    }
+}

@@ -33,6 +33,16 @@ fn read_policy_file(file: &Path) -> Result<String, Failure> {
     Ok(text)
 }
 
+/// How a rule is named to an operator: `caller_scope|route`, or just
+/// `[defaults]`, which covers every caller scope.
+fn rule_name(caller_scope: &str, route: &str) -> String {
+    if route == crate::admin::layers::DEFAULTS {
+        route.to_owned()
+    } else {
+        format!("{caller_scope}|{route}")
+    }
+}
+
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -171,7 +181,7 @@ fn print_rule(client: &Client, r: &v1::PolicyRule) {
         client.output,
         || rule_json(r),
         || {
-            outln!("rule            {}|{}", r.caller_scope, r.route);
+            outln!("rule            {}", rule_name(&r.caller_scope, &r.route));
             outln!("policy_version  {}", r.policy_version);
             outln!("sets            {}", fields_text(r.fields.clone()));
             outln!("effective       {}", fields_text(r.effective.clone()));
@@ -332,9 +342,8 @@ async fn clear(client: &mut Client, rule: RuleRef, reason: String) -> Outcome {
         || json!({"policy_version": r.policy_version}),
         || {
             outln!(
-                "{}|{} follows the policy file again (policy_version {})",
-                rule.caller_scope,
-                rule.route,
+                "{} follows the policy file again (policy_version {})",
+                rule_name(&rule.caller_scope, &rule.route),
                 r.policy_version
             );
         },
