@@ -388,9 +388,10 @@ async fn redis_lost_and_back(fleet: &mut Fleet, workers: &[BudgetClient<Channel>
         replica.until_health(ServingStatus::Serving).await;
     }
     // Redis kept nothing, but the replicas did: the SRE's rule is still in
-    // force, at a version no lower than before, the same on all three.
-    let answers = on_every_replica(workers, "GET /sre", "serving again", |a| {
-        a.policy_version >= version
+    // force, at a version no lower than before, the same on all three, and
+    // so is the freeze (docs/deploying.md's failure table says so).
+    let answers = on_every_replica(workers, "GET /sre", "serving again, frozen", |a| {
+        a.policy_version >= version && a.limit() == LeaseLimit::Frozen
     })
     .await;
     assert!(
