@@ -117,7 +117,7 @@ pub(super) fn print_evidence(s: &v1::ScopeState) {
             continue;
         }
         outln!(
-            "evidence ({level:<6}) {} by {} of {} reporting workers ({} needed), supports {}",
+            "evidence ({level}) {} by {} of {} reporting workers ({} needed), supports {}",
             if e.corroborated {
                 "corroborated"
             } else {
