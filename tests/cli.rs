@@ -787,3 +787,22 @@ fn defaults_are_set_shown_diffed_and_cleared_by_name() {
         assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
     }
 }
+
+#[test]
+fn diff_lists_what_a_runtime_only_rule_sets_not_every_default() {
+    let server = setup("diff-runtime-only");
+    let set = server.cli(&["policy", "set", "GET /only", "retry_ratio=0.1"]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    let diff = server.cli(&["-o", "json", "policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(7), "{}", stderr(&diff));
+    let drift: serde_json::Value = serde_json::from_slice(&diff.stdout).expect("json");
+    assert_eq!(
+        drift["changes"],
+        serde_json::json!([{
+            "target": "*|GET /only",
+            "kind": "removed",
+            "fields": [{"field": "retry_ratio", "before": "0.1", "after": ""}],
+        }]),
+        "{drift}"
+    );
+}
