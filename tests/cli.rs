@@ -727,6 +727,16 @@ fn every_command_ends_quietly_when_its_reader_goes_away() {
 #[test]
 fn defaults_are_set_shown_diffed_and_cleared_by_name() {
     let server = setup("defaults");
+    // The in-memory store's bound is in the start-up log (a Redis store's
+    // is not: tests/replicas_binary.rs).
+    assert!(
+        server
+            .log()
+            .lines()
+            .any(|l| l.contains("scope state in memory") && l.contains("max_scopes=1000000")),
+        "{}",
+        server.log()
+    );
     let set = server.cli(&["policy", "set", "[defaults]", "retry_ratio=0.3"]);
     assert!(set.status.success(), "{}", stderr(&set));
     assert!(

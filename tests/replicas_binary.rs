@@ -164,6 +164,13 @@ async fn three_serve_processes_on_one_redis_are_one_coordinator() {
     for i in 0..3 {
         workers.push(fleet.worker(i).await);
     }
+    // The start-up log says the state is in Redis and names no
+    // `max_scopes`: that bounds only the in-memory store.
+    for replica in &fleet.replicas {
+        let log = replica.log();
+        assert!(log.contains("scope state in Redis"), "{log}");
+        assert!(!log.contains("max_scopes"), "{log}");
+    }
 
     one_budget(&workers).await;
     one_cooldown_watched_across_replicas(&workers).await;
