@@ -19,7 +19,7 @@ pub fn write(args: fmt::Arguments<'_>) {
 }
 
 /// Writes `bytes` (generated text, such as a completion script) to stdout
-/// as [`write`] does.
+/// as [`write()`] does.
 pub fn write_all(bytes: &[u8]) {
     write_bytes(|out| out.write_all(bytes));
 }
