@@ -237,11 +237,11 @@ impl Coordinator {
     /// Ends a lease; returns the tokens refunded: the unspent ones and
     /// those of retries that succeeded.
     ///
-    /// A shadow lease (a grant a shadow policy let through) is checked against the grant its Lease
-    /// answered and answers `granted − spent + retry_successes` of that
-    /// grant, as any lease; the store's part of it, if any, is released
-    /// with the spend it can hold (the spend beyond it was let through and
-    /// counted as shadowed).
+    /// A shadow lease (a grant a shadow policy let through) is checked
+    /// against the grant its Lease answered and answers `granted − spent +
+    /// retry_successes` of that grant, as any lease; the store's part of
+    /// it, if any, is released with the spend it can hold (the spend
+    /// beyond it was let through and counted as shadowed).
     pub async fn release(
         &self,
         scope: &ScopeKey,

@@ -34,9 +34,11 @@ fn read_policy_file(file: &Path) -> Result<String, Failure> {
 }
 
 /// How a rule is named to an operator: `caller_scope|route`, or just
-/// `[defaults]`, which covers every caller scope.
+/// `[defaults]` (which the Admin API answers with empty patterns).
 fn rule_name(caller_scope: &str, route: &str) -> String {
-    if route == crate::admin::layers::DEFAULTS {
+    if route.is_empty() {
+        crate::admin::layers::DEFAULTS.to_owned()
+    } else if route == crate::admin::layers::DEFAULTS {
         route.to_owned()
     } else {
         format!("{caller_scope}|{route}")

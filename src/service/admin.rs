@@ -106,13 +106,10 @@ fn names_defaults(caller_scope: &str, route: &str) -> Result<bool> {
     Ok(true)
 }
 
-/// `[defaults]` as a rule answer: route `[defaults]`, caller scope `*`.
+/// `[defaults]` as a rule answer: both patterns empty, as `PolicyRule`
+/// says and `ListPolicies` answers it.
 fn defaults_rule(doc: &PolicyDoc) -> v1::PolicyRule {
-    v1::PolicyRule {
-        caller_scope: "*".into(),
-        route: DEFAULTS.into(),
-        ..rule_of(doc, None)
-    }
+    rule_of(doc, None)
 }
 
 pub(super) fn duration_text(field: &str, value: Option<String>) -> Result<Option<String>> {
