@@ -127,14 +127,17 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Scopes { command } => Ok(ops::run(&connect, ops::Command::Scopes(command))),
         Command::Audit { limit } => Ok(ops::run(&connect, ops::Command::Audit { limit })),
         Command::Top(args) => Ok(ops::run(&connect, ops::Command::Top(args))),
-        Command::Simulate { json, files } => simulate(json, connect.output, &files),
+        Command::Simulate { json, files } => {
+            reader_left_is_done(simulate(json, connect.output, &files))
+        }
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "tollgate",
-                &mut std::io::stdout().lock(),
-            );
+            // Into memory first: clap_complete panics on a failed write.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tollgate", &mut script);
+            ops::out::write_all(&script);
+            ops::out::finish()
+                .map_err(std::io::Error::from)
+                .context("writing the completion script")?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Man { dir } => {
@@ -145,6 +148,15 @@ fn main() -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("writing man pages to {}", dir.display()))?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// A command whose stdout's reader went away (`… | head`) has done what
+/// was asked of it: it exits 0, quietly, like one that wrote everything.
+fn reader_left_is_done(result: anyhow::Result<ExitCode>) -> anyhow::Result<ExitCode> {
+    match result {
+        Err(err) if ops::out::is_broken_pipe(err.as_ref()) => Ok(ExitCode::SUCCESS),
+        other => other,
     }
 }
 

@@ -225,7 +225,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let (store, clock, calibrating): (Arc<dyn Store>, Arc<dyn Clock>, _) = if args.store
             == "memory"
         {
-            let store = Arc::new(MemoryStore::new(kept.config.limits.max_scopes));
+            let max_scopes = kept.config.limits.max_scopes;
+            tracing::info!(max_scopes, "scope state in memory");
+            let store = Arc::new(MemoryStore::new(max_scopes));
             (store, Arc::new(SystemClock), None)
         } else {
             // Never echo the URL: it may carry a password.
@@ -250,6 +252,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 }
                 Ok(Ok(())) => {}
             }
+            // `max_scopes` bounds the in-memory store only; Redis keeps
+            // what its memory holds.
+            tracing::info!(prefix = %args.redis_prefix, "scope state in Redis");
             kept.relay = Some(EventRelay::new(&target, &args.redis_prefix).context("Watch relay")?);
             match args.time_source {
                 TimeSource::Local => (Arc::new(store), Arc::new(SystemClock), None),

@@ -255,7 +255,13 @@ pub async fn run_tcp(
         Some(_) => "tls",
         None => "plaintext",
     };
-    info!(%address, security, max_scopes = setup.config.limits.max_scopes, "tollgate coordinator listening");
+    // `max_scopes` bounds the embedded store only; a caller that gives its
+    // own store says what bounds it (`tollgate serve` does).
+    let max_scopes = setup
+        .store
+        .is_none()
+        .then_some(setup.config.limits.max_scopes);
+    info!(%address, security, max_scopes, "tollgate coordinator listening");
     let every = setup.secrets_every;
     let incoming = listen::incoming(listener, listen::ConnLimits::grpc(&transport), tls.clone());
     let scraped = serve_metrics(metrics, &transport, tls.clone());

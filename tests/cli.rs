@@ -653,6 +653,11 @@ async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
     assert_eq!(mute["reason"], "sends 300 s on every 429");
     let table = stdout(&server.cli(&["scopes", "show", "tenant-a", "GET /users/{id}"]));
     assert!(table.contains("muted worker-7"), "{table}");
+    // The evidence line names its level with no stray padding.
+    assert!(
+        table.lines().any(|l| l.starts_with("evidence (route) ")),
+        "{table}"
+    );
 
     let unmuted = server.cli(&[
         "scopes",
@@ -669,4 +674,150 @@ async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
     let actions = actions(&audit);
     assert_eq!(actions, ["scope.unmute", "scope.mute"]);
     assert!(!server.log().contains(CALLER), "no token in the log");
+}
+
+/// Runs the CLI with stdout a pipe whose reader is already gone, as
+/// `tollgate … | head -1` is once `head` has read its line.
+fn cli_into_closed_pipe(server: &Server, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    Command::new(BIN)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("TOLLGATE_SERVER", format!("127.0.0.1:{}", server.port))
+        .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
+        .stdout(writer)
+        .output()
+        .expect("run the cli")
+}
+
+#[test]
+fn every_command_ends_quietly_when_its_reader_goes_away() {
+    let server = setup("closed-pipe");
+    let freeze = server.cli(&[
+        "scopes",
+        "freeze",
+        "tenant-a",
+        "GET /users/{id}",
+        "--reason",
+        "a scope with state to show",
+    ]);
+    assert!(freeze.status.success(), "{}", stderr(&freeze));
+    let commands: &[&[&str]] = &[
+        &["completions", "bash"],
+        &["policy", "list"],
+        &["policy", "get", "GET /users/*"],
+        &["-o", "json", "policy", "list"],
+        &["-o", "yaml", "policy", "list"],
+        &["scopes", "list"],
+        &["scopes", "show", "tenant-a", "GET /users/{id}"],
+        &["audit"],
+        &["top", "--once"],
+        &["simulate", "examples/scenarios/schedule-a.json"],
+    ];
+    for args in commands {
+        let out = cli_into_closed_pipe(&server, args);
+        assert_eq!(
+            (out.status.code(), stderr(&out).as_str()),
+            (Some(0), ""),
+            "tollgate {}",
+            args.join(" ")
+        );
+    }
+    // A command that fails still says so: the exit code is its own.
+    let missing = cli_into_closed_pipe(&server, &["policy", "get", "GET /nowhere"]);
+    assert_eq!(missing.status.code(), Some(5), "{}", stderr(&missing));
+}
+
+#[test]
+fn defaults_are_set_shown_diffed_and_cleared_by_name() {
+    let server = setup("defaults");
+    // The in-memory store's bound is in the start-up log (a Redis store's
+    // is not: tests/replicas_binary.rs).
+    assert!(
+        server
+            .log()
+            .lines()
+            .any(|l| l.contains("scope state in memory") && l.contains("max_scopes=1000000")),
+        "{}",
+        server.log()
+    );
+    let set = server.cli(&["policy", "set", "[defaults]", "retry_ratio=0.3"]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    assert!(
+        stdout(&set).starts_with("rule            [defaults]\n"),
+        "{}",
+        stdout(&set)
+    );
+
+    // The running `[defaults]` changed, and no rule was made.
+    let list = json(&server.cli(&["-o", "json", "policy", "list"]));
+    assert_eq!(list["defaults"]["fields"]["retry_ratio"], 0.3, "{list}");
+    let routes: Vec<&str> = list["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| r["route"].as_str().expect("route"))
+        .collect();
+    assert_eq!(routes, ["GET /users/*"], "{list}");
+    let shown = json(&server.cli(&["-o", "json", "policy", "get", "[defaults]"]));
+    assert_eq!(shown["effective"]["retry_ratio"], 0.3, "{shown}");
+    assert_eq!(shown["policy_version"], list["defaults"]["policy_version"]);
+
+    // A runtime change over the file: diff shows it, clear drops it.
+    let diff = server.cli(&["-o", "json", "policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(7), "{}", stderr(&diff));
+    let drift: serde_json::Value = serde_json::from_slice(&diff.stdout).expect("json");
+    assert_eq!(drift["changes"][0]["target"], "[defaults]", "{drift}");
+    let clear = server.cli(&["policy", "clear", "[defaults]"]);
+    assert!(clear.status.success(), "{}", stderr(&clear));
+    assert!(
+        stdout(&clear).starts_with("[defaults] follows the policy file again"),
+        "{}",
+        stdout(&clear)
+    );
+    let list = json(&server.cli(&["-o", "json", "policy", "list"]));
+    assert!(
+        list["defaults"]["fields"]["retry_ratio"].is_null(),
+        "{list}"
+    );
+    let diff = server.cli(&["policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(0), "{}", stdout(&diff));
+
+    // `[defaults]` covers every caller scope and cannot be deleted: both
+    // refused in one line, as invalid input.
+    for args in [
+        &[
+            "policy",
+            "set",
+            "[defaults]",
+            "--caller-scope",
+            "tenant-a",
+            "retry_ratio=0.3",
+        ][..],
+        &["policy", "delete", "[defaults]"][..],
+    ] {
+        let refused = server.cli(args);
+        assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+        assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
+    }
+}
+
+#[test]
+fn diff_lists_what_a_runtime_only_rule_sets_not_every_default() {
+    let server = setup("diff-runtime-only");
+    let set = server.cli(&["policy", "set", "GET /only", "retry_ratio=0.1"]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    let diff = server.cli(&["-o", "json", "policy", "diff"]);
+    assert_eq!(diff.status.code(), Some(7), "{}", stderr(&diff));
+    let drift: serde_json::Value = serde_json::from_slice(&diff.stdout).expect("json");
+    assert_eq!(
+        drift["changes"],
+        serde_json::json!([{
+            "target": "*|GET /only",
+            "kind": "removed",
+            "fields": [{"field": "retry_ratio", "before": "0.1", "after": ""}],
+        }]),
+        "{drift}"
+    );
 }

@@ -170,6 +170,7 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
     );
 
     every_metric_has_help_text(&body);
+    every_family_and_exporter_label_is_as_documented(&body);
 
     // The same operation delivered twice: the second success is counted.
     for _ in 0..2 {
@@ -287,6 +288,37 @@ fn every_metric_has_help_text(body: &str) {
                 .unwrap_or("");
             assert!(!help.trim().is_empty(), "{name} has no help text");
         }
+    }
+}
+
+/// docs/telemetry.md names every metric family served under its
+/// Prometheus name, and every `otel_scope_*` label it says the exporter adds
+/// is served.
+fn every_family_and_exporter_label_is_as_documented(body: &str) {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/telemetry.md"))
+        .expect("docs/telemetry.md");
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().expect("a name");
+            assert!(
+                doc.contains(&format!("`{name}`")),
+                "docs/telemetry.md does not name {name}"
+            );
+        }
+    }
+    let labels: Vec<&str> = doc
+        .split('`')
+        .filter(|w| w.starts_with("otel_scope_"))
+        .collect();
+    assert!(
+        !labels.is_empty(),
+        "docs/telemetry.md names the exporter's labels"
+    );
+    for label in labels {
+        assert!(
+            body.contains(&format!("{label}=")),
+            "docs/telemetry.md names {label}, which is not served"
+        );
     }
 }
 

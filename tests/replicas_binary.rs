@@ -164,6 +164,13 @@ async fn three_serve_processes_on_one_redis_are_one_coordinator() {
     for i in 0..3 {
         workers.push(fleet.worker(i).await);
     }
+    // The start-up log says the state is in Redis and names no
+    // `max_scopes`: that bounds only the in-memory store.
+    for replica in &fleet.replicas {
+        let log = replica.log();
+        assert!(log.contains("scope state in Redis"), "{log}");
+        assert!(!log.contains("max_scopes"), "{log}");
+    }
 
     one_budget(&workers).await;
     one_cooldown_watched_across_replicas(&workers).await;
@@ -388,9 +395,10 @@ async fn redis_lost_and_back(fleet: &mut Fleet, workers: &[BudgetClient<Channel>
         replica.until_health(ServingStatus::Serving).await;
     }
     // Redis kept nothing, but the replicas did: the SRE's rule is still in
-    // force, at a version no lower than before, the same on all three.
-    let answers = on_every_replica(workers, "GET /sre", "serving again", |a| {
-        a.policy_version >= version
+    // force, at a version no lower than before, the same on all three, and
+    // so is the freeze (docs/deploying.md's failure table says so).
+    let answers = on_every_replica(workers, "GET /sre", "serving again, frozen", |a| {
+        a.policy_version >= version && a.limit() == LeaseLimit::Frozen
     })
     .await;
     assert!(

@@ -150,3 +150,137 @@ async fn a_shadow_scope_lets_through_what_enforce_refuses() {
     coordinator.stop().await;
     endpoint.stop().await;
 }
+
+fn release(
+    scope: Option<v1::Scope>,
+    worker: &str,
+    lease_id: &str,
+    spent: u32,
+    retry_successes: u32,
+) -> v1::ReleaseRequest {
+    v1::ReleaseRequest {
+        scope,
+        worker_id: worker.into(),
+        lease_id: lease_id.into(),
+        spent,
+        retry_successes,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_grant_of_nothing_has_a_lease_id_and_releases_like_any() {
+    let coordinator = Coordinator::start(config(SHADOW_POLICY)).await;
+    let mut client = coordinator.client().await;
+    let x = scope("tenant-a", "GET /x", Priority::Normal);
+
+    let lease = client
+        .lease(support::lease(x.clone(), "w1", 5))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(lease.granted, 5);
+    assert_eq!(lease.shadowed(), ShadowDecision::WouldRefuse);
+    assert!(!lease.lease_id.is_empty(), "{lease:?}");
+    assert!(lease.expires_at_unix_ms > T0, "{lease:?}");
+    // Enforcing granted nothing: the store holds no lease.
+    let state = coordinator.scope_state("tenant-a", "GET /x").await;
+    assert_eq!(state.tokens_outstanding, 0, "{state:?}");
+
+    // Checked against the 5 the Lease answered, as any lease.
+    let over = client
+        .release(release(x.clone(), "w1", &lease.lease_id, 6, 0))
+        .await
+        .expect_err("spent more than granted");
+    assert_eq!(over.code(), tonic::Code::InvalidArgument, "{over:?}");
+    assert!(over.message().starts_with("spent"), "{over:?}");
+    let released = client
+        .release(release(x.clone(), "w1", &lease.lease_id, 2, 1))
+        .await
+        .expect("release")
+        .into_inner();
+    assert_eq!(released.returned, 5 - 2 + 1);
+
+    // Expired, it is gone like any lease.
+    let late = client
+        .lease(support::lease(x.clone(), "w1", 5))
+        .await
+        .expect("lease")
+        .into_inner();
+    coordinator.advance(support::ms(
+        u64::try_from(late.expires_at_unix_ms - T0).expect("after T0"),
+    ));
+    let gone = client
+        .release(release(x.clone(), "w1", &late.lease_id, 0, 0))
+        .await
+        .expect_err("expired");
+    assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
+    coordinator.stop().await;
+}
+
+/// 2.5 retries per 10 s window in shadow mode, 2 of them in the normal
+/// class's share: a Lease for 5 is granted 2 by the budget and 5 by the
+/// shadow.
+const PARTIAL_SHADOW_POLICY: &str = r#"
+[[rule]]
+route = "GET /x"
+min_retries_per_sec = 0.25
+retry_ratio = 0.0
+window = "10s"
+mode = "shadow"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_shadow_grant_refunds_the_budget_only_what_it_charged() {
+    let coordinator = Coordinator::start(config(PARTIAL_SHADOW_POLICY)).await;
+    let mut client = coordinator.client().await;
+    let x = scope("tenant-a", "GET /x", Priority::Normal);
+
+    let lease = client
+        .lease(support::lease(x.clone(), "w1", 5))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(lease.granted, 5);
+    assert_eq!(lease.shadowed(), ShadowDecision::WouldRefuse);
+    let state = coordinator.scope_state("tenant-a", "GET /x").await;
+    assert_eq!(
+        (state.leases_outstanding, state.tokens_outstanding),
+        (1, 2),
+        "the budget's part: {state:?}"
+    );
+
+    // Another worker cannot end it.
+    let theirs = client
+        .release(release(x.clone(), "w2", &lease.lease_id, 1, 0))
+        .await
+        .expect_err("another worker's lease");
+    assert_eq!(theirs.code(), tonic::Code::NotFound, "{theirs:?}");
+
+    // Spent one of the five: four come back, as for any lease of five.
+    let released = client
+        .release(release(x.clone(), "w1", &lease.lease_id, 1, 0))
+        .await
+        .expect("release")
+        .into_inner();
+    assert_eq!(released.returned, 4);
+    let state = coordinator.scope_state("tenant-a", "GET /x").await;
+    assert_eq!(state.leases_outstanding, 0, "{state:?}");
+    // The budget got back one of its two: the next Lease holds one token
+    // of the store's, still short of five.
+    let next = client
+        .lease(support::lease(x.clone(), "w1", 5))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(next.shadowed(), ShadowDecision::WouldRefuse);
+    let state = coordinator.scope_state("tenant-a", "GET /x").await;
+    assert_eq!(state.tokens_outstanding, 1, "{state:?}");
+
+    // A release is once: the store's lease is gone.
+    let again = client
+        .release(release(x.clone(), "w1", &lease.lease_id, 1, 0))
+        .await
+        .expect_err("released twice");
+    assert_eq!(again.code(), tonic::Code::NotFound, "{again:?}");
+    coordinator.stop().await;
+}

@@ -86,9 +86,12 @@ pub struct Sample {
     pub p99_us: u64,
     /// Calls answered OK in this interval.
     pub ok: u64,
-    /// Calls answered with an error, or not offered because too many were
-    /// in flight, in this interval.
+    /// Calls answered with an error status in this interval (their codes
+    /// are counted in [`SoakReport::errors_by_code`]).
     pub errors: u64,
+    /// Calls not offered in this interval because `MAX_IN_FLIGHT` calls
+    /// were already waiting: the server fell behind the offered rate.
+    pub not_offered: u64,
 }
 
 /// The flatness verdict of one metric.
@@ -119,6 +122,9 @@ pub struct SoakReport {
     pub verdicts: Vec<Verdict>,
     /// Every verdict passed.
     pub pass: bool,
+    /// The error statuses of the whole run, by gRPC code: what the `errors`
+    /// column counted.
+    pub errors_by_code: std::collections::BTreeMap<String, u64>,
 }
 
 /// Runs the soak and writes the table (and the JSON, with `--json`).
@@ -161,7 +167,7 @@ pub fn run(args: &SoakArgs, out: &mut dyn Write) -> anyhow::Result<SoakReport> {
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
-    let samples = runtime.block_on(soak(args, rate))?;
+    let (samples, errors_by_code) = runtime.block_on(soak(args, rate))?;
     let judged: Vec<Sample> = samples
         .iter()
         .filter(|s| s.at_s >= args.warmup.as_secs_f64())
@@ -174,6 +180,7 @@ pub fn run(args: &SoakArgs, out: &mut dyn Write) -> anyhow::Result<SoakReport> {
         pass: !verdicts.is_empty() && verdicts.iter().all(|v| v.pass),
         samples,
         verdicts,
+        errors_by_code,
     };
     write_report(&report, out)?;
     if let Some(path) = &args.json {
@@ -190,7 +197,13 @@ pub fn open_fds() -> anyhow::Result<u64> {
         .count() as u64)
 }
 
-async fn soak(args: &SoakArgs, rate: f64) -> anyhow::Result<Vec<Sample>> {
+/// The error codes answered, by name.
+type Codes = std::sync::Mutex<std::collections::BTreeMap<String, u64>>;
+
+async fn soak(
+    args: &SoakArgs,
+    rate: f64,
+) -> anyhow::Result<(Vec<Sample>, std::collections::BTreeMap<String, u64>)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
@@ -212,6 +225,8 @@ async fn soak(args: &SoakArgs, rate: f64) -> anyhow::Result<Vec<Sample>> {
         3,
     )?));
     let (ok, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let not_offered = AtomicU64::new(0);
+    let codes = Arc::new(Codes::default());
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let start = Instant::now();
     let mut samples = Vec::new();
@@ -225,14 +240,15 @@ async fn soak(args: &SoakArgs, rate: f64) -> anyhow::Result<Vec<Sample>> {
         let due = (start.elapsed().as_secs_f64() * rate) as u64;
         while issued < due {
             let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
-                // Saturated: this request is not offered (counted as an error).
-                errors.fetch_add(1, Ordering::Relaxed);
+                // Saturated: this request is not offered.
+                not_offered.fetch_add(1, Ordering::Relaxed);
                 issued += 1;
                 continue;
             };
             let scope = scope_id(issued, start.elapsed(), args);
             let mut client = BudgetClient::new(channel.clone());
             let (hist, ok, errors) = (Arc::clone(&hist), Arc::clone(&ok), Arc::clone(&errors));
+            let codes = Arc::clone(&codes);
             let n = issued;
             tokio::spawn(async move {
                 let began = Instant::now();
@@ -241,7 +257,15 @@ async fn soak(args: &SoakArgs, rate: f64) -> anyhow::Result<Vec<Sample>> {
                 if let Ok(mut h) = hist.lock() {
                     h.saturating_record(us.clamp(1, MAX_LATENCY_US));
                 }
-                if answered { &ok } else { &errors }.fetch_add(1, Ordering::Relaxed);
+                match answered {
+                    Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(code) => {
+                        if let Ok(mut codes) = codes.lock() {
+                            *codes.entry(format!("{code:?}")).or_default() += 1;
+                        }
+                        errors.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
                 drop(permit);
             });
             issued += 1;
@@ -260,6 +284,7 @@ async fn soak(args: &SoakArgs, rate: f64) -> anyhow::Result<Vec<Sample>> {
                 p99_us: p99,
                 ok: ok.swap(0, Ordering::Relaxed),
                 errors: errors.swap(0, Ordering::Relaxed),
+                not_offered: not_offered.swap(0, Ordering::Relaxed),
             });
         }
     }
@@ -268,7 +293,8 @@ async fn soak(args: &SoakArgs, rate: f64) -> anyhow::Result<Vec<Sample>> {
         .await
         .context("the in-process coordinator panicked")?
         .context("the in-process coordinator failed")?;
-    Ok(samples)
+    let codes = codes.lock().map(|c| c.clone()).unwrap_or_default();
+    Ok((samples, codes))
 }
 
 /// The scope of request `n`: one of `args.scopes` live ids, the window of
@@ -278,8 +304,8 @@ fn scope_id(n: u64, elapsed: Duration, args: &SoakArgs) -> u64 {
 }
 
 /// One call of the mix (60 % Lease, 20 % Report, 20 % Reconsider, as
-/// `bench rpc`'s default); whether it was answered OK.
-async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> bool {
+/// `bench rpc`'s default): answered OK, or the error's code.
+async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> Result<(), tonic::Code> {
     let scope = Some(v1::Scope {
         caller_scope: "soak".to_owned(),
         route: format!("GET /soak/{scope}"),
@@ -295,7 +321,8 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> bool {
                 retry_class: v1::RetryClass::Transient.into(),
             })
             .await
-            .is_ok(),
+            .map(drop)
+            .map_err(|s| s.code()),
         3 => client
             .report(v1::ReportRequest {
                 rejections: 0,
@@ -307,7 +334,8 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> bool {
                 evidence: Vec::new(),
             })
             .await
-            .is_ok(),
+            .map(drop)
+            .map_err(|s| s.code()),
         _ => {
             let now = rpc::now_ms();
             client
@@ -321,7 +349,8 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> bool {
                     first_attempt: false,
                 })
                 .await
-                .is_ok()
+                .map(drop)
+                .map_err(|s| s.code())
         }
     }
 }
@@ -365,20 +394,29 @@ pub fn verdicts(steady: &[Sample], tolerance: f64) -> Vec<Verdict> {
 fn write_report(r: &SoakReport, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:>8} {:>10} {:>6} {:>9} {:>9} {:>7}",
-        "at_s", "rss_MiB", "fds", "p99_us", "ok", "errors"
+        "{:>8} {:>10} {:>6} {:>9} {:>9} {:>7} {:>11}",
+        "at_s", "rss_MiB", "fds", "p99_us", "ok", "errors", "not_offered"
     )?;
     for s in &r.samples {
         writeln!(
             out,
-            "{:>8.0} {:>10.1} {:>6} {:>9} {:>9} {:>7}",
+            "{:>8.0} {:>10.1} {:>6} {:>9} {:>9} {:>7} {:>11}",
             s.at_s,
             s.rss_bytes as f64 / (1024.0 * 1024.0),
             s.open_fds,
             s.p99_us,
             s.ok,
-            s.errors
+            s.errors,
+            s.not_offered
         )?;
+    }
+    if !r.errors_by_code.is_empty() {
+        let codes: Vec<String> = r
+            .errors_by_code
+            .iter()
+            .map(|(code, n)| format!("{code} {n}"))
+            .collect();
+        writeln!(out, "errors by status: {}", codes.join(", "))?;
     }
     for v in &r.verdicts {
         writeln!(

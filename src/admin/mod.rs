@@ -453,6 +453,61 @@ impl Control {
         Ok(rule)
     }
 
+    /// Replaces or patches `[defaults]` (optimistic on its version), as
+    /// [`Control::set_rule`] does a rule: a runtime change over the policy
+    /// file until cleared or until the file changes `[defaults]` itself.
+    /// `req`'s patterns are not read. Returns the running `[defaults]`.
+    pub async fn set_defaults(&self, who: &str, req: SetRule) -> Result<PolicySpec, AdminError> {
+        let action = if req.patch {
+            "policy.patch"
+        } else {
+            "policy.set"
+        };
+        let (defaults, _) = self
+            .change(|st, now| {
+                let target = layers::DEFAULTS.to_owned();
+                let before = st.doc.defaults.clone();
+                let current = before.policy_version.unwrap_or(0);
+                if current != req.expected_version {
+                    return Err(AdminError::Stale {
+                        target,
+                        current,
+                        expected: req.expected_version,
+                    });
+                }
+                let mut spec = if req.patch {
+                    req.spec.clone().over(&before)
+                } else {
+                    req.spec.clone()
+                };
+                spec.policy_version = None;
+                let mut overrides = st.overrides.clone();
+                overrides.defaults = Some(spec);
+                let (next, _, version) = relayer(
+                    st,
+                    st.file_doc.clone(),
+                    overrides,
+                    std::slice::from_ref(&target),
+                    |_| None,
+                )?;
+                let defaults = next.doc.defaults.clone();
+                let note = Note {
+                    who,
+                    action,
+                    reason: &req.reason,
+                    at_ms: now,
+                };
+                let record = note.record(&target, to_json(&before), to_json(&defaults), version);
+                Ok(Outcome {
+                    next: Some(next),
+                    records: vec![record],
+                    value: defaults,
+                })
+            })
+            .await?;
+        Ok(defaults)
+    }
+
     /// Removes one rule (optimistic on its version); returns its version.
     /// Like a set, the removal stays over the policy file until cleared.
     pub async fn delete_rule(

@@ -85,7 +85,9 @@ fn field_diff(
 }
 
 /// What changes when `running` becomes `target` (effective policies
-/// compared; versions ignored).
+/// compared; versions ignored). A changed rule lists the effective fields
+/// that differ; an added or removed one lists the keys it sets itself (the
+/// rest is `[defaults]`, shown once as its own change if it differs).
 pub fn plan(running: &PolicyDoc, target: &PolicyDoc) -> Vec<Change> {
     let mut changes = Vec::new();
     let defaults_policy = |d: &PolicyDoc| Policy::try_new(&d.defaults.over(&PolicySpec::builtin()));
@@ -104,10 +106,7 @@ pub fn plan(running: &PolicyDoc, target: &PolicyDoc) -> Vec<Change> {
             None => changes.push(Change {
                 target: rule.id(),
                 kind: ChangeKind::Added,
-                fields: field_diff(
-                    &BTreeMap::new(),
-                    &effective_fields(target, Some(&rule.policy)),
-                ),
+                fields: field_diff(&BTreeMap::new(), &spec_fields(&rule.policy)),
             }),
             Some(i) => {
                 let old = &running.rules[i];
@@ -129,10 +128,7 @@ pub fn plan(running: &PolicyDoc, target: &PolicyDoc) -> Vec<Change> {
             changes.push(Change {
                 target: rule.id(),
                 kind: ChangeKind::Removed,
-                fields: field_diff(
-                    &effective_fields(running, Some(&rule.policy)),
-                    &BTreeMap::new(),
-                ),
+                fields: field_diff(&spec_fields(&rule.policy), &BTreeMap::new()),
             });
         }
     }

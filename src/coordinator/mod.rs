@@ -18,6 +18,7 @@
 //! change falls in between.
 
 mod report;
+mod shadow;
 
 use std::sync::{Arc, Mutex};
 
@@ -38,6 +39,7 @@ use crate::store::{
 };
 
 pub use report::{ReportIn, ReportOut, ReportedResponse};
+use shadow::ShadowLease;
 
 /// What a [`Coordinator`] is built from. The store, hub and control are
 /// made by the caller (the server) because they outlive or feed other
@@ -207,8 +209,21 @@ impl Coordinator {
             && outcome.grant.granted < want
             && outcome.grant.limit != GrantLimit::Frozen)
             .then(|| {
-                outcome.grant.granted = want;
-                outcome.grant.limit = GrantLimit::None;
+                let grant = &mut outcome.grant;
+                grant.granted = want;
+                grant.limit = GrantLimit::None;
+                // A store that granted nothing may answer with no lifetime.
+                if grant.expires_at_ms <= now_ms {
+                    let ttl = i64::try_from(policy.lease_ttl_ms).unwrap_or(i64::MAX);
+                    grant.expires_at_ms = now_ms.saturating_add(ttl);
+                }
+                let id = ShadowLease {
+                    granted: want,
+                    expires_at_ms: grant.expires_at_ms,
+                    store_id: outcome.lease_id.as_deref(),
+                }
+                .id();
+                outcome.lease_id = Some(id);
                 Shadowed::WouldRefuse
             });
         Ok(Leased {
@@ -221,6 +236,12 @@ impl Coordinator {
 
     /// Ends a lease; returns the tokens refunded: the unspent ones and
     /// those of retries that succeeded.
+    ///
+    /// A shadow lease (a grant a shadow policy let through) is checked
+    /// against the grant its Lease answered and answers `granted − spent +
+    /// retry_successes` of that grant, as any lease; the store's part of
+    /// it, if any, is released with the spend it can hold (the spend
+    /// beyond it was let through and counted as shadowed).
     pub async fn release(
         &self,
         scope: &ScopeKey,
@@ -229,28 +250,54 @@ impl Coordinator {
         spent: u32,
         retry_successes: u32,
     ) -> Result<u32, StoreError> {
+        let now_ms = self.now_ms();
         let end = LeaseEnd {
             worker_id,
             lease_id,
             spent,
             retry_successes,
-            now_ms: self.now_ms(),
+            now_ms,
         };
-        match self.store.release(scope, end).await {
-            // A shadow grant let through more tokens than the lease holds;
-            // the spend beyond it was already counted as shadowed.
-            Err(StoreError::Budget(BudgetError::SpentExceedsGrant { granted, .. }))
-                if self.policies.current().resolve(&scope.route).shadow =>
-            {
-                let end = LeaseEnd {
-                    spent: granted,
-                    retry_successes: retry_successes.min(granted),
-                    ..end
-                };
-                self.store.release(scope, end).await
-            }
-            other => other,
+        let Some(lease) = ShadowLease::parse(lease_id) else {
+            return self.store.release(scope, end).await;
+        };
+        if lease.expires_at_ms <= now_ms {
+            return Err(BudgetError::LeaseNotFound.into());
         }
+        if spent > lease.granted {
+            return Err(BudgetError::SpentExceedsGrant {
+                spent,
+                granted: lease.granted,
+            }
+            .into());
+        }
+        if retry_successes > spent {
+            return Err(BudgetError::SuccessesExceedSpent {
+                successes: retry_successes,
+                spent,
+            }
+            .into());
+        }
+        if let Some(store_id) = lease.store_id {
+            let end = LeaseEnd {
+                lease_id: store_id,
+                ..end
+            };
+            match self.store.release(scope, end).await {
+                Err(StoreError::Budget(BudgetError::SpentExceedsGrant { granted, .. })) => {
+                    let end = LeaseEnd {
+                        spent: granted,
+                        retry_successes: retry_successes.min(granted),
+                        ..end
+                    };
+                    self.store.release(scope, end).await?;
+                }
+                other => {
+                    other?;
+                }
+            }
+        }
+        Ok(lease.granted - spent + retry_successes)
     }
 
     /// Gives a waiting intent a jittered slot on `route`'s cursor.

@@ -95,15 +95,18 @@ pub enum PolicyCommand {
   tollgate policy list
   tollgate policy list -o yaml")]
     List,
-    /// Show one rule.
+    /// Show one rule; the route `[defaults]` shows `[defaults]`.
     #[command(after_help = "Examples:
   tollgate policy get 'GET /users/*'
+  tollgate policy get '[defaults]'
   tollgate policy get '*' --caller-scope tenant-a -o json")]
     Get(RuleRef),
     /// Create or change one rule: `KEY=VALUE …` as in the policy file
-    /// (`retry_ratio=0.1 window=5s`). Patches by default.
+    /// (`retry_ratio=0.1 window=5s`). Patches by default. The route
+    /// `[defaults]` changes `[defaults]`.
     #[command(after_help = "Examples:
   tollgate policy set 'GET /users/*' retry_ratio=0.05 --reason INC-123
+  tollgate policy set '[defaults]' retry_ratio=0.3
   tollgate policy set 'GET /users/*' --caller-scope tenant-a window=5s max_hint=60s
   tollgate policy set 'POST /orders' --version 4 --replace retry_ratio=0.1")]
     Set {

@@ -36,7 +36,7 @@ pub(super) async fn mute(
         client.output,
         || mute_json(&m),
         || {
-            println!(
+            outln!(
                 "muted {} on {}|{} until {}",
                 m.worker_id,
                 scope.caller_scope,
@@ -69,7 +69,7 @@ pub(super) async fn unmute(
     emit(
         client.output,
         || json!({"muted": false, "worker_id": worker}),
-        || println!("unmuted {worker} on {}|{}", scope.caller_scope, scope.route),
+        || outln!("unmuted {worker} on {}|{}", scope.caller_scope, scope.route),
     );
     Ok(EXIT_OK)
 }
@@ -116,8 +116,8 @@ pub(super) fn print_evidence(s: &v1::ScopeState) {
         if e.reporters == 0 && e.disagreeing.is_empty() && e.mutes.is_empty() {
             continue;
         }
-        println!(
-            "evidence ({level:<6}) {} by {} of {} reporting workers ({} needed), supports {}",
+        outln!(
+            "evidence ({level}) {} by {} of {} reporting workers ({} needed), supports {}",
             if e.corroborated {
                 "corroborated"
             } else {
@@ -129,7 +129,7 @@ pub(super) fn print_evidence(s: &v1::ScopeState) {
             time(e.supported_until_unix_ms)
         );
         if e.noisy_workers > 0 {
-            println!("  noisy workers {}", e.noisy_workers);
+            outln!("  noisy workers {}", e.noisy_workers);
         }
         if !e.disagreeing.is_empty() {
             let rows: Vec<Vec<String>> = e
@@ -159,7 +159,7 @@ pub(super) fn print_evidence(s: &v1::ScopeState) {
             );
         }
         for m in &e.mutes {
-            println!(
+            outln!(
                 "  muted {} until {}{}",
                 m.worker_id,
                 until(m.expires_at_unix_ms),

@@ -25,10 +25,33 @@
 //!   `scopes show`.
 //! - [`top`]: `tollgate top`, the live terminal view of the hottest scopes.
 //! - `render`: the one renderer (table, JSON, YAML) and its cell helpers.
+//! - [`out`]: stdout, written so that a reader going away (`| head`) ends
+//!   the output quietly.
+
+/// `out!` to stdout that stops quietly when the reader has gone
+/// ([`out`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::ops::out::write(format_args!($($arg)*))
+    };
+}
+
+/// `outln!` to stdout that stops quietly when the reader has gone
+/// ([`out`]).
+macro_rules! outln {
+    () => {
+        $crate::ops::out::write(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {{
+        $crate::ops::out::write(format_args!($($arg)*));
+        $crate::ops::out::write(format_args!("\n"));
+    }};
+}
 
 mod args;
 mod audit;
 mod evidence;
+pub mod out;
 mod policy;
 mod render;
 mod scopes;
@@ -122,11 +145,18 @@ pub fn run(connect: &Connect, command: Command) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    match runtime.block_on(dispatch(connect, command)) {
-        Ok(code) => ExitCode::from(code),
+    let code = match runtime.block_on(dispatch(connect, command)) {
+        Ok(code) => code,
         Err(failure) => {
             eprintln!("tollgate: {}", failure.message);
-            ExitCode::from(failure.code)
+            failure.code
+        }
+    };
+    match out::finish() {
+        Ok(()) => ExitCode::from(code),
+        Err(kind) => {
+            eprintln!("tollgate: writing to stdout: {kind}");
+            ExitCode::from(EXIT_FAILURE)
         }
     }
 }

@@ -33,6 +33,18 @@ fn read_policy_file(file: &Path) -> Result<String, Failure> {
     Ok(text)
 }
 
+/// How a rule is named to an operator: `caller_scope|route`, or just
+/// `[defaults]` (which the Admin API answers with empty patterns).
+fn rule_name(caller_scope: &str, route: &str) -> String {
+    if route.is_empty() {
+        crate::admin::layers::DEFAULTS.to_owned()
+    } else if route == crate::admin::layers::DEFAULTS {
+        route.to_owned()
+    } else {
+        format!("{caller_scope}|{route}")
+    }
+}
+
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -127,7 +139,7 @@ fn print_changes(client: &Client, changes: &v1::PolicyChanges, what: &str) {
         || changes_json(changes),
         || {
             if changes.changes.is_empty() {
-                println!("{what}: no differences");
+                outln!("{what}: no differences");
                 return;
             }
             let mut rows = Vec::new();
@@ -160,7 +172,7 @@ fn print_changes(client: &Client, changes: &v1::PolicyChanges, what: &str) {
             }
             print_table(&["RULE", "CHANGE", "FIELD", "RUNNING", "FILE"], &rows);
             if changes.applied {
-                println!("applied as policy_version {}", changes.policy_version);
+                outln!("applied as policy_version {}", changes.policy_version);
             }
         },
     );
@@ -171,10 +183,10 @@ fn print_rule(client: &Client, r: &v1::PolicyRule) {
         client.output,
         || rule_json(r),
         || {
-            println!("rule            {}|{}", r.caller_scope, r.route);
-            println!("policy_version  {}", r.policy_version);
-            println!("sets            {}", fields_text(r.fields.clone()));
-            println!("effective       {}", fields_text(r.effective.clone()));
+            outln!("rule            {}", rule_name(&r.caller_scope, &r.route));
+            outln!("policy_version  {}", r.policy_version);
+            outln!("sets            {}", fields_text(r.fields.clone()));
+            outln!("effective       {}", fields_text(r.effective.clone()));
         },
     );
 }
@@ -331,9 +343,10 @@ async fn clear(client: &mut Client, rule: RuleRef, reason: String) -> Outcome {
         client.output,
         || json!({"policy_version": r.policy_version}),
         || {
-            println!(
-                "{}|{} follows the policy file again (policy_version {})",
-                rule.caller_scope, rule.route, r.policy_version
+            outln!(
+                "{} follows the policy file again (policy_version {})",
+                rule_name(&rule.caller_scope, &rule.route),
+                r.policy_version
             );
         },
     );
@@ -367,9 +380,11 @@ async fn delete(
         client.output,
         || json!({"deleted_version": r.deleted_version}),
         || {
-            println!(
+            outln!(
                 "deleted {}|{} (was policy_version {})",
-                rule.caller_scope, rule.route, r.deleted_version
+                rule.caller_scope,
+                rule.route,
+                r.deleted_version
             );
         },
     );

@@ -13,12 +13,12 @@ use super::args::Output;
 pub(super) fn emit(output: Output, data: impl FnOnce() -> Value, table: impl FnOnce()) {
     match output {
         Output::Table => table(),
-        Output::Json => println!(
+        Output::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&data()).unwrap_or_default()
         ),
         // serde_norway ends its document with a newline of its own.
-        Output::Yaml => print!("{}", serde_norway::to_string(&data()).unwrap_or_default()),
+        Output::Yaml => out!("{}", serde_norway::to_string(&data()).unwrap_or_default()),
     }
 }
 
@@ -43,7 +43,7 @@ pub(super) fn print_table(header: &[&str], rows: &[Vec<String>]) {
                 out.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{}", out.trim_end());
+        outln!("{}", out.trim_end());
     };
     line(&header.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>());
     for row in rows {

@@ -53,7 +53,7 @@ pub(super) async fn run(client: &mut Client, command: ScopesCommand) -> Outcome 
                 client.output,
                 || freeze_json(&f),
                 || {
-                    println!(
+                    outln!(
                         "frozen {}|{} until {}",
                         scope.caller_scope,
                         scope.route,
@@ -77,7 +77,7 @@ pub(super) async fn run(client: &mut Client, command: ScopesCommand) -> Outcome 
             emit(
                 client.output,
                 || json!({"frozen": false}),
-                || println!("unfrozen {}|{}", scope.caller_scope, scope.route),
+                || outln!("unfrozen {}|{}", scope.caller_scope, scope.route),
             );
             Ok(EXIT_OK)
         }
@@ -190,9 +190,9 @@ async fn reset(client: &mut Client, scope: ScopeRef, reason: String) -> Outcome 
         || json!({"existed": r.existed}),
         || {
             if r.existed {
-                println!("reset {}|{}", scope.caller_scope, scope.route);
+                outln!("reset {}|{}", scope.caller_scope, scope.route);
             } else {
-                println!("{}|{}: no state to reset", scope.caller_scope, scope.route);
+                outln!("{}|{}: no state to reset", scope.caller_scope, scope.route);
             }
         },
     );
@@ -257,28 +257,29 @@ fn scope_json(s: &v1::ScopeState) -> Value {
 }
 
 fn print_scope(s: &v1::ScopeState) {
-    println!("scope           {}|{}", s.caller_scope, s.route);
-    println!(
+    outln!("scope           {}|{}", s.caller_scope, s.route);
+    outln!(
         "policy          version {} from {}",
-        s.policy_version, s.policy_rule
+        s.policy_version,
+        s.policy_rule
     );
     match s.freeze.as_ref().filter(|f| f.frozen) {
-        Some(f) => println!(
+        Some(f) => outln!(
             "frozen          yes, by {} since {}: {} (until {})",
             f.by,
             time(f.since_unix_ms),
             f.reason,
             until(f.expires_at_unix_ms)
         ),
-        None => println!("frozen          no"),
+        None => outln!("frozen          no"),
     }
     if !s.known {
-        println!("state           none held (no traffic seen, or evicted as idle)");
+        outln!("state           none held (no traffic seen, or evicted as idle)");
         return;
     }
-    println!("cooldown until  {}", time(s.cooldown_until_unix_ms));
+    outln!("cooldown until  {}", time(s.cooldown_until_unix_ms));
     if let Some(h) = &s.cooldown_source {
-        println!(
+        outln!(
             "  from hint     {:?} ({}, {} level, seen {})",
             h.raw,
             h.form,
@@ -286,15 +287,15 @@ fn print_scope(s: &v1::ScopeState) {
             time(h.at_unix_ms)
         );
     }
-    println!(
+    outln!(
         "floor           {} (backoff step {})",
         time(s.floor_unix_ms),
         s.backoff_step
     );
     evidence::print_evidence(s);
-    println!("slot backlog    {} waiting intents", s.slot_backlog);
+    outln!("slot backlog    {} waiting intents", s.slot_backlog);
     if let Some(p) = &s.pacing {
-        println!(
+        outln!(
             "pacing          {}: wake rate {:.1}/s, capacity {:.1}/s, first attempts {:.1}/s, spare {:.1}/s, {} asking again",
             p.state,
             p.wake_rate,
@@ -304,19 +305,21 @@ fn print_scope(s: &v1::ScopeState) {
             p.asking
         );
         if p.penalty_until_unix_ms > 0 {
-            println!(
+            outln!(
                 "  penalty       the upstream re-arms its window: closed until {}",
                 time(p.penalty_until_unix_ms)
             );
         }
     }
-    println!(
+    outln!(
         "leases          {} outstanding, {} tokens",
-        s.leases_outstanding, s.tokens_outstanding
+        s.leases_outstanding,
+        s.tokens_outstanding
     );
-    println!(
+    outln!(
         "window          {} first attempts, allowance {:.3} tokens",
-        s.first_attempts_in_window, s.allowance
+        s.first_attempts_in_window,
+        s.allowance
     );
     let rows: Vec<Vec<String>> = s
         .classes
@@ -336,7 +339,7 @@ fn print_scope(s: &v1::ScopeState) {
         &rows,
     );
     if !s.recent_hints.is_empty() {
-        println!();
+        outln!();
         let rows: Vec<Vec<String>> = s
             .recent_hints
             .iter()

@@ -11,6 +11,7 @@ use tollgate_proto::v1::{self, admin_server::Admin};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
+use crate::admin::layers::DEFAULTS;
 use crate::admin::{Control, SetRule};
 use crate::auth::Authenticator;
 use crate::config::PolicyDoc;
@@ -90,6 +91,27 @@ fn route_key(caller_scope: &str, route: &str) -> Result<RouteKey> {
     })
 }
 
+/// Whether a request names `[defaults]` rather than a rule. `[defaults]`
+/// covers every caller scope: a narrower pattern with it is refused.
+fn names_defaults(caller_scope: &str, route: &str) -> Result<bool> {
+    if route != DEFAULTS {
+        return Ok(false);
+    }
+    if caller_scope != "*" {
+        return Err(ServiceError::invalid(
+            "caller_scope",
+            "`[defaults]` covers every caller scope: name it with caller_scope `*`",
+        ));
+    }
+    Ok(true)
+}
+
+/// `[defaults]` as a rule answer: both patterns empty, as `PolicyRule`
+/// says and `ListPolicies` answers it.
+fn defaults_rule(doc: &PolicyDoc) -> v1::PolicyRule {
+    rule_of(doc, None)
+}
+
 pub(super) fn duration_text(field: &str, value: Option<String>) -> Result<Option<String>> {
     if let Some(v) = &value {
         validate::name(&format!("fields.{field}"), v, MAX_DURATION_TEXT)?;
@@ -130,6 +152,9 @@ impl Admin for AdminService {
         let req = request.into_inner();
         route_key(&req.caller_scope, &req.route)?;
         let doc = self.control().doc().await;
+        if names_defaults(&req.caller_scope, &req.route)? {
+            return Ok(Response::new(defaults_rule(&doc)));
+        }
         let i = doc.find(&req.caller_scope, &req.route).ok_or_else(|| {
             ServiceError::from(crate::admin::AdminError::NotFound(format!(
                 "{}|{}",
@@ -149,6 +174,24 @@ impl Admin for AdminService {
         route_key(&req.caller_scope, &req.route)?;
         reason(&req.reason)?;
         let spec = spec_of(req.fields)?;
+        if names_defaults(&req.caller_scope, &req.route)? {
+            self.control()
+                .set_defaults(
+                    &who,
+                    SetRule {
+                        caller_scope: req.caller_scope,
+                        route: req.route,
+                        expected_version: req.expected_version,
+                        spec,
+                        patch: req.patch,
+                        reason: req.reason,
+                    },
+                )
+                .await
+                .map_err(ServiceError::from)?;
+            let doc = self.control().doc().await;
+            return Ok(Response::new(defaults_rule(&doc)));
+        }
         let rule = self
             .control()
             .set_rule(
@@ -177,8 +220,9 @@ impl Admin for AdminService {
         let req = request.into_inner();
         route_key(&req.caller_scope, &req.route)?;
         reason(&req.reason)?;
+        let defaults = names_defaults(&req.caller_scope, &req.route)?;
         if req.clear {
-            let target = if req.route == crate::admin::layers::DEFAULTS {
+            let target = if defaults {
                 req.route.clone()
             } else {
                 format!("{}|{}", req.caller_scope, req.route)
@@ -192,6 +236,16 @@ impl Admin for AdminService {
                 deleted_version: 0,
                 policy_version,
             }));
+        }
+        // A rule literally named `[defaults]` (which `set` once made) can
+        // still be deleted.
+        let literal = || async { self.control().doc().await.find("*", DEFAULTS).is_some() };
+        if defaults && !literal().await {
+            return Err(ServiceError::invalid(
+                "route",
+                "`[defaults]` cannot be deleted; clear drops its runtime change",
+            )
+            .into());
         }
         let deleted_version = self
             .control()

@@ -238,7 +238,7 @@ pub(super) async fn run(client: &Client, server: &str, args: TopArgs) -> Outcome
             .frame_text(&mut model, server, args.width)
             .await
             .map_err(|s| Failure::status("reading scopes", &s))?;
-        print!("{text}");
+        out!("{text}");
         return Ok(EXIT_OK);
     }
     let mut terminal = ratatui::try_init().map_err(|e| Failure {
