@@ -181,7 +181,7 @@ impl PolicyDoc {
     /// environment). Errors carry the line where it can be found.
     pub fn from_toml(text: &str) -> Result<PolicyDoc, ConfigError> {
         let file: FileFormat = toml::from_str(text)?;
-        let doc = Self::from_file(file)?;
+        let doc = Self::from_file(file).map_err(|e| with_line(e, text))?;
         doc.build().map_err(|e| with_line(e, text))?;
         Ok(doc)
     }
@@ -203,7 +203,24 @@ impl PolicyDoc {
                 })?;
             let caller_scope =
                 take_string(&mut table, "caller_scope", &place)?.unwrap_or_else(|| "*".into());
-            let policy: PolicySpec = toml::Value::Table(table).try_into()?;
+            // `[defaults]` names the defaults wherever a rule is named (the
+            // Admin API, `policy set`): a rule of that route could never be
+            // told apart from them.
+            if route == crate::admin::layers::DEFAULTS {
+                return Err(ConfigError::Invalid {
+                    place,
+                    reason: format!("route {route:?} is the name of the defaults, not a route"),
+                });
+            }
+            // A key of the wrong type: converted from the table, toml's
+            // error has lost the line, which `with_line` puts back.
+            let policy: PolicySpec =
+                toml::Value::Table(table)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| ConfigError::Invalid {
+                        place: place.clone(),
+                        reason: e.message().trim().to_owned(),
+                    })?;
             rules.push(RuleSpec {
                 caller_scope,
                 route,
@@ -263,8 +280,22 @@ impl PolicyDoc {
 /// field) by scanning the text: toml's own errors have lines, but a policy
 /// refused after parsing has lost them.
 fn with_line(err: ConfigError, text: &str) -> ConfigError {
-    let ConfigError::Policy { place, source } = err else {
-        return err;
+    let (place, source) = match err {
+        ConfigError::Policy { place, source } => (place, source),
+        ConfigError::Invalid { place, reason } => {
+            let line = place
+                .strip_prefix("rule #")
+                .and_then(|n| n.parse().ok())
+                .and_then(|n| section_line(text, "[[rule]]", n, None));
+            return ConfigError::Invalid {
+                place: match line {
+                    Some(line) => format!("line {line}, {place}"),
+                    None => place,
+                },
+                reason,
+            };
+        }
+        other => return other,
     };
     let (section, nth) = if place == "[defaults]" {
         ("[defaults]", 1)
@@ -281,6 +312,17 @@ fn with_line(err: ConfigError, text: &str) -> ConfigError {
         }
         PolicyError::DuplicateRule { .. } => None,
     };
+    let line = section_line(text, section, nth, field);
+    let place = match line {
+        Some(line) => format!("line {line}, {place}"),
+        None => place,
+    };
+    ConfigError::Policy { place, source }
+}
+
+/// The line (1-based) of the `nth` `section` header in `text`, or of
+/// `field`'s line inside that section when it is there.
+fn section_line(text: &str, section: &str, nth: usize, field: Option<&str>) -> Option<usize> {
     let lines: Vec<&str> = text.lines().collect();
     let header = lines
         .iter()
@@ -288,7 +330,7 @@ fn with_line(err: ConfigError, text: &str) -> ConfigError {
         .filter(|(_, l)| l.trim_start().starts_with(section))
         .nth(nth.saturating_sub(1))
         .map(|(i, _)| i);
-    let line = header.map(|h| {
+    header.map(|h| {
         let next = lines
             .iter()
             .enumerate()
@@ -306,12 +348,7 @@ fn with_line(err: ConfigError, text: &str) -> ConfigError {
             })
             .unwrap_or(h)
             + 1
-    });
-    let place = match line {
-        Some(line) => format!("line {line}, {place}"),
-        None => place,
-    };
-    ConfigError::Policy { place, source }
+    })
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -426,7 +463,7 @@ impl Config {
         let limits = server_limits(server)?;
         let tokens = std::mem::take(&mut file.token);
         let admin_tokens = std::mem::take(&mut file.admin_token);
-        let doc = PolicyDoc::from_file(file)?;
+        let doc = PolicyDoc::from_file(file).map_err(|e| with_line(e, text))?;
         let policies = doc.build().map_err(|e| with_line(e, text))?;
 
         // The token's value now, and the file it is re-read from, if any.
@@ -673,6 +710,20 @@ caller_scopes = ["tenant-a"]
         let bad_rule = "[[rule]]\nroute = \"*\"\nretry_ratio = 2000.0\n";
         let err = Config::from_toml(bad_rule, |_| None).expect_err("out of range");
         assert!(err.to_string().contains("rule #1: retry_ratio"), "{err}");
+        // A key of the wrong type names its rule's line, as `apply
+        // --dry-run` shows it.
+        let typed = "[defaults]\nretry_ratio = 0.1\n\n[[rule]]\nroute = \"a\"\n\n[[rule]]\nroute = \"*\"\nretry_ratio = \"lots\"\n";
+        for err in [
+            PolicyDoc::from_toml(typed).expect_err("a string ratio"),
+            Config::from_toml(typed, |_| None).expect_err("a string ratio"),
+        ] {
+            let shown = err.to_string();
+            assert!(shown.contains("line 7, rule #2"), "{shown}");
+            assert!(
+                shown.contains("retry_ratio") || shown.contains("invalid type"),
+                "{shown}"
+            );
+        }
         let unknown = "[[rule]]\nroute = \"*\"\nretry_ration = 0.1\n";
         let err = Config::from_toml(unknown, |_| None).expect_err("unknown key");
         assert!(err.to_string().contains("retry_ration"), "{err}");
@@ -682,6 +733,10 @@ caller_scopes = ["tenant-a"]
         let bad_server = "[server]\nwatch_buffer = 1\n";
         let err = Config::from_toml(bad_server, |_| None).expect_err("too small");
         assert!(err.to_string().contains("watch_buffer"), "{err}");
+        let named = "[[rule]]\nroute = \"[defaults]\"\nretry_ratio = 0.2\n";
+        let err = PolicyDoc::from_toml(named).expect_err("a rule named like the defaults");
+        assert!(err.to_string().contains("line 1, rule #1"), "{err}");
+        assert!(err.to_string().contains("name of the defaults"), "{err}");
         let typo = "[server]\ntimeout = \"1s\"\n";
         let err = Config::from_toml(typo, |_| None).expect_err("unknown");
         assert!(err.to_string().contains("line 2"), "{err}");
