@@ -3,7 +3,12 @@
 //!
 //! Each test gets its own server on a free loopback port, with nothing
 //! saved to disk, killed when the handle drops — no test depends on (or
-//! disturbs) a Redis the machine happens to run. Without `redis-server` on
+//! disturbs) a Redis the machine happens to run. redis-server cannot pick
+//! its own port, so the port is taken from the kernel and released first;
+//! a server is only used once the one answering on it reports this child's
+//! process id, and a child that could not bind it is started again on
+//! another port. A server that died during its test fails that test when
+//! dropped. Without `redis-server` on
 //! `PATH` the Redis tests print a notice and skip, unless
 //! `TOLLGATE_REQUIRE_REDIS=1` (CI) makes that a failure.
 
@@ -14,6 +19,9 @@ use std::time::{Duration, Instant};
 
 /// Turns a missing `redis-server` into a test failure.
 pub const REQUIRE_ENV: &str = "TOLLGATE_REQUIRE_REDIS";
+
+/// Ports tried before a start gives up.
+const START_TRIES: usize = 5;
 
 /// A `redis-server` child process on `127.0.0.1:port`.
 #[derive(Debug)]
@@ -58,29 +66,38 @@ impl RedisServer {
             return None;
         };
         // redis-server has no `--port 0`: take a free port from the kernel
-        // and release it. Another process could grab it in between; the
-        // start check below then fails loudly rather than testing a
-        // stranger's server.
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free loopback port");
-        // A cluster node writes its nodes.conf; give it a private folder.
-        let cluster = cluster.then(|| {
-            let dir = std::env::temp_dir().join(format!("tollgate-redis-{port}"));
-            std::fs::create_dir_all(&dir).expect("a folder for nodes.conf");
-            dir
-        });
-        let mut server = RedisServer {
-            binary,
-            port,
-            child: None,
-            cluster,
-            extra: Vec::new(),
-            sentinel: None,
-        };
-        server.restart();
-        Some(server)
+        // and release it. Another process can bind it in between; then
+        // this child exits (or a stranger answers), and another port is
+        // tried.
+        let mut last = String::new();
+        for _ in 0..START_TRIES {
+            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free loopback port");
+            // A cluster node writes its nodes.conf; give it a private folder.
+            let cluster = cluster.then(|| {
+                let dir = std::env::temp_dir().join(format!("tollgate-redis-{port}"));
+                std::fs::create_dir_all(&dir).expect("a folder for nodes.conf");
+                dir
+            });
+            let mut server = RedisServer {
+                binary: binary.clone(),
+                port,
+                child: None,
+                cluster,
+                extra: Vec::new(),
+                sentinel: None,
+            };
+            match server.spawn() {
+                Ok(deadline) => {
+                    server.form_cluster_if_asked(deadline);
+                    return Some(server);
+                }
+                Err(why) => last = why,
+            }
+        }
+        panic!("redis-server did not start in {START_TRIES} tries: {last}");
     }
 
     /// A replica of `primary` on a free port (it may still be syncing when
@@ -160,11 +177,29 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port, empty; waits until it
-    /// answers PING.
+    /// answers PING as this child.
     ///
     /// # Panics
-    /// When it does not answer within 10 s.
+    /// When it does not answer within 10 s, or the port is another
+    /// process's now.
     pub fn restart(&mut self) {
+        match self.spawn() {
+            Ok(deadline) => self.form_cluster_if_asked(deadline),
+            Err(why) => panic!("redis-server did not restart: {why}"),
+        }
+    }
+
+    /// Whether the child still runs (false once killed).
+    pub fn is_alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Spawns the child on `self.port` and waits until the server
+    /// answering there is it; the instant it gives up by. `Err` when the
+    /// child exits first (the port was taken) or another process answers.
+    fn spawn(&mut self) -> Result<Instant, String> {
         self.kill();
         let mut command = Command::new(&self.binary);
         if let Some(dir) = &self.cluster {
@@ -190,16 +225,45 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.answers_ping() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on port {}",
-                self.port
-            );
+        loop {
+            if !self.is_alive() {
+                self.kill();
+                return Err(format!("it exited (port {} taken?)", self.port));
+            }
+            if self.answers_ping() {
+                return match self.process_id() {
+                    Some(found) if found == pid => Ok(deadline),
+                    found => {
+                        self.kill();
+                        Err(format!(
+                            "port {} is answered by process {found:?}, not the child {pid}",
+                            self.port
+                        ))
+                    }
+                };
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(format!("no answer on port {} within 10 s", self.port));
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The process id the server on `self.port` reports (`INFO server`).
+    fn process_id(&self) -> Option<u32> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).ok()?;
+        let mut conn = client.get_connection().ok()?;
+        let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+    }
+
+    fn form_cluster_if_asked(&self, deadline: Instant) {
         if self.cluster.is_some() {
             self.form_cluster(deadline);
         }
@@ -246,7 +310,13 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // A server its test did not kill must have lived through it: a
+        // test against a dead one proved nothing it claimed.
+        let died = self.child.is_some() && !self.is_alive();
         self.kill();
+        if died && !std::thread::panicking() {
+            panic!("redis-server on port {} died during the test", self.port);
+        }
         if let Some(dir) = &self.cluster {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -261,4 +331,60 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child that cannot bind its port (another server holds it) is not
+    /// taken for that server: the start fails instead of testing it.
+    #[test]
+    fn a_port_another_server_holds_is_refused_not_used() {
+        let Some(mut held) = RedisServer::start() else {
+            return;
+        };
+        let mut second = RedisServer {
+            binary: held.binary.clone(),
+            port: held.port,
+            child: None,
+            cluster: None,
+            extra: Vec::new(),
+            sentinel: None,
+        };
+        let why = second.spawn().expect_err("the port is held");
+        assert!(
+            why.contains("exited") || why.contains("answered by process"),
+            "{why}"
+        );
+        assert!(
+            held.is_alive() && held.answers_ping(),
+            "the holder is untouched"
+        );
+    }
+
+    /// A server that died during its test fails the test when dropped.
+    #[test]
+    fn a_server_that_died_fails_its_test() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let pid = server.child.as_ref().map(Child::id).expect("a child");
+        let status = Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let mut server = server;
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while server.is_alive() {
+            assert!(Instant::now() < give_up, "SIGKILL did not end it");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let dropped = std::panic::catch_unwind(move || drop(server));
+        assert!(
+            dropped.is_err(),
+            "dropping a dead server must fail its test"
+        );
+    }
 }
