@@ -174,19 +174,18 @@ impl Admin for AdminService {
         route_key(&req.caller_scope, &req.route)?;
         reason(&req.reason)?;
         let spec = spec_of(req.fields)?;
-        if names_defaults(&req.caller_scope, &req.route)? {
+        let defaults = names_defaults(&req.caller_scope, &req.route)?;
+        let set = SetRule {
+            caller_scope: req.caller_scope,
+            route: req.route,
+            expected_version: req.expected_version,
+            spec,
+            patch: req.patch,
+            reason: req.reason,
+        };
+        if defaults {
             self.control()
-                .set_defaults(
-                    &who,
-                    SetRule {
-                        caller_scope: req.caller_scope,
-                        route: req.route,
-                        expected_version: req.expected_version,
-                        spec,
-                        patch: req.patch,
-                        reason: req.reason,
-                    },
-                )
+                .set_defaults(&who, set)
                 .await
                 .map_err(ServiceError::from)?;
             let doc = self.control().doc().await;
@@ -194,17 +193,7 @@ impl Admin for AdminService {
         }
         let rule = self
             .control()
-            .set_rule(
-                &who,
-                SetRule {
-                    caller_scope: req.caller_scope,
-                    route: req.route,
-                    expected_version: req.expected_version,
-                    spec,
-                    patch: req.patch,
-                    reason: req.reason,
-                },
-            )
+            .set_rule(&who, set)
             .await
             .map_err(ServiceError::from)?;
         let doc = self.control().doc().await;
