@@ -81,6 +81,25 @@ pub const MAX_WORKERS_PER_CLASS: usize = 1024;
 /// lease is refused, so a misbehaving fleet cannot grow memory without bound.
 pub const MAX_LEASES_PER_ROUTE: usize = 4096;
 
+/// A new lease id: 128 random bits in hex. Unguessable, so a worker can
+/// release only a lease it was told of (naming another worker's finds
+/// nothing either way), and it says nothing of how many leases were
+/// granted before it, to whom or how fast — a counter would tell every
+/// tenant the others' lease rate. Unique across replicas and restarts
+/// without coordinating.
+pub fn new_lease_id() -> String {
+    let mut id = String::with_capacity(32);
+    for _ in 0..2 {
+        let n: u64 = rand::random();
+        for shift in (0..64).step_by(4).rev() {
+            id.push(char::from(
+                b"0123456789abcdef"[((n >> shift) & 0xf) as usize],
+            ));
+        }
+    }
+    id
+}
+
 /// Why a budget operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BudgetError {

@@ -16,8 +16,8 @@
 //! nothing in the store and is not remembered; releasing it twice answers
 //! twice.
 
-/// Starts every shadow lease id. No store's ids start so: the memory
-/// store's are hex digits, the Redis store's hex digits and `-`.
+/// Starts every shadow lease id. No store's ids start so: they start with
+/// hex digits ([`crate::budget::new_lease_id`]).
 const PREFIX: &str = "shadow~";
 
 /// A shadow lease as its id describes it.
@@ -92,10 +92,10 @@ mod tests {
         let lease = ShadowLease {
             granted: u32::MAX,
             expires_at_ms: i64::MIN,
-            // The Redis store's longest: nonce, counter, class, grant,
-            // cost, second, each at its widest.
+            // The Redis store's longest: the id, class, grant, cost,
+            // second, each at its widest.
             store_id: Some(
-                "ffffffffffffffff-ffffffffffffffff.2.4294967295.18446744073709551615.-9223372036854775808",
+                "ffffffffffffffffffffffffffffffff.2.4294967295.18446744073709551615.-9223372036854775808",
             ),
         };
         assert!(

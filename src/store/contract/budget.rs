@@ -24,6 +24,32 @@ pub(crate) async fn leases_take_tokens_and_release_returns_them(s: &dyn Store) {
     ));
 }
 
+/// Lease ids are unguessable: a worker told one cannot name the next
+/// (its own or another's) from it, nor learn how many were granted.
+pub(crate) async fn lease_ids_reveal_no_counter(s: &dyn Store) {
+    let p = Policy::default();
+    let key = scope("c", "r");
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let lease = s.lease(&key, ask("w", 1, T0), &p).await.expect("lease");
+        ids.push(lease.lease_id.expect("an id when granted"));
+    }
+    for pair in ids.windows(2) {
+        // Past a shared start (none is expected), the ids differ in at
+        // least 24 of the 32 random hex digits: no counter ticks at the end.
+        let same_start = pair[0]
+            .chars()
+            .zip(pair[1].chars())
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert!(same_start < 8, "{pair:?}");
+        assert!(
+            pair[0][..32].bytes().all(|b| b.is_ascii_hexdigit()),
+            "{pair:?}"
+        );
+    }
+}
+
 pub(crate) async fn first_attempts_grow_the_allowance_and_slide_out(s: &dyn Store) {
     let p = Policy::default(); // 10/s × 10 s floor, ratio 0.2
     let key = scope("c", "r");

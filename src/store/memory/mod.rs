@@ -90,10 +90,6 @@ pub struct MemoryStore {
     evicted_idle: AtomicU64,
     evicted_for_room: AtomicU64,
     refused: AtomicU64,
-    next_lease: AtomicU64,
-    /// `{nonce:08x}-`, every lease id's start: a random nonce makes lease
-    /// ids from before a restart unrecognisable after it.
-    lease_prefix: Box<str>,
 }
 
 impl MemoryStore {
@@ -109,8 +105,6 @@ impl MemoryStore {
             evicted_idle: AtomicU64::new(0),
             evicted_for_room: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            next_lease: AtomicU64::new(1),
-            lease_prefix: format!("{:08x}-", rand::random::<u32>()).into(),
         }
     }
 
@@ -265,16 +259,7 @@ impl MemoryStore {
         policy: &Policy,
     ) -> Result<LeaseOutcome, StoreError> {
         let caller = self.caller_floor(&scope.route.caller_scope);
-        // `{nonce:08x}-{counter:x}`, by hand: `format!` cost more than the
-        // route's lookup.
-        let mut id = String::with_capacity(self.lease_prefix.len() + 16);
-        id.push_str(&self.lease_prefix);
-        route::push_digits(
-            &mut id,
-            self.next_lease.fetch_add(1, Ordering::Relaxed),
-            16,
-            1,
-        );
+        let id = crate::budget::new_lease_id();
         self.with_route(&RouteLookup::of(&scope.route), ask.now_ms, |state| {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {

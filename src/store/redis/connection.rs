@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -182,8 +182,6 @@ impl RedisStore {
             prefix: options.prefix,
             idle_ms: i64::try_from(options.idle_ttl.as_millis()).unwrap_or(i64::MAX),
             op_timeout: options.op_timeout,
-            lease_nonce: rand::random(),
-            next_lease: AtomicU64::new(1),
             queue: OnceLock::new(),
             turns: Default::default(),
             format_checked: AtomicBool::new(false),

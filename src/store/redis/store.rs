@@ -4,7 +4,7 @@
 //! share a call (`queue`).
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -33,10 +33,6 @@ pub struct RedisStore {
     pub(super) prefix: String,
     pub(super) idle_ms: i64,
     pub(super) op_timeout: Duration,
-    /// Lease ids are `nonce-counter`: unique across replicas (each draws
-    /// its own nonce) and across restarts.
-    pub(super) lease_nonce: u64,
-    pub(super) next_lease: AtomicU64,
     /// Leases sent together (one node; on a cluster each goes alone),
     /// started by the first Lease, on the runtime that serves it.
     pub(super) queue: OnceLock<LeaseQueue>,
@@ -245,11 +241,7 @@ impl RedisStore {
         policy: &Policy,
     ) -> Result<LeaseOutcome, StoreError> {
         let (keys, ccd, cfloor) = self.route_keys(&scope.route).await?;
-        let id = format!(
-            "{:016x}-{:x}",
-            self.lease_nonce,
-            self.next_lease.fetch_add(1, Ordering::Relaxed)
-        );
+        let id = crate::budget::new_lease_id();
         // The numbers as one string of little-endian doubles, which the
         // script decodes in one step (lease.lua). Each is an integer: a
         // double holds it exactly below 2^53, and rounds a larger one (a
