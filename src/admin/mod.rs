@@ -157,6 +157,17 @@ pub struct SetRule {
     pub reason: String,
 }
 
+impl SetRule {
+    /// The audit log's name for this change.
+    fn action(&self) -> &'static str {
+        if self.patch {
+            "policy.patch"
+        } else {
+            "policy.set"
+        }
+    }
+}
+
 /// One audit record of a change made at `at_ms`.
 struct Note<'a> {
     who: &'a str,
@@ -386,11 +397,7 @@ impl Control {
     /// The rule is a runtime change: it stays over the policy file until
     /// cleared or until the file changes that same rule.
     pub async fn set_rule(&self, who: &str, req: SetRule) -> Result<RuleSpec, AdminError> {
-        let action = if req.patch {
-            "policy.patch"
-        } else {
-            "policy.set"
-        };
+        let action = req.action();
         let (rule, _) = self
             .change(|st, now| {
                 let target = format!("{}|{}", req.caller_scope, req.route);
@@ -458,11 +465,7 @@ impl Control {
     /// file until cleared or until the file changes `[defaults]` itself.
     /// `req`'s patterns are not read. Returns the running `[defaults]`.
     pub async fn set_defaults(&self, who: &str, req: SetRule) -> Result<PolicySpec, AdminError> {
-        let action = if req.patch {
-            "policy.patch"
-        } else {
-            "policy.set"
-        };
+        let action = req.action();
         let (defaults, _) = self
             .change(|st, now| {
                 let target = layers::DEFAULTS.to_owned();

@@ -197,6 +197,28 @@ impl ReportBatch<'_> {
             .collect()
     }
 
+    /// What pacing takes in from this report: its window's counts, the
+    /// hint ends the fleet agreed with (`hint_ends`, from
+    /// [`agreed_hint_ends`](Self::agreed_hint_ends)) and the route's
+    /// cooldown before and after the report's evidence was merged.
+    pub fn observation<'h>(
+        &self,
+        hint_ends: &'h [i64],
+        cooldown_before_ms: i64,
+        cooldown_after_ms: i64,
+    ) -> crate::pacing::Observation<'h> {
+        let counted = self.window_counts();
+        crate::pacing::Observation {
+            now_ms: self.now_ms,
+            first_attempts: counted.first_attempts,
+            successes: counted.successes,
+            rejections: counted.rejections,
+            hint_until_ms: hint_ends,
+            cooldown_until_ms: cooldown_before_ms,
+            cooldown_after_ms,
+        }
+    }
+
     /// What learned pacing counts in the window the report lands in.
     ///
     /// The rejections are the report's count, and never fewer than the

@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering;
 
 use crate::hints::{Assessment, Merge, Reporter};
-use crate::pacing::Observation;
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{ReportBatch, Reported, RouteView, StoreError};
@@ -80,16 +79,7 @@ impl MemoryStore {
         let merges: Vec<Merge> = merges.into_iter().flatten().collect();
         let view = self.view_now(&route);
         let hint_ends = report.agreed_hint_ends(&merges);
-        let counted = report.window_counts();
-        let observation = Observation {
-            now_ms,
-            first_attempts: counted.first_attempts,
-            successes: counted.successes,
-            rejections: counted.rejections,
-            hint_until_ms: &hint_ends,
-            cooldown_until_ms: cooldown_before,
-            cooldown_after_ms: view.cooldown_until_ms,
-        };
+        let observation = report.observation(&hint_ends, cooldown_before, view.cooldown_until_ms);
         let (pacing, pacing_was) = self.with_route(&route, now_ms, |state| {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);
             let was = pacing.mode();

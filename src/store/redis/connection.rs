@@ -219,15 +219,23 @@ impl RedisStore {
 
     /// Whether Redis answers PING now.
     pub(super) async fn ping(&self) -> Result<(), StoreError> {
+        self.query::<String>(&redis::cmd("PING")).await.map(drop)
+    }
+
+    /// One plain command, within the operation bound.
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
         let mut conn = self.conn.clone();
         let call = async {
             match &mut conn {
-                Conn::Single(c) => redis::cmd("PING").query_async::<String>(c).await,
-                Conn::Cluster(c) => redis::cmd("PING").query_async::<String>(c).await,
-                Conn::Sentinel(c) => redis::cmd("PING").query_async::<String>(c).await,
+                Conn::Single(c) => cmd.query_async::<T>(c).await,
+                Conn::Cluster(c) => cmd.query_async::<T>(c).await,
+                Conn::Sentinel(c) => cmd.query_async::<T>(c).await,
             }
         };
-        self.bounded(call).await.map(drop)
+        self.bounded(call).await
     }
 
     /// Applies the idle rule to every key under the prefix, on every

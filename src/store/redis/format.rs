@@ -10,7 +10,6 @@
 
 use std::sync::atomic::Ordering;
 
-use super::connection::Conn;
 use super::store::RedisStore;
 use crate::store::StoreError;
 
@@ -86,18 +85,6 @@ impl RedisStore {
     /// freezes, audit) is not scope state and keeps its own versions.
     async fn holds_any_state(&self) -> Result<bool, StoreError> {
         Ok(!self.scan(&format!("{}:{{*", self.prefix)).await?.is_empty())
-    }
-
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        let mut conn = self.conn.clone();
-        let call = async {
-            match &mut conn {
-                Conn::Single(c) => cmd.query_async::<T>(c).await,
-                Conn::Cluster(c) => cmd.query_async::<T>(c).await,
-                Conn::Sentinel(c) => cmd.query_async::<T>(c).await,
-            }
-        };
-        self.bounded(call).await
     }
 }
 

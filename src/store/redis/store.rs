@@ -11,7 +11,6 @@ use tokio::sync::oneshot;
 
 use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, GrantAsk, LeaseEnd};
 use crate::hints::{HintState, Merge, Reporter};
-use crate::pacing::Observation;
 use crate::policy::Policy;
 use crate::scope::{Priority, RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
@@ -441,16 +440,7 @@ impl RedisStore {
             _ => route_hints.corroboration.corroborated,
         };
         let hint_ends = report.agreed_hint_ends(&merges);
-        let counted = report.window_counts();
-        let observation = Observation {
-            now_ms: now,
-            first_attempts: counted.first_attempts,
-            successes: counted.successes,
-            rejections: counted.rejections,
-            hint_until_ms: &hint_ends,
-            cooldown_until_ms: cooldown_before,
-            cooldown_after_ms: view.cooldown_until_ms,
-        };
+        let observation = report.observation(&hint_ends, cooldown_before, view.cooldown_until_ms);
         let (pacing, pacing_was) = self
             .observe_pacing(
                 &route_key,
