@@ -71,6 +71,7 @@
 //! every decision about it is made here, by whichever store holds it.
 
 mod codec;
+pub mod model;
 mod slot;
 mod window;
 
@@ -796,6 +797,8 @@ impl PacingState {
     }
 }
 
+#[cfg(test)]
+mod model_sim;
 #[cfg(test)]
 mod sim_tests;
 #[cfg(test)]

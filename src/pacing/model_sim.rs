@@ -1,0 +1,459 @@
+//! The limiter model against the three limiter shapes of `docs/pacing.md`
+//! (token bucket, sliding window, fixed window), on a virtual clock: a
+//! fleet with more work than the limiter admits sends at the model's
+//! target, its refusals reach the model a report tick later, and each
+//! second closes a window. Every check is one of the model's claims.
+
+use std::collections::VecDeque;
+
+use super::model::{LimiterModel, Report, WindowEnd};
+use super::{MILLI, WINDOW_MS};
+
+/// The simulation's time step, ms.
+const STEP_MS: i64 = 10;
+/// Workers report every tick this long: a refusal reaches the model at
+/// the next tick after it.
+const REPORT_MS: i64 = 100;
+
+/// A limiter, admitting or refusing one request at an instant. The
+/// capacity in force is `rate × factor`.
+trait Limiter {
+    fn admit(&mut self, at_ms: i64) -> bool;
+    fn set_factor(&mut self, at_ms: i64, factor: f64);
+    /// Its sustained rate now, per second.
+    fn rate(&self) -> f64;
+    /// The `Retry-After` it sends with a refusal at `at_ms`: when credit
+    /// comes back, rounded up to whole seconds.
+    fn hint_ms(&self, at_ms: i64) -> i64;
+}
+
+/// Whole seconds, rounded up, as `Retry-After` carries them.
+fn whole_seconds(ms: i64) -> i64 {
+    (ms.max(1) + 999) / 1000 * 1000
+}
+
+/// Refilled at `rate` per second up to `size`; starts full.
+struct TokenBucket {
+    rate: f64,
+    factor: f64,
+    burst_s: f64,
+    tokens: f64,
+    at_ms: i64,
+}
+
+impl TokenBucket {
+    fn new(rate: f64, burst_s: f64) -> Self {
+        Self {
+            rate,
+            factor: 1.0,
+            burst_s,
+            tokens: (rate * burst_s).max(1.0),
+            at_ms: 0,
+        }
+    }
+
+    fn refill(&mut self, at_ms: i64) {
+        let rate = self.rate();
+        let size = (rate * self.burst_s).max(1.0);
+        self.tokens = (self.tokens + rate * (at_ms - self.at_ms) as f64 / 1000.0).min(size);
+        self.at_ms = at_ms;
+    }
+}
+
+impl Limiter for TokenBucket {
+    fn admit(&mut self, at_ms: i64) -> bool {
+        self.refill(at_ms);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn set_factor(&mut self, at_ms: i64, factor: f64) {
+        self.refill(at_ms);
+        self.factor = factor;
+    }
+
+    fn rate(&self) -> f64 {
+        self.rate * self.factor
+    }
+
+    fn hint_ms(&self, _at_ms: i64) -> i64 {
+        whole_seconds(((1.0 - self.tokens) / self.rate() * 1000.0) as i64)
+    }
+}
+
+/// At most `rate × window` admitted in any trailing window.
+struct SlidingWindow {
+    rate: f64,
+    factor: f64,
+    window_ms: i64,
+    admitted: VecDeque<i64>,
+}
+
+impl Limiter for SlidingWindow {
+    fn admit(&mut self, at_ms: i64) -> bool {
+        while self
+            .admitted
+            .front()
+            .is_some_and(|&t| t <= at_ms - self.window_ms)
+        {
+            self.admitted.pop_front();
+        }
+        let quota = (self.rate() * self.window_ms as f64 / 1000.0).max(1.0) as usize;
+        if self.admitted.len() < quota {
+            self.admitted.push_back(at_ms);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn set_factor(&mut self, _at_ms: i64, factor: f64) {
+        self.factor = factor;
+    }
+
+    fn rate(&self) -> f64 {
+        self.rate * self.factor
+    }
+
+    fn hint_ms(&self, at_ms: i64) -> i64 {
+        let oldest = self.admitted.front().copied().unwrap_or(at_ms);
+        whole_seconds(oldest + self.window_ms - at_ms)
+    }
+}
+
+/// At most `rate × window` per window aligned to zero, reset at each
+/// boundary.
+struct FixedWindow {
+    rate: f64,
+    factor: f64,
+    window_ms: i64,
+    index: i64,
+    count: usize,
+}
+
+impl Limiter for FixedWindow {
+    fn admit(&mut self, at_ms: i64) -> bool {
+        let index = at_ms / self.window_ms;
+        if index != self.index {
+            self.index = index;
+            self.count = 0;
+        }
+        let quota = (self.rate() * self.window_ms as f64 / 1000.0).max(1.0) as usize;
+        if self.count < quota {
+            self.count += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn set_factor(&mut self, _at_ms: i64, factor: f64) {
+        self.factor = factor;
+    }
+
+    fn rate(&self) -> f64 {
+        self.rate * self.factor
+    }
+
+    fn hint_ms(&self, at_ms: i64) -> i64 {
+        whole_seconds((at_ms / self.window_ms + 1) * self.window_ms - at_ms)
+    }
+}
+
+/// One second as the limiter saw it.
+#[derive(Debug, Clone, Copy)]
+struct Second {
+    offered: i64,
+    served: i64,
+    refused: i64,
+    /// The limiter's sustained rate in force at the second's end.
+    capacity: f64,
+    target_m: i64,
+}
+
+/// Runs `seconds` with the fleet always having more work than the target
+/// (`demand_m` caps what it has, per second; `None` is unbounded), with
+/// `changes` applied to the limiter at their second.
+fn run(
+    limiter: &mut dyn Limiter,
+    seconds: i64,
+    demand_m: Option<i64>,
+    changes: &[(i64, f64)],
+) -> (LimiterModel, Vec<Second>) {
+    let mut model = LimiterModel::new(10 * MILLI, MILLI);
+    let mut out = Vec::new();
+    let mut credit_m = 0i64;
+    let mut window = Second {
+        offered: 0,
+        served: 0,
+        refused: 0,
+        capacity: limiter.rate(),
+        target_m: 0,
+    };
+    let mut tick = (0i64, 0i64);
+    let mut longest_hint_ms = 0i64;
+    let mut demand_met = true;
+    for step in 0..seconds * WINDOW_MS / STEP_MS {
+        let at = step * STEP_MS;
+        if let Some(&(_, factor)) = changes.iter().find(|(s, _)| s * WINDOW_MS == at) {
+            limiter.set_factor(at, factor);
+        }
+        let target = model.target_m();
+        let rate = demand_m.map_or(target, |d| d.min(target));
+        if demand_m.is_some_and(|d| d < target) {
+            demand_met = false;
+        }
+        credit_m += rate * STEP_MS / WINDOW_MS;
+        while credit_m >= MILLI {
+            credit_m -= MILLI;
+            window.offered += 1;
+            if limiter.admit(at) {
+                window.served += 1;
+                tick.0 += 1;
+            } else {
+                window.refused += 1;
+                tick.1 += 1;
+                longest_hint_ms = longest_hint_ms.max(limiter.hint_ms(at));
+            }
+        }
+        let next = at + STEP_MS;
+        if next % REPORT_MS == 0 {
+            model.on_report(&Report {
+                now_ms: next,
+                served: tick.0,
+                refused: tick.1,
+                longest_hint_ms,
+            });
+            tick = (0, 0);
+            longest_hint_ms = 0;
+        }
+        if next % WINDOW_MS == 0 {
+            window.capacity = limiter.rate();
+            window.target_m = target;
+            out.push(window);
+            model.on_window(&WindowEnd {
+                demand: demand_met,
+                closed: false,
+            });
+            window = Second {
+                offered: 0,
+                served: 0,
+                refused: 0,
+                capacity: limiter.rate(),
+                target_m: 0,
+            };
+            demand_met = true;
+        }
+    }
+    (model, out)
+}
+
+/// The busiest second from `from` on, over the capacity in force.
+fn peak(seconds: &[Second], from: usize) -> f64 {
+    seconds[from..]
+        .iter()
+        .map(|s| s.offered as f64 / s.capacity)
+        .fold(0.0, f64::max)
+}
+
+/// Refused over offered, from `from` on.
+fn refused_share(seconds: &[Second], from: usize) -> f64 {
+    let (refused, offered) = seconds[from..]
+        .iter()
+        .fold((0, 0), |(r, o), s| (r + s.refused, o + s.offered));
+    refused as f64 / offered.max(1) as f64
+}
+
+/// The least served over capacity in any second from `from` on.
+fn least_utilisation(seconds: &[Second], from: usize) -> f64 {
+    seconds[from..]
+        .iter()
+        .map(|s| s.served as f64 / s.capacity)
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn trace(seconds: &[Second]) -> String {
+    seconds
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "{i}: target {} offered {} served {} refused {} capacity {}\n",
+                s.target_m / MILLI,
+                s.offered,
+                s.served,
+                s.refused,
+                s.capacity
+            )
+        })
+        .collect()
+}
+
+fn token_bucket(burst_s: f64) -> Box<dyn Limiter> {
+    Box::new(TokenBucket::new(1000.0, burst_s))
+}
+
+fn sliding_window(window_ms: i64) -> Box<dyn Limiter> {
+    Box::new(SlidingWindow {
+        rate: 1000.0,
+        factor: 1.0,
+        window_ms,
+        admitted: VecDeque::new(),
+    })
+}
+
+fn fixed_window(window_ms: i64) -> Box<dyn Limiter> {
+    Box::new(FixedWindow {
+        rate: 1000.0,
+        factor: 1.0,
+        window_ms,
+        index: 0,
+        count: 0,
+    })
+}
+
+/// The limiters whose memory a second of pressing covers, by name.
+fn pressable() -> Vec<(&'static str, Box<dyn Limiter>)> {
+    vec![
+        ("token bucket, 0.1 s burst", token_bucket(0.1)),
+        ("token bucket, 1 s burst", token_bucket(1.0)),
+        ("sliding window, 1 s", sliding_window(1000)),
+        ("fixed window, 1 s", fixed_window(1000)),
+    ]
+}
+
+/// The benchmark's claims, from `settled` on: every second within 1.1 ×
+/// the capacity in force, at least 90 % of it served while work waits,
+/// at most 1 % of attempts refused.
+fn claims_hold(name: &str, seconds: &[Second], settled: usize) {
+    let log = trace(seconds);
+    assert!(peak(seconds, settled) <= 1.1, "{name}: peak\n{log}");
+    assert!(
+        least_utilisation(seconds, settled) >= 0.9,
+        "{name}: utilisation\n{log}"
+    );
+    assert!(
+        refused_share(seconds, settled) <= 0.01,
+        "{name}: refused\n{log}"
+    );
+}
+
+#[test]
+fn each_pressable_limiter_is_found_and_held() {
+    for (name, mut limiter) in pressable() {
+        let (model, seconds) = run(limiter.as_mut(), 90, None, &[]);
+        let rate = model.rate_m().expect("measured") / MILLI;
+        assert!((950..=1030).contains(&rate), "{name}: ρ̂ {rate}");
+        claims_hold(name, &seconds, 10);
+    }
+}
+
+#[test]
+fn a_drop_is_followed_from_the_second_after_it() {
+    for (name, mut limiter) in pressable() {
+        let (model, seconds) = run(limiter.as_mut(), 90, None, &[(40, 0.4)]);
+        let rate = model.rate_m().expect("measured") / MILLI;
+        assert!((380..=420).contains(&rate), "{name}: ρ̂ {rate}");
+        claims_hold(name, &seconds[..40], 10);
+        // The first second of the drop is exempt: nothing shows it before
+        // the limiter refuses.
+        claims_hold(name, &seconds, 42);
+    }
+}
+
+#[test]
+fn a_rise_is_found_at_the_probe_gain_per_proof() {
+    // Unannounced, a rise is found only by probing past the rate known,
+    // and a clean probe proves more only once its excess over ρ̂ is more
+    // than the bank: (PROBE_GAIN − 1)·ρ̂ a window against a bank of a
+    // tenth of a second takes two windows a proof, and from 375/s to
+    // 900/s is ln(2.4)/ln(17/16) ≈ 14.4 proofs, after the next probe is
+    // due (PROBE_EVERY windows at most): about 45 windows. A window
+    // limiter of one second has no bank beyond the window: a proof a
+    // window.
+    for (name, mut limiter, settled) in [
+        ("token bucket, 0.1 s burst", token_bucket(0.1), 85),
+        ("sliding window, 1 s", sliding_window(1000), 65),
+        ("fixed window, 1 s", fixed_window(1000), 65),
+    ] {
+        let (_, seconds) = run(limiter.as_mut(), 100, None, &[(0, 0.4), (40, 1.0)]);
+        let log = trace(&seconds);
+        assert!(peak(&seconds, 10) <= 1.1, "{name}: peak\n{log}");
+        assert!(
+            least_utilisation(&seconds, settled) >= 0.9,
+            "{name}: utilisation\n{log}"
+        );
+    }
+}
+
+#[test]
+fn a_ten_second_bank_is_spent_once_then_the_rate_is_held() {
+    // First contact from rest: nothing tells a bank from a rate until the
+    // bank is spent, so startup overshoots it once (docs/pacing.md, the
+    // bounds on paper); from then on the claims hold.
+    let mut limiter = token_bucket(10.0);
+    let (model, seconds) = run(limiter.as_mut(), 90, None, &[]);
+    let rate = model.rate_m().expect("measured") / MILLI;
+    assert!((950..=1030).contains(&rate), "ρ̂ {rate}");
+    assert!(model.burst_m() / MILLI >= 9_000, "σ̂ {}", model.burst_m());
+    claims_hold("token bucket, 10 s burst", &seconds, 30);
+}
+
+#[test]
+fn a_drop_behind_a_large_bank_is_followed_once_it_shows() {
+    // 1000/s → 400/s behind a bank of 10 s: the limiter serves the fleet
+    // from whatever its bank holds until it is spent, and nothing is
+    // refused meanwhile; from the second after it refuses, the claims
+    // hold.
+    let mut limiter = token_bucket(10.0);
+    let (model, seconds) = run(limiter.as_mut(), 100, None, &[(40, 0.4)]);
+    let rate = model.rate_m().expect("measured") / MILLI;
+    assert!((380..=420).contains(&rate), "ρ̂ {rate}");
+    let first_refusal = (40..seconds.len())
+        .find(|&s| seconds[s].refused > 0)
+        .expect("refused once the bank is spent");
+    claims_hold("token bucket, 10 s burst", &seconds, first_refusal + 2);
+}
+
+#[test]
+fn demand_under_the_capacity_is_never_refused_and_teaches_nothing() {
+    // Probes and startup's doubling prove something only where work
+    // waited for the target: a fleet that needs 500/s of a 1000/s limiter
+    // is never pushed past what it needs.
+    let mut limiter = token_bucket(0.1);
+    let (model, seconds) = run(limiter.as_mut(), 60, Some(500 * MILLI), &[]);
+    assert_eq!(seconds.iter().map(|s| s.refused).sum::<i64>(), 0);
+    assert_eq!(model.rate_m(), None);
+    assert!(seconds[20..].iter().all(|s| s.offered == 500));
+}
+
+#[test]
+fn an_outage_learns_nothing_and_resumes_at_the_rate_known() {
+    let mut limiter = token_bucket(0.1);
+    let (mut model, _) = run(limiter.as_mut(), 30, None, &[]);
+    let rate = model.rate_m().expect("measured");
+    let closed = WindowEnd {
+        demand: true,
+        closed: true,
+    };
+    for at in 0..5 {
+        model.on_report(&Report {
+            now_ms: 30_000 + at * WINDOW_MS,
+            served: 0,
+            refused: 400,
+            longest_hint_ms: 10_000,
+        });
+        model.on_window(&closed);
+        assert_eq!(model.target_m(), 0, "nothing is woken in an outage");
+    }
+    assert_eq!(model.rate_m(), Some(rate), "nothing learned from it");
+    model.on_window(&WindowEnd {
+        demand: true,
+        closed: false,
+    });
+    assert_eq!(model.target_m(), super::model::CRUISE_GAIN.of(rate));
+}
