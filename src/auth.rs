@@ -207,6 +207,24 @@ pub enum Identity {
     Token(usize),
 }
 
+impl Identity {
+    /// The id a worker or an intent a caller names has in the stores: a
+    /// token owns the workers and intents it names, so another token that
+    /// shares its caller scope and sends the same id (guessed, or read off
+    /// a trace) names a different worker: it cannot release that worker's
+    /// leases, take its intent's slot or add its claims to that worker's.
+    /// A token's ids are `t<entry>:<id>` (its `[[token]]` entry, 1-based
+    /// in file order, as errors name entries): printable, so the Admin API
+    /// shows them as they are kept, and never equal across entries. Open
+    /// dev mode has one owner and keeps ids as sent.
+    pub fn own<'a>(&self, id: &'a str) -> std::borrow::Cow<'a, str> {
+        match self {
+            Identity::Open => std::borrow::Cow::Borrowed(id),
+            Identity::Token(index) => std::borrow::Cow::Owned(format!("t{}:{id}", index + 1)),
+        }
+    }
+}
+
 /// A request extension: the identity the server's gate found for the
 /// request's token before it took a request slot, so the handler need not
 /// check the token again. Only the server inserts extensions; a peer

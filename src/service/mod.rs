@@ -190,7 +190,7 @@ impl Budget for BudgetService {
         let retry_class = validate::retry_class(req.retry_class)?;
         let leased = self
             .core
-            .lease(&scope, &req.worker_id, want, retry_class)
+            .lease(&scope, &identity.own(&req.worker_id), want, retry_class)
             .await
             .map_err(ServiceError::from)?;
         let (out, policy_version) = (leased.outcome, leased.policy_version);
@@ -256,7 +256,7 @@ impl Budget for BudgetService {
             .core
             .release(
                 &scope,
-                &req.worker_id,
+                &identity.own(&req.worker_id),
                 &req.lease_id,
                 req.spent,
                 req.retry_successes,
@@ -309,8 +309,9 @@ impl Budget for BudgetService {
                 ),
             })
             .collect();
+        let worker_id = identity.own(&req.worker_id);
         let report = ReportIn {
-            worker_id: &req.worker_id,
+            worker_id: &worker_id,
             first_attempts,
             successes,
             rejections,
@@ -359,8 +360,9 @@ impl Budget for BudgetService {
         let not_before = validate::unix_ms("not_before_unix_ms", req.not_before_unix_ms, false)?;
         let deadline = validate::unix_ms("deadline_unix_ms", req.deadline_unix_ms, true)?;
         let reserve = validate::attempt_reserve(req.attempt_reserve_ms)?;
+        let intent_id = identity.own(&req.intent_id);
         let request = SlotRequest {
-            intent_id: &req.intent_id,
+            intent_id: &intent_id,
             not_before_ms: not_before,
             deadline_ms: deadline,
             reserve_ms: reserve,

@@ -1,0 +1,110 @@
+//! A token owns the worker ids and intent ids it sends. Two tokens that
+//! share a caller scope (`shared-*` in the README) reach the same scopes,
+//! but the ids one of them names are not the other's: a real server on
+//! loopback, real tonic clients, a manual clock.
+
+mod support;
+
+use support::{Coordinator, ROUTE, config, lease, rate_limited, reconsider, scope, with_token};
+use tollgate_proto::v1::{self, Priority, ReconsiderDecision, ScopeCertainty};
+use tonic::Code;
+
+const ONE: &str = "token-of-team-one";
+const TWO: &str = "token-of-team-two";
+
+/// Two tokens sharing the caller scope `shared-x`, and a pinned wake rate
+/// so that slots are booked at any distance.
+const SHARED: &str = r#"
+[defaults]
+wake_rate = 50
+
+[[token]]
+token = "token-of-team-one"
+caller_scopes = ["shared-x"]
+
+[[token]]
+token = "token-of-team-two"
+caller_scopes = ["shared-x"]
+"#;
+
+fn release(s: Option<v1::Scope>, worker: &str, lease_id: &str) -> v1::ReleaseRequest {
+    v1::ReleaseRequest {
+        scope: s,
+        worker_id: worker.into(),
+        lease_id: lease_id.into(),
+        spent: 0,
+        retry_successes: 0,
+    }
+}
+
+#[tokio::test]
+async fn another_tokens_lease_is_not_found_even_with_its_worker_id() {
+    let coordinator = Coordinator::start(config(SHARED)).await;
+    let mut client = coordinator.client().await;
+    let s = scope("shared-x", ROUTE, Priority::Normal);
+    let granted = client
+        .lease(with_token(lease(s.clone(), "worker-1", 5), ONE))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert!(granted.granted > 0 && !granted.lease_id.is_empty());
+
+    // Token two knows the lease id and the worker id: still not its lease.
+    let stolen = client
+        .release(with_token(
+            release(s.clone(), "worker-1", &granted.lease_id),
+            TWO,
+        ))
+        .await
+        .expect_err("another token's lease");
+    assert_eq!(stolen.code(), Code::NotFound, "{stolen:?}");
+
+    // Its owner still holds it, untouched.
+    let returned = client
+        .release(with_token(release(s, "worker-1", &granted.lease_id), ONE))
+        .await
+        .expect("the owner's release")
+        .into_inner();
+    assert_eq!(returned.returned, granted.granted);
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn another_tokens_intent_id_does_not_take_its_slot() {
+    let coordinator = Coordinator::start(config(SHARED)).await;
+    let mut client = coordinator.client().await;
+    let s = scope("shared-x", ROUTE, Priority::Normal);
+    client
+        .report(with_token(
+            rate_limited(s.clone(), "worker-1", "10", ScopeCertainty::Known),
+            ONE,
+        ))
+        .await
+        .expect("report");
+    let ask = |token: &'static str| {
+        let request = with_token(reconsider(s.clone(), "intent-1"), token);
+        let mut client = client.clone();
+        async move {
+            client
+                .reconsider(request)
+                .await
+                .expect("reconsider")
+                .into_inner()
+        }
+    };
+    let owner = ask(ONE).await;
+    assert_eq!(owner.decision(), ReconsiderDecision::Slot);
+    let other = ask(TWO).await;
+    assert_eq!(other.decision(), ReconsiderDecision::Slot);
+    // Its own intent: a slot of its own, after the owner's (50/s: 20 ms on).
+    assert!(
+        other.slot_unix_ms > owner.slot_unix_ms,
+        "{} vs {}",
+        other.slot_unix_ms,
+        owner.slot_unix_ms
+    );
+    // The owner's intent kept its slot.
+    let again = ask(ONE).await;
+    assert_eq!(again.slot_unix_ms, owner.slot_unix_ms);
+    coordinator.stop().await;
+}
