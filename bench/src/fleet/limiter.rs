@@ -27,6 +27,7 @@
 //!   [tollgate serve --store memory]          (coordinated only)
 //!   N × tollgate-bench worker [--coordinator URL | --alone]
 //!     at outage-start: outage.conf + SIGHUP; at its end: limit.conf + SIGHUP
+//!     (coordinated: `tollgate scopes show` every second ──▶ scope.jsonl)
 //!   workers exit ──▶ WorkerSummary; nginx stopped ──▶ access.log ──▶ RunFigures
 //! Comparison ──▶ markdown (stdout, OUT/limiter.md), JSON (OUT/limiter.json)
 //! ```
@@ -95,7 +96,8 @@ pub struct LimiterArgs {
     /// The `tollgate` binary (default: beside this one).
     #[arg(long, value_name = "PATH")]
     pub coordinator_bin: Option<PathBuf>,
-    /// Where `limiter.md`, `limiter.json` and both access logs go.
+    /// Where `limiter.md`, `limiter.json`, both access logs and the
+    /// coordinator's scope samples go.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
 }
@@ -238,13 +240,15 @@ pub fn run(args: &LimiterArgs, out: &mut dyn Write) -> anyhow::Result<(Compariso
         "limiter.json",
         serde_json::to_string_pretty(&comparison)?.as_bytes(),
     )?;
-    for decided in [Decided::Coordinated, Decided::Alone] {
-        let log = base.join(decided.as_str()).join("access.log");
-        let name = format!("limiter-{}-access.log", decided.as_str());
-        write(
-            &name,
-            &std::fs::read(&log).with_context(|| format!("reading {}", log.display()))?,
-        )?;
+    let copies = [
+        (Decided::Coordinated, "access.log"),
+        (Decided::Alone, "access.log"),
+        (Decided::Coordinated, "scope.jsonl"),
+    ];
+    for (decided, file) in copies {
+        let from = base.join(decided.as_str()).join(file);
+        let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        write(&format!("limiter-{}-{file}", decided.as_str()), &bytes)?;
     }
     // Kept on failure (the `?`s above return first), for its logs.
     let _ = std::fs::remove_dir_all(&base);
@@ -303,6 +307,10 @@ async fn run_once(
         plan.rate
     );
 
+    let samples = coordinator
+        .as_ref()
+        .map(|c| c.sample_scope(&bins.coordinator, dir.join("scope.jsonl"), started));
+
     let mut reloads = Vec::new();
     if !args.outage.is_zero() {
         tokio::time::sleep_until(started + args.outage_start).await;
@@ -315,6 +323,7 @@ async fn run_once(
     for worker in workers {
         summaries.push(worker.finish(give_up).await?);
     }
+    drop(samples);
     drop(coordinator);
     let log = nginx.access_log();
     nginx.stop().await;

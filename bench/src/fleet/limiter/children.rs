@@ -16,6 +16,12 @@ use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 /// How long `tollgate serve` may take to report SERVING.
 const SERVING_WITHIN: Duration = Duration::from_secs(30);
 
+/// How often the coordinator's view of the fleet's scope is sampled.
+const SCOPE_SAMPLE: Duration = Duration::from_secs(1);
+
+/// The fleet's one scope, as `fleet::worker` names it.
+const SCOPE: [&str; 2] = ["fleet", "GET /work/{id}"];
+
 /// A free loopback port (released at once; the child binds it next).
 pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")
@@ -85,6 +91,42 @@ impl Coordinator {
         }
     }
 
+    /// Samples the coordinator's view of the fleet's scope every second
+    /// (`tollgate scopes show … -o json`, the operator's own command) into
+    /// `out` as JSON lines `{"second":s,"scope":{..}}`, seconds from
+    /// `started`: the pacing state behind what nginx saw. Stops when
+    /// dropped.
+    pub(crate) fn sample_scope(&self, bin: &Path, out: PathBuf, started: Instant) -> ScopeSamples {
+        let (bin, url) = (bin.to_owned(), self.url());
+        let task = tokio::spawn(async move {
+            let mut lines = String::new();
+            let mut tick = tokio::time::interval(SCOPE_SAMPLE);
+            loop {
+                tick.tick().await;
+                let second = started.elapsed().as_secs_f64();
+                let shown = tokio::process::Command::new(&bin)
+                    .args([
+                        "scopes", "show", SCOPE[0], SCOPE[1], "-o", "json", "--server",
+                    ])
+                    .arg(&url)
+                    .env_remove("TOLLGATE_ADMIN_TOKEN")
+                    .kill_on_drop(true)
+                    .output()
+                    .await;
+                let scope = shown
+                    .ok()
+                    .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                lines += &serde_json::json!({"second": second, "scope": scope}).to_string();
+                lines.push('\n');
+                // Rewritten whole each time: a few kB a second, and the
+                // file is complete whenever the task is stopped.
+                let _ = std::fs::write(&out, &lines);
+            }
+        });
+        ScopeSamples(task)
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
@@ -106,6 +148,16 @@ impl Coordinator {
     }
 }
 
+/// The scope sampler's task, stopped when dropped.
+#[derive(Debug)]
+pub(crate) struct ScopeSamples(tokio::task::JoinHandle<()>);
+
+impl Drop for ScopeSamples {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// What a worker process printed last: its intents and their outcomes.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WorkerSummary {
@@ -117,6 +169,10 @@ pub struct WorkerSummary {
     pub errors: u64,
     /// Still running well after their deadline.
     pub unfinished: u64,
+    /// Attempts started per second of the worker, by what released them
+    /// (`first`, `held_coordinator`, `alone`, …: see `fleet::worker`).
+    #[serde(default)]
+    pub attempts_per_s: std::collections::BTreeMap<String, Vec<u64>>,
 }
 
 impl WorkerSummary {
@@ -194,6 +250,7 @@ mod tests {
         assert_eq!(summary.intents, 30);
         assert_eq!(summary.outcomes["succeeded"], 28);
         assert_eq!(summary.unfinished, 1);
+        assert_eq!(summary.attempts_per_s["first"], vec![30]);
         assert!(WorkerSummary::from_output("{\"link\":\"connected\"}\n").is_none());
     }
 }

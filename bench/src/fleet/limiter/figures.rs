@@ -97,6 +97,9 @@ pub struct RunFigures {
     pub rejections_per_attempt_outside_outage: Option<f64>,
     /// Requests that arrived at or after their intent's deadline.
     pub attempts_after_deadline: u64,
+    /// Attempts by what released them (the workers' `attempts_per_s`),
+    /// per second of the workers' clocks, the whole fleet.
+    pub released_per_s: BTreeMap<String, Vec<u64>>,
     /// How long each reload took to be in force (outage on, outage off), ms.
     pub reloads_ms: Vec<u64>,
     /// What nginx answered, per second from the run's start.
@@ -114,9 +117,19 @@ impl RunFigures {
         reloads: &[Duration],
     ) -> RunFigures {
         let mut outcomes = BTreeMap::<String, u64>::new();
+        let mut released_per_s = BTreeMap::<String, Vec<u64>>::new();
         for worker in workers {
             for (outcome, n) in &worker.outcomes {
                 *outcomes.entry(outcome.clone()).or_default() += n;
+            }
+            for (by, counts) in &worker.attempts_per_s {
+                let sum = released_per_s.entry(by.clone()).or_default();
+                if sum.len() < counts.len() {
+                    sum.resize(counts.len(), 0);
+                }
+                for (total, n) in sum.iter_mut().zip(counts) {
+                    *total += n;
+                }
             }
         }
         let intents = workers.iter().map(|w| w.intents).sum::<u64>();
@@ -158,6 +171,7 @@ impl RunFigures {
             rejections_per_attempt_outside_outage: (!outside.is_empty())
                 .then(|| refused_outside as f64 / outside.len() as f64),
             attempts_after_deadline: lines.iter().filter(|l| l.after_deadline()).count() as u64,
+            released_per_s,
             reloads_ms: reloads.iter().map(|d| d.as_millis() as u64).collect(),
             per_second,
         }
@@ -235,12 +249,18 @@ impl Comparison {
                 .iter()
                 .map(|(outcome, n)| format!("{outcome} {n}"))
                 .collect();
+            let released: Vec<String> = run
+                .released_per_s
+                .iter()
+                .map(|(by, counts)| format!("{by} {}", counts.iter().sum::<u64>()))
+                .collect();
             line(format!(
-                "- {} outcomes: {}; errors {}, unfinished {}",
+                "- {} outcomes: {}; errors {}, unfinished {}; attempts by what released them: {}",
                 run.decided,
                 outcomes.join(", "),
                 run.errors,
-                run.unfinished
+                run.unfinished,
+                released.join(", "),
             ));
         }
         line(String::new());
@@ -306,6 +326,11 @@ mod tests {
             .into(),
             errors: 0,
             unfinished: 0,
+            attempts_per_s: [
+                ("first".to_owned(), vec![intents, 0]),
+                ("alone".to_owned(), vec![1]),
+            ]
+            .into(),
         }
     }
 
@@ -357,6 +382,8 @@ mod tests {
         // Arrived at 4002, 4003, 4004 against a deadline of 4002.
         assert_eq!(run.attempts_after_deadline, 3);
         assert_eq!(run.reloads_ms, vec![12]);
+        assert_eq!(run.released_per_s["first"], vec![30, 0]);
+        assert_eq!(run.released_per_s["alone"], vec![2]);
         assert_eq!(run.per_second.len(), 6);
     }
 
@@ -378,6 +405,7 @@ mod tests {
         assert!(md.contains("| coordinated | 10 | 1 (10.0%) |"), "{md}");
         assert!(md.contains("| alone | 10 | 4 (40.0%) |"), "{md}");
         assert!(md.contains("coordinated lost ÷ alone lost: 0.25"), "{md}");
+        assert!(md.contains("released them: alone 1, first 10"), "{md}");
         assert!(md.contains("| 1 | 1 | 1 | 0 | 1 | 1 | 0 |"), "{md}");
         assert!(md.contains("| 2 (outage) |"), "{md}");
         let nothing_lost = Comparison::new(window(), run("coordinated", 0), run("alone", 0));
