@@ -93,7 +93,8 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Limiter(args) => {
-            let (_, written) = tollgate_bench::fleet::limiter::run(&args, stdout)?;
+            let progress = &mut std::io::stderr();
+            let (_, written) = tollgate_bench::fleet::limiter::run(&args, stdout, progress)?;
             for path in written {
                 eprintln!("wrote {}", path.display());
             }

@@ -12,8 +12,8 @@
 //! configuration adds `Retry-After: 1` to its 429s.
 //!
 //! # Layout
-//! - [`nginx`]: finding the binary, the limiter and outage configurations
-//!   as text, one running master and its reloads.
+//! - [`config`]: the limiter and outage configurations, as text.
+//! - [`nginx`]: finding the binary, one running master and its reloads.
 //! - [`access_log`]: nginx's access log read back, and counts per second.
 //! - `children` (private): `tollgate serve` and the `tollgate-bench worker`
 //!   processes; [`WorkerSummary`], what a worker printed last.
@@ -34,6 +34,7 @@
 
 pub mod access_log;
 mod children;
+pub mod config;
 pub mod figures;
 pub mod nginx;
 
@@ -47,8 +48,9 @@ use tollgate_client::clock::to_unix_ms;
 
 pub use children::WorkerSummary;
 use children::{Coordinator, Worker, free_port};
+use config::{Phase, Site};
 use figures::{Comparison, RunFigures, Window};
-use nginx::{Nginx, NginxError, Phase, Site};
+use nginx::{Nginx, NginxError};
 
 /// A worker still running this long after its last intent's deadline is a
 /// failed run (the gate ends every intent by its deadline; the worker adds
@@ -188,8 +190,13 @@ struct Bins {
 }
 
 /// Runs both runs, prints the markdown to `out` and writes the files;
-/// returns the comparison and the files written.
-pub fn run(args: &LimiterArgs, out: &mut dyn Write) -> anyhow::Result<(Comparison, Vec<PathBuf>)> {
+/// returns the comparison and the files written. What it is doing, and
+/// where, goes to `progress` as it goes (the CLI gives it stderr).
+pub fn run(
+    args: &LimiterArgs,
+    out: &mut dyn Write,
+    progress: &mut dyn Write,
+) -> anyhow::Result<(Comparison, Vec<PathBuf>)> {
     let plan = Plan::try_new(args)?;
     let nginx = nginx::find(args.nginx.as_deref())?;
     let bench = std::env::current_exe().context("finding this binary")?;
@@ -203,7 +210,7 @@ pub fn run(args: &LimiterArgs, out: &mut dyn Write) -> anyhow::Result<(Compariso
         coordinator.display()
     );
     let bins = Bins {
-        nginx_temp_paths: nginx::temp_paths(&nginx::version_text(&nginx)?),
+        nginx_temp_paths: config::temp_paths(&nginx::version_text(&nginx)?),
         nginx,
         coordinator,
         bench,
@@ -211,7 +218,7 @@ pub fn run(args: &LimiterArgs, out: &mut dyn Write) -> anyhow::Result<(Compariso
     let base = std::env::temp_dir().join(format!("tollgate-limiter-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    eprintln!("limiter: working in {}", base.display());
+    writeln!(progress, "limiter: working in {}", base.display())?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -219,8 +226,8 @@ pub fn run(args: &LimiterArgs, out: &mut dyn Write) -> anyhow::Result<(Compariso
         .build()
         .context("building the tokio runtime")?;
     let comparison = runtime.block_on(async {
-        let coordinated = run_once(&plan, &bins, &base, Decided::Coordinated).await?;
-        let alone = run_once(&plan, &bins, &base, Decided::Alone).await?;
+        let coordinated = run_once(&plan, &bins, &base, Decided::Coordinated, progress).await?;
+        let alone = run_once(&plan, &bins, &base, Decided::Alone, progress).await?;
         anyhow::Ok(Comparison::new(plan.window, coordinated, alone))
     })?;
 
@@ -262,9 +269,10 @@ async fn run_once(
     bins: &Bins,
     base: &Path,
     decided: Decided,
+    progress: &mut dyn Write,
 ) -> anyhow::Result<RunFigures> {
     let dir = base.join(decided.as_str());
-    let mut nginx = start_nginx(plan, bins, &dir).await?;
+    let mut nginx = start_nginx(plan, bins, &dir, progress).await?;
     let coordinator = match decided {
         Decided::Coordinated => {
             Some(Coordinator::start(&bins.coordinator, &dir.join("serve.log")).await?)
@@ -299,13 +307,14 @@ async fn run_once(
         let out = dir.join(format!("worker-{i}.jsonl"));
         workers.push(Worker::spawn(&bins.bench, &worker_args, out)?);
     }
-    eprintln!(
+    writeln!(
+        progress,
         "limiter: {} run: nginx on port {}, {} workers at {:.2} intents/s each",
         decided.as_str(),
         nginx.port(),
         args.workers,
         plan.rate
-    );
+    )?;
 
     let samples = coordinator
         .as_ref()
@@ -342,7 +351,12 @@ async fn run_once(
 
 /// nginx on a free port; on another if it exits at start (the port was
 /// taken between finding it and nginx binding it).
-async fn start_nginx(plan: &Plan, bins: &Bins, dir: &Path) -> anyhow::Result<Nginx> {
+async fn start_nginx(
+    plan: &Plan,
+    bins: &Bins,
+    dir: &Path,
+    progress: &mut dyn Write,
+) -> anyhow::Result<Nginx> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     // Whoever created the folder is who runs nginx.
     let as_root = {
@@ -364,7 +378,10 @@ async fn start_nginx(plan: &Plan, bins: &Bins, dir: &Path) -> anyhow::Result<Ngi
         };
         match Nginx::start(&bins.nginx, site).await {
             Err(NginxError::NotReady { why, .. }) if tries < NGINX_START_TRIES => {
-                eprintln!("limiter: nginx did not start ({why}); another port");
+                writeln!(
+                    progress,
+                    "limiter: nginx did not start ({why}); another port"
+                )?;
             }
             started => return Ok(started?),
         }

@@ -1,5 +1,5 @@
 //! nginx's access log, read back: one [`Logged`] per line of the
-//! `tollgate` log format that [`nginx`](super::nginx) writes, and the
+//! `tollgate` log format that [`config`](super::config) asks nginx for, and the
 //! per-second counts of a run.
 //!
 //! The format is `$msec $request_time $status PHASE
@@ -13,7 +13,7 @@
 use serde::Serialize;
 use thiserror::Error;
 
-use super::nginx::Phase;
+use super::config::Phase;
 
 /// One request as nginx logged it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

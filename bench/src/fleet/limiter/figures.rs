@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::access_log::{Logged, Second};
 use super::children::WorkerSummary;
-use super::nginx::Phase;
+use super::config::Phase;
 
 /// The shape of a run that its figures are judged against.
 #[derive(Debug, Clone, Copy, Serialize)]
