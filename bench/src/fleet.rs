@@ -8,13 +8,18 @@
 //!   per second as JSON lines.
 //! - [`worker`]: `tollgate-bench worker`, one worker process sending
 //!   intents at a steady rate through `TollgateLayer` to that upstream,
-//!   printing its link's state changes and its outcome counts.
+//!   printing its link's state changes and its outcome counts; with
+//!   `--alone`, the same worker deciding without a coordinator.
+//! - [`limiter`]: `tollgate-bench limiter`, those workers against nginx's
+//!   `limit_req` (a limiter nobody here wrote) through an outage made by a
+//!   configuration reload, with a real `tollgate serve` and then alone.
 //!
-//! Both are hidden subcommands of the shipped binary rather than examples:
+//! `upstream` and `worker` are hidden subcommands of the shipped binary rather than examples:
 //! a test finds the binary through `CARGO_BIN_EXE_tollgate`, while Cargo
 //! offers no path to an example's executable and builds none for
 //! `cargo test --test NAME`.
 
+pub mod limiter;
 pub mod upstream;
 pub mod worker;
 

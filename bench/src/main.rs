@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
     after_help = "Examples:
   tollgate-bench storm --workers 500 --out results
   tollgate-bench rpc --duration 10s
-  tollgate-bench memory --scopes 100000"
+  tollgate-bench memory --scopes 100000
+  tollgate-bench limiter --limit 200 --burst 20"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -47,6 +48,15 @@ enum Command {
   tollgate-bench soak                              # 10 minutes at half the measured max
   tollgate-bench soak --duration 3m --rate 2000 --json soak.json")]
     Soak(tollgate_bench::soak::SoakArgs),
+    /// The worker fleet against nginx's limit_req through an outage made by
+    /// a config reload: with `tollgate serve`, then the same workers alone.
+    #[command(after_help = "Examples:
+  tollgate-bench limiter                           # R=200/s, B=20, 8 workers, 1.2 × R, outage 10–13 s
+  tollgate-bench limiter --limit 500 --burst 50 --workers 16 --out results
+
+Needs nginx (apt-get install nginx-light) and `tollgate` beside this binary
+(cargo build --release --bin tollgate).")]
+    Limiter(tollgate_bench::fleet::limiter::LimiterArgs),
     /// An HTTP/1 upstream stand-in with the storm's capacity model and an
     /// outage, printing its load per second (for bench/tests/chaos_fleet.rs).
     #[command(hide = true)]
@@ -82,6 +92,13 @@ fn main() -> anyhow::Result<()> {
                 anyhow::bail!("soak: FAIL (see the verdicts above)");
             }
         }
+        Command::Limiter(args) => {
+            let progress = &mut std::io::stderr();
+            let (_, written) = tollgate_bench::fleet::limiter::run(&args, stdout, progress)?;
+            for path in written {
+                eprintln!("wrote {}", path.display());
+            }
+        }
         Command::Upstream(args) => tollgate_bench::fleet::upstream::run(&args, stdout)?,
         Command::Worker(args) => tollgate_bench::fleet::worker::run(&args, stdout)?,
     }
@@ -102,7 +119,7 @@ mod tests {
     #[test]
     fn every_benchmark_help_has_examples() {
         let cli = super::Cli::command();
-        for name in ["storm", "rpc", "memory", "soak"] {
+        for name in ["storm", "rpc", "memory", "soak", "limiter"] {
             let command = cli.find_subcommand(name).expect(name);
             let after = command.get_after_help().map(ToString::to_string);
             assert!(

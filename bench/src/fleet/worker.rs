@@ -16,6 +16,13 @@
 //! held, released the same ways (`at_once`: a retry with no wait before
 //! it). Every attempt carries the intent's deadline in
 //! `x-tollgate-deadline-unix-ms`, so the upstream can count late ones.
+//!
+//! With `--alone` the same worker decides alone: the same gate, policy and
+//! backoff, but its coordinator link is a channel whose every connection is
+//! refused, so the link is degraded from the first RPC on and every retry
+//! is decided by the client crate's local path (its fallback budget,
+//! throttle, pacer and local spread), as it would be with the coordinator
+//! down. `tollgate-bench limiter` compares the two.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -27,8 +34,9 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
+use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tollgate_client::clock::to_unix_ms;
@@ -36,6 +44,7 @@ use tollgate_client::{
     Backoff, GateError, GateReport, IntentPolicy, Jitter, LayerConfig, LinkState, Scope, Tollgate,
     WaitEvidence,
 };
+use tonic::transport::{Channel, Endpoint, Uri};
 use tower::{ServiceBuilder, ServiceExt};
 
 use super::DEADLINE_HEADER;
@@ -86,6 +95,10 @@ pub struct WorkerArgs {
     /// can hold a decision before the local budget takes over.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     pub rpc_timeout: Duration,
+    /// Decide alone: no coordinator (`--coordinator` is not used); every
+    /// decision comes from the client crate's local fallback path.
+    #[arg(long)]
+    pub alone: bool,
 }
 
 /// Runs the worker to the end and prints its lines to `out`.
@@ -147,6 +160,19 @@ impl Tally {
     }
 }
 
+/// A coordinator channel whose every connection is refused at once, before
+/// anything is sent: the link's first RPC fails as against a coordinator
+/// that is down, without a port that something else might answer on.
+fn refusing_channel() -> Channel {
+    let refuse = tower::service_fn(|_: Uri| async {
+        Err::<TokioIo<TcpStream>, _>(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "deciding alone: no coordinator",
+        ))
+    });
+    Endpoint::from_static("http://127.0.0.1:9").connect_with_connector_lazy(refuse)
+}
+
 /// What released an attempt, from the wait before it; `held` for a first
 /// attempt a cooldown or the route's pacing held.
 fn released_by(wait: &WaitEvidence, held: bool) -> &'static str {
@@ -162,10 +188,12 @@ fn released_by(wait: &WaitEvidence, held: bool) -> &'static str {
 }
 
 async fn work(args: &WorkerArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let tollgate = Tollgate::connect(args.coordinator.clone(), args.worker_id.clone())
-        .rpc_timeout(args.rpc_timeout)
-        .build()
-        .context("building the gate")?;
+    let mut builder = Tollgate::connect(args.coordinator.clone(), args.worker_id.clone())
+        .rpc_timeout(args.rpc_timeout);
+    if args.alone {
+        builder = builder.channel(refusing_channel());
+    }
+    let tollgate = builder.build().context("building the gate")?;
     let policy = IntentPolicy::try_new(
         args.deadline,
         args.max_attempts,
