@@ -1,27 +1,33 @@
 //! The operator CLI end to end: the built `tollgate` binary, both as the
-//! server (`tollgate serve` as a child process on a free loopback port, so it
-//! can be SIGKILLed) and as the client. No sleeps of seconds: every wait
+//! server (`tollgate serve` as a child process, so it can be SIGKILLed, on
+//! the loopback port it binds itself and logs) and as the client. No sleeps of seconds: every wait
 //! polls at short intervals under an overall bound.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetClient};
 
+#[path = "support/process.rs"]
+mod process;
 mod support;
 
+use process::{BIN, Served};
 use support::{replace_file, with_token};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 const ADMIN: &str = support::ADMIN_TOKEN;
 const CALLER: &str = support::TENANT_A_TOKEN;
 const POLICY: &str = support::POLICY_WITH_TOKENS;
 
+/// `tollgate serve` on the folder's `policy.toml`, started again by
+/// [`Server::spawn`] after a kill: each run on the port it bound (the
+/// CLI follows), each with its log (`server-N.log`).
 struct Server {
-    child: Option<Child>,
-    port: u16,
+    served: Option<Served>,
+    /// Where the current run listens.
+    addr: std::net::SocketAddr,
+    runs: usize,
     dir: PathBuf,
 }
 
@@ -30,14 +36,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// Polls `check` every 20 ms for at most 10 s.
@@ -55,41 +53,43 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 impl Server {
     fn start(dir: &Path) -> Server {
         let mut server = Server {
-            child: None,
-            port: free_port(),
+            served: None,
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            runs: 0,
             dir: dir.to_owned(),
         };
         server.spawn();
         server
     }
 
+    /// Starts the next run and waits until the CLI gets an answer from it.
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("server.log"))
-            .expect("log file");
-        let child = Command::new(BIN)
-            .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+        self.runs += 1;
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
             .arg("--config")
             .arg(self.dir.join("policy.toml"))
             .args(["--reload-interval", "50ms"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn tollgate serve");
-        self.child = Some(child);
+            .env_remove("TOLLGATE_LISTEN")
+            .env("RUST_LOG", "info");
+        let log = self.dir.join(format!("server-{}.log", self.runs));
+        let served = Served::spawn(command, &log);
+        self.addr = served.addr;
+        self.served = Some(served);
         eventually("the server to answer", || {
             self.cli(&["policy", "list"]).status.success()
         });
     }
 
+    fn served(&self) -> &Served {
+        self.served.as_ref().expect("running")
+    }
+
     /// SIGKILL: no drain, no chance to flush anything.
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL");
-            child.wait().expect("reaped");
+        if let Some(mut served) = self.served.take() {
+            served.kill();
         }
     }
 
@@ -100,18 +100,24 @@ impl Server {
     fn cli_as(&self, token: &str, args: &[&str]) -> Output {
         Command::new(BIN)
             .args(args)
-            .env("TOLLGATE_SERVER", format!("127.0.0.1:{}", self.port))
+            .env("TOLLGATE_SERVER", self.addr.to_string())
             .env("TOLLGATE_ADMIN_TOKEN", token)
             .output()
             .expect("run the cli")
     }
 
+    /// Every run's log, oldest first.
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+        (1..=self.runs)
+            .map(|run| {
+                std::fs::read_to_string(self.dir.join(format!("server-{run}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}", self.addr)
     }
 }
 
@@ -300,13 +306,10 @@ fn errors_are_one_line_with_meaningful_exit_codes() {
     // Missing rule, unreachable server.
     let missing = server.cli(&["policy", "get", "nope"]);
     assert_eq!(missing.status.code(), Some(5));
+    // An address that refuses every connection while `_held` keeps it.
+    let (_held, refusing) = process::refusing_address();
     let away = Command::new(BIN)
-        .args([
-            "policy",
-            "list",
-            "--server",
-            &format!("127.0.0.1:{}", free_port()),
-        ])
+        .args(["policy", "list", "--server", &refusing.to_string()])
         .output()
         .expect("run");
     assert_eq!(away.status.code(), Some(3), "{}", stderr(&away));
@@ -328,8 +331,7 @@ fn an_invalid_file_keeps_the_old_policy_and_diff_shows_drift() {
         &file,
         &POLICY.replace("retry_ratio = 0.5", "retry_ratio = 500.0"),
     );
-    let pid = server.child.as_ref().expect("running").id().to_string();
-    let _ = Command::new("kill").args(["-HUP", &pid]).status();
+    server.served().signal("HUP");
     eventually("the rejection in the log", || {
         server.log().contains("policy file rejected")
     });
@@ -454,7 +456,7 @@ fn global_flags_work_before_and_after_the_subcommand_and_yaml_matches_json() {
 
     // --server before the subcommand wins over TOLLGATE_SERVER.
     let elsewhere = Command::new(BIN)
-        .args(["--server", &format!("127.0.0.1:{}", server.port)])
+        .args(["--server", &server.addr.to_string()])
         .args(["--output", "json", "policy", "list"])
         .env("TOLLGATE_SERVER", "127.0.0.1:1")
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
@@ -684,7 +686,7 @@ fn cli_into_closed_pipe(server: &Server, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("TOLLGATE_SERVER", format!("127.0.0.1:{}", server.port))
+        .env("TOLLGATE_SERVER", server.addr.to_string())
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
         .stdout(writer)
         .output()

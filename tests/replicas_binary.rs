@@ -14,6 +14,7 @@
 mod process;
 mod support;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -63,10 +64,9 @@ impl Fleet {
         std::fs::write(dir.join("policy.toml"), policy()).expect("policy file");
         let mut replicas = Vec::new();
         for i in 0..3 {
-            let port = process::free_port();
             let mut command = Command::new(BIN);
             command
-                .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+                .args(["serve", "--listen", "127.0.0.1:0"])
                 .arg("--config")
                 .arg(dir.join("policy.toml"))
                 .args(["--store", &redis.url(), "--reload-interval", "50ms"])
@@ -74,7 +74,7 @@ impl Fleet {
                 .env_remove("TOLLGATE_LISTEN")
                 .env("RUST_LOG", "info");
             let log = dir.join(format!("replica-{i}.log"));
-            replicas.push(Served::spawn(command, port, &log));
+            replicas.push(Served::spawn(command, &log));
         }
         for replica in &mut replicas {
             replica.until_serving().await;
@@ -90,14 +90,14 @@ impl Fleet {
 
     /// The CLI binary against replica `i`.
     fn cli(&self, i: usize, args: &[&str]) -> Output {
-        cli_at(self.replicas[i].port, args)
+        cli_at(self.replicas[i].addr, args)
     }
 }
 
-fn cli_at(port: u16, args: &[&str]) -> Output {
+fn cli_at(addr: SocketAddr, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
-        .env("TOLLGATE_SERVER", format!("127.0.0.1:{port}"))
+        .env("TOLLGATE_SERVER", addr.to_string())
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
         .output()
         .expect("run the cli")
@@ -324,15 +324,15 @@ async fn stale_changes_refused_and_audit_complete(fleet: &Fleet) {
         .as_u64()
         .expect("policy_version")
         .to_string();
-    let ports = [fleet.replicas[0].port, fleet.replicas[2].port];
-    let runs: Vec<_> = ports
+    let addrs = [fleet.replicas[0].addr, fleet.replicas[2].addr];
+    let runs: Vec<_> = addrs
         .iter()
         .zip(["retry_ratio=0.3", "retry_ratio=0.4"])
-        .map(|(&port, change)| {
+        .map(|(&addr, change)| {
             let version = version.clone();
             std::thread::spawn(move || {
                 cli_at(
-                    port,
+                    addr,
                     &["policy", "set", "GET /sre", change, "--version", &version],
                 )
             })
@@ -496,10 +496,9 @@ fn serve_refuses_state_an_older_build_wrote() {
         .arg(route_key)
         .query(&mut conn)
         .expect("DEL");
-    let port = process::free_port();
-    let command = serve(&format!("127.0.0.1:{port}"));
-    let log = std::env::temp_dir().join(format!("tollgate-format-{port}.log"));
-    let mut served = Served::spawn(command, port, &log);
+    let command = serve("127.0.0.1:0");
+    let dir = process::temp_dir("format");
+    let mut served = Served::spawn(command, &dir.join("serve.log"));
     tokio::runtime::Runtime::new()
         .expect("runtime")
         .block_on(served.until_serving());
@@ -511,4 +510,6 @@ fn serve_refuses_state_an_older_build_wrote() {
         format,
         Some(tollgate::store::redis::STORE_FORMAT.to_string())
     );
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
