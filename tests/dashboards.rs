@@ -14,7 +14,7 @@
 //! in deployment turns the workers' OTLP metrics into the same names).
 //!
 //! Without a `prometheus` binary the storm test prints a notice and passes,
-//! unless `TOLLGATE_REQUIRE_PROMETHEUS=1` (CI) makes it fail.
+//! unless `TOLLGATE_REQUIRE_PROMETHEUS=1` or CI (`CI` set) makes it fail.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -443,11 +443,11 @@ async fn worker_intent(coordinator: SocketAddr, worker_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_and_alert_rule_returns_series_from_a_real_prometheus() {
     if !prometheus_available() {
-        assert!(
-            std::env::var("TOLLGATE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
-            "TOLLGATE_REQUIRE_PROMETHEUS=1 but no `prometheus` binary on PATH"
+        tollgate_testkit::missing_tool(
+            "the `prometheus` binary",
+            "TOLLGATE_REQUIRE_PROMETHEUS",
+            "apt-get install prometheus",
         );
-        eprintln!("skipped: no `prometheus` binary on PATH (apt-get install prometheus)");
         return;
     }
     let dir = temp_dir();

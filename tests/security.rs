@@ -534,20 +534,17 @@ async fn reflection_answers_in_both_versions() {
 }
 
 /// Whether python3 with grpcio and grpcio-reflection is here; required
-/// (a failure, not a skip) when `TOLLGATE_REQUIRE_PYTHON=1`.
+/// (a failure, not a skip) when `TOLLGATE_REQUIRE_PYTHON=1` and under CI.
 fn python_with_grpcio() -> bool {
     let found = std::process::Command::new("python3")
         .args(["-c", "import grpc, grpc_reflection, google.protobuf"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
-        assert!(
-            std::env::var("TOLLGATE_REQUIRE_PYTHON").as_deref() != Ok("1"),
-            "TOLLGATE_REQUIRE_PYTHON=1 but python3 with grpcio and grpcio-reflection is missing"
-        );
-        eprintln!(
-            "SKIPPED: python3 with grpcio and grpcio-reflection not found \
-             (pip install grpcio grpcio-reflection)"
+        tollgate_testkit::missing_tool(
+            "python3 with grpcio and grpcio-reflection",
+            "TOLLGATE_REQUIRE_PYTHON",
+            "pip install grpcio grpcio-reflection protobuf",
         );
     }
     found

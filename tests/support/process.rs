@@ -126,9 +126,10 @@ pub(crate) fn as_non_root(uid: u32) -> (Command, u32) {
     (command, uid)
 }
 
-/// [`BIN`], or a copy of it other users can reach when a folder above it
-/// is closed to them (a 0700 home or target folder): copied once per test
-/// process into a 0755 folder under the temp dir.
+/// [`BIN`], or a link to it (a copy across file systems) other users can
+/// reach when a folder above it is closed to them (a 0700 home or target
+/// folder): made once per test process in a 0755 folder under the temp
+/// dir.
 fn binary_for_others() -> PathBuf {
     use std::os::unix::fs::PermissionsExt as _;
     static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -143,7 +144,11 @@ fn binary_for_others() -> PathBuf {
         let dir = temp_dir("bin-for-others");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let copy = dir.join("tollgate");
-        std::fs::copy(BIN, &copy).expect("copy the binary where others can reach it");
+        // A hard link costs nothing on the same file system; a copy
+        // otherwise.
+        std::fs::hard_link(BIN, &copy)
+            .or_else(|_| std::fs::copy(BIN, &copy).map(drop))
+            .expect("the binary where others can reach it");
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         copy
     })
@@ -227,6 +232,11 @@ impl Served {
     /// `http://127.0.0.1:PORT` of the gRPC listener.
     pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The child's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.run.child.id()
     }
 
     /// What it logged so far.
