@@ -221,12 +221,15 @@ async fn a_kill_during_a_burst_of_changes_leaves_a_loadable_state_file() {
         .expect("connect");
     let mut admin = AdminClient::new(channel);
     let burst = tokio::spawn(async move {
-        let mut acked = 0u64;
-        let mut version = 0;
+        // Route → (wake_rate, policy_version) of every acknowledged change,
+        // and the route of the change the kill cut short, if any.
+        let mut acked = std::collections::BTreeMap::new();
+        let mut cut_short = None;
         for i in 0..10_000u32 {
+            let route = format!("route-{}", i % 50);
             let req = v1::SetPolicyRequest {
                 caller_scope: "*".into(),
-                route: format!("route-{}", i % 50),
+                route: route.clone(),
                 expected_version: 0,
                 fields: Some(v1::PolicyFields {
                     wake_rate: Some(1 + i),
@@ -236,35 +239,71 @@ async fn a_kill_during_a_burst_of_changes_leaves_a_loadable_state_file() {
                 reason: String::new(),
             };
             let req = with_token(req, ADMIN);
-            // Each route is created once; later writes are stale on purpose
-            // half the time, so refusals and writes interleave.
+            // Each route is created once (expected_version 0); every later
+            // write to it is refused as stale, so refusals and writes
+            // interleave and each acknowledged value is the only one.
             match admin.set_policy(req).await {
                 Ok(r) => {
-                    acked += 1;
-                    version = r.into_inner().policy_version;
+                    acked.insert(route, (1 + i, r.into_inner().policy_version));
                 }
                 Err(s) if s.code() == tonic::Code::FailedPrecondition => {}
-                Err(_) => break, // the server is gone
+                Err(_) => {
+                    // The server is gone: this change may or may not have
+                    // been made durable before it died.
+                    cut_short = Some(route);
+                    break;
+                }
             }
         }
-        (acked, version)
+        (acked, cut_short)
     });
     // Let some changes land, then kill in the middle of the burst.
     eventually("some acknowledged changes", || {
         server.log().matches("admin change").count() >= 20
     });
     server.kill();
-    let (acked, last_version) = burst.await.expect("burst task");
+    let (acked, cut_short) = burst.await.expect("burst task");
+    // The client sends a change only once the previous one is answered:
+    // with 20 logged, at least 19 answers came back.
+    assert!(acked.len() >= 19, "{acked:?}");
     let state = server.dir.join("policy.toml.state.json");
     let saved = tollgate::admin::persist::load(&state)
         .expect("the state file loads")
         .expect("and exists");
+    // Route → (wake_rate, policy_version) of every runtime rule saved (the
+    // file's own rule is not one).
+    let kept: std::collections::BTreeMap<String, (u32, u64)> = saved
+        .doc
+        .rules
+        .iter()
+        .filter(|rule| rule.route != "GET /users/*")
+        .map(|rule| {
+            let wake_rate = match rule.policy.wake_rate {
+                Some(tollgate::policy::WakeRate::Pinned(rate)) => rate,
+                other => panic!("{}: wake_rate {other:?}", rule.route),
+            };
+            (
+                rule.route.clone(),
+                (wake_rate, rule.policy.policy_version.expect("a version")),
+            )
+        })
+        .collect();
+    // Every acknowledged change is in the file, exactly as acknowledged;
+    // the file holds nothing else but, at most, the change cut short.
+    for (route, change) in &acked {
+        assert_eq!(
+            kept.get(route),
+            Some(change),
+            "{route}: acknowledged but not saved as acknowledged ({} acked, {} saved)",
+            acked.len(),
+            kept.len()
+        );
+    }
+    let unacked: Vec<&String> = kept.keys().filter(|r| !acked.contains_key(*r)).collect();
     assert!(
-        saved.doc.rules.len() as u64 >= acked.min(50),
-        "every acknowledged rule is in the state file ({acked} acked, {} saved)",
-        saved.doc.rules.len()
+        unacked.is_empty() || unacked == [cut_short.as_ref().expect("a change cut short")],
+        "saved but never acknowledged: {unacked:?} (cut short: {cut_short:?})"
     );
-    assert!(last_version > 0);
     server.spawn();
     let listed = json(&server.cli(&["policy", "-o", "json", "list"]));
     assert_eq!(
