@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use support::{Coordinator, PUSH_BOUND, TENANT_A_TOKEN, config, lease, poll, scope, with_token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -185,11 +183,9 @@ async fn message_size_is_capped_per_service() {
     coordinator.stop().await;
 }
 
-#[tokio::test]
-async fn idle_connections_are_closed_but_a_watch_keeps_its_connection() {
-    let coordinator = Coordinator::start(with_server_keys("idle_timeout = \"300ms\"", "")).await;
-    let mut raw = TcpStream::connect(coordinator.addr).await.expect("connect");
-    server_settings(&mut raw).await;
+/// Waits (under the suite's push bound) until the server closes `raw`,
+/// reading whatever it sends first; panics if it never does.
+async fn until_closed(raw: &mut TcpStream, what: &str) {
     let closed = tokio::time::timeout(PUSH_BOUND, async {
         let mut buf = [0u8; 256];
         loop {
@@ -200,14 +196,26 @@ async fn idle_connections_are_closed_but_a_watch_keeps_its_connection() {
         }
     })
     .await;
-    assert!(closed.is_ok(), "an idle connection is closed");
+    assert!(closed.is_ok(), "{what}");
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_but_a_watch_keeps_its_connection() {
+    let coordinator = Coordinator::start(with_server_keys("idle_timeout = \"300ms\"", "")).await;
+    let mut raw = TcpStream::connect(coordinator.addr).await.expect("connect");
+    server_settings(&mut raw).await;
+    until_closed(&mut raw, "an idle connection is closed").await;
 
     // A Watch stream is a call in flight: its connection outlives the
-    // timeout and still delivers events.
+    // timeout and still delivers events. An idle connection opened after
+    // the Watch's is the clock: once the server has closed it, the Watch's
+    // connection has gone without a request for longer than the timeout.
     let mut client = coordinator.client().await;
     let watched = scope("a", "GET /x", Priority::Normal);
     let (mut stream, _) = support::watch(&mut client, &watched, "w").await;
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    let mut younger = TcpStream::connect(coordinator.addr).await.expect("connect");
+    server_settings(&mut younger).await;
+    until_closed(&mut younger, "a connection opened after the Watch's is closed").await;
     let mut other = coordinator.client().await;
     other
         .report(support::rate_limited(
