@@ -141,7 +141,9 @@ const HANG: std::time::Duration = std::time::Duration::from_secs(30);
 /// Each worker calls Lease every 20 ms until its link goes `Degraded`;
 /// returns, per worker, the failures it saw until then, in order. Panics
 /// when a worker is not degraded within [`HANG`].
-async fn until_every_link_falls_back(links: &[std::sync::Arc<CoordinatorLink>]) -> Vec<Vec<String>> {
+async fn until_every_link_falls_back(
+    links: &[std::sync::Arc<CoordinatorLink>],
+) -> Vec<Vec<String>> {
     let scope = support::scope("tenant-a", "GET /chaos", Priority::Normal);
     // Collected, so every worker starts now rather than when awaited.
     let tasks: Vec<_> = links

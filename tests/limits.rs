@@ -163,21 +163,17 @@ async fn message_size_is_capped_per_service() {
         .into_inner();
     // Judged on its content: the dry run shows the one change it makes.
     assert!(!answer.applied, "{answer:?}");
-    let changes: Vec<(&str, Vec<(&str, &str, &str)>)> = answer
-        .changes
-        .iter()
-        .map(|c| {
-            let fields = c
-                .fields
-                .iter()
-                .map(|f| (f.field.as_str(), f.before.as_str(), f.after.as_str()))
-                .collect();
-            (c.target.as_str(), fields)
-        })
-        .collect();
     assert_eq!(
-        changes,
-        [("[defaults]", vec![("retry_ratio", "0.2", "0.1")])],
+        answer.changes,
+        [v1::PolicyChange {
+            target: "[defaults]".into(),
+            kind: v1::PolicyChangeKind::Changed.into(),
+            fields: vec![v1::FieldChange {
+                field: "retry_ratio".into(),
+                before: "0.2".into(),
+                after: "0.1".into(),
+            }],
+        }],
         "{answer:?}"
     );
     coordinator.stop().await;
@@ -215,7 +211,11 @@ async fn idle_connections_are_closed_but_a_watch_keeps_its_connection() {
     let (mut stream, _) = support::watch(&mut client, &watched, "w").await;
     let mut younger = TcpStream::connect(coordinator.addr).await.expect("connect");
     server_settings(&mut younger).await;
-    until_closed(&mut younger, "a connection opened after the Watch's is closed").await;
+    until_closed(
+        &mut younger,
+        "a connection opened after the Watch's is closed",
+    )
+    .await;
     let mut other = coordinator.client().await;
     other
         .report(support::rate_limited(

@@ -203,13 +203,15 @@ fn tls_error(err: &(dyn std::error::Error + 'static)) -> Option<String> {
 /// is answered, or fails for a reason that is not TLS.
 async fn tls_refusal(server: &Server, tls: LinkTls) -> String {
     match server.connect(Some(tls)).await {
-        Err(err) => tls_error(&err)
-            .unwrap_or_else(|| panic!("connecting failed, but not in TLS: {err:?}")),
+        Err(err) => {
+            tls_error(&err).unwrap_or_else(|| panic!("connecting failed, but not in TLS: {err:?}"))
+        }
         Ok(mut client) => {
             let status = a_lease(&mut client, Some(TENANT_A_TOKEN))
                 .await
                 .expect_err("a call over a refused handshake");
-            tls_error(&status).unwrap_or_else(|| panic!("the call failed, but not in TLS: {status:?}"))
+            tls_error(&status)
+                .unwrap_or_else(|| panic!("the call failed, but not in TLS: {status:?}"))
         }
     }
 }

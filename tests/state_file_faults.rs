@@ -262,7 +262,9 @@ async fn a_state_file_that_cannot_grow_refuses_changes_keeps_the_state_and_recov
 
     // The same coordinator again, its files limited to the blocks the
     // state file already fills: any change that grows it fails.
-    let size = std::fs::metadata(dir.state_file()).expect("state file").len();
+    let size = std::fs::metadata(dir.state_file())
+        .expect("state file")
+        .len();
     let blocks = size.div_ceil(BLOCK);
     let mut limited = Command::new("/bin/sh");
     limited.args([
@@ -279,7 +281,10 @@ async fn a_state_file_that_cannot_grow_refuses_changes_keeps_the_state_and_recov
         "the coordinator runs under the limit"
     );
     assert!(
-        std::fs::metadata(dir.state_file()).expect("state file").len() <= blocks * BLOCK,
+        std::fs::metadata(dir.state_file())
+            .expect("state file")
+            .len()
+            <= blocks * BLOCK,
         "the state file fits at start"
     );
     changes_are_refused(&served, &dir, "File too large", &changes).await;

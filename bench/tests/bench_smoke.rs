@@ -206,9 +206,10 @@ fn soak_verdicts_follow_the_growth_of_the_medians() {
         [("rss_bytes", true), ("open_fds", true), ("p99_us", true)]
     );
     // p99 halves, with one spike in each third (medians ignore it).
-    let better = samples(&[2000, 9000, 2000, 1500, 1500, 1500, 1000, 9000, 1000], |s, v| {
-        s.p99_us = v
-    });
+    let better = samples(
+        &[2000, 9000, 2000, 1500, 1500, 1500, 1000, 9000, 1000],
+        |s, v| s.p99_us = v,
+    );
     let verdicts = soak::verdicts(&better, 0.10);
     assert_eq!((verdicts[2].first, verdicts[2].last), (2000.0, 1000.0));
     assert!(verdicts[2].pass && verdicts[2].growth < 0.0);

@@ -90,11 +90,7 @@ impl RedisServer {
 
     fn start_as(cluster: bool) -> Option<RedisServer> {
         let Some(binary) = find_on_path("redis-server") else {
-            missing_tool(
-                "redis-server",
-                REQUIRE_ENV,
-                "apt-get install redis-server",
-            );
+            missing_tool("redis-server", REQUIRE_ENV, "apt-get install redis-server");
             return None;
         };
         // redis-server has no `--port 0`: take a free port from the kernel

@@ -288,7 +288,10 @@ impl Served {
         let give_up = tokio::time::Instant::now() + START_BOUND;
         loop {
             if let Some(status) = self.exited() {
-                panic!("tollgate serve exited ({status}):\n{}", self.run.whole_log());
+                panic!(
+                    "tollgate serve exited ({status}):\n{}",
+                    self.run.whole_log()
+                );
             }
             if self.health().await == Some(ServingStatus::Serving) {
                 return;
