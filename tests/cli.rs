@@ -1,27 +1,33 @@
 //! The operator CLI end to end: the built `tollgate` binary, both as the
-//! server (`tollgate serve` as a child process on a free loopback port, so it
-//! can be SIGKILLed) and as the client. No sleeps of seconds: every wait
+//! server (`tollgate serve` as a child process, so it can be SIGKILLed, on
+//! the loopback port it binds itself and logs) and as the client. No sleeps of seconds: every wait
 //! polls at short intervals under an overall bound.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use tollgate_proto::v1::{self, admin_client::AdminClient, budget_client::BudgetClient};
 
+#[path = "support/process.rs"]
+mod process;
 mod support;
 
+use process::{BIN, Served};
 use support::{replace_file, with_token};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 const ADMIN: &str = support::ADMIN_TOKEN;
 const CALLER: &str = support::TENANT_A_TOKEN;
 const POLICY: &str = support::POLICY_WITH_TOKENS;
 
+/// `tollgate serve` on the folder's `policy.toml`, started again by
+/// [`Server::spawn`] after a kill: each run on the port it bound (the
+/// CLI follows), each with its log (`server-N.log`).
 struct Server {
-    child: Option<Child>,
-    port: u16,
+    served: Option<Served>,
+    /// Where the current run listens.
+    addr: std::net::SocketAddr,
+    runs: usize,
     dir: PathBuf,
 }
 
@@ -30,14 +36,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// Polls `check` every 20 ms for at most 10 s.
@@ -55,41 +53,43 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 impl Server {
     fn start(dir: &Path) -> Server {
         let mut server = Server {
-            child: None,
-            port: free_port(),
+            served: None,
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            runs: 0,
             dir: dir.to_owned(),
         };
         server.spawn();
         server
     }
 
+    /// Starts the next run and waits until the CLI gets an answer from it.
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("server.log"))
-            .expect("log file");
-        let child = Command::new(BIN)
-            .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+        self.runs += 1;
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
             .arg("--config")
             .arg(self.dir.join("policy.toml"))
             .args(["--reload-interval", "50ms"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn tollgate serve");
-        self.child = Some(child);
+            .env_remove("TOLLGATE_LISTEN")
+            .env("RUST_LOG", "info");
+        let log = self.dir.join(format!("server-{}.log", self.runs));
+        let served = Served::spawn(command, &log);
+        self.addr = served.addr;
+        self.served = Some(served);
         eventually("the server to answer", || {
             self.cli(&["policy", "list"]).status.success()
         });
     }
 
+    fn served(&self) -> &Served {
+        self.served.as_ref().expect("running")
+    }
+
     /// SIGKILL: no drain, no chance to flush anything.
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL");
-            child.wait().expect("reaped");
+        if let Some(mut served) = self.served.take() {
+            served.kill();
         }
     }
 
@@ -100,18 +100,24 @@ impl Server {
     fn cli_as(&self, token: &str, args: &[&str]) -> Output {
         Command::new(BIN)
             .args(args)
-            .env("TOLLGATE_SERVER", format!("127.0.0.1:{}", self.port))
+            .env("TOLLGATE_SERVER", self.addr.to_string())
             .env("TOLLGATE_ADMIN_TOKEN", token)
             .output()
             .expect("run the cli")
     }
 
+    /// Every run's log, oldest first.
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+        (1..=self.runs)
+            .map(|run| {
+                std::fs::read_to_string(self.dir.join(format!("server-{run}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}", self.addr)
     }
 }
 
@@ -215,12 +221,15 @@ async fn a_kill_during_a_burst_of_changes_leaves_a_loadable_state_file() {
         .expect("connect");
     let mut admin = AdminClient::new(channel);
     let burst = tokio::spawn(async move {
-        let mut acked = 0u64;
-        let mut version = 0;
+        // Route → (wake_rate, policy_version) of every acknowledged change,
+        // and the route of the change the kill cut short, if any.
+        let mut acked = std::collections::BTreeMap::new();
+        let mut cut_short = None;
         for i in 0..10_000u32 {
+            let route = format!("route-{}", i % 50);
             let req = v1::SetPolicyRequest {
                 caller_scope: "*".into(),
-                route: format!("route-{}", i % 50),
+                route: route.clone(),
                 expected_version: 0,
                 fields: Some(v1::PolicyFields {
                     wake_rate: Some(1 + i),
@@ -230,35 +239,71 @@ async fn a_kill_during_a_burst_of_changes_leaves_a_loadable_state_file() {
                 reason: String::new(),
             };
             let req = with_token(req, ADMIN);
-            // Each route is created once; later writes are stale on purpose
-            // half the time, so refusals and writes interleave.
+            // Each route is created once (expected_version 0); every later
+            // write to it is refused as stale, so refusals and writes
+            // interleave and each acknowledged value is the only one.
             match admin.set_policy(req).await {
                 Ok(r) => {
-                    acked += 1;
-                    version = r.into_inner().policy_version;
+                    acked.insert(route, (1 + i, r.into_inner().policy_version));
                 }
                 Err(s) if s.code() == tonic::Code::FailedPrecondition => {}
-                Err(_) => break, // the server is gone
+                Err(_) => {
+                    // The server is gone: this change may or may not have
+                    // been made durable before it died.
+                    cut_short = Some(route);
+                    break;
+                }
             }
         }
-        (acked, version)
+        (acked, cut_short)
     });
     // Let some changes land, then kill in the middle of the burst.
     eventually("some acknowledged changes", || {
         server.log().matches("admin change").count() >= 20
     });
     server.kill();
-    let (acked, last_version) = burst.await.expect("burst task");
+    let (acked, cut_short) = burst.await.expect("burst task");
+    // The client sends a change only once the previous one is answered:
+    // with 20 logged, at least 19 answers came back.
+    assert!(acked.len() >= 19, "{acked:?}");
     let state = server.dir.join("policy.toml.state.json");
     let saved = tollgate::admin::persist::load(&state)
         .expect("the state file loads")
         .expect("and exists");
+    // Route → (wake_rate, policy_version) of every runtime rule saved (the
+    // file's own rule is not one).
+    let kept: std::collections::BTreeMap<String, (u32, u64)> = saved
+        .doc
+        .rules
+        .iter()
+        .filter(|rule| rule.route != "GET /users/*")
+        .map(|rule| {
+            let wake_rate = match rule.policy.wake_rate {
+                Some(tollgate::policy::WakeRate::Pinned(rate)) => rate,
+                other => panic!("{}: wake_rate {other:?}", rule.route),
+            };
+            (
+                rule.route.clone(),
+                (wake_rate, rule.policy.policy_version.expect("a version")),
+            )
+        })
+        .collect();
+    // Every acknowledged change is in the file, exactly as acknowledged;
+    // the file holds nothing else but, at most, the change cut short.
+    for (route, change) in &acked {
+        assert_eq!(
+            kept.get(route),
+            Some(change),
+            "{route}: acknowledged but not saved as acknowledged ({} acked, {} saved)",
+            acked.len(),
+            kept.len()
+        );
+    }
+    let unacked: Vec<&String> = kept.keys().filter(|r| !acked.contains_key(*r)).collect();
     assert!(
-        saved.doc.rules.len() as u64 >= acked.min(50),
-        "every acknowledged rule is in the state file ({acked} acked, {} saved)",
-        saved.doc.rules.len()
+        unacked.is_empty() || unacked == [cut_short.as_ref().expect("a change cut short")],
+        "saved but never acknowledged: {unacked:?} (cut short: {cut_short:?})"
     );
-    assert!(last_version > 0);
     server.spawn();
     let listed = json(&server.cli(&["policy", "-o", "json", "list"]));
     assert_eq!(
@@ -300,13 +345,10 @@ fn errors_are_one_line_with_meaningful_exit_codes() {
     // Missing rule, unreachable server.
     let missing = server.cli(&["policy", "get", "nope"]);
     assert_eq!(missing.status.code(), Some(5));
+    // An address that refuses every connection while `_held` keeps it.
+    let (_held, refusing) = process::refusing_address();
     let away = Command::new(BIN)
-        .args([
-            "policy",
-            "list",
-            "--server",
-            &format!("127.0.0.1:{}", free_port()),
-        ])
+        .args(["policy", "list", "--server", &refusing.to_string()])
         .output()
         .expect("run");
     assert_eq!(away.status.code(), Some(3), "{}", stderr(&away));
@@ -328,8 +370,7 @@ fn an_invalid_file_keeps_the_old_policy_and_diff_shows_drift() {
         &file,
         &POLICY.replace("retry_ratio = 0.5", "retry_ratio = 500.0"),
     );
-    let pid = server.child.as_ref().expect("running").id().to_string();
-    let _ = Command::new("kill").args(["-HUP", &pid]).status();
+    server.served().signal("HUP");
     eventually("the rejection in the log", || {
         server.log().contains("policy file rejected")
     });
@@ -454,7 +495,7 @@ fn global_flags_work_before_and_after_the_subcommand_and_yaml_matches_json() {
 
     // --server before the subcommand wins over TOLLGATE_SERVER.
     let elsewhere = Command::new(BIN)
-        .args(["--server", &format!("127.0.0.1:{}", server.port)])
+        .args(["--server", &server.addr.to_string()])
         .args(["--output", "json", "policy", "list"])
         .env("TOLLGATE_SERVER", "127.0.0.1:1")
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
@@ -684,7 +725,7 @@ fn cli_into_closed_pipe(server: &Server, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("TOLLGATE_SERVER", format!("127.0.0.1:{}", server.port))
+        .env("TOLLGATE_SERVER", server.addr.to_string())
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN)
         .stdout(writer)
         .output()

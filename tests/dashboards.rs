@@ -14,11 +14,11 @@
 //! in deployment turns the workers' OTLP metrics into the same names).
 //!
 //! Without a `prometheus` binary the storm test prints a notice and passes,
-//! unless `TOLLGATE_REQUIRE_PROMETHEUS=1` (CI) makes it fail.
+//! unless `TOLLGATE_REQUIRE_PROMETHEUS=1` or CI (`CI` set) makes it fail.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,10 @@ use tollgate_proto::v1::{
 };
 use tonic::transport::Channel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+#[path = "support/process.rs"]
+mod process;
+
+use process::{BIN, Served};
 /// How long Prometheus gets to scrape and answer every expression.
 const SERIES_DEADLINE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(250);
@@ -138,23 +141,6 @@ fn thresholds_are_split_off_only_at_the_end() {
     assert_eq!(without_threshold("rate(x[5m])"), None);
 }
 
-/// A child process killed when the test ends, however it ends.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-}
-
 fn prometheus_available() -> bool {
     Command::new("prometheus")
         .arg("--version")
@@ -183,31 +169,31 @@ min_retries_per_sec = 1
 retry_ratio = 0.1
 "#;
 
-fn start_coordinator(dir: &Path, grpc: SocketAddr, metrics: SocketAddr) -> Process {
+/// `tollgate serve` with `/metrics`, both listeners on port 0: where they
+/// are bound is read from its log.
+fn start_coordinator(dir: &Path) -> Served {
     std::fs::write(dir.join("policy.toml"), POLICY).expect("policy file");
-    let log = std::fs::File::create(dir.join("coordinator.log")).expect("log file");
-    let child = Command::new(BIN)
-        .args(["serve", "--listen", &grpc.to_string()])
-        .args(["--metrics-listen", &metrics.to_string()])
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .arg("--config")
         .arg(dir.join("policy.toml"))
         .env("RUST_LOG", "info")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn tollgate serve");
-    Process(child)
+        .env_remove("TOLLGATE_LISTEN")
+        .env_remove("TOLLGATE_METRICS_LISTEN")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+    Served::spawn(command, &dir.join("coordinator.log"))
 }
 
 /// The shipped `prometheus.yaml` with this run's targets, a 1 s scrape and
-/// evaluation interval and the alert rules at their path in the repository.
+/// evaluation interval and the alert rules at their path in the repository;
+/// its web listener on port 0, and where it is bound (read from its log).
 fn start_prometheus(
     dir: &Path,
-    web: SocketAddr,
     coordinator: SocketAddr,
     worker: SocketAddr,
-) -> Process {
+) -> (process::Launched, SocketAddr) {
     let mut config = yaml("prometheus.yaml");
     config["global"]["scrape_interval"] = Value::from("1s");
     config["global"]["evaluation_interval"] = Value::from("1s");
@@ -228,20 +214,33 @@ fn start_prometheus(
     }
     let path = dir.join("prometheus.yaml");
     std::fs::write(&path, serde_norway::to_string(&config).expect("yaml")).expect("config");
-    let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
-    let child = Command::new("prometheus")
+    let mut command = Command::new("prometheus");
+    command
         .arg(format!("--config.file={}", path.display()))
         .arg(format!(
             "--storage.tsdb.path={}",
             dir.join("data").display()
         ))
-        .arg(format!("--web.listen-address={web}"))
-        .arg("--log.level=warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn prometheus");
-    Process(child)
+        .arg("--web.listen-address=127.0.0.1:0")
+        // INFO: the line that says where the web listener is bound.
+        .arg("--log.level=info");
+    let mut prometheus = process::launch(command, &dir.join("prometheus.log"));
+    let give_up = std::time::Instant::now() + SERIES_DEADLINE;
+    let web = loop {
+        if let Some(status) = prometheus.child.try_wait().expect("try_wait") {
+            panic!("prometheus exited ({status}):\n{}", prometheus.whole_log());
+        }
+        let log = std::fs::read_to_string(&prometheus.log).unwrap_or_default();
+        if let Some(web) = process::logged_address(&log, "msg=\"Listening on\"") {
+            break web;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "prometheus did not say where it listens:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (prometheus, web)
 }
 
 fn percent_encode(text: &str) -> String {
@@ -275,19 +274,13 @@ async fn series(web: SocketAddr, expr: &str) -> (usize, serde_json::Value) {
     (count, answer)
 }
 
+/// A channel to the coordinator, whose listener is bound by now.
 async fn connect(addr: SocketAddr) -> Channel {
-    let url = format!("http://{addr}");
-    for _ in 0..200 {
-        if let Ok(channel) = Channel::from_shared(url.clone())
-            .expect("uri")
-            .connect()
-            .await
-        {
-            return channel;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("tollgate serve did not start on {addr}");
+    Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("tollgate serve does not answer on {addr}: {e}"))
 }
 
 fn scope(caller: &str, route: &str) -> Option<v1::Scope> {
@@ -450,11 +443,11 @@ async fn worker_intent(coordinator: SocketAddr, worker_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_and_alert_rule_returns_series_from_a_real_prometheus() {
     if !prometheus_available() {
-        assert!(
-            std::env::var("TOLLGATE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
-            "TOLLGATE_REQUIRE_PROMETHEUS=1 but no `prometheus` binary on PATH"
+        tollgate_testkit::missing_tool(
+            "the `prometheus` binary",
+            "TOLLGATE_REQUIRE_PROMETHEUS",
+            "apt-get install prometheus",
         );
-        eprintln!("skipped: no `prometheus` binary on PATH (apt-get install prometheus)");
         return;
     }
     let dir = temp_dir();
@@ -475,14 +468,17 @@ async fn every_dashboard_query_and_alert_rule_returns_series_from_a_real_prometh
         let _ = stopped.await;
     }));
 
-    let (grpc, metrics, web) = (free_addr(), free_addr(), free_addr());
-    let _coordinator = start_coordinator(&dir, grpc, metrics);
-    let _prometheus = start_prometheus(&dir, web, metrics, worker_metrics);
+    let mut coordinator = start_coordinator(&dir);
+    let (grpc, metrics) = (coordinator.addr, coordinator.metrics_addr());
+    let (_prometheus, web) = start_prometheus(&dir, metrics, worker_metrics);
     let channel = connect(grpc).await;
 
     storm(channel.clone()).await;
     worker_intent(grpc, "worker-1").await;
-    worker_intent(free_addr(), "worker-cut-off").await;
+    // A worker whose coordinator refuses every connection, for as long as
+    // `_held` keeps the port.
+    let (_held, refusing) = process::refusing_address();
+    worker_intent(refusing, "worker-cut-off").await;
     flood(channel).await;
 
     // Every rule file loaded, every target scraped.

@@ -234,44 +234,6 @@ fn the_dockerfile_builds_then_runs_non_root_in_a_small_image() {
     assert!(ops.contains("docker build -f deploy/Dockerfile"));
 }
 
-/// How a child runs as a user other than root: `None` (with a notice)
-/// when the test runs as root and `setpriv` is missing, because as root a
-/// read-only directory would not stop a write.
-fn as_user(uid: u32) -> Option<std::process::Command> {
-    // Who we are: /proc/self belongs to this process's effective user.
-    let root = std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap_or(false);
-    if !root {
-        return Some(std::process::Command::new(process::BIN));
-    }
-    if std::process::Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("notice: running as root without setpriv; skipping the non-root start test");
-        return None;
-    }
-    let mut command = std::process::Command::new("setpriv");
-    command
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .args(["--clear-groups", "--"])
-        .arg(process::BIN);
-    Some(command)
-}
-
-/// The binary must be reachable by the non-root user: it is, when every
-/// folder above it may be entered by others.
-fn binary_reachable_by_others() -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    Path::new(process::BIN)
-        .ancestors()
-        .skip(1)
-        .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
-}
-
 /// A folder standing in for a mount: `files` written into it, then made
 /// read-only (or left writable and owned by `owner`).
 fn mount(at: &Path, files: &[(String, String)], read_only: bool, owner: u32) {
@@ -285,7 +247,9 @@ fn mount(at: &Path, files: &[(String, String)], read_only: bool, owner: u32) {
     if read_only {
         std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o555)).expect("chmod");
     } else {
-        std::os::unix::fs::chown(at, Some(owner), Some(owner)).expect("chown");
+        // The owner only: a user who is not root may give a folder to
+        // itself, not to a group it is not in.
+        std::os::unix::fs::chown(at, Some(owner), None).expect("chown");
     }
 }
 
@@ -326,8 +290,10 @@ fn secret_files(volume: &serde_norway::Value) -> Vec<(String, String)> {
 /// Secret's, as `envFrom` gives it), its ConfigMap mounted read-only, run
 /// as its non-root user. Only what a CI host needs is replaced: the Redis
 /// URL (the test's own `redis-server`, not the in-cluster name), the listen
-/// and health addresses (loopback, free ports) and the TLS Secret's files
-/// (a certificate made here).
+/// and health addresses (loopback, port 0: the bound ports are read from
+/// the log) and the TLS Secret's files (a certificate made here). As root
+/// the child runs as the manifest's user; otherwise as this user, whom the
+/// read-only folders stop just the same.
 #[tokio::test]
 async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writable_file() {
     let Some(redis) = tollgate_testkit::RedisServer::start() else {
@@ -342,13 +308,7 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
         container["securityContext"]["readOnlyRootFilesystem"].as_bool(),
         Some(true)
     );
-    let Some(mut command) = as_user(uid) else {
-        return;
-    };
-    if !binary_reachable_by_others() {
-        eprintln!("notice: the test binary's folders are closed to other users; skipping");
-        return;
-    }
+    let (mut command, uid) = process::as_non_root(uid);
     let root = process::temp_dir("deployment");
     let mut mounts = Vec::new();
     let mut placed = Vec::new();
@@ -384,7 +344,6 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
         placed.push(files.len());
         mounts.push((inside, outside));
     }
-    let port = process::free_port();
     let args: Vec<String> = container["args"]
         .as_sequence()
         .expect("args")
@@ -406,12 +365,12 @@ async fn the_deployment_starts_as_written_with_a_read_only_config_and_no_writabl
     }
     // The API port serves TLS; readiness is asked on the plaintext
     // health-only port, as the manifest's probes do.
-    let health_port = process::free_port();
     command
         .env("TOLLGATE_STORE", redis.url())
-        .env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("TOLLGATE_HEALTH_LISTEN", format!("127.0.0.1:{health_port}"));
-    let mut served = process::Served::spawn(command, health_port, &root.join("serve.log"));
+        .env("TOLLGATE_LISTEN", "127.0.0.1:0")
+        .env("TOLLGATE_HEALTH_LISTEN", "127.0.0.1:0");
+    let mut served =
+        process::Served::spawn(command, &root.join("serve.log")).probing_health_listener();
     served.until_serving().await;
     // It serves with nothing written anywhere it was given.
     for ((_, outside), placed) in mounts.iter().zip(&placed) {
@@ -439,14 +398,7 @@ fn dockerfile_cmd() -> Vec<String> {
 /// Redis (a lone coordinator).
 #[tokio::test]
 async fn the_image_cmd_starts_with_a_read_only_policy_mount() {
-    let uid = NONROOT as u32;
-    let Some(mut command) = as_user(uid) else {
-        return;
-    };
-    if !binary_reachable_by_others() {
-        eprintln!("notice: the test binary's folders are closed to other users; skipping");
-        return;
-    }
+    let (mut command, uid) = process::as_non_root(NONROOT as u32);
     let all = manifests();
     let policy = get(&all, "ConfigMap/tollgate-policy")["data"]["policy.toml"]
         .as_str()
@@ -466,7 +418,6 @@ async fn the_image_cmd_starts_with_a_read_only_policy_mount() {
     assert!(dockerfile.contains("VOLUME /var/lib/tollgate"));
     assert!(dockerfile.contains("--chown=65532:65532 /out/state /var/lib/tollgate"));
     let args: Vec<String> = dockerfile_cmd().iter().map(|a| remap(a, &mounts)).collect();
-    let port = process::free_port();
     let secret = get(&all, "Secret/tollgate-secrets");
     command.args(&args).current_dir(&root).env_clear();
     for (k, v) in secret["stringData"].as_mapping().expect("stringData") {
@@ -475,8 +426,8 @@ async fn the_image_cmd_starts_with_a_read_only_policy_mount() {
             command.env(name, v.as_str().expect("value"));
         }
     }
-    command.env("TOLLGATE_LISTEN", format!("127.0.0.1:{port}"));
-    let mut served = process::Served::spawn(command, port, &root.join("serve.log"));
+    command.env("TOLLGATE_LISTEN", "127.0.0.1:0");
+    let mut served = process::Served::spawn(command, &root.join("serve.log"));
     served.until_serving().await;
     assert!(
         mounts[1].1.join("state.json").is_file(),
@@ -490,12 +441,7 @@ async fn the_image_cmd_starts_with_a_read_only_policy_mount() {
 /// in one line naming the file and the flag that moves it, and exits.
 #[tokio::test]
 async fn a_read_only_policy_folder_without_redis_fails_in_one_line_naming_the_flag() {
-    let Some(mut command) = as_user(NONROOT as u32) else {
-        return;
-    };
-    if !binary_reachable_by_others() {
-        return;
-    }
+    let (mut command, _) = process::as_non_root(NONROOT as u32);
     let root = process::temp_dir("readonly");
     let etc = root.join("etc");
     mount(
@@ -504,28 +450,16 @@ async fn a_read_only_policy_folder_without_redis_fails_in_one_line_naming_the_fl
         true,
         0,
     );
-    let port = process::free_port();
     command
         .args(["serve", "--config"])
         .arg(etc.join("policy.toml"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--listen", "127.0.0.1:0"])
         .current_dir(&root)
         .env_clear();
-    let mut served = process::Served::spawn(command, port, &root.join("serve.log"));
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = served.exited() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < give_up,
-            "still running:\n{}",
-            served.log()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let (status, log) = process::launch(command, &root.join("serve.log"))
+        .exit()
+        .await;
     assert!(!status.success());
-    let log = served.log();
     let last = log
         .lines()
         .rev()

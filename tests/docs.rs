@@ -9,16 +9,20 @@
 //! The operating walk-through's console blocks need the coordinator its
 //! ` ```sh ` block starts: that block's `export` and `tollgate serve` lines
 //! are done here as written, on the README's own policy file, except for
-//! the port (a free one: a developer's own coordinator may hold 50051).
+//! the port: the coordinator binds port 0 (a developer's own coordinator
+//! may hold 50051) and the block's `127.0.0.1:50051` becomes the address
+//! it logs.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 #[path = "support/process.rs"]
 mod process;
 
-use process::{BIN, free_port, temp_dir};
+use process::{BIN, Served, temp_dir};
+
+/// The README's address, replaced by the one the coordinator binds.
+const README_ADDR: &str = "127.0.0.1:50051";
 
 /// The text of the first fenced `lang` block after `marker`.
 fn block_after<'a>(text: &'a str, marker: &str, lang: &str) -> &'a str {
@@ -31,42 +35,38 @@ fn block_after<'a>(text: &'a str, marker: &str, lang: &str) -> &'a str {
     &text[start..start + len]
 }
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The walk-through's set-up block: its exported variables, and the
-/// coordinator its `tollgate serve … &` line starts, serving by the time
+/// The walk-through's set-up block: its exported variables (the README's
+/// address in them replaced by the coordinator's), and the coordinator
+/// its `tollgate serve … &` line starts, answering the CLI by the time
 /// this returns.
-fn start_as_written(setup: &str, dir: &Path, addr: &str) -> (Vec<(String, String)>, Server) {
+fn start_as_written(setup: &str, dir: &Path) -> (Vec<(String, String)>, Served) {
     let mut env: Vec<(String, String)> = Vec::new();
-    let mut server = None;
+    let mut server: Option<Served> = None;
     for line in setup.lines().filter(|l| !l.trim().is_empty()) {
         let line = line.split(" #").next().unwrap_or_default().trim();
         if let Some(vars) = line.strip_prefix("export ") {
             for pair in vars.split_whitespace() {
                 let (k, v) = pair.split_once('=').expect("export K=V");
-                env.push((k.to_owned(), v.to_owned()));
+                let v = match &server {
+                    Some(served) => v.replace(README_ADDR, &served.addr.to_string()),
+                    None => v.to_owned(),
+                };
+                env.push((k.to_owned(), v));
             }
         } else if let Some(serve) = line.strip_suffix(" &") {
             let args: Vec<&str> = serve.split_whitespace().collect();
             assert_eq!(args[..2], ["tollgate", "serve"], "{line}");
-            let log = std::fs::File::create(dir.join("serve.log")).expect("log");
-            let child = Command::new(BIN)
+            assert!(
+                !env.iter().any(|(_, v)| v.contains(README_ADDR)),
+                "an export before `tollgate serve` names its address: {env:?}"
+            );
+            let mut command = Command::new(BIN);
+            command
                 .args(&args[1..])
                 .current_dir(dir)
                 .envs(env.iter().map(|(k, v)| (k, v)))
-                .env("TOLLGATE_LISTEN", addr)
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("tollgate serve");
-            server = Some(Server(child));
+                .env("TOLLGATE_LISTEN", "127.0.0.1:0");
+            server = Some(Served::spawn(command, &dir.join("serve.log")));
         } else {
             panic!("the set-up block has a line this test does not know: {line}");
         }
@@ -74,18 +74,22 @@ fn start_as_written(setup: &str, dir: &Path, addr: &str) -> (Vec<(String, String
     let server = server.expect("the set-up block starts a coordinator");
     // A person types the next line after the start-up log; here, the
     // first answer to a CLI call.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let addr = server.addr.to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !Command::new(BIN)
-        .args(["--server", addr, "policy", "list"])
+        .args(["--server", &addr, "policy", "list"])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("probe")
         .status
         .success()
     {
-        let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
-        assert!(Instant::now() < deadline, "serve did not answer: {log}");
-        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve did not answer: {}",
+            server.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
     (env, server)
 }
@@ -98,9 +102,7 @@ fn readme_console_blocks_run_as_shown() {
     let policy = block_after(&readme, "The policy file", "toml");
     std::fs::write(dir.join("policy.toml"), policy).expect("policy.toml");
     let setup = block_after(&readme, "## Operating Tollgate", "sh");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let setup = setup.replace("127.0.0.1:50051", &addr);
-    let (env, server) = start_as_written(&setup, &dir, &addr);
+    let (env, server) = start_as_written(setup, &dir);
 
     let cases = trycmd::TestCases::new();
     cases.register_bin("tollgate", Path::new(BIN));

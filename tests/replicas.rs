@@ -1,21 +1,21 @@
 //! Three coordinator replicas on one Redis: one budget, one cooldown, Watch
 //! across replicas, and what a Redis outage does. Each test starts its own
 //! `redis-server` (skipped with a notice when it is not installed, unless
-//! `TOLLGATE_REQUIRE_REDIS=1`). Time is one manual clock for the fleet;
-//! each replica reads it directly, or through its host's skew corrected by
-//! the Redis server's `TIME` (as `RedisClock` corrects real hosts). Nothing
-//! sleeps for time to pass — waits are short polls under an overall bound.
+//! `TOLLGATE_REQUIRE_REDIS=1` or under CI). Time is one manual clock for
+//! the fleet; each replica reads it directly, or through its host's skew
+//! corrected by the shipped `RedisClock` against the Redis server's
+//! `TIME`. Nothing sleeps for time to pass — waits are short polls under
+//! an overall bound.
 
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use support::{Coordinator, T0, lease, poll, rate_limited, rate_limited_at, reconsider, scope};
 use tokio::task::JoinSet;
 use tollgate::config::Config;
-use tollgate::store::redis::{EventRelay, RedisOptions, RedisStore, RedisTarget};
+use tollgate::store::redis::{EventRelay, RedisClock, RedisOptions, RedisStore, RedisTarget};
 use tollgate_client::clock::{Clock, ManualClock, from_unix_ms, to_unix_ms};
 use tollgate_proto::v1::{self, Priority, ScopeCertainty, ScopeEventKind};
 use tollgate_testkit::RedisServer;
@@ -32,43 +32,36 @@ struct Fleet {
     replicas: Vec<Coordinator>,
 }
 
-/// One replica host's clock: the fleet's manual clock as this host reads it,
-/// `skew_ms` off, corrected by the offset of the Redis server's `TIME` to
-/// that reading, measured the way `RedisClock` measures it (the midpoint of
-/// a `TIME` round trip). `RedisClock` reads the system clock, which a test
-/// cannot skew; this is the same correction over a clock it can.
+/// One replica host's own clock: the fleet's manual clock as this host
+/// reads it, `skew_ms` off. The replica reads it through the shipped
+/// [`RedisClock`], which corrects it by its measured offset to the Redis
+/// server's `TIME`, as it corrects a real host's system clock.
 #[derive(Debug)]
-struct SkewedHost {
+struct HostClock {
     fleet: Arc<ManualClock>,
     skew_ms: i64,
-    /// Redis time minus this host's local time.
-    offset_ms: AtomicI64,
+}
+
+impl Clock for HostClock {
+    fn now(&self) -> SystemTime {
+        from_unix_ms(to_unix_ms(self.fleet.now()) + self.skew_ms)
+    }
+}
+
+/// A skewed host: its own clock, and the `RedisClock` over it that its
+/// replica reads.
+struct SkewedHost {
+    local: Arc<HostClock>,
+    corrected: RedisClock,
 }
 
 impl SkewedHost {
     fn local_ms(&self) -> i64 {
-        to_unix_ms(self.fleet.now()) + self.skew_ms
+        to_unix_ms(self.local.now())
     }
 
-    async fn calibrate(&self, redis: &redis::Client) {
-        let mut conn = redis
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        let before = self.local_ms();
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut conn)
-            .await
-            .expect("TIME");
-        let after = self.local_ms();
-        let offset = secs * 1000 + micros / 1000 - (before + after) / 2;
-        self.offset_ms.store(offset, Ordering::Relaxed);
-    }
-}
-
-impl Clock for SkewedHost {
     fn now(&self) -> SystemTime {
-        from_unix_ms(self.local_ms() + self.offset_ms.load(Ordering::Relaxed))
+        self.corrected.now()
     }
 }
 
@@ -81,21 +74,25 @@ impl Fleet {
     }
 
     /// Three replicas whose hosts' clocks are `skews_ms` off the fleet's,
-    /// each corrected by the Redis server's `TIME`; returns their clocks.
-    async fn start_skewed(skews_ms: [i64; 3]) -> Option<(Fleet, [Arc<SkewedHost>; 3])> {
+    /// each read through a `RedisClock` calibrated against the test's
+    /// Redis; returns the hosts.
+    async fn start_skewed(skews_ms: [i64; 3]) -> Option<(Fleet, [SkewedHost; 3])> {
         let fleet = Arc::new(ManualClock::new(from_unix_ms(T0)));
         let hosts = skews_ms.map(|skew_ms| {
-            Arc::new(SkewedHost {
+            let local = Arc::new(HostClock {
                 fleet: fleet.clone(),
                 skew_ms,
-                offset_ms: AtomicI64::new(0),
-            })
+            });
+            SkewedHost {
+                corrected: RedisClock::over(local.clone()),
+                local,
+            }
         });
-        let clocks = hosts.clone().map(|host| host as Arc<dyn Clock>);
+        let clocks = [0, 1, 2].map(|i| Arc::new(hosts[i].corrected.clone()) as Arc<dyn Clock>);
         let started = Fleet::start_on(fleet, clocks).await?;
         let redis = redis::Client::open(started.redis.url()).expect("client");
         for host in &hosts {
-            host.calibrate(&redis).await;
+            host.corrected.calibrate(&redis).await.expect("TIME");
         }
         Some((started, hosts))
     }

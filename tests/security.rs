@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::config::{Config, TlsFiles};
 use tollgate::server::{self, ServeError};
-use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkTls};
+use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkConfigError, LinkTls};
 use tollgate_proto::v1::{Priority, budget_client::BudgetClient};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -90,11 +90,13 @@ struct Server {
 
 impl Server {
     async fn start(config: Config) -> Server {
-        Self::start_at(config, "127.0.0.1:0").await
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_on(config, listener)
     }
 
-    async fn start_at(config: Config, addr: &str) -> Server {
-        let listener = TcpListener::bind(addr).await.expect("bind");
+    /// A server on `listener`, which may be a second handle on a socket
+    /// the test holds (see [`held_listener`]).
+    fn start_on(config: Config, listener: TcpListener) -> Server {
         let addr = listener.local_addr().expect("addr");
         let mut setup = server::Setup::new(config);
         // Reload tests wait for the follower: keep that short.
@@ -119,9 +121,12 @@ impl Server {
         link
     }
 
-    async fn connect(&self, tls: Option<LinkTls>) -> Result<BudgetClient<Channel>, String> {
-        let endpoint = self.link(tls).endpoint().map_err(|e| e.to_string())?;
-        let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
+    async fn connect(
+        &self,
+        tls: Option<LinkTls>,
+    ) -> Result<BudgetClient<Channel>, tonic::transport::Error> {
+        let endpoint = self.link(tls).endpoint().expect("a valid endpoint");
+        let channel = endpoint.connect().await?;
         Ok(BudgetClient::new(channel))
     }
 
@@ -166,6 +171,61 @@ async fn a_lease(
     result.map(|_| ())
 }
 
+/// The TLS error in `err`'s chain of sources, as rustls words it: a
+/// `rustls::Error`, or the `InvalidData` `io::Error` through which
+/// rustls's reader reports an alert the server sent (its text is that
+/// error's). An `io::Error`'s `source` skips the error it wraps, so each
+/// one is opened too.
+fn tls_error(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::InvalidData
+            && let Some(inner) = io.get_ref()
+        {
+            return Some(match inner.downcast_ref::<rustls::Error>() {
+                Some(tls) => tls.to_string(),
+                None => inner.to_string(),
+            });
+        }
+        next = err.source();
+    }
+    None
+}
+
+/// How a client with `tls` is refused: the TLS error it sees on
+/// connecting or, when its side of the handshake completed, on its first
+/// call (in TLS 1.3 a client learns that the server refused its
+/// certificate only from the server's next flight). Panics when the call
+/// is answered, or fails for a reason that is not TLS.
+async fn tls_refusal(server: &Server, tls: LinkTls) -> String {
+    match server.connect(Some(tls)).await {
+        Err(err) => {
+            tls_error(&err).unwrap_or_else(|| panic!("connecting failed, but not in TLS: {err:?}"))
+        }
+        Ok(mut client) => {
+            let status = a_lease(&mut client, Some(TENANT_A_TOKEN))
+                .await
+                .expect_err("a call over a refused handshake");
+            tls_error(&status)
+                .unwrap_or_else(|| panic!("the call failed, but not in TLS: {status:?}"))
+        }
+    }
+}
+
+/// A server certificate no root of the client's vouches for.
+fn unknown_issuer() -> String {
+    rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer).to_string()
+}
+
+/// The server's TLS alert `alert`, as its client reports it.
+fn alert(alert: rustls::AlertDescription) -> String {
+    rustls::Error::AlertReceived(alert).to_string()
+}
+
 #[tokio::test]
 async fn tls_needs_the_ca_and_plaintext_clients_are_not_served() {
     let dir = TempDir::new("tls");
@@ -183,28 +243,51 @@ async fn tls_needs_the_ca_and_plaintext_clients_are_not_served() {
         .expect("open dev mode over TLS");
 
     // The system roots do not know the test CA.
-    let without_ca = server.connect(Some(LinkTls::default())).await;
-    assert!(
-        without_ca.is_err(),
-        "a client without the CA cannot connect"
+    assert_eq!(
+        tls_refusal(&server, LinkTls::default()).await,
+        unknown_issuer(),
+        "a client without the CA"
     );
     let other = Ca::new("someone else");
-    assert!(
-        server.connect(Some(ca_only(&other))).await.is_err(),
-        "a different CA"
+    assert_eq!(
+        tls_refusal(&server, ca_only(&other)).await,
+        unknown_issuer(),
+        "a client trusting a different CA"
     );
 
+    // Plaintext HTTP/2 on the TLS port: the server answers the client's
+    // connection preface with a fatal TLS alert (decode_error: what it read
+    // is no TLS record) and closes, never with an HTTP/2 frame.
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut raw = tokio::net::TcpStream::connect(server.addr)
+            .await
+            .expect("connect");
+        raw.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .expect("the preface");
+        let mut answer = Vec::new();
+        tokio::time::timeout(PUSH_BOUND, raw.read_to_end(&mut answer))
+            .await
+            .expect("the server closes the connection")
+            .expect("read");
+        // Record type 21 (alert), TLS 1.2 framing, 2 bytes: fatal (2),
+        // decode_error (50).
+        assert_eq!(answer, [21, 3, 3, 0, 2, 2, 50], "{answer:?}");
+    }
+    // A gRPC client's call there fails in transport: no status came back.
     let plaintext = Channel::from_shared(format!("http://{}", server.addr))
         .expect("uri")
-        .connect()
-        .await;
-    if let Ok(channel) = plaintext {
-        let refused = a_lease(&mut BudgetClient::new(channel), None).await;
-        assert!(
-            refused.is_err(),
-            "plaintext HTTP/2 on a TLS port is not served"
-        );
-    }
+        .connect_lazy();
+    let refused = a_lease(&mut BudgetClient::new(plaintext), None)
+        .await
+        .expect_err("plaintext HTTP/2 on a TLS port is not served");
+    assert_eq!(refused.code(), Code::Unknown, "{refused:?}");
+    assert!(
+        std::error::Error::source(&refused)
+            .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()),
+        "a transport error, not an answer: {refused:?}"
+    );
     server.stop().await;
 }
 
@@ -224,14 +307,12 @@ async fn mtls_refuses_clients_without_a_certificate_and_tokens_still_apply() {
     ))
     .await;
 
-    // Without a client certificate the handshake (or the first call) fails.
-    if let Ok(mut anonymous) = server.connect(Some(ca_only(&server_ca))).await {
-        let refused = a_lease(&mut anonymous, Some(TENANT_A_TOKEN)).await;
-        assert!(
-            refused.is_err(),
-            "mTLS without a client certificate is refused"
-        );
-    }
+    // Without a client certificate the server ends the handshake.
+    assert_eq!(
+        tls_refusal(&server, ca_only(&server_ca)).await,
+        alert(rustls::AlertDescription::CertificateRequired),
+        "mTLS without a client certificate"
+    );
     // A certificate from another CA is refused too.
     let stranger = Ca::new("stranger");
     let (c, k) = stranger.leaf(&["worker"]);
@@ -239,9 +320,11 @@ async fn mtls_refuses_clients_without_a_certificate_and_tokens_still_apply() {
         identity_pem: Some((c.into_bytes(), k.into_bytes())),
         ..ca_only(&server_ca)
     };
-    if let Ok(mut wrong) = server.connect(Some(wrong)).await {
-        assert!(a_lease(&mut wrong, Some(TENANT_A_TOKEN)).await.is_err());
-    }
+    assert_eq!(
+        tls_refusal(&server, wrong).await,
+        alert(rustls::AlertDescription::UnknownCA),
+        "a client certificate from another CA"
+    );
 
     let (c, k) = client_ca.leaf(&["worker"]);
     let dir_files = (dir.write("w.crt", &c), dir.write("w.key", &k));
@@ -278,7 +361,11 @@ async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
         .connect(Some(ca_only(&old_ca)))
         .await
         .expect("old cert");
-    assert!(server.connect(Some(ca_only(&new_ca))).await.is_err());
+    assert_eq!(
+        tls_refusal(&server, ca_only(&new_ca)).await,
+        unknown_issuer(),
+        "the new certificate is not served yet"
+    );
 
     let (cert, key) = new_ca.leaf(&["localhost"]);
     // Key first, then certificate: in between the pair does not match and
@@ -291,8 +378,9 @@ async fn a_rewritten_certificate_serves_new_connections_without_a_restart() {
         || async { server.connect(Some(ca_only(&new_ca))).await.is_ok() },
     )
     .await;
-    assert!(
-        server.connect(Some(ca_only(&old_ca))).await.is_err(),
+    assert_eq!(
+        tls_refusal(&server, ca_only(&old_ca)).await,
+        unknown_issuer(),
         "the old certificate is no longer served"
     );
     a_lease(&mut before, None)
@@ -317,7 +405,13 @@ async fn a_worker_follows_its_rewritten_ca_file_without_a_restart() {
         );
         tls_config("", &files.0, &files.1, None)
     };
-    let server = Server::start(serving(&old_ca, "old")).await;
+    // The address stays this test's across the restart below: each server
+    // gets a handle of its own on one socket the test holds, so the port
+    // is never released for another process to take.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    held.set_nonblocking(true).expect("non-blocking");
+    let handle = || TcpListener::from_std(held.try_clone().expect("dup")).expect("listener");
+    let server = Server::start_on(serving(&old_ca, "old"), handle());
     let ca_file = dir.write("ca.crt", &old_ca.pem);
     let tls = LinkTls::from_files(Some(&ca_file), None, None).expect("readable");
     let link = CoordinatorLink::new(&server.link(Some(tls))).expect("link");
@@ -331,17 +425,18 @@ async fn a_worker_follows_its_rewritten_ca_file_without_a_restart() {
     // The coordinator comes back on the same address with a certificate
     // from the new CA: the old connection is gone, a new one needs the
     // new CA.
-    let addr = server.addr.to_string();
     server.stop().await;
-    let server = Server::start_at(serving(&new_ca, "new"), &addr).await;
-    assert!(a_lease(&link).await.is_err(), "the old CA is refused");
+    let server = Server::start_on(serving(&new_ca, "new"), handle());
+    let refused = a_lease(&link).await.expect_err("the old CA is refused");
+    assert_eq!(tls_error(&refused), Some(unknown_issuer()), "{refused:?}");
 
     dir.write("ca.crt", &new_ca.pem);
     assert!(link.reload_tls().expect("readable"), "the rewrite is seen");
     a_lease(&link).await.expect("the new CA, no restart");
 
     dir.write("ca.crt", &new_ca.pem[..40]);
-    assert!(link.reload_tls().is_err(), "half a certificate");
+    let half = link.reload_tls().expect_err("half a certificate");
+    assert!(matches!(half, LinkConfigError::Tls(_)), "{half:?}");
     a_lease(&link).await.expect("the last settings stay");
     server.stop().await;
 }
@@ -390,10 +485,22 @@ async fn the_cli_connects_with_a_ca_and_a_client_certificate() {
         "{}",
         String::from_utf8_lossy(&with_cert.stderr)
     );
+    // Refused in the handshake (the server's alert is checked in
+    // `mtls_refuses_clients_without_a_certificate_and_tokens_still_apply`):
+    // the CLI's one line says the call failed (exit 1), not that the
+    // server was unreachable (3) or refused the token (4). It does not name
+    // the alert: its text is tonic's, "transport error" or "operation was
+    // canceled" depending on when the alert arrives.
     let without = run(Vec::new()).await.expect("joined");
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert_eq!(
+        without.status.code(),
+        Some(1),
+        "mTLS refuses the CLI without a certificate: {stderr}"
+    );
     assert!(
-        !without.status.success(),
-        "mTLS refuses the CLI without a certificate"
+        stderr.starts_with("tollgate: listing policies: ") && stderr.trim().lines().count() == 1,
+        "{stderr}"
     );
     server.stop().await;
 }
@@ -534,20 +641,17 @@ async fn reflection_answers_in_both_versions() {
 }
 
 /// Whether python3 with grpcio and grpcio-reflection is here; required
-/// (a failure, not a skip) when `TOLLGATE_REQUIRE_PYTHON=1`.
+/// (a failure, not a skip) when `TOLLGATE_REQUIRE_PYTHON=1` and under CI.
 fn python_with_grpcio() -> bool {
     let found = std::process::Command::new("python3")
         .args(["-c", "import grpc, grpc_reflection, google.protobuf"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
-        assert!(
-            std::env::var("TOLLGATE_REQUIRE_PYTHON").as_deref() != Ok("1"),
-            "TOLLGATE_REQUIRE_PYTHON=1 but python3 with grpcio and grpcio-reflection is missing"
-        );
-        eprintln!(
-            "SKIPPED: python3 with grpcio and grpcio-reflection not found \
-             (pip install grpcio grpcio-reflection)"
+        tollgate_testkit::missing_tool(
+            "python3 with grpcio and grpcio-reflection",
+            "TOLLGATE_REQUIRE_PYTHON",
+            "pip install grpcio grpcio-reflection protobuf",
         );
     }
     found

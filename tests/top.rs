@@ -110,8 +110,11 @@ async fn the_hottest_scope_is_first_with_its_countdown_and_a_freeze_reaches_the_
     coordinator.stop().await;
 }
 
+/// `--once` with a `tenant-a`/`*` filter: one frame listing exactly the
+/// storm's scopes the filter matches (the hottest scope is another
+/// tenant's and is left out).
 #[tokio::test]
-async fn once_prints_a_frame_with_every_scope() {
+async fn once_prints_a_frame_with_every_scope_the_filter_matches() {
     let coordinator = Coordinator::open().await;
     storm(&coordinator).await;
     let source = Source::new(coordinator.channel().await, None, 100)
@@ -124,10 +127,23 @@ async fn once_prints_a_frame_with_every_scope() {
         .expect("frame");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 5, "title, header, two scopes, footer: {text}");
-    assert!(lines[2].starts_with("tenant-a|GET /users/{id}"), "{text}");
+    assert!(lines[1].starts_with("SCOPE"), "{text}");
+    let scopes: Vec<&str> = lines[2..4]
+        .iter()
+        .map(|l| l.split("  ").next().unwrap_or_default())
+        .collect();
+    // The busier first, as the full view orders them.
+    assert_eq!(
+        scopes,
+        ["tenant-a|GET /users/{id}", "tenant-a|POST /pay"],
+        "{text}"
+    );
+    assert!(!text.contains("tenant-b"), "{text}");
     coordinator.stop().await;
 }
 
+/// The view watches its top scope; a freeze of it nudges a poll, and that
+/// poll shows the freeze.
 #[tokio::test]
 async fn watch_nudges_a_poll_when_a_watched_scope_is_frozen() {
     let coordinator = Coordinator::open().await;
@@ -135,12 +151,20 @@ async fn watch_nudges_a_poll_when_a_watched_scope_is_frozen() {
     let source = Source::new(coordinator.channel().await, None, 100).expect("source");
     let mut model = Model::new(coordinator.clock.clone());
     model.update(source.fetch().await.expect("poll"));
+    let watched = model.watch_scopes(1);
+    let scopes: Vec<(&str, &str)> = watched
+        .iter()
+        .map(|s| (s.caller_scope.as_str(), s.route.as_str()))
+        .collect();
+    assert_eq!(scopes, [HOT], "the hottest scope is watched");
     let (nudge, mut nudged) = tokio::sync::mpsc::channel(4);
     let watcher = {
-        let (source, scopes) = (source.clone(), model.watch_scopes(1));
-        tokio::spawn(async move { source.watch(scopes, nudge).await })
+        let source = source.clone();
+        tokio::spawn(async move { source.watch(watched, nudge).await })
     };
     next(&mut nudged, "the snapshot").await;
+    // Nothing else is pending: the next nudge is the freeze's.
+    assert!(nudged.try_recv().is_err(), "a nudge before the freeze");
     let freeze = tollgate::ops::top::Action::Freeze {
         caller_scope: HOT.0.into(),
         route: HOT.1.into(),
@@ -148,6 +172,13 @@ async fn watch_nudges_a_poll_when_a_watched_scope_is_frozen() {
     };
     source.apply(&freeze).await.expect("freeze");
     next(&mut nudged, "the freeze").await;
+    // The poll the nudge asks for shows the scope frozen.
+    model.update(source.fetch().await.expect("poll"));
+    let lines = draw(&model, &coordinator.addr.to_string());
+    assert!(
+        lines[2].starts_with("tenant-b|GET /orders") && lines[2].contains("  yes  "),
+        "the freeze shows after the nudge: {lines:?}"
+    );
     watcher.abort();
     coordinator.stop().await;
 }

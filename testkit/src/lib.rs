@@ -10,7 +10,8 @@
 //! another port. A server that died during its test fails that test when
 //! dropped. Without `redis-server` on
 //! `PATH` the Redis tests print a notice and skip, unless
-//! `TOLLGATE_REQUIRE_REDIS=1` (CI) makes that a failure.
+//! `TOLLGATE_REQUIRE_REDIS=1` or CI (see [`missing_tool`]) makes that a
+//! failure.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -19,6 +20,35 @@ use std::time::{Duration, Instant};
 
 /// Turns a missing `redis-server` into a test failure.
 pub const REQUIRE_ENV: &str = "TOLLGATE_REQUIRE_REDIS";
+
+/// Whether this is a CI run: `CI` set (as CI services and `.ci/run` set it)
+/// to anything but empty, `0` or `false`.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
+/// What a test does when the tool it drives is not installed: a failure
+/// naming `tool` and how to `install` it under CI ([`in_ci`]) or when
+/// `require_env` is `1`, so a skip can never pass as a pass there;
+/// elsewhere (a developer's machine without it) a notice, after which the
+/// caller returns early.
+///
+/// # Panics
+/// When the tool is required, as above.
+#[track_caller]
+pub fn missing_tool(tool: &str, require_env: &str, install: &str) {
+    let required = std::env::var(require_env).is_ok_and(|v| v == "1");
+    assert!(
+        !required && !in_ci(),
+        "{tool} is missing and this run requires it ({}): {install}",
+        if required {
+            format!("{require_env}=1")
+        } else {
+            "CI is set".to_owned()
+        }
+    );
+    eprintln!("notice: {tool} is missing; skipping this test ({install})");
+}
 
 /// Ports tried before a start gives up.
 const START_TRIES: usize = 5;
@@ -41,7 +71,8 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// Starts a server on a free port, or `None` (after a notice) when
-    /// `redis-server` is not installed and [`REQUIRE_ENV`] is not set.
+    /// `redis-server` is not installed, [`REQUIRE_ENV`] is not set and this
+    /// is not CI.
     ///
     /// # Panics
     /// When the server is required but missing, or does not start.
@@ -59,10 +90,7 @@ impl RedisServer {
 
     fn start_as(cluster: bool) -> Option<RedisServer> {
         let Some(binary) = find_on_path("redis-server") else {
-            if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
-                panic!("{REQUIRE_ENV}=1 but redis-server is not on PATH");
-            }
-            eprintln!("notice: redis-server is not on PATH; skipping this Redis test");
+            missing_tool("redis-server", REQUIRE_ENV, "apt-get install redis-server");
             return None;
         };
         // redis-server has no `--port 0`: take a free port from the kernel
