@@ -213,14 +213,15 @@ impl Identity {
     /// shares its caller scope and sends the same id (guessed, or read off
     /// a trace) names a different worker: it cannot release that worker's
     /// leases, take its intent's slot or add its claims to that worker's.
-    /// A token's ids are `t<entry>:<id>` (its `[[token]]` entry, 1-based
-    /// in file order, as errors name entries): printable, so the Admin API
-    /// shows them as they are kept, and never equal across entries. Open
-    /// dev mode has one owner and keeps ids as sent.
+    /// A token's ids are [`owned_id`](crate::scope::owned_id)s of its
+    /// `[[token]]` entry (1-based in file order, as errors name entries).
+    /// Open dev mode has one owner and keeps ids as sent.
     pub fn own<'a>(&self, id: &'a str) -> std::borrow::Cow<'a, str> {
         match self {
             Identity::Open => std::borrow::Cow::Borrowed(id),
-            Identity::Token(index) => std::borrow::Cow::Owned(format!("t{}:{id}", index + 1)),
+            Identity::Token(index) => {
+                std::borrow::Cow::Owned(crate::scope::owned_id(index + 1, id))
+            }
         }
     }
 }

@@ -124,3 +124,43 @@ impl fmt::Display for EvidenceLevel {
         }
     }
 }
+
+/// The id a worker or an intent has in the stores when caller token entry
+/// `entry` (1-based, in file order) sent `id`: `t<entry>:<id>`. A token
+/// owns the ids it sends, so the same id from another token is another
+/// worker or intent; the form is printable, so the Admin API shows ids as
+/// they are kept ([`crate::auth::Identity::own`]).
+pub fn owned_id(entry: usize, id: &str) -> String {
+    format!("t{entry}:{id}")
+}
+
+/// The id as its worker sent it: [`owned_id`]'s prefix taken off, or the
+/// id itself when it has none (open dev mode keeps ids as sent).
+pub fn sent_id(id: &str) -> &str {
+    let Some(rest) = id.strip_prefix('t') else {
+        return id;
+    };
+    match rest.split_once(':') {
+        Some((entry, sent)) if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) => {
+            sent
+        }
+        _ => id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owned_id_gives_back_the_id_as_sent() {
+        assert_eq!(owned_id(2, "worker-17"), "t2:worker-17");
+        assert_eq!(sent_id("t2:worker-17"), "worker-17");
+        // Whatever the worker chose, the prefix is the owner's alone.
+        assert_eq!(sent_id(&owned_id(1, "t3:x")), "t3:x");
+        // Ids that are not owned are as sent.
+        for id in ["worker-17", "t:x", "tx:y", "t12", "team:a"] {
+            assert_eq!(sent_id(id), id);
+        }
+    }
+}

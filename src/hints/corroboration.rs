@@ -294,9 +294,13 @@ pub fn judge(
     }
 }
 
-/// Whether `worker`'s evidence is muted at `now_ms`.
+/// Whether `worker`'s evidence is muted at `now_ms`. A mute names a
+/// worker as the Admin API shows it (`t2:worker-17`: one token's) or as the
+/// worker calls itself (`worker-17`: whichever token sends it), since the
+/// operator reading a worker's own logs knows it by that name.
 pub fn is_muted(mutes: &BTreeMap<String, i64>, worker: &str, now_ms: i64) -> bool {
-    mutes.get(worker).is_some_and(|&until| until > now_ms)
+    let live = |id: &str| mutes.get(id).is_some_and(|&until| until > now_ms);
+    live(worker) || live(crate::scope::sent_id(worker))
 }
 
 /// Mutes `worker` until `until_ms` (`None`: lifts the mute), dropping
@@ -528,5 +532,20 @@ mod tests {
         assert!(set_mute(&mut mutes, "one-more", Some(NOW + 10), NOW + 20));
         assert!(is_muted(&mutes, "one-more", NOW + 5));
         assert!(!is_muted(&mutes, "one-more", NOW + 10));
+    }
+
+    #[test]
+    fn a_mute_names_one_tokens_worker_or_the_worker_as_it_calls_itself() {
+        let mut mutes = BTreeMap::new();
+        set_mute(&mut mutes, "worker-7", Some(NOW + 10), NOW);
+        set_mute(&mut mutes, "t2:worker-9", Some(NOW + 10), NOW);
+        // As the worker calls itself: whichever token sends it.
+        assert!(is_muted(&mutes, "worker-7", NOW));
+        assert!(is_muted(&mutes, "t1:worker-7", NOW));
+        assert!(is_muted(&mutes, "t3:worker-7", NOW));
+        // As the Admin API shows it: that token's worker only.
+        assert!(is_muted(&mutes, "t2:worker-9", NOW));
+        assert!(!is_muted(&mutes, "t1:worker-9", NOW));
+        assert!(!is_muted(&mutes, "worker-9", NOW));
     }
 }
