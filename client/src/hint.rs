@@ -69,22 +69,40 @@ impl InvalidHint {
 /// field value (RFC 9110 §5.5). Dates are case-sensitive (§5.6.7), so a
 /// lowercase date is invalid.
 pub fn parse_retry_after(raw: &str) -> RetryAfter {
+    match non_negative_integer(raw) {
+        Ok(secs) => RetryAfter::Delay(Duration::from_secs(secs)),
+        // Only a value with no number-like shape can be a date.
+        Err(InvalidHint::Malformed) => {
+            match httpdate::parse_http_date(raw.trim_matches([' ', '\t'])) {
+                Ok(date) => RetryAfter::Date(date),
+                Err(_) => RetryAfter::Invalid(InvalidHint::Malformed),
+            }
+        }
+        Err(why) => RetryAfter::Invalid(why),
+    }
+}
+
+/// Reads `1*DIGIT` — the one integer rule of every hint and stated limit
+/// that is not a structured field: delay-seconds, pushback milliseconds,
+/// `X-RateLimit-*` counts and resets.
+///
+/// Spaces and tabs around the value are ignored (RFC 9110 §5.5). A number
+/// too large for `u64` saturates to `u64::MAX`: an upstream that states an
+/// enormous value meant "a lot", and reading it as invalid would let a
+/// caller fall back to something far smaller.
+pub(crate) fn non_negative_integer(raw: &str) -> Result<u64, InvalidHint> {
     let value = raw.trim_matches([' ', '\t']);
     if value.is_empty() {
-        return RetryAfter::Invalid(InvalidHint::Empty);
+        return Err(InvalidHint::Empty);
     }
     if value.bytes().all(|b| b.is_ascii_digit()) {
         // All digits: the only failure left is overflow, which saturates.
-        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
-        return RetryAfter::Delay(Duration::from_secs(secs));
-    }
-    if let Ok(date) = httpdate::parse_http_date(value) {
-        return RetryAfter::Date(date);
+        return Ok(value.parse::<u64>().unwrap_or(u64::MAX));
     }
     if looks_numeric(value) {
-        RetryAfter::Invalid(InvalidHint::NotAnInteger)
+        Err(InvalidHint::NotAnInteger)
     } else {
-        RetryAfter::Invalid(InvalidHint::Malformed)
+        Err(InvalidHint::Malformed)
     }
 }
 
@@ -256,12 +274,9 @@ pub fn read_pushback_ms(raw: Option<&str>, rules: HintRules) -> HintReading {
     let Some(raw) = raw else {
         return HintReading::absent();
     };
-    let value = raw.trim_matches([' ', '\t']);
-    let verdict = if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        let millis = value.parse::<u64>().unwrap_or(u64::MAX);
-        capped(Duration::from_millis(millis), false, rules)
-    } else {
-        HintVerdict::DoNotRetry
+    let verdict = match non_negative_integer(raw) {
+        Ok(millis) => capped(Duration::from_millis(millis), false, rules),
+        Err(_) => HintVerdict::DoNotRetry,
     };
     HintReading {
         raw: Some(bounded_raw(raw)),

@@ -45,6 +45,8 @@
 //! - [`classify`]: what a response or transport failure means for retrying
 //!   (retryable or not; the effect known absent or unknown).
 //! - [`hint`]: the one `Retry-After` / `grpc-retry-pushback-ms` parser.
+//! - [`ratelimit`]: the one parser of stated limits (`RateLimit-Policy`,
+//!   `RateLimit`, `X-RateLimit-*`), in the same two steps as [`hint`].
 //! - [`backoff`]: the local exponential backoff with optional full jitter.
 //! - [`engine`]: the decision engine, a sans-IO state machine per intent,
 //!   and the [`IntentPolicy`] it runs under.
@@ -106,6 +108,7 @@ pub mod lease;
 pub mod link;
 pub mod outcome;
 pub mod owner;
+pub mod ratelimit;
 pub mod scope;
 pub mod script;
 pub mod setup;
