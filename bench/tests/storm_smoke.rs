@@ -6,17 +6,17 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use tollgate_bench::storm::{self, StormArgs, StormReport, StrategyKind};
+use tollgate_bench::storm::{self, StormCommand, StormReport, StrategyKind};
 
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    args: StormArgs,
+    command: StormCommand,
 }
 
 /// A small fleet through a 3 s outage: a few hundred intents, seconds of
 /// real time per strategy in a debug build (the coordinated ones dominate).
-fn tiny(out: &Path, extra: &[&str]) -> StormArgs {
+fn tiny(out: &Path, extra: &[&str]) -> StormCommand {
     let mut argv = vec![
         "storm",
         "--workers",
@@ -39,7 +39,7 @@ fn tiny(out: &Path, extra: &[&str]) -> StormArgs {
     ];
     argv.push(out.to_str().expect("temp paths are UTF-8 here"));
     argv.extend_from_slice(extra);
-    Cli::parse_from(argv).args
+    Cli::parse_from(argv).command
 }
 
 fn out_dir(name: &str) -> PathBuf {

@@ -29,6 +29,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tollgate_client::outcome::Outcome;
 
+use super::limiter::LimiterShape;
 use super::pipes::METHODS;
 use super::runner::CoordinatorRecord;
 use super::strategy::StrategyKind;
@@ -265,6 +266,8 @@ pub struct StormReport {
     pub arrival_rate: f64,
     /// One per strategy, in the order run.
     pub results: Vec<StrategyResult>,
+    /// The upstream's limiter.
+    pub limiter: LimiterShape,
 }
 
 impl StormReport {
@@ -285,6 +288,7 @@ impl StormReport {
             args,
             arrival_rate: config.arrival_rate,
             results,
+            limiter: config.limiter,
         }
     }
 
@@ -359,11 +363,12 @@ impl StormReport {
         let mut out = String::new();
         let _ = write!(
             out,
-            "Storm: W={} workers, C={} req/s, λ={} intents/s, outage {}–{} s at {}×C, \
+            "Storm: W={} workers, C={} req/s ({}), λ={} intents/s, outage {}–{} s at {}×C, \
              {}×C after, deadline {} s, 429 cost {}, Retry-After as {}{}, arrivals for {} s, \
              cancel fraction {}",
             a.workers,
             a.capacity,
+            self.limiter.describe(),
             self.arrival_rate,
             a.outage_start_s,
             a.outage_start_s + a.outage_s,
