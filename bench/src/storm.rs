@@ -14,6 +14,9 @@
 //!   each attempt, answers 429 with a `Retry-After` (delay or HTTP-date)
 //!   when refused; every 429 costs a fraction of a request's capacity. It
 //!   counts what it is offered, served and refused.
+//! - `bound` (private): the clairvoyant bound, the most intents any
+//!   scheduler could serve on the run's arrivals and limiter: an exactly
+//!   solved relaxation above, a schedule the limiter admits below.
 //! - `runner` (private, re-exported by [`strategy`]): the [`Strategy`] and
 //!   [`WorkerRunner`] traits and the [`IntentIo`] a runner sends attempts
 //!   through.
@@ -29,6 +32,7 @@
 //! # How one run goes
 //! ```text
 //! StormCommand ──validate──▶ StormConfig ──arrivals::generate(seed)──▶ [Arrival] (shared)
+//! [Arrival] + limiter ──bound::bound──▶ Bound (once per run)
 //! for each strategy, on a fresh current-thread runtime (paused clock or real):
 //!   W worker tasks, each: sleep_until(arrival) → spawn intent → runner.run_intent(IntentIo)
 //!   IntentIo::send ──▶ Upstream::offer (counts load, deadline/cancel violations)
@@ -43,6 +47,7 @@
 
 mod arrivals;
 mod baseline;
+mod bound;
 mod chart;
 mod coordinated;
 mod limiter;
@@ -64,8 +69,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::outcome::Outcome;
 
+pub use bound::Bound;
 pub use limiter::LimiterShape;
-pub use report::{StormReport, StrategyResult};
+pub use report::{Checks, StormReport, StrategyResult};
 pub use runner::{CoordinatorRecord, RpcSeries, ScopeSeries};
 pub use strategy::{IntentIo, Strategy, StrategyKind, VirtualWall, WorkerIdentity, WorkerRunner};
 
@@ -473,13 +479,38 @@ impl StormConfig {
             .map(|&(lo, hi, fraction)| overlap(lo, hi).as_secs_f64() * fraction * self.capacity)
             .sum()
     }
+
+    /// The instants at which the capacity in force changes, in order, each
+    /// with the capacity before and after (a change at elapsed zero is
+    /// measured against C, what the upstream ran at before the run).
+    pub fn capacity_steps(&self) -> Vec<(Duration, f64, f64)> {
+        let mut points = vec![self.outage_start, self.outage_end];
+        points.dedup();
+        points
+            .into_iter()
+            .map(|p| {
+                let before = p
+                    .checked_sub(Duration::from_nanos(1))
+                    .map_or(self.capacity, |b| self.capacity_at(b));
+                (p, before, self.capacity_at(p))
+            })
+            .filter(|&(_, before, after)| before != after)
+            .collect()
+    }
 }
 
 /// Runs every strategy in `command` on the same arrivals and returns the
-/// report. Builds its own runtimes, so call it from synchronous code.
+/// report, with the clairvoyant bound. Builds its own runtimes, so call it
+/// from synchronous code.
 pub fn run(command: &StormCommand) -> Result<StormReport, StormError> {
     let config = StormConfig::try_from_command(command)?;
-    let per_worker = arrivals::per_worker(&arrivals::generate(&config), config.workers);
+    let arrivals = arrivals::generate(&config);
+    let jobs: Vec<_> = arrivals
+        .iter()
+        .map(|a| bound::Job::new(a, config.deadline))
+        .collect();
+    let bound = bound::bound(&config, &jobs);
+    let per_worker = arrivals::per_worker(&arrivals, config.workers);
     let mut results = Vec::with_capacity(config.strategies.len());
     for &kind in &config.strategies {
         // A fresh runtime per strategy: each starts at elapsed zero with an
@@ -492,7 +523,12 @@ pub fn run(command: &StormCommand) -> Result<StormReport, StormError> {
         let runtime = builder.build().map_err(StormError::Runtime)?;
         results.push(runtime.block_on(run_strategy(&config, &per_worker, kind))?);
     }
-    Ok(StormReport::new(command.args.clone(), &config, results))
+    Ok(StormReport::new(
+        command.args.clone(),
+        &config,
+        results,
+        bound,
+    ))
 }
 
 /// Runs, prints the table to `stdout` and writes `storm.md`, `storm.svg`
@@ -531,6 +567,9 @@ struct IntentRecord {
     arrived: Duration,
     ended: Duration,
     outcome: Outcome,
+    /// When its caller withdrew it, if it did: the report counts an intent
+    /// as waiting only until then.
+    cancel_at: Option<Duration>,
 }
 
 /// One strategy on the shared arrivals, inside the current runtime.
@@ -646,6 +685,7 @@ impl Worker {
                     arrived: arrived - start,
                     ended: Instant::now() - start,
                     outcome,
+                    cancel_at: cancel_at.map(|at| at - start),
                 })
             });
             spawned += 1;

@@ -1,7 +1,9 @@
 //! The upstream's limiter as a pure state machine over the time since the
 //! run's start: one of three shapes ([`LimiterShape`]), scaled by the
 //! capacity in force. `upstream.rs` documents what each shape does and asks
-//! it about every attempt.
+//! it about every attempt; the clairvoyant bound (`bound.rs`) replays its
+//! schedules through the same code, so the bound and the benchmark cannot
+//! disagree about what the upstream admits.
 //!
 //! Time is a `Duration` since the start (nanoseconds, like the tokio clock
 //! that drives the upstream); nothing here reads a clock.
@@ -89,7 +91,7 @@ pub(crate) struct Limiter {
     /// the outage's instants).
     config: StormConfig,
     /// What a refusal costs, as a fraction of a request: the run's
-    /// `--reject-cost`.
+    /// `--reject-cost` for the upstream, 0 for the bound's scheduler.
     reject_cost: f64,
     /// [`MAX_DEBT`] in requests.
     max_debt: f64,
@@ -255,6 +257,91 @@ impl Limiter {
             }
         }
     }
+
+    /// The earliest instant at or after `now` at which an attempt would be
+    /// admitted if no other arrived first; `None` if never (the capacity
+    /// in force is 0 from some point on and nothing is admitted before).
+    pub(crate) fn next_admission(&self, now: Duration) -> Option<Duration> {
+        let config = &self.config;
+        let mut t = now.max(self.last);
+        loop {
+            let brk = next_break(config, t);
+            if config.capacity_at(t) > 0.0 {
+                let candidate = match &self.state {
+                    State::Bucket(b) => {
+                        let tokens = bucket_at(config, b, t);
+                        if tokens >= 1.0 {
+                            Some(t)
+                        } else {
+                            let wait = (1.0 - tokens) / config.capacity_at(t);
+                            Some(t + Duration::from_secs_f64(wait))
+                        }
+                    }
+                    State::Fixed(f) => {
+                        let index = window_index(t, f.window);
+                        let used = if index == f.index {
+                            f.served as f64 + self.reject_cost * f.refused as f64
+                        } else {
+                            0.0
+                        };
+                        if used + 1.0 <= quota(config, f.window, t) + QUOTA_SLACK {
+                            Some(t)
+                        } else {
+                            // The next window starts empty.
+                            Some(window_start(index + 1, f.window))
+                                .filter(|_| 1.0 <= quota(config, f.window, t) + QUOTA_SLACK)
+                        }
+                    }
+                    State::Sliding(s) => s
+                        .free_at(
+                            quota(config, s.window, t) - 1.0 + QUOTA_SLACK,
+                            self.reject_cost,
+                        )
+                        .map(|at| at.max(t)),
+                };
+                if let Some(at) = candidate
+                    && brk.is_none_or(|b| at < b)
+                {
+                    if self.admits(at) {
+                        return Some(at);
+                    }
+                    // An f64 rounding a hair short of a token: a nanosecond
+                    // later, which the loop re-examines.
+                    t = at + Duration::from_nanos(1);
+                    continue;
+                }
+            }
+            t = brk?;
+        }
+    }
+
+    /// Whether an attempt at `at` (not before the last one offered, which
+    /// the caller ensures) would be admitted: the test [`offer`](Self::offer) makes, without its
+    /// effects.
+    fn admits(&self, at: Duration) -> bool {
+        let config = &self.config;
+        match &self.state {
+            State::Bucket(b) => bucket_at(config, b, at) >= 1.0,
+            State::Fixed(f) => {
+                let used = if window_index(at, f.window) == f.index {
+                    f.served as f64 + self.reject_cost * f.refused as f64
+                } else {
+                    0.0
+                };
+                let quota = quota(config, f.window, at);
+                quota > 0.0 && used + 1.0 <= quota + QUOTA_SLACK
+            }
+            State::Sliding(s) => {
+                let left = s.log.partition_point(|e| e.at + s.window <= at);
+                let gone = match left.checked_sub(1).and_then(|i| s.log.get(i)) {
+                    Some(e) => (e.served, e.refused),
+                    None => s.gone,
+                };
+                let quota = quota(config, s.window, at);
+                quota > 0.0 && s.weight_after(gone, self.reject_cost) + 1.0 <= quota + QUOTA_SLACK
+            }
+        }
+    }
 }
 
 impl Sliding {
@@ -380,6 +467,7 @@ mod tests {
                 admitted_in: Some(at(0.9))
             }
         );
+        assert_eq!(l.next_admission(at(0.2)), Some(at(1.0)));
         assert_eq!(admitted(&mut l, at(0.999), 1), 0);
         assert_eq!(admitted(&mut l, at(1.0), 11), 10, "the boundary burst");
     }
@@ -423,6 +511,7 @@ mod tests {
             panic!("the window is full");
         };
         assert_eq!(wait, at(0.05));
+        assert_eq!(l.next_admission(at(0.95)), Some(at(1.0)));
         assert_eq!(admitted(&mut l, at(1.0), 2), 1, "one left, one place");
 
         // A refusal weighs 0.3 and stays a whole window too: one sent at 0,
@@ -448,7 +537,10 @@ mod tests {
         // C = 10/s, 0.1 s burst: a bucket of one, a token every 100 ms.
         let mut l = limiter(&["--capacity", "10"], 0.3);
         assert_eq!(l.offer(at(0.0)), Decision::Admit);
+        assert_eq!(l.next_admission(at(0.0)), Some(at(0.1)));
         assert_eq!(l.offer(at(0.05)), Decision::Refuse { admitted_in: None });
+        // 0.5 earned, 0.3 owed: 0.8 more needed at 10/s.
+        assert_eq!(l.next_admission(at(0.05)), Some(at(0.13)));
         // A brownout at 0.5 × C from 1 s: 2 s of burst is 10 tokens there.
         let words = [
             "--capacity",
@@ -466,5 +558,39 @@ mod tests {
         assert_eq!(admitted(&mut l, at(0.5), 25), 20, "a bucket of 2 s × 10/s");
         // The bank is lost at 1 s; by 4 s, 3 s × 5/s = 15, capped at 10.
         assert_eq!(admitted(&mut l, at(4.0), 25), 10);
+    }
+
+    #[test]
+    fn a_full_outage_refuses_every_shape_and_owes_nothing() {
+        for shape in [
+            &["--burst", "10"][..],
+            &["--limiter", "fixed-window", "--window", "10"],
+            &["--limiter", "sliding-window", "--window", "10"],
+        ] {
+            let words = [
+                &[
+                    "--capacity",
+                    "10",
+                    "--outage-start-s",
+                    "5",
+                    "--outage-s",
+                    "3",
+                ][..],
+                shape,
+            ]
+            .concat();
+            let mut l = limiter(&words, 0.3);
+            assert_eq!(admitted(&mut l, at(1.0), 10), 10, "{shape:?}");
+            assert_eq!(admitted(&mut l, at(6.0), 1000), 0, "{shape:?}");
+            // The 1000 refusals in the outage cost nothing afterwards.
+            let next = l.next_admission(at(6.0));
+            let expected = match shape[0] {
+                // The bank is lost at 5 s; a token at 8.1 s.
+                "--burst" => at(8.1),
+                // The window of [0, 10) still holds 10 of its 100.
+                _ => at(8.0),
+            };
+            assert_eq!(next, Some(expected), "{shape:?}");
+        }
     }
 }

@@ -72,7 +72,8 @@
 //! each one against the intent's real deadline and cancellation time,
 //! whatever the runner believed.
 //!
-//! The limiter itself is `limiter.rs`, a pure state machine.
+//! The limiter itself is `limiter.rs`, a pure state machine the clairvoyant
+//! bound replays too.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
