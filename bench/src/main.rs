@@ -28,8 +28,9 @@ enum Command {
     /// one retry strategy at a time on the same arrivals.
     #[command(after_help = "Examples:
   tollgate-bench storm
-  tollgate-bench storm --workers 200 --hint date --strategies a,e --out results")]
-    Storm(tollgate_bench::storm::StormArgs),
+  tollgate-bench storm --workers 200 --hint date --strategies a,e --out results
+  tollgate-bench storm --limiter sliding-window --window 10 --arrival-rate 1300")]
+    Storm(tollgate_bench::storm::StormCommand),
     /// Lease/Report/Reconsider throughput and latency against a coordinator,
     /// with the same server's health check as the ceiling.
     #[command(after_help = "Examples:

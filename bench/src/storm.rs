@@ -6,11 +6,17 @@
 //! - `wall` (private): the run's virtual wall clock, for HTTP-date hints.
 //! - `arrivals` (private): the intent stream, generated once from the
 //!   seed and replayed unchanged for every strategy.
-//! - `upstream` (private): the in-process upstream: a token bucket refilled
-//!   at the capacity in force (C; a fraction of it in the outage, 0 by
-//!   default; a fraction after it), answering 429 with a `Retry-After`
-//!   (delay or HTTP-date) when over capacity; every 429 costs a fraction of
-//!   a request's capacity. It counts what it is offered, served and refused.
+//! - `limiter` (private): the upstream's limiter as a pure state machine, in
+//!   three shapes ([`LimiterShape`]: token bucket, fixed window, sliding
+//!   window), scaled by the capacity in force (C; a fraction of it in the
+//!   outage, 0 by default; a fraction after it).
+//! - `upstream` (private): the in-process upstream: asks its limiter about
+//!   each attempt, answers 429 with a `Retry-After` (delay or HTTP-date)
+//!   when refused; every 429 costs a fraction of a request's capacity. It
+//!   counts what it is offered, served and refused.
+//! - `bound` (private): the clairvoyant bound, the most intents any
+//!   scheduler could serve on the run's arrivals and limiter: an exactly
+//!   solved relaxation above, a schedule the limiter admits below.
 //! - `runner` (private, re-exported by [`strategy`]): the [`Strategy`] and
 //!   [`WorkerRunner`] traits and the [`IntentIo`] a runner sends attempts
 //!   through.
@@ -25,7 +31,8 @@
 //!
 //! # How one run goes
 //! ```text
-//! StormArgs ──validate──▶ StormConfig ──arrivals::generate(seed)──▶ [Arrival] (shared)
+//! StormCommand ──validate──▶ StormConfig ──arrivals::generate(seed)──▶ [Arrival] (shared)
+//! [Arrival] + limiter ──bound::bound──▶ Bound (once per run)
 //! for each strategy, on a fresh current-thread runtime (paused clock or real):
 //!   W worker tasks, each: sleep_until(arrival) → spawn intent → runner.run_intent(IntentIo)
 //!   IntentIo::send ──▶ Upstream::offer (counts load, deadline/cancel violations)
@@ -40,8 +47,10 @@
 
 mod arrivals;
 mod baseline;
+mod bound;
 mod chart;
 mod coordinated;
+mod limiter;
 mod pipes;
 pub mod report;
 mod runner;
@@ -60,7 +69,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::outcome::Outcome;
 
-pub use report::{StormReport, StrategyResult};
+pub use bound::Bound;
+pub use limiter::LimiterShape;
+pub use report::{Checks, StormReport, StrategyResult};
 pub use runner::{CoordinatorRecord, RpcSeries, ScopeSeries};
 pub use strategy::{IntentIo, Strategy, StrategyKind, VirtualWall, WorkerIdentity, WorkerRunner};
 
@@ -101,7 +112,52 @@ pub enum Mode {
     Realtime,
 }
 
-/// `tollgate-bench storm` arguments. Seconds are decimals.
+/// `tollgate-bench storm` arguments: the run, and the upstream's limiter.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct StormCommand {
+    /// The fleet, the workload, the outage and the output.
+    #[command(flatten)]
+    pub args: StormArgs,
+    /// The upstream's limiter shape.
+    #[command(flatten)]
+    pub limiter: LimiterArgs,
+}
+
+/// The upstream's limiter on the command line. Apart from [`StormArgs`] so
+/// that code building a `StormArgs` field by field (the fleet bench's
+/// upstream process) keeps today's token bucket without naming it.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
+pub struct LimiterArgs {
+    /// The upstream's limiter shape (`upstream.rs` describes each).
+    #[arg(long, value_enum, default_value_t = LimiterKind::TokenBucket)]
+    pub limiter: LimiterKind,
+    /// Token bucket: how many seconds of the capacity in force the bucket
+    /// holds [default: 0.1].
+    #[arg(long = "burst", value_name = "S")]
+    pub burst_s: Option<f64>,
+    /// Fixed or sliding window: the window's length in seconds; its quota
+    /// is the capacity in force × S [default: 1].
+    #[arg(long = "window", value_name = "S")]
+    pub window_s: Option<f64>,
+}
+
+/// `--limiter`: which shape the upstream's limiter has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LimiterKind {
+    /// A steady refill plus a burst allowance (`--burst`).
+    #[default]
+    TokenBucket,
+    /// A quota per window aligned to the start, reset at each boundary
+    /// (`--window`).
+    FixedWindow,
+    /// A quota in any trailing window (`--window`).
+    SlidingWindow,
+}
+
+/// `--window` when not given, seconds.
+const DEFAULT_WINDOW_S: f64 = 1.0;
+
+/// The run's arguments, apart from the limiter. Seconds are decimals.
 #[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
 pub struct StormArgs {
     /// Workers in the fleet (W); each is a task with its own identity and RNG.
@@ -110,7 +166,8 @@ pub struct StormArgs {
     /// Upstream capacity C, in requests per second.
     #[arg(long, default_value_t = 1000.0)]
     pub capacity: f64,
-    /// Intent arrivals per second (λ); 0.8 × capacity if not given.
+    /// Intent arrivals per second (λ); 0.8 × capacity if not given. Above
+    /// the capacity, first attempts alone overflow the upstream.
     #[arg(long)]
     pub arrival_rate: Option<f64>,
     /// When the outage starts.
@@ -256,11 +313,23 @@ pub struct StormConfig {
     pub attempt_timeout: Duration,
     /// Wall time at elapsed zero, for HTTP-date hints.
     pub wall_at_start: SystemTime,
+    /// The upstream's limiter.
+    pub limiter: LimiterShape,
 }
 
 impl StormConfig {
-    /// Checks every argument.
+    /// Checks every argument, with today's limiter ([`LimiterShape::DEFAULT`]):
+    /// what the fleet bench's upstream process runs.
     pub fn try_new(args: &StormArgs) -> Result<Self, StormError> {
+        Self::try_with_limiter(args, &LimiterArgs::default())
+    }
+
+    /// Checks every argument of a storm command.
+    pub fn try_from_command(command: &StormCommand) -> Result<Self, StormError> {
+        Self::try_with_limiter(&command.args, &command.limiter)
+    }
+
+    fn try_with_limiter(args: &StormArgs, limiter: &LimiterArgs) -> Result<Self, StormError> {
         let invalid = |field, problem: &str| StormError::Invalid {
             field,
             problem: problem.to_owned(),
@@ -319,6 +388,42 @@ impl StormConfig {
         }
         let outage_start = secs("outage-start-s", args.outage_start_s)?;
         let outage = secs("outage-s", args.outage_s)?;
+        let limiter = match limiter.limiter {
+            LimiterKind::TokenBucket => {
+                if limiter.window_s.is_some() {
+                    return Err(invalid("window", "applies to the window limiters"));
+                }
+                let burst_s = limiter.burst_s.unwrap_or(limiter::DEFAULT_BURST_S);
+                secs("burst", burst_s)?;
+                LimiterShape::TokenBucket { burst_s }
+            }
+            kind @ (LimiterKind::FixedWindow | LimiterKind::SlidingWindow) => {
+                if limiter.burst_s.is_some() {
+                    return Err(invalid("burst", "applies to the token bucket"));
+                }
+                let window_s = limiter.window_s.unwrap_or(DEFAULT_WINDOW_S);
+                if !(window_s.is_finite() && (0.001..=86_400.0).contains(&window_s)) {
+                    return Err(invalid("window", "must be 0.001 to 86400 seconds"));
+                }
+                // Every capacity in force above 0 must admit something, or
+                // the quota is never met and that phase serves nothing.
+                let fractions = [1.0, args.outage_capacity, args.capacity_after];
+                if fractions
+                    .iter()
+                    .any(|&f| f > 0.0 && args.capacity * f * window_s + limiter::QUOTA_SLACK < 1.0)
+                {
+                    return Err(invalid(
+                        "window",
+                        "must hold at least one request at every capacity in force above 0",
+                    ));
+                }
+                if kind == LimiterKind::FixedWindow {
+                    LimiterShape::FixedWindow { window_s }
+                } else {
+                    LimiterShape::SlidingWindow { window_s }
+                }
+            }
+        };
         Ok(StormConfig {
             workers: args.workers as usize,
             capacity: args.capacity,
@@ -342,6 +447,7 @@ impl StormConfig {
             service_time: Duration::from_millis(10),
             attempt_timeout,
             wall_at_start: UNIX_EPOCH + Duration::from_secs(WALL_AT_START_UNIX_S),
+            limiter,
         })
     }
 }
@@ -373,13 +479,38 @@ impl StormConfig {
             .map(|&(lo, hi, fraction)| overlap(lo, hi).as_secs_f64() * fraction * self.capacity)
             .sum()
     }
+
+    /// The instants at which the capacity in force changes, in order, each
+    /// with the capacity before and after (a change at elapsed zero is
+    /// measured against C, what the upstream ran at before the run).
+    pub fn capacity_steps(&self) -> Vec<(Duration, f64, f64)> {
+        let mut points = vec![self.outage_start, self.outage_end];
+        points.dedup();
+        points
+            .into_iter()
+            .map(|p| {
+                let before = p
+                    .checked_sub(Duration::from_nanos(1))
+                    .map_or(self.capacity, |b| self.capacity_at(b));
+                (p, before, self.capacity_at(p))
+            })
+            .filter(|&(_, before, after)| before != after)
+            .collect()
+    }
 }
 
-/// Runs every strategy in `args` on the same arrivals and returns the
-/// report. Builds its own runtimes, so call it from synchronous code.
-pub fn run(args: &StormArgs) -> Result<StormReport, StormError> {
-    let config = StormConfig::try_new(args)?;
-    let per_worker = arrivals::per_worker(&arrivals::generate(&config), config.workers);
+/// Runs every strategy in `command` on the same arrivals and returns the
+/// report, with the clairvoyant bound. Builds its own runtimes, so call it
+/// from synchronous code.
+pub fn run(command: &StormCommand) -> Result<StormReport, StormError> {
+    let config = StormConfig::try_from_command(command)?;
+    let arrivals = arrivals::generate(&config);
+    let jobs: Vec<_> = arrivals
+        .iter()
+        .map(|a| bound::Job::new(a, config.deadline))
+        .collect();
+    let bound = bound::bound(&config, &jobs);
+    let per_worker = arrivals::per_worker(&arrivals, config.workers);
     let mut results = Vec::with_capacity(config.strategies.len());
     for &kind in &config.strategies {
         // A fresh runtime per strategy: each starts at elapsed zero with an
@@ -392,18 +523,23 @@ pub fn run(args: &StormArgs) -> Result<StormReport, StormError> {
         let runtime = builder.build().map_err(StormError::Runtime)?;
         results.push(runtime.block_on(run_strategy(&config, &per_worker, kind))?);
     }
-    Ok(StormReport::new(args.clone(), &config, results))
+    Ok(StormReport::new(
+        command.args.clone(),
+        &config,
+        results,
+        bound,
+    ))
 }
 
 /// Runs, prints the table to `stdout` and writes `storm.md`, `storm.svg`
-/// and `storm.json` to `args.out`. Returns the report and the files written.
+/// and `storm.json` to `--out`. Returns the report and the files written.
 pub fn run_and_write(
-    args: &StormArgs,
+    command: &StormCommand,
     stdout: &mut dyn std::io::Write,
 ) -> Result<(StormReport, Vec<PathBuf>), StormError> {
-    let report = run(args)?;
+    let report = run(command)?;
     let table = report.markdown();
-    let out = &args.out;
+    let out = &command.args.out;
     let write_err = |path: &Path| {
         let path = path.to_owned();
         move |source| StormError::Write { path, source }
@@ -431,6 +567,9 @@ struct IntentRecord {
     arrived: Duration,
     ended: Duration,
     outcome: Outcome,
+    /// When its caller withdrew it, if it did: the report counts an intent
+    /// as waiting only until then.
+    cancel_at: Option<Duration>,
 }
 
 /// One strategy on the shared arrivals, inside the current runtime.
@@ -546,6 +685,7 @@ impl Worker {
                     arrived: arrived - start,
                     ended: Instant::now() - start,
                     outcome,
+                    cancel_at: cancel_at.map(|at| at - start),
                 })
             });
             spawned += 1;
@@ -566,4 +706,19 @@ impl Worker {
             unfinished,
         }
     }
+}
+
+/// A validated configuration from the words after `storm` on a command
+/// line, for the unit tests of the modules below.
+#[cfg(test)]
+pub(crate) fn test_config(words: &[&str]) -> StormConfig {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        command: StormCommand,
+    }
+    let argv = std::iter::once("storm").chain(words.iter().copied());
+    StormConfig::try_from_command(&Cli::parse_from(argv).command)
+        .expect("a valid test configuration")
 }

@@ -6,17 +6,17 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use tollgate_bench::storm::{self, StormArgs, StormReport, StrategyKind};
+use tollgate_bench::storm::{self, StormCommand, StormReport, StrategyKind};
 
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    args: StormArgs,
+    command: StormCommand,
 }
 
 /// A small fleet through a 3 s outage: a few hundred intents, seconds of
 /// real time per strategy in a debug build (the coordinated ones dominate).
-fn tiny(out: &Path, extra: &[&str]) -> StormArgs {
+fn tiny(out: &Path, extra: &[&str]) -> StormCommand {
     let mut argv = vec![
         "storm",
         "--workers",
@@ -39,7 +39,7 @@ fn tiny(out: &Path, extra: &[&str]) -> StormArgs {
     ];
     argv.push(out.to_str().expect("temp paths are UTF-8 here"));
     argv.extend_from_slice(extra);
-    Cli::parse_from(argv).args
+    Cli::parse_from(argv).command
 }
 
 fn out_dir(name: &str) -> PathBuf {
@@ -331,4 +331,96 @@ fn brownout_penalty_liars_and_an_explicit_policy() {
         scope["cooldown_left_s"]
     );
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// What must hold in any run, whatever its shape: no late attempt, every
+/// intent ended, and the bound's columns add up.
+fn keeps_the_invariants_and_the_bound(report: &StormReport) {
+    assert!(report.bound_witnessed <= report.bound_served);
+    for r in &report.results {
+        let key = r.strategy.key();
+        assert_eq!(r.attempts_after_deadline, 0, "{key}: after deadline");
+        assert_eq!(r.attempts_after_cancel, 0, "{key}: after cancel");
+        assert_eq!(r.unfinished, 0, "{key}: unfinished");
+        assert_eq!(report.bound_served + report.bound_lost, r.intents, "{key}");
+        assert_eq!(
+            r.lost_above_bound,
+            r.lost as i64 - report.bound_lost as i64,
+            "{key}"
+        );
+        // No strategy serves more than the most any scheduler could.
+        assert!(r.lost_above_bound >= 0, "{key}: {}", r.lost_above_bound);
+        assert!(r.checks.no_late_attempts, "{key}");
+        assert_eq!(r.checks.amplification, r.amplification <= 1.3, "{key}");
+    }
+}
+
+/// Demand above capacity for the whole run (λ = 1.3 × C): accepted, and
+/// first attempts alone overflow the upstream, before the outage as after.
+#[test]
+fn demand_above_capacity_for_the_whole_run() {
+    let out = out_dir("overload");
+    let args = tiny(&out, &["--arrival-rate", "130", "--strategies", "a,c,e,f"]);
+    let report = storm::run(&args).expect("λ above C is a run, not an error");
+    assert_eq!(report.arrival_rate, 130.0);
+    keeps_the_invariants_and_the_bound(&report);
+    for r in &report.results {
+        let key = r.strategy.key();
+        assert!(r.succeeded_in_deadline > 0, "{key} served nothing");
+        if r.strategy.is_baseline() {
+            // At λ = 0.8 × C nothing is refused before the outage (the
+            // upstream's 100 ms burst absorbs Poisson clumps); here first
+            // attempts alone are refused from the start.
+            assert!(r.rejected_per_s[..2].iter().sum::<u32>() > 0, "{key}");
+            assert!(r.steady_rejections.is_some_and(|x| x > 0.0), "{key}");
+        }
+    }
+    // (f) is told C − λ, below 0 here: its wake rate floors at 1 slot/s.
+    let told = result(&report, StrategyKind::F);
+    assert!(
+        told.description.contains("wake rate: 1 slots/s"),
+        "{}",
+        told.description
+    );
+}
+
+#[test]
+fn every_limiter_shape_runs_and_bad_shapes_are_refused() {
+    let out = out_dir("shapes");
+    for (words, shape) in [
+        (
+            &["--limiter", "fixed-window", "--window", "1"][..],
+            "fixed window of 1 s",
+        ),
+        (
+            &["--limiter", "sliding-window", "--window", "2"],
+            "sliding window of 2 s",
+        ),
+        (&["--burst", "1"], "token bucket, burst 1 s"),
+    ] {
+        let args = tiny(&out, &[words, &["--strategies", "b,d"]].concat());
+        let report = storm::run(&args).expect("the storm runs");
+        assert!(report.markdown().contains(shape), "{shape}");
+        keeps_the_invariants_and_the_bound(&report);
+        for r in &report.results {
+            assert!(r.succeeded_in_deadline > 0, "{shape}: {:?}", r.strategy);
+        }
+    }
+    let refused = |extra: &[&str]| match storm::run(&tiny(&out, extra)) {
+        Err(err) => err.to_string(),
+        Ok(_) => panic!("{extra:?} was accepted"),
+    };
+    assert_eq!(
+        refused(&["--limiter", "fixed-window", "--burst", "1"]),
+        "--burst: applies to the token bucket"
+    );
+    assert_eq!(
+        refused(&["--window", "1"]),
+        "--window: applies to the window limiters"
+    );
+    // 100/s over 5 ms is half a request.
+    assert_eq!(
+        refused(&["--limiter", "sliding-window", "--window", "0.005"]),
+        "--window: must hold at least one request at every capacity in force above 0"
+    );
 }

@@ -21,6 +21,39 @@
 //!   succeeded (nearest rank);
 //! - after deadline / after cancel: attempts the upstream saw at or after
 //!   their intent's deadline, or after its cancellation. Both must be 0.
+//!
+//! Against the clairvoyant bound (`bound.rs`), once per run:
+//! - bound served / bound lost: the most intents any scheduler could serve
+//!   on the same arrivals, deadlines, cancellations and limiter, never
+//!   refused (an upper bound, solved exactly), and the intents it must lose
+//!   even so; "witnessed": what a schedule the limiter really admits serves
+//!   (the optimum lies between; equal means the bound is exact);
+//!
+//! and per strategy, in whole seconds aligned to the start:
+//! - lost above bound: lost − bound lost (≥ 0); "vs best (a–d)" divides it
+//!   by the least lost above bound of any per-process baseline that ran;
+//! - waiting, at the start of a second: intents that have arrived and not
+//!   ended, whose deadline has not passed and whose caller has not
+//!   cancelled them;
+//! - utilisation while work waits: served ÷ capacity in force, over the
+//!   seconds with capacity in force above 0 in which at least one second's
+//!   worth of it (capacity in force × 1 s) is waiting, leaving out every
+//!   second that overlaps the first two seconds after a change of capacity
+//!   in force (the fleet needs a moment to see it); the minimum and the
+//!   mean over those seconds;
+//! - steady rejections: 429s ÷ attempts, summed over the seconds with
+//!   capacity in force above 0 that had the same capacity in force for the
+//!   10 s before them and throughout (a long full outage refuses everything
+//!   by definition, and is measured by the peak and the amplification);
+//! - peak excluding the first second of a drop: the peak/capacity above,
+//!   leaving out every second that overlaps the first second after the
+//!   capacity in force drops (first attempts cannot know of the drop);
+//! - checks, pass/fail, the criteria Tollgate is held to: peak excluding a
+//!   drop's first second ≤ 1.1; minimum utilisation while work waits
+//!   ≥ 0.9; steady rejections ≤ 0.01; lost above bound ≤ 0.25 × the best
+//!   baseline's; amplification ≤ 1.3; no attempt after its deadline or
+//!   cancellation. A check whose metric has no seconds (or no baseline) to
+//!   be measured over is neither (`null`, "–").
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,6 +62,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tollgate_client::outcome::Outcome;
 
+use super::bound::Bound;
+use super::limiter::LimiterShape;
 use super::pipes::METHODS;
 use super::runner::CoordinatorRecord;
 use super::strategy::StrategyKind;
@@ -36,6 +71,32 @@ use super::upstream::Observed;
 use super::{HintStyle, IntentRecord, Mode, StormArgs, StormConfig, StormError};
 
 const BUCKETS_PER_SECOND: usize = 10;
+
+/// Seconds left out of the utilisation after a change of capacity in
+/// force: the fleet sees a change through its answers, and the first
+/// seconds after it measure how fast it looks, which the peak and the lost
+/// intents already judge.
+const SETTLE_S: f64 = 2.0;
+/// How long the capacity in force must have held for a second to count as
+/// steady for the rejection rate.
+const STEADY_S: f64 = 10.0;
+
+/// The criteria each strategy is checked against (`Checks`).
+mod criteria {
+    /// Peak offered load over the capacity in force, a drop's first second
+    /// aside: some overshoot is how a limit is found, a multiple is a storm.
+    pub(super) const PEAK: f64 = 1.1;
+    /// Minimum utilisation while work waits: capacity left unused while
+    /// intents wait is service a smarter fleet would have given.
+    pub(super) const UTILISATION: f64 = 0.9;
+    /// Steady rejections: at a steady capacity a paced fleet is rarely
+    /// refused.
+    pub(super) const STEADY_REJECTIONS: f64 = 0.01;
+    /// Lost above the bound, as a fraction of the best baseline's.
+    pub(super) const LOST_ABOVE_BOUND: f64 = 0.25;
+    /// Attempts per intent.
+    pub(super) const AMPLIFICATION: f64 = 1.3;
+}
 
 /// One strategy's measurements.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -93,6 +154,80 @@ pub struct StrategyResult {
     pub coordinator: Option<CoordinatorRecord>,
     /// For (e) and (f): the workers' RPCs to the coordinator, summed up.
     pub rpcs: Option<RpcSummary>,
+    /// `lost` − the bound's lost: intents lost beyond what no scheduler
+    /// could have served.
+    pub lost_above_bound: i64,
+    /// `lost_above_bound` over the least of any baseline (a)–(d) in the same
+    /// run; `None` when no baseline ran or the best is not above 0.
+    pub lost_above_bound_vs_best_baseline: Option<f64>,
+    /// The least served ÷ capacity in force over the seconds where work
+    /// waits (module doc); `None` when there is no such second.
+    pub utilisation_while_waiting_min: Option<f64>,
+    /// The mean of the same.
+    pub utilisation_while_waiting_mean: Option<f64>,
+    /// How many seconds those two are over.
+    pub utilisation_while_waiting_seconds: usize,
+    /// 429s ÷ attempts over the seconds of steady capacity in force; `None`
+    /// when no attempt fell in one.
+    pub steady_rejections: Option<f64>,
+    /// The peak offered load over the capacity in force, leaving out the
+    /// first second of every drop in capacity.
+    pub peak_excl_drop_over_capacity_in_force: f64,
+    /// The second where that peak was.
+    pub peak_excl_drop_second: Option<usize>,
+    /// The criteria, pass or fail.
+    pub checks: Checks,
+}
+
+/// Pass (`true`) or fail of each criterion (module doc); `None` where the
+/// metric had nothing to be measured over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Checks {
+    /// Peak excluding a drop's first second ≤ 1.1.
+    pub peak: Option<bool>,
+    /// Minimum utilisation while work waits ≥ 0.9.
+    pub utilisation: Option<bool>,
+    /// Steady rejections ≤ 0.01.
+    pub steady_rejections: Option<bool>,
+    /// Lost above the bound ≤ 0.25 × the best baseline's.
+    pub lost_above_bound: Option<bool>,
+    /// Amplification ≤ 1.3.
+    pub amplification: bool,
+    /// No attempt at or after its deadline, none after its cancellation.
+    pub no_late_attempts: bool,
+}
+
+impl Checks {
+    fn new(r: &StrategyResult, best_lost_above_bound: Option<i64>) -> Self {
+        Checks {
+            peak: r
+                .peak_excl_drop_second
+                .map(|_| r.peak_excl_drop_over_capacity_in_force <= criteria::PEAK),
+            utilisation: r
+                .utilisation_while_waiting_min
+                .map(|u| u >= criteria::UTILISATION),
+            steady_rejections: r
+                .steady_rejections
+                .map(|x| x <= criteria::STEADY_REJECTIONS),
+            lost_above_bound: best_lost_above_bound.map(|best| {
+                r.lost_above_bound as f64 <= criteria::LOST_ABOVE_BOUND * best.max(0) as f64
+            }),
+            amplification: r.amplification <= criteria::AMPLIFICATION,
+            no_late_attempts: r.attempts_after_deadline == 0 && r.attempts_after_cancel == 0,
+        }
+    }
+
+    /// The checks in table order, with a short name each.
+    fn named(&self) -> [(&'static str, Option<bool>); 6] {
+        [
+            ("peak", self.peak),
+            ("util", self.utilisation),
+            ("rej", self.steady_rejections),
+            ("lost", self.lost_above_bound),
+            ("amp", Some(self.amplification)),
+            ("late", Some(self.no_late_attempts)),
+        ]
+    }
 }
 
 /// The workers' RPCs to the coordinator during one run.
@@ -197,6 +332,17 @@ impl StrategyResult {
             })
             .collect();
         let (peak, peak_second) = peak_over_capacity(&offered_per_s, &capacity_per_s);
+        let seconds = Seconds::new(config);
+        let drop_free: Vec<f64> = capacity_per_s
+            .iter()
+            .enumerate()
+            .map(|(s, &c)| if seconds.in_drop(s) { 0.0 } else { c })
+            .collect();
+        let (peak_excl, peak_excl_second) = peak_over_capacity(&offered_per_s, &drop_free);
+        let served_per_s = per_second(&observed.served);
+        let rejected_per_s = per_second(&observed.refused);
+        let utilisation = seconds.utilisation(&waiting_per_s(records, config), &served_per_s);
+        let steady_rejections = seconds.steady_rejections(&offered_per_s, &rejected_per_s);
         let succeeded = completion.len() as u64;
         StrategyResult {
             strategy,
@@ -218,13 +364,124 @@ impl StrategyResult {
             unfinished,
             outcomes,
             offered_per_s,
-            served_per_s: per_second(&observed.served),
-            rejected_per_s: per_second(&observed.refused),
+            served_per_s,
+            rejected_per_s,
             capacity_per_s,
             offered_per_100ms: observed.offered,
             rpcs: coordinator.as_ref().map(|c| RpcSummary::new(c, config)),
             coordinator,
+            // Against the bound and the baselines: filled in by the report.
+            lost_above_bound: 0,
+            lost_above_bound_vs_best_baseline: None,
+            utilisation_while_waiting_min: utilisation.iter().copied().min_by(f64::total_cmp),
+            utilisation_while_waiting_mean: (!utilisation.is_empty())
+                .then(|| utilisation.iter().sum::<f64>() / utilisation.len() as f64),
+            utilisation_while_waiting_seconds: utilisation.len(),
+            steady_rejections,
+            peak_excl_drop_over_capacity_in_force: peak_excl,
+            peak_excl_drop_second: peak_excl_second,
+            checks: Checks::default(),
         }
+    }
+}
+
+/// Intents waiting at the start of each second (module doc), from the
+/// first second to the one after the last deadline.
+fn waiting_per_s(records: &[IntentRecord], config: &StormConfig) -> Vec<u32> {
+    let ceil = |d: Duration| d.as_secs() as usize + usize::from(d.subsec_nanos() > 0);
+    let mut steps = Vec::new();
+    for r in records {
+        let gone = r
+            .ended
+            .min(r.arrived + config.deadline)
+            .min(r.cancel_at.unwrap_or(Duration::MAX));
+        // Seconds s with arrived ≤ s < gone.
+        let (from, to) = (ceil(r.arrived), ceil(gone));
+        if from < to {
+            if steps.len() <= to {
+                steps.resize(to + 1, 0i64);
+            }
+            steps[from] += 1;
+            steps[to] -= 1;
+        }
+    }
+    steps
+        .iter()
+        .scan(0i64, |n, step| {
+            *n += step;
+            Some(u32::try_from(*n).unwrap_or(0))
+        })
+        .collect()
+}
+
+/// Which whole seconds each metric counts, from the capacity's changes.
+struct Seconds {
+    /// Every change of capacity in force: instant (s), before, after.
+    steps: Vec<(f64, f64, f64)>,
+    capacity: Vec<f64>,
+}
+
+impl Seconds {
+    fn new(config: &StormConfig) -> Self {
+        let steps: Vec<_> = config
+            .capacity_steps()
+            .into_iter()
+            .map(|(at, before, after)| (at.as_secs_f64(), before, after))
+            .collect();
+        // Far enough for every intent: the last arrival's deadline, plus
+        // the settling time.
+        let end = (config.duration + config.deadline).as_secs() as usize + 2;
+        let capacity = (0..end)
+            .map(|i| {
+                let from = Duration::from_secs(i as u64);
+                config.capacity_earned(from, from + Duration::from_secs(1))
+            })
+            .collect();
+        Seconds { steps, capacity }
+    }
+
+    /// Whether second `s` overlaps `[p, p + span)` for a change at `p`
+    /// that `which` picks.
+    fn near(&self, s: usize, span: f64, which: impl Fn(f64, f64) -> bool) -> bool {
+        let s = s as f64;
+        self.steps
+            .iter()
+            .any(|&(p, before, after)| which(before, after) && s + 1.0 > p && s < p + span)
+    }
+
+    /// In the first second after a drop of capacity in force.
+    fn in_drop(&self, s: usize) -> bool {
+        self.near(s, 1.0, |before, after| after < before)
+    }
+
+    /// Served ÷ capacity in force over the seconds where work waits.
+    fn utilisation(&self, waiting: &[u32], served: &[u32]) -> Vec<f64> {
+        (0..self.capacity.len())
+            .filter_map(|s| {
+                let capacity = self.capacity[s];
+                let waits = f64::from(waiting.get(s).copied().unwrap_or(0)) >= capacity;
+                let settled = !self.near(s, SETTLE_S, |_, _| true);
+                (capacity > 0.0 && waits && settled)
+                    .then(|| f64::from(served.get(s).copied().unwrap_or(0)) / capacity)
+            })
+            .collect()
+    }
+
+    /// 429s ÷ attempts over the seconds of steady capacity in force.
+    fn steady_rejections(&self, offered: &[u32], rejected: &[u32]) -> Option<f64> {
+        let (mut attempts, mut refused) = (0u64, 0u64);
+        for (s, (&n, &r)) in offered.iter().zip(rejected).enumerate() {
+            let steady = self.capacity.get(s).is_some_and(|&c| c > 0.0)
+                && !self.steps.iter().any(|&(p, _, _)| {
+                    let s = s as f64;
+                    p > s - STEADY_S && p < s + 1.0
+                });
+            if steady {
+                attempts += u64::from(n);
+                refused += u64::from(r);
+            }
+        }
+        (attempts > 0).then(|| refused as f64 / attempts as f64)
     }
 }
 
@@ -265,6 +522,15 @@ pub struct StormReport {
     pub arrival_rate: f64,
     /// One per strategy, in the order run.
     pub results: Vec<StrategyResult>,
+    /// The upstream's limiter.
+    pub limiter: LimiterShape,
+    /// The clairvoyant bound: no scheduler serves more intents.
+    pub bound_served: u64,
+    /// Intents the clairvoyant bound loses: intents − `bound_served`.
+    pub bound_lost: u64,
+    /// Intents a schedule the limiter admits serves: the optimum is at
+    /// least this (equal to `bound_served` when the bound is exact).
+    pub bound_witnessed: u64,
 }
 
 impl StormReport {
@@ -272,7 +538,10 @@ impl StormReport {
         args: StormArgs,
         config: &StormConfig,
         mut results: Vec<StrategyResult>,
+        bound: Bound,
     ) -> Self {
+        let intents = results.first().map_or(0, |r| r.intents);
+        let bound_lost = intents.saturating_sub(bound.served);
         let best = results
             .iter()
             .filter(|r| r.strategy.is_baseline())
@@ -280,11 +549,27 @@ impl StormReport {
             .min();
         for r in &mut results {
             r.lost_vs_best_baseline = best.filter(|&b| b > 0).map(|b| r.lost as f64 / b as f64);
+            r.lost_above_bound = r.lost as i64 - bound_lost as i64;
+        }
+        let best_above = results
+            .iter()
+            .filter(|r| r.strategy.is_baseline())
+            .map(|r| r.lost_above_bound)
+            .min();
+        for r in &mut results {
+            r.lost_above_bound_vs_best_baseline = best_above
+                .filter(|&b| b > 0)
+                .map(|b| r.lost_above_bound as f64 / b as f64);
+            r.checks = Checks::new(r, best_above);
         }
         StormReport {
             args,
             arrival_rate: config.arrival_rate,
             results,
+            limiter: config.limiter,
+            bound_served: bound.served,
+            bound_lost,
+            bound_witnessed: bound.witnessed,
         }
     }
 
@@ -321,6 +606,7 @@ impl StormReport {
                 r.attempts_after_cancel,
             );
         }
+        self.bound_table(&mut out);
         self.rpc_table(&mut out);
         out.push('\n');
         for r in &self.results {
@@ -349,9 +635,85 @@ impl StormReport {
              deadline/cancel are counted by the upstream against each intent's real deadline \
              and cancellation time. RPCs are counted on the wire in front of the coordinator, \
              per method; the storm runs from the outage's start until the last intent that \
-             arrived in it has met its deadline.\n",
+             arrived in it has met its deadline.\n\
+             \nBound: the most intents any scheduler could serve on these arrivals, deadlines, \
+             cancellations and limiter, never refused (an upper bound, solved exactly); \
+             witnessed: what a schedule the limiter really admits serves (the optimum lies \
+             between). Lost above bound = lost − the bound's lost; vs best (a–d) = over the \
+             least of a per-process baseline. Waiting = arrived, not ended, deadline not \
+             passed, not cancelled, at a second's start. Utilisation while waiting = served ÷ \
+             capacity in force over the seconds with capacity in force in which at least one \
+             second of it is waiting, leaving out the first two seconds after a change of \
+             capacity: min / mean. Steady rejections = 429s ÷ attempts over the seconds whose \
+             capacity in force (above 0) held for the 10 s before. Peak excl. drop = peak/capacity \
+             in force leaving out the first second after a drop in capacity. Checks: peak excl. \
+             drop ≤ 1.1, util (min) ≥ 0.9, rej (steady) ≤ 0.01, lost above bound ≤ 0.25 × the \
+             best baseline's, amp ≤ 1.3, late = no attempt after deadline or cancel; – where \
+             there was nothing to measure.\n",
         );
         out
+    }
+
+    /// Each strategy against the clairvoyant bound and the criteria.
+    fn bound_table(&self, out: &mut String) {
+        let exact = if self.bound_witnessed == self.bound_served {
+            "exact".to_owned()
+        } else {
+            format!(
+                "a schedule the limiter admits serves {}",
+                self.bound_witnessed
+            )
+        };
+        let _ = write!(
+            out,
+            "\nAgainst the clairvoyant bound: at most {} intents served, at least {} lost ({exact}).\n\n\
+             | strategy | lost | lost above bound | vs best (a–d) | utilisation while waiting \
+             min / mean (s) | steady rejections | peak excl. drop (1 s) | checks |\n\
+             |---|--:|--:|--:|--:|--:|--:|---|\n",
+            self.bound_served, self.bound_lost,
+        );
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "–".to_owned());
+        for r in &self.results {
+            let checks: Vec<String> = r
+                .checks
+                .named()
+                .iter()
+                .map(|(name, pass)| {
+                    let mark = match pass {
+                        Some(true) => "✓",
+                        Some(false) => "✗",
+                        None => "–",
+                    };
+                    format!("{name} {mark}")
+                })
+                .collect();
+            let _ =
+                writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                    r.strategy.key(),
+                    r.lost,
+                    r.lost_above_bound,
+                    or_dash(
+                        r.lost_above_bound_vs_best_baseline
+                            .map(|x| format!("{x:.2}×"))
+                    ),
+                    or_dash(
+                        r.utilisation_while_waiting_min
+                            .zip(r.utilisation_while_waiting_mean)
+                            .map(|(min, mean)| format!(
+                                "{min:.2} / {mean:.2} ({})",
+                                r.utilisation_while_waiting_seconds
+                            ))
+                    ),
+                    or_dash(r.steady_rejections.map(|x| format!("{:.2}%", x * 100.0))),
+                    or_dash(r.peak_excl_drop_second.map(|at| format!(
+                        "{:.2} (s {at})",
+                        r.peak_excl_drop_over_capacity_in_force
+                    ))),
+                    checks.join(", "),
+                );
+        }
     }
 
     fn parameters(&self) -> String {
@@ -359,11 +721,12 @@ impl StormReport {
         let mut out = String::new();
         let _ = write!(
             out,
-            "Storm: W={} workers, C={} req/s, λ={} intents/s, outage {}–{} s at {}×C, \
+            "Storm: W={} workers, C={} req/s ({}), λ={} intents/s, outage {}–{} s at {}×C, \
              {}×C after, deadline {} s, 429 cost {}, Retry-After as {}{}, arrivals for {} s, \
              cancel fraction {}",
             a.workers,
             a.capacity,
+            self.limiter.describe(),
             self.arrival_rate,
             a.outage_start_s,
             a.outage_start_s + a.outage_s,
@@ -448,6 +811,89 @@ impl StormReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storm::test_config;
+
+    fn record(arrived: f64, ended: f64, cancel_at: Option<f64>) -> IntentRecord {
+        IntentRecord {
+            arrived: Duration::from_secs_f64(arrived),
+            ended: Duration::from_secs_f64(ended),
+            outcome: Outcome::Succeeded,
+            cancel_at: cancel_at.map(Duration::from_secs_f64),
+        }
+    }
+
+    #[test]
+    fn waiting_counts_at_each_seconds_start_until_the_end_the_deadline_or_the_cancel() {
+        let config = test_config(&["--deadline-s", "5"]);
+        let records = [
+            // Waiting at 1, 2 and 3 s.
+            record(0.5, 3.2, None),
+            // At 1 s only: cancelled at 2 s is not waiting at 2 s.
+            record(1.0, 2.0, Some(2.0)),
+            // At 3 to 7 s: its deadline (7.5 s) ends the wait, not its end.
+            record(2.5, 9.0, None),
+        ];
+        assert_eq!(
+            waiting_per_s(&records, &config),
+            [0, 2, 1, 2, 1, 1, 1, 1, 0]
+        );
+    }
+
+    /// C = 100, a full outage over 10–20 s, intents for 20 s with 10 s
+    /// deadlines: seconds 0 to 31 measured.
+    fn outage_seconds() -> Seconds {
+        Seconds::new(&test_config(&[
+            "--capacity",
+            "100",
+            "--outage-start-s",
+            "10",
+            "--outage-s",
+            "10",
+            "--duration-s",
+            "20",
+            "--deadline-s",
+            "10",
+        ]))
+    }
+
+    #[test]
+    fn only_a_drops_first_second_is_left_out_of_the_peak() {
+        let seconds = outage_seconds();
+        let dropped: Vec<usize> = (0..40).filter(|&s| seconds.in_drop(s)).collect();
+        assert_eq!(dropped, [10], "the capacity comes back at 20 s, not a drop");
+    }
+
+    #[test]
+    fn utilisation_counts_seconds_where_a_seconds_capacity_waits_after_settling() {
+        let seconds = outage_seconds();
+        let mut waiting = vec![500; 40];
+        waiting[3] = 99;
+        let mut served = vec![90; 40];
+        served[25] = 50;
+        let u = seconds.utilisation(&waiting, &served);
+        // 0–2 and 4–9 (3 has less than a second's worth waiting), none in
+        // the outage, 20 and 21 settling, 22–31.
+        assert_eq!(u.len(), 19);
+        assert_eq!(u.iter().copied().fold(f64::INFINITY, f64::min), 0.5);
+        let mean = u.iter().sum::<f64>() / u.len() as f64;
+        assert!((mean - (18.0 * 0.9 + 0.5) / 19.0).abs() < 1e-12, "{mean}");
+    }
+
+    #[test]
+    fn steady_rejections_skip_ten_seconds_after_a_change() {
+        let seconds = outage_seconds();
+        let offered = vec![100; 40];
+        let mut rejected = vec![1; 40];
+        rejected[5] = 10;
+        rejected[25] = 50;
+        rejected[30] = 7;
+        // Steady: 0–9 and 30–31 (the capacity came back at 20 s): 1200
+        // attempts, 9 + 10 + 7 + 1 refused.
+        assert_eq!(
+            seconds.steady_rejections(&offered, &rejected),
+            Some(27.0 / 1200.0)
+        );
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

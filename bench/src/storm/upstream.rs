@@ -1,41 +1,79 @@
 //! The in-process upstream: what the fleet is protecting.
 //!
-//! Capacity is a token bucket refilled at C tokens/s and holding at most
-//! 100 ms of capacity (a server can absorb a short burst, not a flood). An
-//! attempt that finds a whole token is served and takes it. One that does
-//! not is answered 429, and the rejection still costs `reject_cost` of a
-//! token — parsing, authenticating and refusing is work — which may leave
-//! the bucket in debt, down to minus 1 s of capacity (`MAX_DEBT`; beyond
-//! it, rejection work is shed). The debt is what
-//! makes rejections compete with service: the next tokens earned repay it
-//! before anything is served. So while the offered load is above
-//! `C / reject_cost` (3.3 × C at the default cost) nothing is served at all,
-//! and between C and that, `served + reject_cost × rejected ≈ C`: a retry
-//! storm delays the upstream's own recovery, as real overloads do. (Without
-//! the debt, a paused clock's millisecond ticks would let the first attempt
-//! of every tick through, whatever the load; with too small a bound, a herd
-//! arriving in one tick, as HTTP-date hints make it, would cost almost
-//! nothing. 1 s makes delay and date hints agree to a few points.)
+//! # The capacity in force
+//! C requests/s before the outage, `--outage-capacity` × C during it (0, a
+//! full outage, by default), `--capacity-after` × C after it
+//! ([`StormConfig::capacity_at`]). Every limiter shape below scales with it:
+//! the bucket's refill and size, the windows' quotas. While it is 0 every
+//! attempt is refused and nothing is owed for the refusals.
 //!
-//! The refill rate is the capacity in force ([`StormConfig::capacity_at`]):
-//! C before the outage, `--outage-capacity` × C during it (0, a full outage,
-//! by default), `--capacity-after` × C after it. Whatever was banked before
-//! the outage is lost when it starts; in a full outage the bucket stays
-//! empty until its end, while a brownout refills at its reduced rate and
-//! its rejections run up debt as at any other time.
+//! # The limiter (`--limiter`), decided at each attempt's arrival
+//! - **Token bucket** (`token-bucket`, the default): refilled at the
+//!   capacity in force, holding `--burst` seconds of it (0.1 s by default,
+//!   at least one request: a server can absorb a short burst, not a flood).
+//!   An attempt that finds a whole token is served and takes it. Whatever
+//!   was banked before the outage is lost when it starts; in a full outage
+//!   the bucket stays empty until its end; when the capacity changes the
+//!   bucket takes the new size, spilling what no longer fits.
+//! - **Fixed window** (`fixed-window`): a quota of capacity in force ×
+//!   `--window` seconds per window (1 s by default), the windows aligned to
+//!   the run's start, the count reset at each boundary. An attempt is
+//!   served if the count plus one fits the quota in force at its arrival.
+//!   This is the shape with the boundary burst the method document warns
+//!   of: a full quota just before a boundary and another just after it,
+//!   two windows' worth within moments.
+//! - **Sliding window** (`sliding-window`): at most capacity in force ×
+//!   `--window` seconds of requests in any trailing `--window` seconds (an
+//!   entry leaves the window exactly `--window` after it arrived). No
+//!   boundary burst.
 //!
-//! Every 429 carries a `Retry-After`, rounded up to a whole second in either
-//! form, so no hint is ever earlier than the upstream meant: during a full
-//! outage, the time left in it; during a brownout, 1 s (it is serving,
-//! just less); outside the outage, 1 s (an ordinary rate limiter's answer).
-//! With `--penalty-extending`, a 429 during the outage (full or brownout)
-//! asks for the outage's whole length again, like limiters that restart
-//! their penalty window on every rejected attempt: its hints stop counting
-//! down, and one received late in the outage outlasts it.
+//! `--window` must hold at least one request at every capacity in force
+//! above 0, or that capacity could never serve.
 //!
-//! The upstream is also the honest observer: it counts every attempt it is
-//! offered per 100 ms, and checks each one against the intent's real
-//! deadline and cancellation time, whatever the runner believed.
+//! # Rejections cost capacity, in every shape
+//! A refused attempt is answered 429 and still uses `--reject-cost` of a
+//! request's capacity (0.3 by default) — parsing, authenticating and
+//! refusing is work — so rejections compete with service:
+//! - in the token bucket it takes `reject_cost` of a token, which may leave
+//!   the bucket in debt, down to minus 1 s of capacity C (beyond it,
+//!   rejection work is shed). The next tokens earned repay the debt before
+//!   anything is served. So while the offered load is above C / reject_cost
+//!   (3.3 × C at the default cost) nothing is served at all, and between C
+//!   and that, `served + reject_cost × rejected ≈ C`: a retry storm delays
+//!   the upstream's own recovery, as real overloads do. (Without the debt,
+//!   a paused clock's millisecond ticks would let the first attempt of
+//!   every tick through, whatever the load; with too small a bound, a herd
+//!   arriving in one tick, as HTTP-date hints make it, would cost almost
+//!   nothing. 1 s makes delay and date hints agree to a few points.)
+//! - in the windows it counts toward the window's count at `reject_cost`
+//!   (a fixed window forgets it at the boundary; in a sliding window it
+//!   leaves `--window` later, and a refusal arriving when the window
+//!   already carries 1 s of capacity C above its quota is shed, not
+//!   counted).
+//!
+//! # `Retry-After`
+//! Every 429 carries one, rounded up to a whole second in either form, so
+//! no hint is ever earlier than the upstream meant:
+//! - during a full outage, the time left in it; during a brownout, 1 s (it
+//!   is serving, just less). With `--penalty-extending`, a 429 during the
+//!   outage (full or brownout) asks for the outage's whole length again,
+//!   like limiters that restart their penalty window on every rejected
+//!   attempt: its hints stop counting down, and one received late in the
+//!   outage outlasts it;
+//! - outside the outage, the token bucket answers 1 s (an ordinary rate
+//!   limiter's answer); the windows answer honestly, the time until an
+//!   attempt would be admitted if no other came first: the fixed window
+//!   until its next boundary, the sliding window until enough of its oldest
+//!   counted requests have left (the oldest alone, unless refusals weigh
+//!   in) — the countdown the method document describes.
+//!
+//! # The honest observer
+//! The upstream counts every attempt it is offered per 100 ms, and checks
+//! each one against the intent's real deadline and cancellation time,
+//! whatever the runner believed.
+//!
+//! The limiter itself is `limiter.rs`, a pure state machine the clairvoyant
+//! bound replays too.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -43,19 +81,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 use tollgate_client::clock::Clock as _;
 
+use super::limiter::{Decision, Limiter};
 use super::wall::VirtualWall;
 use super::{HintStyle, StormConfig};
 
 /// The width of one load bucket.
 pub(crate) const BUCKET: Duration = Duration::from_millis(100);
 
-/// How far behind rejection work can put the upstream: at most this much of
-/// its capacity. Work beyond it is shed: a real server's queue is bounded,
-/// and rejection work queued longer than this would be for callers that
-/// have already given up.
-const MAX_DEBT: Duration = Duration::from_secs(1);
-
-/// The `Retry-After` outside an outage.
+/// The token bucket's `Retry-After` outside an outage.
 const OVERLOAD_HINT: Duration = Duration::from_secs(1);
 
 /// How the upstream answered one attempt.
@@ -97,15 +130,8 @@ pub(crate) struct Truth {
 }
 
 #[derive(Debug)]
-struct Bucket {
-    tokens: f64,
-    /// When `tokens` was last brought up to date, since the start.
-    updated: Duration,
-}
-
-#[derive(Debug)]
 struct State {
-    bucket: Bucket,
+    limiter: Limiter,
     observed: Observed,
 }
 
@@ -113,29 +139,21 @@ struct State {
 #[derive(Debug)]
 pub(crate) struct Upstream {
     config: StormConfig,
-    burst: f64,
-    /// The most rejection work the upstream can owe, in tokens.
-    max_debt: f64,
     start: Instant,
     wall: Arc<VirtualWall>,
     state: Mutex<State>,
 }
 
 impl Upstream {
+    /// The upstream `config` describes (its limiter shape included), its
+    /// time counted from `start`.
     pub(crate) fn new(config: &StormConfig, start: Instant, wall: Arc<VirtualWall>) -> Self {
-        let burst = (config.capacity * BUCKET.as_secs_f64()).max(1.0);
         Upstream {
             config: config.clone(),
-            burst,
-            max_debt: config.capacity * MAX_DEBT.as_secs_f64(),
             start,
             wall,
             state: Mutex::new(State {
-                // Starts full: the upstream was idle before the run.
-                bucket: Bucket {
-                    tokens: burst,
-                    updated: Duration::ZERO,
-                },
+                limiter: Limiter::new(config, config.reject_cost),
                 observed: Observed::default(),
             }),
         }
@@ -153,7 +171,7 @@ impl Upstream {
     fn offer(&self, at: Instant, truth: Truth) -> Answer {
         let now = at - self.start;
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let State { bucket, observed } = &mut *state;
+        let State { limiter, observed } = &mut *state;
         let index = usize::try_from(now.as_millis() / BUCKET.as_millis()).unwrap_or(usize::MAX);
         if observed.offered.len() <= index {
             observed.offered.resize(index + 1, 0);
@@ -169,41 +187,24 @@ impl Upstream {
         if truth.token_cancelled || truth.cancel_at.is_some_and(|c| at > c) {
             observed.after_cancel += 1;
         }
-        self.refill(bucket, now);
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            observed.served[index] += 1;
-            return Answer::Ok;
-        }
-        bucket.tokens = (bucket.tokens - self.config.reject_cost).max(-self.max_debt);
-        observed.rejected += 1;
-        observed.refused[index] += 1;
-        Answer::TooManyRequests {
-            retry_after: self.retry_after(now),
+        match limiter.offer(now) {
+            Decision::Admit => {
+                observed.served[index] += 1;
+                Answer::Ok
+            }
+            Decision::Refuse { admitted_in } => {
+                observed.rejected += 1;
+                observed.refused[index] += 1;
+                Answer::TooManyRequests {
+                    retry_after: self.retry_after(now, admitted_in),
+                }
+            }
         }
     }
 
-    fn refill(&self, bucket: &mut Bucket, now: Duration) {
-        let (from, to) = (bucket.updated, now);
-        bucket.updated = now;
-        let (start, end) = (self.config.outage_start, self.config.outage_end);
-        let touches_outage = to >= start && from < end;
-        let full_outage = self.config.outage_capacity == 0.0;
-        if touches_outage && (from < start || full_outage) {
-            // The outage began in [from, to] (the bank is lost), or this is a
-            // full outage, where nothing is owed or banked until its end.
-            bucket.tokens = 0.0;
-        }
-        let earned_from = if touches_outage && from < start {
-            start
-        } else {
-            from
-        };
-        let earned = self.config.capacity_earned(earned_from, to);
-        bucket.tokens = (bucket.tokens + earned).min(self.burst);
-    }
-
-    fn retry_after(&self, now: Duration) -> String {
+    /// The `Retry-After` for a 429 at `now`; `admitted_in` is the
+    /// limiter's honest wait, when its shape gives one.
+    fn retry_after(&self, now: Duration, admitted_in: Option<Duration>) -> String {
         let config = &self.config;
         let delay = if (config.outage_start..config.outage_end).contains(&now) {
             let left = config.outage_end - now;
@@ -215,7 +216,8 @@ impl Upstream {
                 OVERLOAD_HINT
             }
         } else {
-            OVERLOAD_HINT
+            // Never "0": a refused attempt is not admitted now.
+            admitted_in.map_or(OVERLOAD_HINT, |d| d.max(Duration::from_nanos(1)))
         };
         match config.hint {
             HintStyle::Delay => {
@@ -248,18 +250,10 @@ fn ceil_to_second(t: SystemTime) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storm::{StormArgs, StormConfig};
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: StormArgs,
-    }
+    use crate::storm::test_config;
 
     fn config(extra: &[&str]) -> StormConfig {
-        let mut argv = vec![
-            "storm",
+        let mut words = vec![
             "--capacity",
             "10",
             "--outage-start-s",
@@ -267,8 +261,8 @@ mod tests {
             "--outage-s",
             "3",
         ];
-        argv.extend_from_slice(extra);
-        StormConfig::try_new(&Cli::parse_from(argv).args).expect("valid config")
+        words.extend_from_slice(extra);
+        test_config(&words)
     }
 
     fn truth() -> Truth {
@@ -339,6 +333,56 @@ mod tests {
         };
         // The outage ends 8 s after 2026-01-01T00:00:00Z.
         assert_eq!(retry_after, "Thu, 01 Jan 2026 00:00:08 GMT");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn window_hints_say_when_an_attempt_would_be_admitted() {
+        // 10 s windows of 100 at C = 10/s (no outage in sight): 50 sent at
+        // 1 s, 50 at 3 s, then refused at 4 s and at 6 s. A fixed window
+        // frees at its boundary (10 s); a sliding one when the 50 of 1 s
+        // leave (11 s), the 429s' own weight notwithstanding.
+        for (shape, hints) in [("fixed-window", ["6", "4"]), ("sliding-window", ["7", "5"])] {
+            for style in ["delay", "date"] {
+                let config = test_config(&[
+                    "--capacity",
+                    "10",
+                    "--limiter",
+                    shape,
+                    "--window",
+                    "10",
+                    "--outage-start-s",
+                    "100",
+                    "--hint",
+                    style,
+                ]);
+                let up = upstream(&config);
+                let start = Instant::now();
+                let send = |s: u64, n: usize| {
+                    (0..n)
+                        .map(|_| up.offer(start + Duration::from_secs(s), truth()))
+                        .filter(|a| *a == Answer::Ok)
+                        .count()
+                };
+                assert_eq!(send(1, 50) + send(3, 50), 100, "{shape}");
+                for (s, hint) in [4, 6].into_iter().zip(hints) {
+                    tokio::time::sleep_until(start + Duration::from_secs(s)).await;
+                    let Answer::TooManyRequests { retry_after } = up.offer(Instant::now(), truth())
+                    else {
+                        panic!("{shape}: the window is full");
+                    };
+                    let expected = match style {
+                        "delay" => hint.to_owned(),
+                        // 2026-01-01T00:00:00Z plus the second it was sent
+                        // plus the hint.
+                        _ => format!(
+                            "Thu, 01 Jan 2026 00:00:{:02} GMT",
+                            s + hint.parse::<u64>().expect("a number")
+                        ),
+                    };
+                    assert_eq!(retry_after, expected, "{shape} at {s} s");
+                }
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]
