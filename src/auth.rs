@@ -509,6 +509,20 @@ impl Authenticator {
         found.map(Identity::Token).ok_or(AuthError::Unauthenticated)
     }
 
+    /// How many caller tokens may use `caller_scope` (1 in open dev mode):
+    /// where several may, one token's workers alone do not corroborate a
+    /// cooldown that holds the others' ([`crate::hints::corroboration`]).
+    pub fn tokens_for(&self, caller_scope: &str) -> usize {
+        self.table()
+            .entries
+            .iter()
+            .filter(|e| {
+                e.secret.value.is_some() && e.caller_scopes.iter().any(|p| p.matches(caller_scope))
+            })
+            .count()
+            .max(1)
+    }
+
     /// Whether `identity` may use `caller_scope`.
     pub fn check(&self, identity: Identity, caller_scope: &str) -> Result<(), AuthError> {
         let allowed = match identity {

@@ -258,6 +258,9 @@ pub struct Reporter<'a> {
     pub worker_id: &'a str,
     /// Workers active in the route's budget window (the reporter included).
     pub active: usize,
+    /// How many caller tokens may use the caller scope: where several may,
+    /// one token's workers alone corroborate nothing for the others.
+    pub tokens: usize,
 }
 
 /// Hint-derived state of one route or of a whole caller scope.
@@ -318,7 +321,7 @@ impl HintState {
             if muted {
                 claim = corroboration::Claim::Muted;
             } else {
-                let rules = self.rules(policy);
+                let rules = self.rules(policy, reporter);
                 corroboration::claim(&mut self.workers, id, until, a.anchor_ms, now_ms);
                 self.reassess(rules, reporter.active, now_ms);
                 claim = corroboration::judge(
@@ -332,7 +335,7 @@ impl HintState {
         } else if a.widen_backoff && !muted && self.cooldown_until_ms > now_ms {
             // Refused without a hint while a cooldown holds: the upstream's
             // own behaviour supports the cooldown, to now + cap at most.
-            let rules = self.rules(policy);
+            let rules = self.rules(policy, reporter);
             let reach = now_ms.saturating_add(rules.cap_ms);
             corroboration::support(&mut self.workers, id, reach, now_ms);
             self.reassess(rules, reporter.active, now_ms);
@@ -370,12 +373,14 @@ impl HintState {
     }
 
     /// The policy's corroboration rules, the cap no longer than the typical
-    /// recent hint.
-    fn rules(&self, policy: &Policy) -> corroboration::Rules {
-        corroboration::Rules::of(policy).within_typical(self.recent.iter().filter_map(|r| {
-            r.cooldown_until_ms
-                .map(|until| until.saturating_sub(r.at_ms))
-        }))
+    /// recent hint, for a caller scope `reporter.tokens` tokens may use.
+    fn rules(&self, policy: &Policy, reporter: Reporter<'_>) -> corroboration::Rules {
+        corroboration::Rules::of(policy)
+            .shared_by(reporter.tokens)
+            .within_typical(self.recent.iter().filter_map(|r| {
+                r.cooldown_until_ms
+                    .map(|until| until.saturating_sub(r.at_ms))
+            }))
     }
 
     /// Sets the cooldown to `max(current, what the claims support)` and
@@ -420,6 +425,7 @@ mod tests {
     const ME: Reporter<'static> = Reporter {
         worker_id: "w",
         active: 1,
+        tokens: 1,
     };
 
     fn input(status: u32, retry_after: Option<&str>, receipt_ms: i64) -> EvidenceInput<'_> {

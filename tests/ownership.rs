@@ -108,3 +108,70 @@ async fn another_tokens_intent_id_does_not_take_its_slot() {
     assert_eq!(again.slot_unix_ms, owner.slot_unix_ms);
     coordinator.stop().await;
 }
+
+/// The coordinator's answer to a 300 s `Retry-After` from each of
+/// `workers` workers of `token` on `caller`'s scope: the fleet's cooldown.
+async fn cooldown_after_claims(
+    coordinator: &Coordinator,
+    caller: &str,
+    token: &str,
+    workers: usize,
+) -> i64 {
+    let mut client = coordinator.client().await;
+    let s = scope(caller, ROUTE, Priority::Normal);
+    let mut until = 0;
+    for w in 0..workers {
+        until = client
+            .report(with_token(
+                rate_limited(
+                    s.clone(),
+                    &format!("invented-{w}"),
+                    "300",
+                    ScopeCertainty::Known,
+                ),
+                token,
+            ))
+            .await
+            .expect("report")
+            .into_inner()
+            .cooldown_until_unix_ms;
+    }
+    until
+}
+
+#[tokio::test]
+async fn one_tokens_workers_alone_hold_another_token_no_longer_than_an_uncorroborated_claim() {
+    // Inside one token, its workers corroborate each other: five agreeing
+    // on 300 s hold its scope 300 s.
+    let alone = Coordinator::start(config(&format!(
+        "{SHARED}\n[[token]]\ntoken = \"token-of-team-three\"\ncaller_scopes = [\"team-three\"]\n"
+    )))
+    .await;
+    let own = cooldown_after_claims(&alone, "team-three", "token-of-team-three", 5).await;
+    assert_eq!(own, support::T0 + 300_000);
+    alone.stop().await;
+
+    // Where two tokens may use the caller scope, the same five workers of
+    // one token hold it only as far as an uncorroborated claim may (the
+    // default cap, 5 s) ...
+    let shared = Coordinator::start(config(SHARED)).await;
+    let one_token = cooldown_after_claims(&shared, "shared-x", ONE, 5).await;
+    assert_eq!(one_token, support::T0 + 5_000);
+    // ... until a worker of the other token agrees.
+    let mut client = shared.client().await;
+    let agreed = client
+        .report(with_token(
+            rate_limited(
+                scope("shared-x", ROUTE, Priority::Normal),
+                "worker-of-two",
+                "300",
+                ScopeCertainty::Known,
+            ),
+            TWO,
+        ))
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(agreed.cooldown_until_unix_ms, support::T0 + 300_000);
+    shared.stop().await;
+}

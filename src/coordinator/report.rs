@@ -36,6 +36,9 @@ pub struct ReportIn<'a> {
     pub counts_age_ms: i64,
     /// The rate-limit evidence, in the order the worker saw it.
     pub responses: Vec<ReportedResponse<'a>>,
+    /// How many caller tokens may use the scope's caller scope (1 in open
+    /// dev mode): where several may, corroboration needs workers of two.
+    pub tokens: usize,
 }
 
 /// What a report did.
@@ -123,6 +126,7 @@ impl Coordinator {
             counts_age_ms: report.counts_age_ms,
             hints: &hints,
             now_ms,
+            tokens: report.tokens,
         };
         let reported = self.store.report(scope, batch, &policy).await?;
         self.announce_pacing(&scope.route, reported.pacing_was, &reported.pacing);

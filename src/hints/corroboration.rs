@@ -102,6 +102,12 @@ pub struct Rules {
     pub fraction_permille: u32,
     /// How far past its streak's start one worker's claim moves the fleet.
     pub cap_ms: i64,
+    /// Distinct owners (caller tokens) whose workers must be among those
+    /// that agree: two where several tokens may use the caller scope, so
+    /// one token's workers, however many ids it invents, hold the other
+    /// tokens' workers no longer than an uncorroborated claim may; one
+    /// otherwise (inside one token, workers corroborate each other).
+    pub min_owners: usize,
 }
 
 impl Rules {
@@ -111,6 +117,15 @@ impl Rules {
             min_workers: policy.corroborate_workers,
             fraction_permille: policy.corroborate_permille,
             cap_ms: i64::try_from(policy.uncorroborated_cap_ms).unwrap_or(i64::MAX),
+            min_owners: 1,
+        }
+    }
+
+    /// These rules for a caller scope `tokens` caller tokens may use.
+    pub fn shared_by(self, tokens: usize) -> Rules {
+        Rules {
+            min_owners: tokens.clamp(1, 2),
+            ..self
         }
     }
 
@@ -154,17 +169,33 @@ pub fn evaluate(
     active: usize,
     now_ms: i64,
 ) -> Corroboration {
-    let live: Vec<&WorkerEvidence> = workers
-        .values()
-        .filter(|w| w.claim_until_ms > now_ms)
+    let live: Vec<(&str, &WorkerEvidence)> = workers
+        .iter()
+        .filter(|(_, w)| w.claim_until_ms > now_ms)
+        .map(|(id, w)| (owner(id), w))
         .collect();
-    let mut claims: Vec<i64> = live.iter().map(|w| w.claim_until_ms).collect();
+    let mut claims: Vec<(i64, &str)> = live
+        .iter()
+        .map(|(owner, w)| (w.claim_until_ms, *owner))
+        .collect();
     claims.sort_unstable_by(|a, b| b.cmp(a));
     let needed = rules.needed(active.max(claims.len()));
-    let corroborated_until = claims.get(needed - 1).copied().unwrap_or(0);
+    // The latest instant that `needed` distinct workers, of at least
+    // `min_owners` owners, agree on.
+    let mut owners: Vec<&str> = Vec::new();
+    let mut corroborated_until = 0;
+    for (i, &(claim, who)) in claims.iter().enumerate() {
+        if !owners.contains(&who) {
+            owners.push(who);
+        }
+        if i + 1 >= needed && owners.len() >= rules.min_owners {
+            corroborated_until = claim;
+            break;
+        }
+    }
     let alone_until = live
         .iter()
-        .map(|w| {
+        .map(|(_, w)| {
             w.claim_until_ms
                 .min(w.since_ms.saturating_add(rules.cap_ms))
         })
@@ -179,10 +210,17 @@ pub fn evaluate(
         // when enough reach within a second of it.
         corroborated: corroborated_until > 0
             && corroborated_until.saturating_add(HINT_GRANULARITY_MS) >= alone_until,
-        workers: count(claims.iter().filter(|&&c| c >= until_ms).count()),
+        workers: count(claims.iter().filter(|&&(c, _)| c >= until_ms).count()),
         reporters: count(claims.len()),
         needed: count(needed),
     }
+}
+
+/// Who owns a worker id: the caller token whose entry prefixes it
+/// ([`crate::scope::owned_id`]), or `""` for an id kept as sent.
+fn owner(worker: &str) -> &str {
+    let sent = crate::scope::sent_id(worker);
+    &worker[..worker.len() - sent.len()]
 }
 
 /// Records `worker`'s claim `until_ms` (anchored at `anchor_ms`) at
@@ -384,6 +422,7 @@ mod tests {
         min_workers: 3,
         fraction_permille: 100,
         cap_ms: 5_000,
+        min_owners: 1,
     };
 
     fn fleet(claims: &[(usize, i64)]) -> BTreeMap<String, WorkerEvidence> {
@@ -532,6 +571,31 @@ mod tests {
         assert!(set_mute(&mut mutes, "one-more", Some(NOW + 10), NOW + 20));
         assert!(is_muted(&mutes, "one-more", NOW + 5));
         assert!(!is_muted(&mutes, "one-more", NOW + 10));
+    }
+
+    #[test]
+    fn where_tokens_share_a_caller_scope_one_tokens_workers_alone_corroborate_nothing() {
+        // Token one invents five workers that all claim 300 s.
+        let mut m = BTreeMap::new();
+        for w in 0..5 {
+            claim(&mut m, &format!("t1:w{w}"), NOW + 300_000, NOW, NOW);
+        }
+        let alone = evaluate(&m, RULES, 5, NOW);
+        assert!(alone.corroborated, "inside one token, workers corroborate");
+        assert_eq!(alone.until_ms, NOW + 300_000);
+        let shared = evaluate(&m, RULES.shared_by(2), 5, NOW);
+        assert!(!shared.corroborated);
+        assert_eq!(
+            shared.until_ms,
+            NOW + RULES.cap_ms,
+            "no further than an uncorroborated claim"
+        );
+        // A worker of token two agreeing makes it corroborated, as far as
+        // both agree.
+        claim(&mut m, "t2:x", NOW + 60_000, NOW, NOW);
+        let both = evaluate(&m, RULES.shared_by(2), 6, NOW);
+        assert!(both.corroborated);
+        assert_eq!(both.until_ms, NOW + 60_000);
     }
 
     #[test]

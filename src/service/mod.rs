@@ -317,6 +317,7 @@ impl Budget for BudgetService {
             rejections,
             counts_age_ms,
             responses,
+            tokens: self.auth.tokens_for(&scope.route.caller_scope),
         };
         let out = self
             .core

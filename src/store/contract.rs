@@ -33,6 +33,7 @@ pub(crate) async fn deposit(
         counts_age_ms: 0,
         hints: &[],
         now_ms,
+        tokens: 1,
     };
     s.report(key, batch, &crate::policy::Policy::default())
         .await

@@ -169,6 +169,10 @@ pub struct ReportBatch<'a> {
     pub hints: &'a [LevelHint],
     /// The coordinator's clock at the report.
     pub now_ms: i64,
+    /// How many caller tokens may use the scope's caller scope (1 in open
+    /// dev mode): where several may, corroboration needs workers of two
+    /// ([`Reporter::tokens`](crate::hints::Reporter)).
+    pub tokens: usize,
 }
 
 /// The counts of a report that learned pacing takes into the window it

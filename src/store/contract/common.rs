@@ -55,6 +55,7 @@ pub(super) async fn deposit(
         counts_age_ms: 0,
         hints: &[],
         now_ms,
+        tokens: 1,
     };
     s.report(key, batch, p).await.map(drop)
 }
@@ -86,6 +87,7 @@ pub(super) async fn merge(
         counts_age_ms: 0,
         hints: &hints,
         now_ms: T0,
+        tokens: 1,
     };
     let reported = s.report(&key, batch, p).await.expect("report");
     reported.merges[0]

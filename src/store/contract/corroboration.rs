@@ -24,6 +24,7 @@ pub(super) async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
             counts_age_ms: 0,
             hints: &[],
             now_ms: T0,
+            tokens: 1,
         };
         s.report(&key(), batch, p).await.expect("deposit");
     }
@@ -62,6 +63,7 @@ async fn report_refusal(
         counts_age_ms: 0,
         hints: &hints,
         now_ms,
+        tokens: 1,
     };
     s.report(&key(), batch, p).await.expect("report").merges[0]
 }
@@ -290,6 +292,7 @@ pub(crate) async fn a_worker_back_after_the_window_counts_among_the_active(s: &d
         counts_age_ms: 0,
         hints: &[],
         now_ms,
+        tokens: 1,
     };
     s.report(&key(), quiet("back", long_ago), &p)
         .await

@@ -50,6 +50,7 @@ impl MemoryStore {
                 active: state
                     .budget(now_ms)
                     .active_workers(now_ms, policy.window_ms()),
+                tokens: report.tokens,
             };
             for (merge, hint) in merges.iter_mut().zip(report.hints) {
                 if !hint.caller_wide {
@@ -68,6 +69,7 @@ impl MemoryStore {
         let reporter = Reporter {
             worker_id: report.worker_id,
             active,
+            tokens: report.tokens,
         };
         for (merge, hint) in merges.iter_mut().zip(report.hints) {
             if hint.caller_wide {

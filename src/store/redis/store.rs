@@ -349,6 +349,7 @@ impl RedisStore {
         let reporter = Reporter {
             worker_id: report.worker_id,
             active: count(reply.int(1)?),
+            tokens: report.tokens,
         };
         let route = RouteRead::at(&reply, 2)?;
         let (caller_version, caller_stored) = if clustered {
