@@ -133,6 +133,7 @@ async fn lease_and_report(
         successes: 1,
         hints: &[],
         now_ms,
+        tokens: 1,
     };
     [
         store.lease(key, ask, policy).await.map(drop),
