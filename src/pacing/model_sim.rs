@@ -15,16 +15,13 @@ const STEP_MS: i64 = 10;
 /// the next tick after it.
 const REPORT_MS: i64 = 100;
 
-/// A limiter, admitting or refusing one request at an instant. The
-/// capacity in force is `rate × factor`.
+/// A limiter, admitting or refusing one request at an instant, at the
+/// sustained rate in force then (the run changes it).
 trait Limiter {
-    fn admit(&mut self, at_ms: i64) -> bool;
-    fn set_factor(&mut self, at_ms: i64, factor: f64);
-    /// Its sustained rate now, per second.
-    fn rate(&self) -> f64;
+    fn admit(&mut self, at_ms: i64, rate: f64) -> bool;
     /// The `Retry-After` it sends with a refusal at `at_ms`: when credit
     /// comes back, rounded up to whole seconds.
-    fn hint_ms(&self, at_ms: i64) -> i64;
+    fn hint_ms(&self, at_ms: i64, rate: f64) -> i64;
 }
 
 /// Whole seconds, rounded up, as `Retry-After` carries them.
@@ -32,37 +29,23 @@ fn whole_seconds(ms: i64) -> i64 {
     (ms.max(1) + 999) / 1000 * 1000
 }
 
-/// Refilled at `rate` per second up to `size`; starts full.
+/// A window limiter's quota at `rate`: at least one request.
+fn quota(rate: f64, window_ms: i64) -> usize {
+    (rate * window_ms as f64 / 1000.0).max(1.0) as usize
+}
+
+/// Refilled at the rate in force up to `burst_s` of it; starts full.
 struct TokenBucket {
-    rate: f64,
-    factor: f64,
     burst_s: f64,
     tokens: f64,
     at_ms: i64,
 }
 
-impl TokenBucket {
-    fn new(rate: f64, burst_s: f64) -> Self {
-        Self {
-            rate,
-            factor: 1.0,
-            burst_s,
-            tokens: (rate * burst_s).max(1.0),
-            at_ms: 0,
-        }
-    }
-
-    fn refill(&mut self, at_ms: i64) {
-        let rate = self.rate();
+impl Limiter for TokenBucket {
+    fn admit(&mut self, at_ms: i64, rate: f64) -> bool {
         let size = (rate * self.burst_s).max(1.0);
         self.tokens = (self.tokens + rate * (at_ms - self.at_ms) as f64 / 1000.0).min(size);
         self.at_ms = at_ms;
-    }
-}
-
-impl Limiter for TokenBucket {
-    fn admit(&mut self, at_ms: i64) -> bool {
-        self.refill(at_ms);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -71,30 +54,19 @@ impl Limiter for TokenBucket {
         }
     }
 
-    fn set_factor(&mut self, at_ms: i64, factor: f64) {
-        self.refill(at_ms);
-        self.factor = factor;
-    }
-
-    fn rate(&self) -> f64 {
-        self.rate * self.factor
-    }
-
-    fn hint_ms(&self, _at_ms: i64) -> i64 {
-        whole_seconds(((1.0 - self.tokens) / self.rate() * 1000.0) as i64)
+    fn hint_ms(&self, _at_ms: i64, rate: f64) -> i64 {
+        whole_seconds(((1.0 - self.tokens) / rate * 1000.0) as i64)
     }
 }
 
 /// At most `rate × window` admitted in any trailing window.
 struct SlidingWindow {
-    rate: f64,
-    factor: f64,
     window_ms: i64,
     admitted: VecDeque<i64>,
 }
 
 impl Limiter for SlidingWindow {
-    fn admit(&mut self, at_ms: i64) -> bool {
+    fn admit(&mut self, at_ms: i64, rate: f64) -> bool {
         while self
             .admitted
             .front()
@@ -102,24 +74,14 @@ impl Limiter for SlidingWindow {
         {
             self.admitted.pop_front();
         }
-        let quota = (self.rate() * self.window_ms as f64 / 1000.0).max(1.0) as usize;
-        if self.admitted.len() < quota {
+        let admitted = self.admitted.len() < quota(rate, self.window_ms);
+        if admitted {
             self.admitted.push_back(at_ms);
-            true
-        } else {
-            false
         }
+        admitted
     }
 
-    fn set_factor(&mut self, _at_ms: i64, factor: f64) {
-        self.factor = factor;
-    }
-
-    fn rate(&self) -> f64 {
-        self.rate * self.factor
-    }
-
-    fn hint_ms(&self, at_ms: i64) -> i64 {
+    fn hint_ms(&self, at_ms: i64, _rate: f64) -> i64 {
         let oldest = self.admitted.front().copied().unwrap_or(at_ms);
         whole_seconds(oldest + self.window_ms - at_ms)
     }
@@ -128,38 +90,26 @@ impl Limiter for SlidingWindow {
 /// At most `rate × window` per window aligned to zero, reset at each
 /// boundary.
 struct FixedWindow {
-    rate: f64,
-    factor: f64,
     window_ms: i64,
     index: i64,
     count: usize,
 }
 
 impl Limiter for FixedWindow {
-    fn admit(&mut self, at_ms: i64) -> bool {
+    fn admit(&mut self, at_ms: i64, rate: f64) -> bool {
         let index = at_ms / self.window_ms;
         if index != self.index {
             self.index = index;
             self.count = 0;
         }
-        let quota = (self.rate() * self.window_ms as f64 / 1000.0).max(1.0) as usize;
-        if self.count < quota {
+        let admitted = self.count < quota(rate, self.window_ms);
+        if admitted {
             self.count += 1;
-            true
-        } else {
-            false
         }
+        admitted
     }
 
-    fn set_factor(&mut self, _at_ms: i64, factor: f64) {
-        self.factor = factor;
-    }
-
-    fn rate(&self) -> f64 {
-        self.rate * self.factor
-    }
-
-    fn hint_ms(&self, at_ms: i64) -> i64 {
+    fn hint_ms(&self, at_ms: i64, _rate: f64) -> i64 {
         whole_seconds((at_ms / self.window_ms + 1) * self.window_ms - at_ms)
     }
 }
@@ -175,9 +125,12 @@ struct Second {
     target_m: i64,
 }
 
+/// The limiters' sustained rate before any change, per second.
+const CAPACITY: f64 = 1000.0;
+
 /// Runs `seconds` with the fleet always having more work than the target
 /// (`demand_m` caps what it has, per second; `None` is unbounded), with
-/// `changes` applied to the limiter at their second.
+/// `changes` (second, fraction of [`CAPACITY`]) applied at their second.
 fn run(
     limiter: &mut dyn Limiter,
     seconds: i64,
@@ -187,11 +140,12 @@ fn run(
     let mut model = LimiterModel::new(10 * MILLI, MILLI);
     let mut out = Vec::new();
     let mut credit_m = 0i64;
+    let mut capacity = CAPACITY;
     let mut window = Second {
         offered: 0,
         served: 0,
         refused: 0,
-        capacity: limiter.rate(),
+        capacity,
         target_m: 0,
     };
     let mut tick = (0i64, 0i64);
@@ -200,7 +154,7 @@ fn run(
     for step in 0..seconds * WINDOW_MS / STEP_MS {
         let at = step * STEP_MS;
         if let Some(&(_, factor)) = changes.iter().find(|(s, _)| s * WINDOW_MS == at) {
-            limiter.set_factor(at, factor);
+            capacity = CAPACITY * factor;
         }
         let target = model.target_m();
         let rate = demand_m.map_or(target, |d| d.min(target));
@@ -211,13 +165,13 @@ fn run(
         while credit_m >= MILLI {
             credit_m -= MILLI;
             window.offered += 1;
-            if limiter.admit(at) {
+            if limiter.admit(at, capacity) {
                 window.served += 1;
                 tick.0 += 1;
             } else {
                 window.refused += 1;
                 tick.1 += 1;
-                longest_hint_ms = longest_hint_ms.max(limiter.hint_ms(at));
+                longest_hint_ms = longest_hint_ms.max(limiter.hint_ms(at, capacity));
             }
         }
         let next = at + STEP_MS;
@@ -232,7 +186,7 @@ fn run(
             longest_hint_ms = 0;
         }
         if next % WINDOW_MS == 0 {
-            window.capacity = limiter.rate();
+            window.capacity = capacity;
             window.target_m = target;
             out.push(window);
             model.on_window(&WindowEnd {
@@ -243,7 +197,7 @@ fn run(
                 offered: 0,
                 served: 0,
                 refused: 0,
-                capacity: limiter.rate(),
+                capacity,
                 target_m: 0,
             };
             demand_met = true;
@@ -293,14 +247,17 @@ fn trace(seconds: &[Second]) -> String {
         .collect()
 }
 
+/// A token bucket at rest: full.
 fn token_bucket(burst_s: f64) -> Box<dyn Limiter> {
-    Box::new(TokenBucket::new(1000.0, burst_s))
+    Box::new(TokenBucket {
+        burst_s,
+        tokens: (CAPACITY * burst_s).max(1.0),
+        at_ms: 0,
+    })
 }
 
 fn sliding_window(window_ms: i64) -> Box<dyn Limiter> {
     Box::new(SlidingWindow {
-        rate: 1000.0,
-        factor: 1.0,
         window_ms,
         admitted: VecDeque::new(),
     })
@@ -308,8 +265,6 @@ fn sliding_window(window_ms: i64) -> Box<dyn Limiter> {
 
 fn fixed_window(window_ms: i64) -> Box<dyn Limiter> {
     Box::new(FixedWindow {
-        rate: 1000.0,
-        factor: 1.0,
         window_ms,
         index: 0,
         count: 0,
