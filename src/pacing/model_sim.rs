@@ -412,3 +412,48 @@ fn an_outage_learns_nothing_and_resumes_at_the_rate_known() {
     });
     assert_eq!(model.target_m(), super::model::CRUISE_GAIN.of(rate));
 }
+
+/// Prints the table in `docs/pacing.md` ("What it does, on a virtual
+/// clock"): every shape, steady, a drop to 400/s at 40 s and a rise from
+/// 400/s at 40 s, 160 s each. Run it with
+/// `cargo test --lib pacing::model_sim::the_table -- --ignored --nocapture`.
+/// It checks what the table claims for the shapes a second of pressing
+/// covers, and prints the rest (window limiters longer than a second are
+/// the model's known gap).
+#[test]
+#[ignore = "prints docs/pacing.md's table"]
+fn the_table() {
+    let shapes: [(&str, fn() -> Box<dyn Limiter>, bool); 7] = [
+        ("token bucket, 0.1 s burst", || token_bucket(0.1), true),
+        ("token bucket, 1 s burst", || token_bucket(1.0), true),
+        ("token bucket, 10 s burst", || token_bucket(10.0), true),
+        ("sliding window, 1 s", || sliding_window(1000), true),
+        ("fixed window, 1 s", || fixed_window(1000), true),
+        ("sliding window, 10 s", || sliding_window(10_000), false),
+        ("fixed window, 10 s", || fixed_window(10_000), false),
+    ];
+    let cases: [(&str, &[(i64, f64)]); 3] = [
+        ("steady", &[]),
+        ("drop", &[(40, 0.4)]),
+        ("rise", &[(0, 0.4), (40, 1.0)]),
+    ];
+    for (name, make, holds) in shapes {
+        for (case, changes) in cases {
+            let (model, seconds) = run(make().as_mut(), 160, None, changes);
+            let back = (41..seconds.len()).find(|&s| least_utilisation(&seconds, s) >= 0.9);
+            println!(
+                "{name:26} {case:6} ρ̂ {:>5} peak[10,40) {:.3} peak[42,) {:.3} \
+                 refused[100,) {:.2} % served[100,) {:.3} ≥ 0.9 from {back:?}",
+                model.rate_m().map_or(0, |r| r / MILLI),
+                peak(&seconds[..40], 10),
+                peak(&seconds, 42),
+                100.0 * refused_share(&seconds, 100),
+                least_utilisation(&seconds, 100),
+            );
+            if holds && case != "rise" {
+                assert!(refused_share(&seconds, 100) <= 0.01, "{name} {case}");
+                assert!(least_utilisation(&seconds, 100) >= 0.9, "{name} {case}");
+            }
+        }
+    }
+}
