@@ -13,9 +13,7 @@
 
 use std::time::Duration;
 
-use tollgate_client::{
-    Backoff, GateIntent, IntentPolicy, Jitter, Observation, Reply, Scope, Tollgate,
-};
+use tollgate_client::{GateIntent, IntentPolicy, Observation, Reply, Scope, Tollgate};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -24,18 +22,9 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| "127.0.0.1:50051".to_owned());
     let tollgate = Tollgate::connect(format!("http://{address}"), "example-worker").build()?;
 
-    let policy = IntentPolicy::try_new(
-        Duration::from_secs(30), // end-to-end deadline
-        3,                       // attempts in all
-        Duration::from_secs(2),  // reserved per attempt
-        Duration::from_millis(100),
-        Backoff {
-            base: Duration::from_millis(250),
-            cap: Duration::from_secs(4),
-            jitter: Jitter::Full,
-        },
-        Some(Duration::from_secs(60)),
-    )?;
+    // 30 s end to end; the attempt cap (3), each attempt's reserve (an even
+    // share of the deadline), the backoff and the hint cap by default.
+    let policy = IntentPolicy::builder(Duration::from_secs(30)).build()?;
     let scope = Scope::new("example-tenant", "GET /users/{id}");
     let intent = GateIntent::new("order-42", scope, policy);
     let result = tollgate

@@ -25,9 +25,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
-use tollgate_client::{
-    Backoff, GateError, GateReport, IntentPolicy, Jitter, LayerConfig, Scope, Tollgate,
-};
+use tollgate_client::{GateError, GateReport, IntentPolicy, Scope, Tollgate};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// Requests the fake upstream serves at once before it sheds.
@@ -43,22 +41,15 @@ async fn main() -> anyhow::Result<()> {
     println!("fake upstream on {upstream}, coordinator at {coordinator}, {intents} intents");
 
     let tollgate = Tollgate::connect(format!("http://{coordinator}"), "example-worker").build()?;
-    let policy = IntentPolicy::try_new(
-        Duration::from_secs(10), // end to end
-        4,                       // attempts in all
-        Duration::from_secs(2),  // reserved per attempt
-        Duration::from_millis(100),
-        Backoff {
-            base: Duration::from_millis(200),
-            cap: Duration::from_secs(2),
-            jitter: Jitter::Full,
-        },
-        Some(Duration::from_secs(5)),
-    )?;
-    let layer = tollgate.layer(LayerConfig::http(policy, |parts| {
+    // 10 s end to end, 4 attempts in all; each attempt's reserve (an even
+    // share of the deadline), the backoff and the hint cap by default.
+    let policy = IntentPolicy::builder(Duration::from_secs(10))
+        .max_attempts(4)
+        .build()?;
+    let layer = tollgate.http_layer(policy, |parts| {
         // A route template, never the raw path with its ids.
         Scope::new("example-tenant", format!("{} /work/{{id}}", parts.method))
-    }));
+    });
     let client = ServiceBuilder::new()
         .layer(layer)
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());

@@ -72,7 +72,10 @@ mod policy;
 pub use decision::{
     AttemptStart, Decision, EngineError, GateRefusal, Observation, Phase, WakeCheck, WakeDecision,
 };
-pub use policy::{IntentPolicy, IntentSpec, PolicyError, RepetitionKind, RetryOwner};
+pub use policy::{
+    DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_HINT, DEFAULT_MIN_WAIT, IntentPolicy,
+    IntentPolicyBuilder, IntentSpec, PolicyError, RepetitionKind, RetryOwner,
+};
 
 /// What [`Intent::decide`] learned on the way to its decision, for the record.
 #[derive(Debug, Default)]

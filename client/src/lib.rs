@@ -1,46 +1,9 @@
-//! The worker side of Tollgate: the async gate that runs each intent's
-//! attempts under its deadline, cancellation, attempt cap, repetition policy
-//! and one retry owner, with retry tokens and slots from the coordinator.
-//!
-//! ```no_run
-//! use std::time::Duration;
-//!
-//! use tollgate_client::{Backoff, IntentPolicy, Jitter, Observation, Reply, Scope, Tollgate};
-//! use tollgate_client::GateIntent;
-//!
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! // Connecting is lazy: a worker starts even when the coordinator is down
-//! // (it then runs on a conservative local budget, visibly).
-//! let tollgate = Tollgate::connect("http://127.0.0.1:50051", "worker-1").build()?;
-//!
-//! let policy = IntentPolicy::try_new(
-//!     Duration::from_secs(30),   // end-to-end deadline
-//!     4,                         // attempts in all
-//!     Duration::from_secs(5),    // reserved per attempt
-//!     Duration::from_millis(100),
-//!     Backoff { base: Duration::from_millis(250), cap: Duration::from_secs(4), jitter: Jitter::Full },
-//!     Some(Duration::from_secs(60)),
-//! )?;
-//! let intent = GateIntent::new("order-42", Scope::new("tenant-a", "POST /orders"), policy);
-//! let result = tollgate
-//!     .gate()
-//!     .run(intent, |attempt| async move {
-//!         // Send the request with attempt.owner_mark (and the idempotency
-//!         // key, if any) attached; classify what came back.
-//!         let status = 200; // send(&attempt).await
-//!         Reply::new(Observation::http(status, None), attempt.number)
-//!     })
-//!     .await;
-//! println!("{} after {} attempt(s)", result.outcome, result.attempts.len());
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! HTTP and tonic clients get the same by wrapping their service in
-//! [`Tollgate::layer`] (a [`TollgateLayer`]). The types a worker needs are
-//! re-exported here; the modules hold the rest.
+#![doc = include_str!("../README.md")]
 //!
 //! # Layout
+//! The types a worker needs are re-exported at the crate root; the modules
+//! hold the rest.
+//!
 //! Pure decision logic, no I/O:
 //! - [`classify`]: what a response or transport failure means for retrying
 //!   (retryable or not; the effect known absent or unknown).
@@ -49,7 +12,8 @@
 //!   `RateLimit`, `X-RateLimit-*`), in the same two steps as [`hint`].
 //! - [`backoff`]: the local exponential backoff with optional full jitter.
 //! - [`engine`]: the decision engine, a sans-IO state machine per intent,
-//!   and the [`IntentPolicy`] it runs under.
+//!   and the [`IntentPolicy`] it runs under (built from a deadline, with
+//!   named defaults for the rest).
 //! - [`outcome`]: the outcome vocabulary and one record per attempt.
 //! - [`script`]: a driver that runs the engine on scripted responses and a
 //!   virtual clock (`tollgate simulate`, property tests).
@@ -57,7 +21,8 @@
 //! - [`fallback`]: the conservative per-process budget and adaptive throttle.
 //!
 //! Running intents (async):
-//! - [`setup`]: [`Tollgate::connect`], the one-line setup.
+//! - [`setup`]: [`Tollgate::connect`], the one-line setup, and the one-line
+//!   layers [`Tollgate::http_layer`] and [`Tollgate::grpc_layer`].
 //! - [`gate`]: `Gate::run` drives the engine on tokio time, in the decision
 //!   order, against the lease cache and a local capacity semaphore (intent
 //!   types, the driver, the completion registry and spans in submodules).

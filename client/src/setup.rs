@@ -1,6 +1,7 @@
 //! One-line setup: [`Tollgate::connect`] wires a [`CoordinatorLink`], a
 //! [`LeaseCache`] and a [`Gate`] with defaults that suit a worker, and hands
-//! back a [`Tollgate`] that gives the gate and a [`TollgateLayer`].
+//! back a [`Tollgate`] that gives the gate and, in one call each, a
+//! [`TollgateLayer`] for an HTTP client or a tonic channel.
 //!
 //! Every part stays reachable for the cases the defaults do not cover: the
 //! builder takes a clock, a whole [`LinkConfig`], [`LeaseCacheConfig`] or
@@ -10,13 +11,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::request::Parts;
 use tonic::transport::Channel;
 
 use crate::clock::{Clock, SystemClock};
+use crate::engine::IntentPolicy;
 use crate::gate::{Gate, GateConfig};
 use crate::layer::{LayerConfig, TollgateLayer};
 use crate::lease::{LeaseCache, LeaseCacheConfig};
 use crate::link::{CoordinatorLink, LinkConfig, LinkConfigError, LinkState};
+use crate::scope::Scope;
 
 /// A worker's connection to the fleet's retry budget: the [`Gate`] that runs
 /// intents, and layers for HTTP and tonic clients. Cheap to clone; clones
@@ -58,9 +62,50 @@ impl Tollgate {
     }
 
     /// A tower layer that runs every request of a wrapped HTTP or tonic
-    /// client through this gate.
+    /// client through this gate, as `config` says.
     pub fn layer(&self, config: LayerConfig) -> TollgateLayer {
         TollgateLayer::new(self.gate.clone(), config)
+    }
+
+    /// A tower layer for an HTTP client, every request an intent under
+    /// `policy` ([`LayerConfig::http`]): classified by status and
+    /// `Retry-After`; the idempotent methods are safe to repeat, any other
+    /// only with an `Idempotency-Key` header. `scope` names a request's
+    /// scope from a route template, never the raw path with its ids.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use tollgate_client::{IntentPolicy, Scope, Tollgate};
+    /// # fn wrap(tollgate: &Tollgate) -> Result<(), tollgate_client::PolicyError> {
+    /// let policy = IntentPolicy::builder(Duration::from_secs(30)).build()?;
+    /// let layer = tollgate.http_layer(policy, |parts| {
+    ///     Scope::new("tenant-a", format!("{} /orders/{{id}}", parts.method))
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn http_layer(
+        &self,
+        policy: IntentPolicy,
+        scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static,
+    ) -> TollgateLayer {
+        self.layer(LayerConfig::http(policy, scope))
+    }
+
+    /// A tower layer for a tonic channel, every call an intent under
+    /// `policy` ([`LayerConfig::grpc`]): classified by `grpc-status` and
+    /// `grpc-retry-pushback-ms`. The layer cannot know which calls are
+    /// idempotent, and it buffers a tonic body for replay only for a call
+    /// that may be repeated, so a call gets one attempt unless it carries an
+    /// `idempotency-key` header; to declare (unary) methods safe to repeat,
+    /// use [`layer`](Self::layer) with [`LayerConfig::repetition`]. `scope`
+    /// usually maps the method path (`/pkg.Service/Method`) to a scope.
+    pub fn grpc_layer(
+        &self,
+        policy: IntentPolicy,
+        scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static,
+    ) -> TollgateLayer {
+        self.layer(LayerConfig::grpc(policy, scope))
     }
 
     /// Whether the coordinator is usable right now.

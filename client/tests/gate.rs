@@ -14,7 +14,7 @@ use std::time::Duration;
 use support::{Coordinator, ms, pipes};
 use tokio::time::Instant;
 use tollgate_client::backoff::{Backoff, Jitter};
-use tollgate_client::engine::{IntentPolicy, Observation};
+use tollgate_client::engine::{DEFAULT_BACKOFF, DEFAULT_MAX_HINT, IntentPolicy, Observation};
 use tollgate_client::gate::{
     Attempt, Gate, GateConfig, GateIntent, IntentResult, Reply, TokenSource,
 };
@@ -81,6 +81,19 @@ async fn once_then_ok(
 /// throttle sees it as accepted, so only the budget decides).
 async fn flaky_once(gate: &Gate, id: &str) -> (IntentResult<u32>, Vec<Instant>) {
     once_then_ok(gate, id, Observation::http(502, None)).await
+}
+
+#[test]
+fn the_policy_defaults_follow_the_coordinators_built_in_policy() {
+    // The reasons `engine::DEFAULT_BACKOFF` and `DEFAULT_MAX_HINT` give for
+    // their values hold only while the coordinator keeps its own.
+    let spec = tollgate::policy::PolicySpec::builtin();
+    let builtin = tollgate::policy::Policy::try_new(&spec).unwrap();
+    assert_eq!(DEFAULT_MAX_HINT, ms(builtin.max_hint_ms));
+    // The engine waits up to base · 2ⁿ after n attempts; the coordinator's
+    // first hintless step is its base.
+    assert_eq!(DEFAULT_BACKOFF.ceiling(1), ms(builtin.backoff_base_ms));
+    assert_eq!(DEFAULT_BACKOFF.cap, ms(builtin.backoff_max_ms));
 }
 
 #[tokio::test]

@@ -15,10 +15,12 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use support::pipes::*;
+use tollgate_client::engine::IntentPolicy;
 use tollgate_client::gate::Repetition;
 use tollgate_client::layer::{GateError, GateReport, LayerConfig, ReplayBody, TollgateLayer};
 use tollgate_client::outcome::Outcome;
 use tollgate_client::owner::RETRY_OWNER_HEADER;
+use tollgate_client::setup::Tollgate;
 use tollgate_proto::v1::budget_client::BudgetClient;
 use tollgate_proto::v1::budget_server::Budget;
 use tollgate_proto::v1::{
@@ -116,6 +118,68 @@ async fn three_tower_layers_exactly_one_owner_repeats() {
     assert_eq!(middle.attempts.len(), 1);
     let innermost = middle.inner.as_ref().expect("evidence passed up");
     assert_eq!(innermost.outcome, Outcome::OwnerElsewhere);
+}
+
+/// A gRPC upstream that answers in trailers-only responses (HTTP 200, the
+/// status in the headers) from a list of codes (the last repeats), the
+/// refusals with a 300 ms pushback.
+fn grpc_upstream(
+    codes: Vec<u16>,
+    calls: Arc<AtomicU32>,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |_: Request<Full<Bytes>>| {
+        let n = calls.fetch_add(1, Ordering::SeqCst) as usize;
+        let code = codes[n.min(codes.len() - 1)];
+        let mut response = Response::builder().header("grpc-status", code);
+        if code != 0 {
+            response = response.header("grpc-retry-pushback-ms", "300");
+        }
+        let response = response.body(Full::new(Bytes::new())).unwrap();
+        async move { Ok::<_, Infallible>(response) }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tollgate_gives_each_protocol_its_layer_in_one_line() {
+    let h = harness();
+    let tollgate = Tollgate::connect("http://coordinator.invalid", "worker-1")
+        .channel(h.coordinator.switchboard.channel())
+        .clock(h.clock.clone())
+        .gate_config(gate_config())
+        .build()
+        .unwrap();
+    let policy = IntentPolicy::builder(secs(60)).build().unwrap();
+
+    // Read as HTTP: a 429 and its Retry-After.
+    let calls = Arc::new(AtomicU32::new(0));
+    let http = ServiceBuilder::new()
+        .layer(tollgate.http_layer(policy, |parts| {
+            scope_for(parts.method.as_str(), "/orders/{id}")
+        }))
+        .service(upstream(vec![(429, Some("2")), (200, None)], calls.clone()));
+    let response = http.oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the 429 was retried");
+
+    // Read as gRPC: HTTP would take the 200 for a success; the layer reads
+    // RESOURCE_EXHAUSTED and its pushback, and retries (the body clones).
+    let calls = Arc::new(AtomicU32::new(0));
+    let grpc = ServiceBuilder::new()
+        .layer(tollgate.grpc_layer(policy, |parts| scope_for("grpc", parts.uri.path())))
+        .service(grpc_upstream(vec![8, 0], calls.clone()));
+    let began = tokio::time::Instant::now();
+    let response = grpc.oneshot(get()).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the refusal was retried");
+    assert!(began.elapsed() >= ms(300), "after its pushback");
+    let report = response.extensions().get::<GateReport>().unwrap();
+    assert_eq!(report.outcome, Outcome::Succeeded);
 }
 
 /// A body that can only be sent once (a stream, say).

@@ -1,11 +1,12 @@
 //! What an intent is and the rules it runs under: its repetition kind, retry
-//! owner and validated [`IntentPolicy`].
+//! owner and validated [`IntentPolicy`], built from a deadline and a default
+//! for every other rule, each named with the reason for its value.
 
 use std::time::{Duration, SystemTime};
 
 use thiserror::Error;
 
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, Jitter};
 
 /// Whether, and how, an operation may be sent more than once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -59,6 +60,10 @@ pub struct IntentSpec {
 /// Why a [`IntentPolicy`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PolicyError {
+    /// A deadline already over admits nothing; checked first, so a zero
+    /// deadline is not reported as the zero attempt reserve derived from it.
+    #[error("total_budget (the deadline) must be greater than zero")]
+    ZeroBudget,
     /// At least the first attempt must be allowed.
     #[error("max_attempts must be at least 1")]
     NoAttempts,
@@ -75,8 +80,46 @@ pub enum PolicyError {
     },
 }
 
-/// The rules an intent is decided under. Built by [`IntentPolicy::try_new`], so an
-/// engine never runs under a policy that cannot admit even one attempt.
+/// Attempts in all, the first included, when the builder is not told
+/// otherwise: the first attempt and two retries. Three is the AWS SDKs'
+/// standard retry mode too; a third retry into the same overloaded upstream
+/// rarely succeeds where two failed, and what bounds a retry storm is the
+/// fleet's budget, not each intent's count.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// The policy's floor on every wait, by default: none of its own. The gate
+/// already holds every wait to at least
+/// [`GateConfig::min_wait`](crate::gate::GateConfig::min_wait), so a retry
+/// never follows its refusal at once; a policy floor is for an upstream
+/// known to need longer.
+pub const DEFAULT_MIN_WAIT: Duration = Duration::ZERO;
+
+/// The local backoff by default, the wait when a response has no usable
+/// hint: up to 500 ms after the first attempt, doubling to 30 s, fully
+/// jittered. These are the steps of the coordinator's built-in scope
+/// backoff (`backoff_base = "500ms"`, `backoff_max = "30s"`; the ceiling
+/// after `n` attempts is `base · 2ⁿ`, hence a base of half the first step),
+/// so a worker backs off as its coordinator widens a scope that gets
+/// hintless refusals, also when it cannot reach it. Full jitter because a
+/// fleet that failed together and backs off without it retries together,
+/// most of all when no coordinator slot spreads it.
+pub const DEFAULT_BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(250),
+    cap: Duration::from_secs(30),
+    jitter: Jitter::Full,
+};
+
+/// The longest valid hint an intent waits out, by default: the
+/// coordinator's built-in `max_hint`, so a worker does not wait longer for
+/// one hint than its coordinator holds the fleet's cooldown for it. A
+/// longer hint ends the intent `hint_exceeds_cap`; a shorter one that
+/// leaves no room for the next attempt before the deadline ends it
+/// `deadline_infeasible`.
+pub const DEFAULT_MAX_HINT: Duration = Duration::from_secs(300);
+
+/// The rules an intent is decided under. Built by [`IntentPolicy::builder`]
+/// (or [`IntentPolicy::try_new`], which takes every field), so an engine
+/// never runs under a policy that cannot admit even one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IntentPolicy {
     total_budget: Duration,
@@ -88,9 +131,36 @@ pub struct IntentPolicy {
 }
 
 impl IntentPolicy {
-    /// Validates and builds a policy.
+    /// Starts a policy whose intents end by `deadline`, end to end from the
+    /// first start; everything else has a default until set (see
+    /// [`IntentPolicyBuilder`]).
     ///
-    /// - `total_budget`: end-to-end, from the first start.
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_client::IntentPolicy;
+    ///
+    /// let policy = IntentPolicy::builder(Duration::from_secs(30))
+    ///     .max_attempts(4)
+    ///     .max_hint(Duration::from_secs(60))
+    ///     .build()?;
+    /// assert_eq!(policy.attempt_cap(), Duration::from_millis(7_500));
+    /// # Ok::<(), tollgate_client::PolicyError>(())
+    /// ```
+    pub fn builder(deadline: Duration) -> IntentPolicyBuilder {
+        IntentPolicyBuilder {
+            deadline,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            attempt_cap: None,
+            min_wait: DEFAULT_MIN_WAIT,
+            backoff: DEFAULT_BACKOFF,
+            max_hint: Some(DEFAULT_MAX_HINT),
+        }
+    }
+
+    /// Validates and builds a policy from every field; the one validation
+    /// [`IntentPolicyBuilder::build`] runs too.
+    ///
+    /// - `total_budget`: end-to-end, from the first start (the deadline).
     /// - `max_attempts`: attempts in all, the first included.
     /// - `attempt_cap`: per attempt, reserved in full before every start.
     /// - `min_wait`: a floor on every wait, hinted or not.
@@ -104,6 +174,9 @@ impl IntentPolicy {
         backoff: Backoff,
         max_hint: Option<Duration>,
     ) -> Result<IntentPolicy, PolicyError> {
+        if total_budget.is_zero() {
+            return Err(PolicyError::ZeroBudget);
+        }
         if max_attempts == 0 {
             return Err(PolicyError::NoAttempts);
         }
@@ -151,3 +224,93 @@ impl IntentPolicy {
         self.max_hint
     }
 }
+
+/// An [`IntentPolicy`] in the making: the deadline, and a default for every
+/// other rule until it is set.
+///
+/// | rule | default |
+/// |---|---|
+/// | [`max_attempts`](Self::max_attempts) | [`DEFAULT_MAX_ATTEMPTS`] (3) |
+/// | [`attempt_cap`](Self::attempt_cap) | the deadline's even share per attempt: `deadline / max_attempts` |
+/// | [`min_wait`](Self::min_wait) | [`DEFAULT_MIN_WAIT`] (none beyond the gate's own floor) |
+/// | [`backoff`](Self::backoff) | [`DEFAULT_BACKOFF`] (≤ 500 ms, doubling to 30 s, full jitter) |
+/// | [`max_hint`](Self::max_hint) | [`DEFAULT_MAX_HINT`] (300 s) |
+///
+/// The attempt reserve's default is a rule, not a constant, because it must
+/// follow the deadline: an even share is the largest reserve under which
+/// every allowed attempt fits before the deadline when each runs its whole
+/// reserve back to back, and it never exceeds a short deadline. Waits
+/// between attempts come out of the same deadline, so an intent whose early
+/// attempts ran to their reserve ends `deadline_infeasible` before its last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder makes no policy until `build` is called"]
+pub struct IntentPolicyBuilder {
+    deadline: Duration,
+    max_attempts: u32,
+    /// `None` until set, so the default follows the attempt count whichever
+    /// order the two are set in.
+    attempt_cap: Option<Duration>,
+    min_wait: Duration,
+    backoff: Backoff,
+    max_hint: Option<Duration>,
+}
+
+impl IntentPolicyBuilder {
+    /// Attempts in all, the first included (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The attempt reserve: how long one attempt may take, reserved in full
+    /// before every start (greater than zero, at most the deadline). An
+    /// attempt that cannot fit its reserve before the deadline is not
+    /// started.
+    pub fn attempt_cap(mut self, reserve: Duration) -> Self {
+        self.attempt_cap = Some(reserve);
+        self
+    }
+
+    /// A floor on every wait, hinted or not.
+    pub fn min_wait(mut self, floor: Duration) -> Self {
+        self.min_wait = floor;
+        self
+    }
+
+    /// The wait when a response carries no usable hint.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The longest valid hint waited out; a longer one ends the intent
+    /// `hint_exceeds_cap`, never shortened. `None` leaves hints bounded by
+    /// the deadline alone.
+    pub fn max_hint(mut self, cap: impl Into<Option<Duration>>) -> Self {
+        self.max_hint = cap.into();
+        self
+    }
+
+    /// The policy, validated by [`IntentPolicy::try_new`]: the same errors
+    /// for the same rules.
+    pub fn build(self) -> Result<IntentPolicy, PolicyError> {
+        // Zero attempts has no share; `try_new` refuses it before it looks
+        // at the reserve.
+        let even_share = || self.deadline.checked_div(self.max_attempts);
+        let attempt_cap = self
+            .attempt_cap
+            .or_else(even_share)
+            .unwrap_or(self.deadline);
+        IntentPolicy::try_new(
+            self.deadline,
+            self.max_attempts,
+            attempt_cap,
+            self.min_wait,
+            self.backoff,
+            self.max_hint,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;
