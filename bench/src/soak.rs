@@ -288,6 +288,14 @@ async fn soak(
             });
         }
     }
+    // Every call sent is answered before the coordinator stops: stopping
+    // first would cancel the calls still in flight and count them as
+    // errors of the coordinator's (a Cancelled or two at the end of a
+    // short soak). Each call holds a permit until it is answered.
+    let _all = in_flight
+        .acquire_many(u32::try_from(MAX_IN_FLIGHT).unwrap_or(u32::MAX))
+        .await
+        .context("the in-flight semaphore closed")?;
     stop.cancel();
     server
         .await
