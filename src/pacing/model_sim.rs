@@ -423,7 +423,9 @@ fn an_outage_learns_nothing_and_resumes_at_the_rate_known() {
 #[test]
 #[ignore = "prints docs/pacing.md's table"]
 fn the_table() {
-    let shapes: [(&str, fn() -> Box<dyn Limiter>, bool); 7] = [
+    // Name, a limiter at rest, and whether the model's claims hold on it.
+    type Shape = (&'static str, fn() -> Box<dyn Limiter>, bool);
+    let shapes: [Shape; 7] = [
         ("token bucket, 0.1 s burst", || token_bucket(0.1), true),
         ("token bucket, 1 s burst", || token_bucket(1.0), true),
         ("token bucket, 10 s burst", || token_bucket(10.0), true),
