@@ -1,17 +1,20 @@
-//! The documentation's commands are tests: README.md's ` ```console ` blocks
-//! run with `trycmd` against the built `tollgate`, each `$ …` line a command
-//! and the lines under it its expected output (`[..]` and `...` stand for
-//! what varies; `TRYCMD=overwrite cargo test --test docs` rewrites the
+//! The documentation's commands are tests: the ` ```console ` blocks of
+//! README.md and docs/operating.md run with `trycmd` against the built
+//! `tollgate`, each `$ …` line a command, an optional `? CODE` line its exit
+//! code, and the lines under it its expected output (`[..]` and `...` stand
+//! for what varies; `TRYCMD=overwrite cargo test --test docs` rewrites the
 //! outputs after an intended change). A block that cannot run here is
 //! marked ` ```console,ignore `, or is a ` ```sh ` block, which trycmd does
-//! not run.
+//! not run; an untagged fence would be run, so output shown for reading
+//! only is ` ```text `.
 //!
-//! The operating walk-through's console blocks need the coordinator its
-//! ` ```sh ` block starts: that block's `export` and `tollgate serve` lines
-//! are done here as written, on the README's own policy file, except for
-//! the port: the coordinator binds port 0 (a developer's own coordinator
-//! may hold 50051) and the block's `127.0.0.1:50051` becomes the address
-//! it logs.
+//! Each page's console blocks need the coordinator the README's operating
+//! walk-through starts in its ` ```sh ` block: that block's `export` and
+//! `tollgate serve` lines are done here as written, on the README's own
+//! policy file, except for the port: the coordinator binds port 0 (a
+//! developer's own coordinator may hold 50051) and the block's
+//! `127.0.0.1:50051` becomes the address it logs. Every page gets a
+//! coordinator of its own, so its blocks read the state they made alone.
 
 use std::path::Path;
 use std::process::Command;
@@ -24,11 +27,12 @@ use process::{BIN, Served, temp_dir};
 /// The README's address, replaced by the one the coordinator binds.
 const README_ADDR: &str = "127.0.0.1:50051";
 
-/// The text of the first fenced `lang` block after `marker`.
-fn block_after<'a>(text: &'a str, marker: &str, lang: &str) -> &'a str {
+/// The text of the first fenced `lang` block after `marker` in `text`,
+/// the page `name`.
+fn block_after<'a>(name: &str, text: &'a str, marker: &str, lang: &str) -> &'a str {
     let from = text
         .find(marker)
-        .unwrap_or_else(|| panic!("README has {marker:?}"));
+        .unwrap_or_else(|| panic!("{name} has {marker:?}"));
     let fence = format!("```{lang}\n");
     let start = from + text[from..].find(&fence).expect("a fenced block") + fence.len();
     let len = text[start..].find("```").expect("the block's end");
@@ -94,14 +98,19 @@ fn start_as_written(setup: &str, dir: &Path) -> (Vec<(String, String)>, Served) 
     (env, server)
 }
 
-#[test]
-fn readme_console_blocks_run_as_shown() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let dir = temp_dir("docs-readme");
-    let policy = block_after(&readme, "The policy file", "toml");
+/// Runs the console blocks of `page` (a path from the crate root) against
+/// a coordinator of its own, started as the README's walk-through says.
+fn console_blocks_run_as_shown(page: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let stem = Path::new(page)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .expect("a page name");
+    let dir = temp_dir(&format!("docs-{stem}"));
+    let policy = block_after("README.md", &readme, "The policy file", "toml");
     std::fs::write(dir.join("policy.toml"), policy).expect("policy.toml");
-    let setup = block_after(&readme, "## Operating Tollgate", "sh");
+    let setup = block_after("README.md", &readme, "## Operating Tollgate", "sh");
     let (env, server) = start_as_written(setup, &dir);
 
     let cases = trycmd::TestCases::new();
@@ -109,8 +118,18 @@ fn readme_console_blocks_run_as_shown() {
     for (k, v) in &env {
         cases.env(k.as_str(), v.as_str());
     }
-    cases.case("README.md");
+    cases.case(page);
     cases.run();
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn readme_console_blocks_run_as_shown() {
+    console_blocks_run_as_shown("README.md");
+}
+
+#[test]
+fn operating_console_blocks_run_as_shown() {
+    console_blocks_run_as_shown("docs/operating.md");
 }
