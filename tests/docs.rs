@@ -1,6 +1,7 @@
 //! The documentation's commands are tests: the ` ```console ` blocks of
-//! README.md and docs/operating.md run with `trycmd` against the built
-//! `tollgate`, each `$ …` line a command, an optional `? CODE` line its exit
+//! README.md, docs/operating.md, docs/evidence.md, docs/security.md,
+//! docs/telemetry.md and docs/deploying.md run with `trycmd` against the
+//! built `tollgate`, each `$ …` line a command, an optional `? CODE` line its exit
 //! code, and the lines under it its expected output (`[..]` and `...` stand
 //! for what varies; `TRYCMD=overwrite cargo test --test docs` rewrites the
 //! outputs after an intended change). A block that cannot run here is
@@ -115,6 +116,9 @@ fn console_blocks_run_as_shown(page: &str) {
 
     let cases = trycmd::TestCases::new();
     cases.register_bin("tollgate", Path::new(BIN));
+    // Some blocks show `tollgate serve` refusing to start: one that
+    // started serving instead fails here rather than hanging the test.
+    cases.timeout(std::time::Duration::from_secs(60));
     for (k, v) in &env {
         cases.env(k.as_str(), v.as_str());
     }
@@ -132,4 +136,24 @@ fn readme_console_blocks_run_as_shown() {
 #[test]
 fn operating_console_blocks_run_as_shown() {
     console_blocks_run_as_shown("docs/operating.md");
+}
+
+#[test]
+fn evidence_console_blocks_run_as_shown() {
+    console_blocks_run_as_shown("docs/evidence.md");
+}
+
+#[test]
+fn security_console_blocks_run_as_shown() {
+    console_blocks_run_as_shown("docs/security.md");
+}
+
+#[test]
+fn telemetry_console_blocks_run_as_shown() {
+    console_blocks_run_as_shown("docs/telemetry.md");
+}
+
+#[test]
+fn deploying_console_blocks_run_as_shown() {
+    console_blocks_run_as_shown("docs/deploying.md");
 }
