@@ -20,7 +20,7 @@
 //! against the three limiter shapes on a virtual clock (`model_sim.rs`);
 //! the coordinator still paces with [`PacingState`](super::PacingState).
 
-use super::{MILLI, WINDOW_MS};
+use super::{HINT_GRANULARITY_MS, MILLI, WINDOW_MS};
 
 /// A fraction `num / den`, for the gains and margins below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +153,18 @@ pub enum Phase {
     Closed,
 }
 
+/// The instants a limiter's long hints named for its credit to come back,
+/// and what was served since the latest: on a window limiter, the span
+/// between two of them holds one window's quota, however the fleet spread
+/// it (`LimiterModel::on_report`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct CreditReturns {
+    /// The one before the latest, and the latest (0: none yet).
+    named: [i64; 2],
+    /// Served in reports after the latest.
+    served: i64,
+}
+
 /// Windows served beyond a rate not yet measured, awaiting a
 /// measurement: whatever they served over the ρ it finds was the bank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,6 +189,8 @@ pub struct LimiterModel {
     burst_ms: i64,
     /// The longest honest hint seen while pressed, ms.
     hint_memory_ms: i64,
+    /// The credit returns the limiter's long hints named.
+    credit: CreditReturns,
     /// What was served over a guess of ρ that the next measurement will
     /// judge: the first contact's window (served before ρ̂ existed), or
     /// the excess a clean probe took as growth. If the measurement finds ρ
@@ -207,6 +221,7 @@ impl LimiterModel {
             burst_ms: 0,
             hint_memory_ms: 0,
             unexplained_m: None,
+            credit: CreditReturns::default(),
             span: Vec::new(),
             span_anchored: false,
             w_served: 0,
@@ -250,6 +265,16 @@ impl LimiterModel {
         from_burst.max(self.hint_memory_ms)
     }
 
+    /// Windows of cruise with demand before a probe: [`PROBE_EVERY`] per
+    /// second the limiter's hints say its credit takes to come back. A
+    /// probe that finds no more costs refusals for as long as the limiter
+    /// remembers (a fixed window's tail after its quota runs out early),
+    /// so probes are that much rarer and cost the same share of attempts.
+    fn probe_every(&self) -> u32 {
+        let seconds = (self.hint_memory_ms + WINDOW_MS - 1) / WINDOW_MS;
+        PROBE_EVERY.saturating_mul(u32::try_from(seconds.clamp(1, 3_600)).unwrap_or(1))
+    }
+
     /// The phase.
     pub fn phase(&self) -> Phase {
         self.phase
@@ -272,6 +297,7 @@ impl LimiterModel {
 
     /// Takes in one report's counts.
     pub fn on_report(&mut self, report: &Report) {
+        self.credit_returns(report);
         if self.phase == Phase::Closed {
             return;
         }
@@ -340,14 +366,67 @@ impl LimiterModel {
         }
     }
 
+    /// Follows the credit returns a limiter's long hints name. A refusal
+    /// whose hint says credit comes back only after more than a window
+    /// names an instant; one after that instant has come, naming an
+    /// instant a second or more later, starts a new episode. Between two
+    /// named instants a window limiter's quota came back once and was
+    /// spent (a fixed window's boundary to the next), so what was served
+    /// between them, over the time between, is ρ. An outage names its end
+    /// too, and a span across one reads low; only when two spans in a row
+    /// have the same length (a window limiter is periodic, outages are
+    /// not) does the reading replace ρ̂; otherwise it only raises it.
+    fn credit_returns(&mut self, report: &Report) {
+        let [older, latest] = self.credit.named;
+        if latest > 0 && report.now_ms > latest {
+            self.credit.served += report.served;
+        }
+        if report.refused == 0 || report.longest_hint_ms <= MAX_PRESS_MS {
+            return;
+        }
+        let named = report.now_ms.saturating_add(report.longest_hint_ms);
+        if latest > 0 && (report.now_ms < latest || named <= latest + HINT_GRANULARITY_MS) {
+            // The same episode: refused again before the credit it named
+            // came back (a countdown, or a limiter re-arming its penalty),
+            // or naming the same instant to a hint's rounding.
+            return;
+        }
+        if latest > 0 {
+            let gap = named - latest;
+            let reading = self.credit.served * MILLI * WINDOW_MS / gap.max(1);
+            let periodic = older > 0 && (gap - (latest - older)).abs() <= HINT_GRANULARITY_MS;
+            match (self.rate_m, periodic) {
+                (Some(rate), false) => self.rate_m = Some(rate.max(reading)),
+                (None, false) => self.rate_m = Some(reading.max(1)),
+                (_, true) => {
+                    self.judged(reading);
+                    // A window limiter's quota is a bank of the whole
+                    // window at ρ: a probe spends it for up to a window
+                    // before anything is refused, which is not growth.
+                    self.saw_bank(reading.saturating_mul(gap) / WINDOW_MS);
+                }
+            }
+        }
+        self.credit = CreditReturns {
+            named: [latest, named],
+            served: 0,
+        };
+    }
+
     /// A measurement of ρ is in: the bank is what was served over it
     /// while the last guess stood, and the edge is behind the fleet.
     fn measured(&mut self, rate_m: i64) {
+        self.judged(rate_m);
+        self.phase = Phase::Drain { fresh: true };
+    }
+
+    /// ρ is `rate_m`, measured: what was served over it while a guess
+    /// stood was the bank.
+    fn judged(&mut self, rate_m: i64) {
         if let Some(unexplained) = self.unexplained_m.take() {
             self.saw_bank(excess_m(&unexplained.windows, rate_m));
         }
         self.rate_m = Some(rate_m.max(1));
-        self.phase = Phase::Drain { fresh: true };
     }
 
     /// Closes the window: learns what only a whole window shows (the span
@@ -469,7 +548,7 @@ impl LimiterModel {
             }
             Phase::Cruise { windows } => {
                 let windows = windows + u32::from(demand);
-                if windows >= PROBE_EVERY {
+                if windows >= self.probe_every() {
                     Phase::Probe
                 } else {
                     Phase::Cruise { windows }
