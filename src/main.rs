@@ -112,6 +112,24 @@ Keys: q quit, j/k move, r/c/b/n sort by rejections/cooldown/backlog/name,
     },
 }
 
+/// An error and its causes as one line, `context: error: cause`, each
+/// cause written once: an error whose message already quotes its source
+/// (`parsing policy file: <the TOML error>`) is not followed by it again.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     let Cli { connect, command } = Cli::parse();
     match command {
@@ -119,7 +137,7 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(()) => Ok(ExitCode::SUCCESS),
             // One line an operator reads in a pod's log, not a chain dump.
             Err(err) => {
-                eprintln!("tollgate serve: {err:#}");
+                eprintln!("tollgate serve: {}", one_line(&err));
                 Ok(ExitCode::FAILURE)
             }
         },

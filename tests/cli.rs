@@ -862,3 +862,20 @@ fn diff_lists_what_a_runtime_only_rule_sets_not_every_default() {
         "{drift}"
     );
 }
+
+#[test]
+fn serve_says_a_policy_files_toml_error_once_on_one_line_of_context() {
+    let path = temp_dir("bad-toml").join("policy.toml");
+    std::fs::write(&path, "retry_ratio = \n").expect("write");
+    let path = path.to_str().expect("utf-8 path");
+    let out = offline(&["serve", "--listen", "127.0.0.1:0", "--config", path]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!(
+            "tollgate serve: policy file {path}: parsing policy file: TOML parse error at line 1"
+        )),
+        "{err}"
+    );
+    assert_eq!(err.matches("TOML parse error").count(), 1, "{err}");
+}

@@ -93,6 +93,10 @@ pub enum AdminError {
     /// No such rule.
     #[error("no rule {0}")]
     NotFound(String),
+    /// The rule is as the policy file says: there is no runtime change to
+    /// clear.
+    #[error("{0} has no runtime change over the policy file")]
+    NoRuntimeChange(String),
     /// The resulting policy is invalid.
     #[error(transparent)]
     Invalid(#[from] ConfigError),
@@ -575,9 +579,7 @@ impl Control {
             .change(|st, now| {
                 let mut overrides = st.overrides.clone();
                 if !overrides.clear(target) {
-                    return Err(AdminError::NotFound(format!(
-                        "{target} has no runtime change over the policy file"
-                    )));
+                    return Err(AdminError::NoRuntimeChange(target.to_owned()));
                 }
                 let (next, changes, version) =
                     relayer(st, st.file_doc.clone(), overrides, &[], |_| None)?;

@@ -102,7 +102,7 @@ async fn a_runtime_change_outlives_unrelated_file_edits_until_cleared_or_the_fil
     assert!(c.diff_file().await.expect("diff").is_empty());
     assert!(matches!(
         c.clear_rule("oncall", "*|GET /a", "").await,
-        Err(AdminError::NotFound(_))
+        Err(AdminError::NoRuntimeChange(_))
     ));
 
     // Changed at runtime again, then the file changes that same rule: the

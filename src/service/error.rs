@@ -102,7 +102,9 @@ impl From<ServiceError> for Status {
             }
             // The rule changed since it was read: re-read, then decide again.
             ServiceError::Admin(AdminError::Stale { .. }) => Status::failed_precondition(message),
-            ServiceError::Admin(AdminError::NotFound(_)) => Status::not_found(message),
+            ServiceError::Admin(AdminError::NotFound(_) | AdminError::NoRuntimeChange(_)) => {
+                Status::not_found(message)
+            }
             // The policy (or file) is invalid; the message names the place.
             ServiceError::Admin(AdminError::Invalid(_)) => Status::invalid_argument(message),
             // Nothing changed because it could not be made durable.
