@@ -97,16 +97,35 @@ impl Server {
     /// A server on `listener`, which may be a second handle on a socket
     /// the test holds (see [`held_listener`]).
     fn start_on(config: Config, listener: TcpListener) -> Server {
-        let addr = listener.local_addr().expect("addr");
         let mut setup = server::Setup::new(config);
         // Reload tests wait for the follower: keep that short.
         setup.secrets_every = Duration::from_millis(50);
+        Self::serve(listener, setup)
+    }
+
+    /// A server running `setup` as given, on a port of its own.
+    async fn start_setup(setup: server::Setup) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::serve(listener, setup)
+    }
+
+    fn serve(listener: TcpListener, setup: server::Setup) -> Server {
+        let addr = listener.local_addr().expect("addr");
         let (stop, task) = support::tcp::spawn_setup(listener, setup);
         Server {
             addr,
             stop: Some(stop),
             task,
         }
+    }
+
+    /// A plaintext channel to this server.
+    async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
     }
 
     /// A worker's link to this server; the certificate names `localhost`,
@@ -730,14 +749,8 @@ async fn a_token_file_reload_that_crosses_or_repeats_tokens_is_refused_and_the_o
     );
     let mut setup = server::Setup::new(config(&text));
     setup.secrets_every = Duration::from_millis(20);
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop, task) = support::tcp::spawn_setup(listener, setup);
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let server = Server::start_setup(setup).await;
+    let channel = server.channel().await;
     let mut client = BudgetClient::new(channel.clone());
     let mut admin_client = tollgate_proto::v1::admin_client::AdminClient::new(channel);
     a_lease(&mut client, Some("tenant-a-token-1"))
@@ -776,8 +789,7 @@ async fn a_token_file_reload_that_crosses_or_repeats_tokens_is_refused_and_the_o
         async move { a_lease(&mut client, Some("tenant-a-token-2")).await.is_ok() }
     })
     .await;
-    let _ = stop.send(());
-    task.await.expect("join").expect("served");
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -787,16 +799,9 @@ async fn the_audit_and_state_files_are_created_owner_only() {
     let mut setup = server::Setup::new(config(support::POLICY_WITH_TOKENS));
     setup.audit_file = Some(dir.0.join("audit.jsonl"));
     setup.paths.state_file = Some(dir.0.join("state.json"));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop, task) = support::tcp::spawn_setup(listener, setup);
+    let server = Server::start_setup(setup).await;
     // Started: it answers, and has written both files.
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut admin = tollgate_proto::v1::admin_client::AdminClient::new(channel);
+    let mut admin = tollgate_proto::v1::admin_client::AdminClient::new(server.channel().await);
     admin
         .list_policies(with_token(
             tollgate_proto::v1::ListPoliciesRequest {},
@@ -811,6 +816,5 @@ async fn the_audit_and_state_files_are_created_owner_only() {
             .mode();
         assert_eq!(mode & 0o777, 0o600, "{name} is {:o}", mode & 0o777);
     }
-    let _ = stop.send(());
-    task.await.expect("join").expect("served");
+    server.stop().await;
 }
