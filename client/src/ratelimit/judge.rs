@@ -1,4 +1,5 @@
-//! Step 2: a readable statement → a verdict, converted once against the
+//! The judgement [`read_rate_limit`](super::read_rate_limit) makes after
+//! parsing: a readable statement → a verdict, converted once against the
 //! receipt wall time. Every check is here; nothing after it re-reads a
 //! reset against a newer clock.
 
@@ -9,7 +10,7 @@ use super::{
     RateLimitStatement, RateLimitVerdict, ResetForm, ResetIn, StatedLimits, StatedReset,
 };
 
-/// Step 2 for a readable statement: resolves each state against its
+/// The verdict on a readable statement: resolves each state against its
 /// policy, converts its reset, and checks it: partition key, remaining
 /// against quota, the reset's conversion, the reset against the window,
 /// then against the cap.

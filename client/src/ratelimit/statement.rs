@@ -1,7 +1,9 @@
-//! Step 1, pure syntax: the rate-limit fields of one response → a typed
-//! [`RateLimitStatement`], with no clock. A `Reset` whose form (epoch or
-//! seconds left) cannot be told from its text alone stays
-//! [`StatedReset::Undecided`] for step 2.
+//! Pure syntax ([`parse_rate_limit`]): the rate-limit fields of one
+//! response → a typed [`RateLimitStatement`], with no clock. A `Reset`
+//! whose form (epoch or seconds left) cannot be told from its text alone
+//! stays [`StatedReset::Undecided`] for
+//! [`read_rate_limit`](super::read_rate_limit) to decide against the
+//! receipt time.
 
 use std::time::Duration;
 
@@ -116,7 +118,8 @@ pub enum StatedReset {
     /// Seconds from the response: the draft's `t`, `X-…-Reset-After`.
     After(u64),
     /// `X-…-Reset`: epoch seconds (GitHub, Okta, Twitter/X) or seconds left
-    /// (Envoy), depending on the API; step 2 tells them apart.
+    /// (Envoy), depending on the API; [`read_rate_limit`](super::read_rate_limit)
+    /// tells them apart.
     Undecided(u64),
     /// Both `X-…-Reset` and `X-…-Reset-After` were sent.
     Both {
@@ -187,7 +190,7 @@ pub struct RawField {
     pub value: String,
 }
 
-/// Step 1's result for one response.
+/// [`parse_rate_limit`]'s result for one response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedRateLimit {
     /// The family read; the others sent beside it are ignored.
@@ -205,7 +208,7 @@ struct Collected {
     too_long: bool,
 }
 
-/// Step 1: reads the rate-limit fields among `headers` (names compared
+/// Reads the rate-limit fields among `headers` (names compared
 /// case-insensitively, repeated lines joined with `", "`), or `None` if
 /// there are none.
 ///
