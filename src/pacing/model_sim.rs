@@ -445,9 +445,10 @@ fn a_fixed_window_of_ten_seconds_is_found_from_the_instants_its_hints_name() {
 /// clock"): every shape, steady, a drop to 400/s at 40 s and a rise from
 /// 400/s at 40 s, 160 s each. Run it with
 /// `cargo test --lib pacing::model_sim::the_table -- --ignored --nocapture`.
-/// It checks what the table claims for the shapes a second of pressing
-/// covers, and prints the rest (window limiters longer than a second are
-/// the model's known gap).
+/// It checks what the table claims where the model holds, and prints the
+/// rest (sliding windows longer than a second are the model's known gap).
+/// `TABLE_TRACE="fixed window, 10 s/steady"` also prints that run second
+/// by second.
 #[test]
 #[ignore = "prints docs/pacing.md's table"]
 fn the_table() {
