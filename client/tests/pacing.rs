@@ -370,7 +370,9 @@ async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
         )
         .await;
     assert_eq!(warm.outcome, Outcome::Succeeded);
-    // The rest of the fleet: 100 first attempts in a window, 40 served.
+    // The rest of the fleet: 100 first attempts a second, all served;
+    // then the upstream refuses, and refuses again 400 ms later having
+    // served 20 in between: it serves 50/s, half what first attempts ask.
     let fleet = |first_attempts, successes, rejections| ReportRequest {
         scope: Some(scope().to_wire()),
         worker_id: "worker-fleet".into(),
@@ -380,10 +382,11 @@ async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
         ..ReportRequest::default()
     };
     let mut coordinator = r.h.coordinator.client();
-    coordinator.report(fleet(100, 40, 60)).await.unwrap();
+    coordinator.report(fleet(100, 100, 0)).await.unwrap();
     tokio::time::sleep(secs(1)).await;
-    // The next report closes the window that overflowed.
-    coordinator.report(fleet(1, 0, 0)).await.unwrap();
+    coordinator.report(fleet(50, 50, 10)).await.unwrap();
+    tokio::time::sleep(ms(400)).await;
+    coordinator.report(fleet(40, 20, 30)).await.unwrap();
     support::poll(
         "the worker is told to hold first attempts",
         secs(5),

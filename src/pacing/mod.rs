@@ -4,78 +4,42 @@
 //! backlog left by a cooldown drains past every deadline, too high and the
 //! wake-ups are the next overload. The coordinator sees what no single
 //! worker sees — every worker's first attempts, successes and rejections on
-//! a route — so it learns the rate instead:
+//! a route — so it estimates the upstream's limiter instead
+//! ([`model::LimiterModel`], written down in `docs/pacing.md`, "The
+//! model"): its sustained rate ρ̂ and its bank, measured from empty instant
+//! to empty instant, probed at a bounded gain on a fixed schedule. The
+//! model gives a **target**, the rate at which the fleet's attempts in all
+//! may reach the upstream. [`PacingState`] splits it:
 //!
-//! - **capacity** is the most the upstream has served in a one-second
-//!   window without rejecting anything, and what it served in a window that
-//!   did reject (a saturated window measures capacity directly, which is how
-//!   a capacity that came back smaller is learned at once);
-//! - **first-attempt rate** is a moving average of reported first attempts;
-//! - **spare capacity** is the difference, what retries may use (while a
-//!   window's first attempts run ahead of their average, the excess takes
-//!   retry slots: see [`PacingState::decide`]);
-//! - the **wake rate** follows the spare while nobody waits, and is probed
-//!   upward only in windows where it was actually used and nothing was
-//!   rejected: slow start (a first step of an eighth of the most the
-//!   upstream has served, each clean window doubling the step, each step
-//!   climbed across its window rather than jumped, see
-//!   [`PacingState::rate_at`]) until the first rejection. The first
-//!   rejection of a window cuts it at once back to the last rate a window
-//!   used cleanly; the window's end sets it just under the spare it
-//!   measured (what a window serves includes the limiter's banked burst),
-//!   not below that clean rate once and never below half after —
-//!   multiplicative back-off that trusts a saturated sample no further than
-//!   a halving. From there the rate climbs back to the measured edge, then
-//!   a sixteenth at a time; the spare read from a clean window moves it
-//!   only once it is twice that edge (the edge was an outage's stragglers,
-//!   not the upstream's). A cut to a fallback, with no edge measured, heads
-//!   for the midpoint between it and the rate that drew it (bisection).
+//! - while the first attempts' rate (a moving average of those sent
+//!   straight) is under the target, they go straight and waiting intents
+//!   are woken at the target less that rate;
+//! - once it reaches the target (a brownout under the fleet's arrivals, an
+//!   upstream back smaller, demand above the limit), the route is
+//!   [`Mode::Saturated`]: every attempt, first ones included, waits for a
+//!   slot at the target, in deadline order, until a window's demand fits in
+//!   the slots it was given.
 //!
-//! When first attempts alone ask for more than the upstream serves (a window
-//! that drew rejections served less than its first attempts, with a margin:
-//! a brownout, an upstream that came back smaller), no wake rate can help:
-//! the route becomes [`Mode::Saturated`]. Every attempt, first ones
-//! included, then waits for a slot (workers are told to hold first
-//! attempts), and the rate is the whole fleet's: just under what a saturated
-//! window served, then up a sixteenth per clean window while within a
-//! quarter of that edge (a thirty-second for its first eighth past it) and
-//! by twice the distance from it beyond, within the probe headroom of the
-//! rate (slow where the edge was, fast once the upstream has grown back,
-//! which nothing else says while every attempt waits for a slot); a
-//! rejection goes back below the last clean rate, and those reported in the
-//! next window while the cut's own cooldown holds are its stragglers, not
-//! answered again. The overflow is judged as soon as the window holds a
-//! quarter of a window's first attempts, so the fleet stops sending them
-//! straight within the window that found it. A window whose demand the rate
-//! met in full lets first attempts go straight again.
-//!
-//! Rejections that arrive while a hint cooldown is in force, or whose hint
-//! closes the route for longer than two windows (an outage, not an
-//! overload), are explained by the cooldown: the window is frozen, nothing
-//! is learned from it, and when the cooldown ends pacing resumes from what
-//! was learned before it (slow start climbing from the moment the hint
-//! passes, or, for an outage's hint that passed late in a window, from the
-//! next window's start). A short cooldown explains them only in the window
-//! after a cut, though: short hints re-armed back to back by the rate's own
-//! overshoot would otherwise freeze it, so beyond that window the rate
-//! steps down a sixteenth a window, or to the spare when that is lower. A limiter that re-arms its full
-//! `Retry-After` on every rejected attempt is detected when successive
-//! hints stop counting down ([`Mode::PenaltyExtending`]): nothing is woken
-//! until the latest hint passes, then exactly one probe, and only a success
-//! reopens the route.
+//! Rejections that a closing hint (longer than two windows) explains, and
+//! windows it covers, teach nothing: when it passes the fleet resumes at ρ̂
+//! less the margin. A limiter that re-arms its full `Retry-After` on every
+//! rejected attempt is detected when successive hints stop counting down
+//! ([`Mode::PenaltyExtending`]): nothing is woken until the latest hint
+//! passes, then exactly one probe, and only a success reopens the route.
 //!
 //! Everything is integer math on milli-units (rates in thousandths of an
 //! event per second), so a decision is the same on every replica. The
-//! state is a handful of integers: the memory store keeps it as it is, the
-//! Redis store as the versioned bytes of [`PacingState::encode`], and
-//! every decision about it is made here, by whichever store holds it.
+//! memory store keeps the state as it is, the Redis store as the versioned
+//! bytes of [`PacingState::encode`], and every decision about it is made
+//! here, by whichever store holds it.
 
 mod codec;
 pub mod model;
 mod slot;
-mod window;
 
 pub use slot::{SlotDecision, WakeAsk};
+
+use model::{LimiterModel, Phase};
 
 /// One observation window. Rates are judged per window and the controller
 /// changes at most once per window, so one burst of 429s is one cut.
@@ -91,23 +55,10 @@ pub const EXTENSIONS_TO_DETECT: i64 = 2;
 const MAX_CATCH_UP: i64 = 16;
 /// Milli-units per unit.
 pub const MILLI: i64 = 1000;
-/// Before anything pushed back, the fleet's total may grow to the most the
-/// upstream has served plus this fraction of it (1/N) per window. The
-/// rate is halved at the first rejection, and slots are handed out at most
-/// a horizon (a quarter window) ahead, so an eighth keeps the window that
-/// finds the edge within a tenth above what was served.
-pub const PROBE_HEADROOM: i64 = 8;
 /// A cooldown longer than this says the upstream is out, not that the
 /// fleet is over its capacity: nothing is learned under it, and first
 /// attempts wait it out.
 pub const CLOSING_MS: i64 = 2 * WINDOW_MS;
-
-/// A sixteenth under `rate_m`: where a rate goes after one found the edge,
-/// close enough to keep the upstream busy, far enough that a limiter's
-/// banked burst is not spent by the next window.
-fn just_under(rate_m: i64) -> i64 {
-    rate_m - rate_m / 16
-}
 
 /// Whether first attempts should wait for a slot, when the policy lets them
 /// (`hold`): while the route is [`Mode::Saturated`] (first attempts alone
@@ -154,12 +105,16 @@ pub const PINNED_HORIZON_MS: i64 = 10 * 365 * 86_400_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u8)]
 pub enum Mode {
-    /// Nothing pushed back and the rate was not used up: held.
+    /// Cruising at the measured rate less the margin, or, with nothing
+    /// measured yet, at what the upstream serves while nobody waits.
     #[default]
     Steady = 0,
-    /// The last window used the rate and drew no rejection; it was raised.
+    /// Offering more than is known to be served: startup climbing with work
+    /// waiting, or a probe (`model::Phase::Startup`, `model::Phase::Probe`).
     Probing = 1,
-    /// The last window drew rejections; the rate was cut.
+    /// The limiter refused: the rate that drew it is held to measure ρ,
+    /// then the fleet drains below it (`model::Phase::Measure`,
+    /// `model::Phase::Drain`).
     BackingOff = 2,
     /// Hints keep re-arming: nothing is woken until the latest one passes.
     PenaltyExtending = 3,
@@ -167,8 +122,10 @@ pub enum Mode {
     Pinned = 4,
     /// The policy names the upstream's limit; the fleet is paced under it.
     KnownLimit = 5,
-    /// First attempts alone ask for more than the upstream serves: every
-    /// attempt waits for a slot, paced at the capacity.
+    /// Every attempt, first ones included, waits for a slot at the whole
+    /// target, in deadline order: first attempts alone reach what the
+    /// upstream serves, or intents waiting would miss their deadlines
+    /// behind first attempts sent straight.
     Saturated = 6,
 }
 
@@ -286,68 +243,64 @@ pub struct Observation<'a> {
     pub cooldown_after_ms: i64,
 }
 
-/// The controller of one route.
+/// What sets a route's rate: the model, or the policy's number, or a
+/// limiter that re-arms its penalty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rule {
+    /// The model's target ([`model::LimiterModel`]).
+    Learned,
+    /// `wake_rate = <number>`, milli-slots per second: obeyed as given.
+    Pinned { rate_m: i64 },
+    /// `upstream_limit × upstream_share`, milli-attempts per second: first
+    /// attempts take their share, retries the rest.
+    Known { limit_m: i64 },
+    /// Hints keep re-arming: nothing is woken until `until_ms`, then one
+    /// probe (granted at `probe_at_ms`, 0 for none yet).
+    Penalty { until_ms: i64, probe_at_ms: i64 },
+}
+
+/// The controller of one route.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PacingState {
     /// The window being accumulated (`now_ms / WINDOW_MS`).
-    pub win: i64,
+    pub(super) win: i64,
     /// First attempts reported in it.
-    pub w_first: i64,
+    pub(super) w_first: i64,
     /// Successes reported in it.
-    pub w_ok: i64,
-    /// Rejections in it that the controller must answer for.
-    pub w_rej: i64,
-    /// Every rejection in it that no closing hint explains, a short
-    /// cooldown or not: what first attempts sent straight drew.
-    pub w_refused: i64,
-    /// Slots it granted in it: whether the rate was actually used.
-    pub w_granted: i64,
-    /// Of those, slots for first attempts held for one: a backlog released,
-    /// not first attempts arriving.
-    pub w_held: i64,
-    /// The rate before the cut at its first rejection (0: no cut yet).
-    pub w_cut_from: i64,
+    pub(super) w_ok: i64,
+    /// Rejections in it that no earlier closure explains.
+    pub(super) w_refused: i64,
+    /// Slots it granted: whether the rate was used.
+    pub(super) w_granted: i64,
+    /// Of those, slots for first attempts held for one: a backlog
+    /// released, not first attempts arriving.
+    pub(super) w_held: i64,
     /// Intents it told to ask again because the rate, not a cooldown, put
     /// their slot past the horizon: demand the rate fell short of.
-    pub w_short: i64,
-    /// 1 when a cooldown or a closing hint explained something in it.
-    pub w_frozen: i64,
-    /// Intents it told to ask again whose turn in deadline order, at the
-    /// rate in force, comes too late for their deadline: waiting intents
-    /// being lost for lack of rate.
-    pub w_late: i64,
-    /// The wake rate, milli-slots per second.
-    pub rate_m: i64,
-    /// The rate in force when rejections last came back (0: never).
-    pub rate_max_m: i64,
-    /// The last rate a window used without a rejection (0: none yet).
-    pub rate_ok_m: i64,
-    /// Capacity estimate, milli-attempts per second.
-    pub cap_m: i64,
-    /// First-attempt rate, moving average, milli-attempts per second.
-    pub lam_m: i64,
+    pub(super) w_short: i64,
+    /// Of those, intents whose turn in deadline order, at the rate in
+    /// force, comes after their deadline.
+    pub(super) w_late: i64,
+    /// The wake rate in force, milli-slots per second (derived: see
+    /// [`settle`](Self::settle)).
+    pub(super) rate_m: i64,
+    /// First attempts sent straight, moving average, milli-attempts per
+    /// second (all first attempts while saturated).
+    pub(super) lam_m: i64,
+    /// Every attempt waits for a slot at the target.
+    pub(super) saturated: bool,
     /// The end of the latest hint seen, and how many times in a row it
     /// jumped later while the previous one still held.
-    pub hint_until: i64,
+    pub(super) hint_until: i64,
     /// See `hint_until`.
-    pub streak: i64,
+    pub(super) streak: i64,
     /// The end of the latest hint that closed the route (longer than two
     /// windows): windows before it are not learned from.
-    pub closed_until: i64,
-    /// While penalty-extending: the instant the latest hint passes.
-    pub penalty_until: i64,
-    /// While penalty-extending: when the one probe was granted (0: none yet).
-    pub probe_at: i64,
-    /// What the controller is doing.
-    pub mode: Mode,
-    /// While slow start raises the rate: the rate the window began at
-    /// (0: not ramping). The rate in force climbs from it to `rate_m`
-    /// across the window ([`rate_at`](Self::rate_at)).
-    pub ramp_from_m: i64,
-    /// The window right after the last one whose end cut a saturated rate
-    /// (0: none). Rejections in it inside the short cooldown the cut's own
-    /// rejections set are the cut's stragglers (see `observe`).
-    pub settle_win: i64,
+    pub(super) closed_until: i64,
+    /// What sets the rate.
+    pub(super) rule: Rule,
+    /// The upstream's limiter as estimated.
+    pub(super) model: LimiterModel,
 }
 
 impl PacingState {
@@ -358,29 +311,22 @@ impl PacingState {
             win: now_ms.div_euclid(WINDOW_MS),
             w_first: 0,
             w_ok: 0,
-            w_rej: 0,
             w_refused: 0,
             w_granted: 0,
             w_held: 0,
-            w_cut_from: 0,
             w_short: 0,
-            w_frozen: 0,
             w_late: 0,
             rate_m: policy.floor_m,
-            rate_max_m: 0,
-            rate_ok_m: 0,
-            cap_m: 0,
             lam_m: 0,
+            saturated: false,
             hint_until: 0,
             streak: 0,
             closed_until: 0,
-            penalty_until: 0,
-            probe_at: 0,
-            mode: Mode::Steady,
-            ramp_from_m: 0,
-            settle_win: 0,
+            rule: Rule::Learned,
+            model: LimiterModel::new(policy.floor_m, policy.floor_m),
         };
         st.apply_policy(policy);
+        st.settle(now_ms, policy);
         st
     }
 
@@ -400,57 +346,62 @@ impl PacingState {
 
     /// The current [`Mode`].
     pub fn mode(&self) -> Mode {
-        self.mode
+        match self.rule {
+            Rule::Penalty { .. } => Mode::PenaltyExtending,
+            Rule::Pinned { .. } => Mode::Pinned,
+            Rule::Known { .. } => Mode::KnownLimit,
+            Rule::Learned if self.saturated => Mode::Saturated,
+            Rule::Learned => match self.model.phase() {
+                Phase::Startup { step_m, .. } if step_m > 0 => Mode::Probing,
+                Phase::Probe => Mode::Probing,
+                Phase::Measure { .. } | Phase::Drain { .. } => Mode::BackingOff,
+                _ => Mode::Steady,
+            },
+        }
     }
 
-    /// The wake rate the current window ends at, milli-slots per second
-    /// (while slow start ramps, [`rate_at`](Self::rate_at) gives the one in
-    /// force at an instant, as [`view`](Self::view) shows); 0 while a
-    /// penalty holds the route closed.
+    /// The estimated limiter.
+    pub fn model(&self) -> &LimiterModel {
+        &self.model
+    }
+
+    /// The wake rate in force, milli-slots per second; 0 while a penalty
+    /// holds the route closed.
     pub fn wake_rate_m(&self) -> i64 {
-        if self.mode() == Mode::PenaltyExtending {
-            0
-        } else {
-            self.rate_m
+        match self.rule {
+            Rule::Penalty { .. } => 0,
+            _ => self.rate_m,
         }
     }
 
-    /// The rate slots are handed out at, at `now_ms`: `rate_m`, or, while
-    /// slow start ramps, the straight line from the rate the window began
-    /// at to `rate_m` at its end. A rate that jumped at the window's start
-    /// would overshoot an edge it crossed by the whole step until the
-    /// first rejection is reported; ramped, by what it climbs meanwhile.
-    pub fn rate_at(&self, now_ms: i64) -> i64 {
-        let from = self.ramp_from_m;
-        if from <= 0 || from >= self.rate_m || !self.adaptive() {
-            return self.rate_m;
+    /// Capacity estimate at `now_ms`, milli-attempts per second: the limit
+    /// the policy states, or ρ̂ once measured, or before that the target
+    /// (what the upstream served without refusing, and the climb past it).
+    fn capacity_m(&self, now_ms: i64) -> i64 {
+        match self.rule {
+            Rule::Known { limit_m } => limit_m,
+            _ => self
+                .model
+                .rate_m()
+                .unwrap_or_else(|| self.model.target_m(now_ms)),
         }
-        let into = (now_ms - self.win * WINDOW_MS).clamp(0, WINDOW_MS);
-        from + (self.rate_m - from) * into / WINDOW_MS
-    }
-
-    /// Capacity estimate, milli-attempts per second.
-    pub fn capacity_m(&self) -> i64 {
-        self.cap_m
-    }
-
-    /// What first attempts leave of the capacity, milli-attempts per second.
-    pub fn spare_m(&self) -> i64 {
-        (self.cap_m - self.lam_m).max(0)
     }
 
     /// What an operator sees at `now_ms`, with `asking` intents waiting to
-    /// ask again: the wake rate is the one slots are handed out at then
-    /// (part way up a ramp while slow start climbs).
+    /// ask again.
     pub fn view(&self, asking: usize, now_ms: i64) -> PacingView {
-        let penalty = self.mode() == Mode::PenaltyExtending;
+        let capacity_m = self.capacity_m(now_ms);
+        let penalty_until_ms = match self.rule {
+            Rule::Penalty { until_ms, .. } => until_ms,
+            _ => 0,
+        };
         PacingView {
             mode: self.mode(),
-            wake_rate_m: if penalty { 0 } else { self.rate_at(now_ms) },
-            capacity_m: self.cap_m,
+            wake_rate_m: self.wake_rate_m(),
+            capacity_m,
             first_rate_m: self.lam_m,
-            spare_m: self.spare_m(),
-            penalty_until_ms: if penalty { self.penalty_until } else { 0 },
+            spare_m: (capacity_m - self.lam_m).max(0),
+            penalty_until_ms,
             closed_until_ms: self.closed_until,
             asking,
         }
@@ -462,41 +413,19 @@ impl PacingState {
         let now_win = now_ms.div_euclid(WINDOW_MS);
         let mut steps = 0;
         while self.win < now_win && steps < MAX_CATCH_UP {
-            self.close_window(policy);
+            self.close_window();
             self.win += 1;
             steps += 1;
         }
         // A long silence: nothing was used or rejected in it.
         self.win = self.win.max(now_win);
         self.apply_policy(policy);
-        self.reopen(now_ms, policy);
-    }
-
-    /// Starts slow start as soon as a closing hint that ended in the
-    /// window's first half has passed, rather than at the window's end: a
-    /// backlog held through an outage loses every deadline that falls
-    /// while the rate waits for the window to close. Once per window (the
-    /// ramp marks it), and only while nothing has been refused since.
-    fn reopen(&mut self, now_ms: i64, policy: &PacingPolicy) {
-        if self.reopens_window()
-            && self.closed_until <= now_ms
-            && self.rate_max_m == 0
-            && self.ramp_from_m == 0
-        {
-            self.probe_up(0, self.spare_m());
-            self.clamp_rate(policy);
+        if self.closed_until <= now_ms {
+            // The outage is over: the backlog held through it goes now,
+            // not at the window's end.
+            self.model.reopen();
         }
-    }
-
-    /// Whether a closing hint covered the window's start but ended in its
-    /// first half, and nothing has been refused since, on a route whose
-    /// rate is learned: the fleet is coming back within this window.
-    pub(super) fn reopens_window(&self) -> bool {
-        let start = self.win * WINDOW_MS;
-        self.adaptive()
-            && start < self.closed_until
-            && self.closed_until <= start + WINDOW_MS / 2
-            && self.w_refused == 0
+        self.settle(now_ms, policy);
     }
 
     /// Takes in one report.
@@ -509,185 +438,142 @@ impl PacingState {
         if obs.cooldown_after_ms.saturating_sub(now) > CLOSING_MS {
             self.closed_until = self.closed_until.max(obs.cooldown_after_ms);
         }
+        let mut longest_hint_ms = 0;
         for &until in obs.hint_until_ms {
             self.track_hint(now, until);
+            longest_hint_ms = longest_hint_ms.max(until.saturating_sub(now));
         }
-        if self.mode() == Mode::PenaltyExtending {
-            if obs.successes > 0 && now >= self.penalty_until {
+        if let Rule::Penalty { until_ms, .. } = self.rule {
+            if obs.successes > 0 && now >= until_ms {
                 // The probe (or anything after the penalty) got through.
-                self.leave_penalty(policy);
+                self.leave_penalty(now, policy);
             }
             return;
         }
         if obs.successes > 0 && now >= self.hint_until {
             self.streak = 0;
         }
-        // A hint that closes the route for more than two windows says the
-        // upstream is out, not that the fleet is over its capacity. The
+        // Rejections whose hint ends no later than the latest closing
+        // hint's end were drawn inside that closure and reported after it
+        // (reports lag): they say nothing of what the fleet sends now. The
         // hints are a sample of the rejections (evidence is bounded): the
-        // share they say was closing is explained.
+        // share they say was drawn inside is explained.
         let hints = obs.hint_until_ms.len() as i64;
-        let closing = obs
-            .hint_until_ms
-            .iter()
-            .filter(|&&until| until.saturating_sub(now) > CLOSING_MS)
-            .count() as i64;
-        // So are rejections whose hint ends no later than the latest
-        // closing hint: drawn inside that closure and reported after it
-        // (reports lag), not drawn by what the fleet sends now.
         let inside = obs
             .hint_until_ms
             .iter()
             .filter(|&&until| until.saturating_sub(now) <= CLOSING_MS && until <= self.closed_until)
             .count() as i64;
-        let explained = if hints > 0 {
-            rejections * (closing + inside) / hints
-        } else {
-            0
-        };
-        if self.mode() == Mode::Saturated
-            && self.win == self.settle_win
-            && now < obs.cooldown_until_ms
-        {
-            // The window after a saturated cut, inside the short cooldown
-            // the cut's own rejections set: drawn before the cut (reports
-            // lag) by the rate it answered already. Counted, they would cut
-            // again and set the edge under what the upstream served.
-            return;
-        }
-        self.w_refused += rejections - explained;
-        if self.overflowing(now) {
-            // Part of a window: the share of first attempts served, at the
-            // first-attempt rate, is what the upstream serves; but reports
-            // lag, and successes of attempts made before the overflow still
-            // arrive in it, so the pace is half that until the window's end
-            // measures it.
-            let edge_m = self.lam_m * self.w_ok / self.w_first.max(1);
-            self.saturate(edge_m, edge_m / 2, policy);
-            // The rest of the window mixes two regimes: nothing is learned
-            // from it (its rejections are mostly the first attempts sent
-            // before the workers heard).
-            self.w_frozen = 1;
-        }
-        let saturated = self.mode() == Mode::Saturated;
-        // Every attempt is paced while saturated, so a short cooldown
-        // explains nothing then: the rate drew what came back.
-        if now < obs.cooldown_until_ms && !saturated {
-            if rejections > 0 {
-                self.w_frozen = 1;
-            }
-            return;
-        }
         for &until in obs.hint_until_ms {
             if until.saturating_sub(now) > CLOSING_MS {
                 self.closed_until = self.closed_until.max(until);
             }
         }
-        if closing > 0 {
-            self.w_frozen = 1;
+        // And rejections whose own hint closes the route were drawn by the
+        // outage (or a window limiter's spent quota), not by the rate.
+        let closing = obs
+            .hint_until_ms
+            .iter()
+            .filter(|&&until| until.saturating_sub(now) > CLOSING_MS)
+            .count() as i64;
+        let share = |n: i64| if hints > 0 { rejections * n / hints } else { 0 };
+        let closing = share(closing);
+        let refused = rejections - share(inside) - closing;
+        self.w_refused += refused + closing;
+        if self.rule == Rule::Learned {
+            self.model.on_report(&model::Report {
+                now_ms: now,
+                served: i64::from(obs.successes),
+                refused,
+                closing,
+                longest_hint_ms,
+            });
         }
-        self.w_rej += rejections - explained;
-        let answered = if saturated {
-            self.w_refused
-        } else {
-            self.w_rej
-        };
-        // A saturated window that mixes two regimes (just entered) answers
-        // for nothing: its rejections are the stragglers of the attempts
-        // sent before the workers heard.
-        let switching = saturated && self.w_frozen == 1;
-        if answered > 0 && self.w_cut_from == 0 && self.learning() && !switching {
-            // Back to the last rate that drew nothing, at the first
-            // rejection the fleet answers for rather than at the window's
-            // end: a probe that found the edge stops overshooting within a
-            // report interval, and the rest of the window still measures
-            // the upstream near its capacity. Once per window; the window's
-            // end decides the rate from what it measured (see learn).
-            let drew = self.rate_at(now);
-            self.w_cut_from = drew;
-            let back = if saturated {
-                // Every attempt is paced: below the last rate a window used
-                // cleanly (a limiter's burst can make a rate over the edge
-                // look clean for a window).
-                just_under(self.rate_ok_m)
-            } else if self.rate_ok_m > 0 {
-                self.rate_ok_m
+        self.settle(now, policy);
+    }
+
+    /// Closes the window being accumulated: the first-attempt rate, the
+    /// model's window, and whether saturation still holds.
+    fn close_window(&mut self) {
+        // A window a closing hint covered, even in part, or one that
+        // refused attempts and served none (an upstream out, whatever its
+        // hints said), says nothing of the upstream's capacity.
+        let closed =
+            self.win * WINDOW_MS < self.closed_until || self.w_ok == 0 && self.w_refused > 0;
+        if !closed && !matches!(self.rule, Rule::Penalty { .. }) {
+            // First attempts arriving: a backlog released by slots is not a
+            // rate first attempts keep up, except while every attempt is
+            // held (then all of them arrive through slots).
+            let arrived_m = if self.saturated {
+                self.w_first
             } else {
-                self.rate_m / 2
-            };
-            self.rate_m = drew.min(back).max(policy.floor_m);
-            self.ramp_from_m = 0;
-            if !saturated {
-                self.mode = Mode::BackingOff;
+                self.straight_first()
+            } * MILLI;
+            if self.lam_m == 0 {
+                self.lam_m = arrived_m;
+            } else {
+                self.lam_m += (arrived_m - self.lam_m).div_euclid(4);
+            }
+        }
+        // Work waited for the rate: intents were told to ask again for
+        // lack of it, or nearly every slot it could give was taken.
+        let demand = self.w_short > 0 || 8 * self.w_granted * MILLI >= 7 * self.rate_m.max(1);
+        if self.rule == Rule::Learned {
+            self.model.on_window(&model::WindowEnd {
+                at_ms: (self.win + 1) * WINDOW_MS,
+                demand,
+                closed,
+            });
+            if self.saturated && !demand && !closed {
+                // The target met every intent that asked: first attempts
+                // fit again and go straight.
+                self.saturated = false;
+            }
+            if self.w_late > 0 {
+                // Intents that wait would meet their deadline only if they
+                // went before first attempts sent straight, which have all
+                // of theirs ahead of them: every attempt is the same size,
+                // so serving the earliest deadlines first loses the fewest.
+                // Paced together, first attempts take their turn in
+                // deadline order with everything else.
+                self.saturated = true;
+            }
+        }
+        self.clear_window();
+    }
+
+    /// Recomputes what follows from the state at `now_ms`: saturation and
+    /// the wake rate.
+    fn settle(&mut self, now_ms: i64, policy: &PacingPolicy) {
+        let hi = policy.ceiling_m.max(policy.floor_m);
+        match self.rule {
+            Rule::Penalty { .. } => {}
+            Rule::Pinned { rate_m } => self.rate_m = rate_m.max(1),
+            Rule::Known { limit_m } => {
+                self.saturated = false;
+                self.rate_m = (limit_m - self.lam_m).clamp(policy.floor_m, hi);
+            }
+            Rule::Learned => {
+                let target = self.model.target_m(now_ms);
+                // First attempts alone reach what the upstream is measured
+                // to serve: every attempt is paced.
+                if self.model.rate_m().is_some() && self.lam_m >= target {
+                    self.saturated = true;
+                }
+                let rate = if self.saturated {
+                    target
+                } else {
+                    target - self.lam_m
+                };
+                self.rate_m = rate.clamp(policy.floor_m, hi);
             }
         }
     }
 
-    /// Whether the rate is the controller's to set (not pinned, not under
-    /// a known limit, not held by a penalty).
-    fn learning(&self) -> bool {
-        self.adaptive() || self.mode() == Mode::Saturated
-    }
-
-    /// Whether the rate is learned as a retry rate: what may become
-    /// saturated.
-    fn adaptive(&self) -> bool {
-        matches!(self.mode(), Mode::Steady | Mode::Probing | Mode::BackingOff)
-    }
-
-    /// Whether the window says first attempts alone overflow the upstream:
-    /// it drew rejections and served less than the first attempts sent
-    /// straight, by more than `over / under` (attempts in flight blur the
-    /// edge). First attempts that waited for a slot are not sent straight:
-    /// a backlog released after an outage is paced already. Nothing served
-    /// is an outage, not an overflow. Nor can first attempts overflow where
-    /// they arrive at less than half what the upstream has served, nor in a
-    /// window where they came faster than twice their learned rate: slots
-    /// are counted when granted but first attempts when reported, so first
-    /// attempts released by slots near a window's end are reported in the
-    /// next one, looking straight, and a retry-rate probe's rejections then
-    /// make the window look overflowed (a false saturation paces the whole
-    /// fleet at a few successes' worth).
-    fn overflowed(&self, over: i64, under: i64) -> bool {
-        let straight = self.straight_first();
-        self.w_refused > 0
-            && self.w_ok > 0
-            && under * straight > over * self.w_ok
-            && 2 * self.lam_m >= self.cap_m
-            && straight * MILLI <= 2 * self.lam_m
-    }
-
-    /// Whether first attempts sent straight crowd out intents that wait:
-    /// the window drew rejections (the fleet is at the upstream's edge),
-    /// intents waiting for a slot were told their turn comes too late for
-    /// their deadline, and first attempts sent straight took at least half
-    /// of what was served. Every attempt is the same size, so serving the
-    /// earliest deadlines first loses the fewest; a first attempt has all
-    /// its deadline ahead of it, and going straight it takes the capacity
-    /// an intent with seconds left needed. Paced together, first attempts
-    /// wait their turn in deadline order with everything else.
-    fn crowded(&self) -> bool {
-        let straight = self.straight_first();
-        self.w_late > 0 && self.w_refused > 0 && self.w_ok > 0 && 2 * straight >= self.w_ok
-    }
-
-    /// Whether first attempts alone have overflowed the upstream in the
-    /// window so far, judged once it holds a quarter of a window's worth of
-    /// them (fewer say little), and only when clear: by a quarter, with a
-    /// quarter of the first attempts sent straight refused (reports lag,
-    /// and an attempt is counted when it starts but its outcome when it
-    /// ends, so part of a window mixes before and after, and rejections
-    /// reported late from the window before prove nothing), and not in the
-    /// quarter window after a closing cooldown (rejections reported then
-    /// were drawn inside it): the fleet's first attempts then stop going
-    /// straight within the window that found it, not a window later.
-    fn overflowing(&self, now_ms: i64) -> bool {
-        self.adaptive()
-            && self.lam_m > 0
-            && now_ms >= self.closed_until.saturating_add(WINDOW_MS / 4)
-            && 4 * self.w_first * MILLI >= self.lam_m
-            && 4 * self.w_refused >= self.straight_first()
-            && self.overflowed(5, 4)
+    /// Whether the rate is the model's split: retries woken at the target
+    /// less the first attempts sent straight.
+    pub(super) fn splits_target(&self) -> bool {
+        self.rule == Rule::Learned && !self.saturated
     }
 
     /// First attempts the window sent straight to the upstream: those
@@ -697,29 +583,6 @@ impl PacingState {
     /// floored at zero.
     fn straight_first(&self) -> i64 {
         (self.w_first - self.w_held).max(0)
-    }
-
-    /// Keeps the rate within the policy's floor and ceiling (a ceiling under
-    /// the floor yields to it).
-    fn clamp_rate(&mut self, policy: &PacingPolicy) {
-        self.rate_m = self
-            .rate_m
-            .clamp(policy.floor_m, policy.ceiling_m.max(policy.floor_m));
-    }
-
-    /// Paces every attempt from now on at `rate_m`, under `edge_m`, what the
-    /// upstream is estimated to serve.
-    fn saturate(&mut self, edge_m: i64, rate_m: i64, policy: &PacingPolicy) {
-        self.cap_m = edge_m;
-        self.rate_m = rate_m;
-        self.clamp_rate(policy);
-        self.rate_ok_m = self.rate_m;
-        self.rate_max_m = edge_m;
-        self.ramp_from_m = 0;
-        // A cut earlier in the window was of a retry rate: it says nothing
-        // of this one.
-        self.w_cut_from = 0;
-        self.mode = Mode::Saturated;
     }
 
     /// Follows the latest hint end; counts jumps that can only be a limiter
@@ -736,64 +599,50 @@ impl PacingState {
             // The same end (a countdown) or an earlier one.
             self.hint_until = self.hint_until.max(until);
         }
-        if self.mode() == Mode::PenaltyExtending {
+        if let Rule::Penalty { until_ms, .. } = self.rule {
             // Still rejected: wait for the new end, then probe once more.
-            self.penalty_until = self.penalty_until.max(self.hint_until);
-            self.probe_at = 0;
+            self.rule = Rule::Penalty {
+                until_ms: until_ms.max(self.hint_until),
+                probe_at_ms: 0,
+            };
         } else if self.streak >= EXTENSIONS_TO_DETECT {
-            self.mode = Mode::PenaltyExtending;
-            self.penalty_until = self.hint_until;
-            self.probe_at = 0;
+            self.rule = Rule::Penalty {
+                until_ms: self.hint_until,
+                probe_at_ms: 0,
+            };
         }
     }
 
-    fn leave_penalty(&mut self, policy: &PacingPolicy) {
-        self.mode = Mode::Steady;
+    fn leave_penalty(&mut self, now_ms: i64, policy: &PacingPolicy) {
+        self.rule = Rule::Learned;
         self.streak = 0;
-        self.penalty_until = 0;
-        self.probe_at = 0;
         self.clear_window();
         self.apply_policy(policy);
+        self.settle(now_ms, policy);
     }
 
     fn clear_window(&mut self) {
         self.w_first = 0;
         self.w_ok = 0;
-        self.w_rej = 0;
         self.w_refused = 0;
         self.w_granted = 0;
         self.w_held = 0;
-        self.w_cut_from = 0;
         self.w_short = 0;
-        self.w_frozen = 0;
         self.w_late = 0;
     }
 
     /// A pinned number and a known limit override what was learned.
     fn apply_policy(&mut self, policy: &PacingPolicy) {
-        if self.mode() == Mode::PenaltyExtending {
+        if matches!(self.rule, Rule::Penalty { .. }) {
             return;
         }
-        let hi = policy.ceiling_m.max(policy.floor_m);
-        if let Some(pinned) = policy.pinned_m {
-            // Obeyed as given: an operator who pins a number means it.
-            self.rate_m = pinned.max(1);
-            self.mode = Mode::Pinned;
-        } else if let Some(limit) = policy.known_limit_m {
-            // Known in advance: first attempts take their share first. A
-            // cut (the limit was wrong, or shared with someone else) holds
-            // for the window after it, then the limit rules again.
-            self.cap_m = limit;
-            let room = (limit - self.lam_m).max(0).clamp(policy.floor_m, hi);
-            self.rate_m = if self.mode() == Mode::BackingOff {
-                self.rate_m.min(room)
-            } else {
-                room
-            };
-            self.mode = Mode::KnownLimit;
-        } else if matches!(self.mode(), Mode::Pinned | Mode::KnownLimit) {
-            self.mode = Mode::Steady;
-        }
+        self.rule = if let Some(rate_m) = policy.pinned_m {
+            Rule::Pinned { rate_m }
+        } else if let Some(limit_m) = policy.known_limit_m {
+            Rule::Known { limit_m }
+        } else {
+            Rule::Learned
+        };
     }
 }
 

@@ -18,9 +18,11 @@
 //!
 //! It is the controller `docs/pacing.md` describes as the model, checked
 //! against the three limiter shapes on a virtual clock (`model_sim.rs`);
-//! the coordinator still paces with [`PacingState`](super::PacingState).
+//! [`PacingState`](super::PacingState) splits its target between first
+//! attempts and the intents that wait.
 
-use super::{HINT_GRANULARITY_MS, MILLI, WINDOW_MS};
+use super::{CLOSING_MS, HINT_GRANULARITY_MS, MILLI, WINDOW_MS};
+use crate::codec::{DecodeError, Reader, Writer};
 
 /// A fraction `num / den`, for the gains and margins below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,11 +54,13 @@ pub const PROBE_GAIN: Fraction = Fraction { num: 17, den: 16 };
 pub const CRUISE_GAIN: Fraction = Fraction { num: 15, den: 16 };
 
 /// Windows of cruise with work waiting before a probe. A probe that finds
-/// no more costs about (PROBE_GAIN − 1)·ρ̂ refusals for a report round
-/// trip plus the pressed window that measures ρ, about 0.15·ρ̂, against
-/// this many windows of ρ̂: under one percent of attempts refused while
-/// the capacity does not move, by the schedule rather than by luck.
-pub const PROBE_EVERY: u32 = 16;
+/// no more ends at its first refusal against a measured ρ̂: it costs about
+/// (PROBE_GAIN − 1)·ρ̂ refusals while it spends the bank and for the report
+/// round trip, about 0.06·ρ̂, against this many windows of ρ̂: under one
+/// percent of attempts refused while the capacity does not move, by the
+/// schedule rather than by luck. No more: a rise that nothing announces is
+/// found only by a probe, so this is how long one can go unseen.
+pub const PROBE_EVERY: u32 = 8;
 
 /// The longest span between empty instants the model keeps per window
 /// counts for. A longer one is cut: its start is no longer known empty,
@@ -74,14 +78,26 @@ pub const MEASURE_MS: i64 = 300;
 /// Limiters whose hint says credit comes back later than this are not
 /// measured by pressing (pressing a ten-second window is ten seconds of
 /// overshoot): the span between windows with refusals, checked against
-/// the bank, measures them.
-pub const MAX_PRESS_MS: i64 = WINDOW_MS;
+/// the bank, measures them. It is the hint that closes a route
+/// ([`CLOSING_MS`]): a hint in whole seconds, the only kind there is, says
+/// 1 s or, as an HTTP date rounded to the second, up to 2 s for a limiter
+/// whose credit comes back within a window.
+pub const MAX_PRESS_MS: i64 = CLOSING_MS;
 
-/// Before anything is measured, the fleet's target doubles every window
-/// it was used in (BBR's startup, at a gain of two per window rather than
-/// per round trip: a window is the shortest interval the fleet's counts
-/// resolve).
+/// Before anything is measured, the target climbs past what the upstream
+/// served by a step that doubles every window work waited in (BBR's
+/// startup, at a gain of two per window rather than per round trip: a
+/// window is the shortest interval the fleet's counts resolve). The gain is
+/// on the step, not on the whole target: the first attempts a fleet sends
+/// straight are most of what it offers, and doubling them would overshoot
+/// the edge by as much again.
 const STARTUP_GAIN: Fraction = Fraction { num: 2, den: 1 };
+
+/// The first startup step over what a window served: the probe's own
+/// sixteenth twice over, so startup finds an edge within a few windows of
+/// an upstream several times what the fleet sends, and overshoots by at
+/// most one doubled step where it finds it.
+const FIRST_STEP: Fraction = Fraction { num: 1, den: 8 };
 
 /// One report's counts, as the model reads them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,18 +106,25 @@ pub struct Report {
     pub now_ms: i64,
     /// Attempts served.
     pub served: i64,
-    /// Capacity refusals no closing hint explains: each marks an empty
-    /// instant.
+    /// Capacity refusals whose hint does not close the route: each marks
+    /// an empty instant.
     pub refused: i64,
-    /// The longest `Retry-After` among those refusals, ms (whole seconds,
-    /// as hints are sent): a limiter's hint names when its credit comes
-    /// back, which is its memory.
+    /// Refusals whose hint closes the route (longer than [`CLOSING_MS`]):
+    /// an outage's, or a window limiter's quota spent seconds before its
+    /// boundary. They measure nothing by themselves; the instants they
+    /// name are the credit returns.
+    pub closing: i64,
+    /// The longest `Retry-After` among all the refusals, ms (whole
+    /// seconds, as hints are sent): a limiter's hint names when its credit
+    /// comes back, which is its memory.
     pub longest_hint_ms: i64,
 }
 
 /// How a window ended, beyond its counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowEnd {
+    /// The instant it ended (the next one starts).
+    pub at_ms: i64,
     /// Whether work waited for the target in it (slots were all taken, or
     /// intents were told to ask again for lack of rate): only then does a
     /// probe or startup's doubling prove anything.
@@ -114,10 +137,19 @@ pub struct WindowEnd {
 /// What the fleet is doing with the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Nothing measured yet: the target doubles each window it is used.
+    /// Nothing measured yet: the target climbs by a step that doubles
+    /// each window work waited in.
     Startup {
         /// The target in force, milli-attempts per second.
         target_m: i64,
+        /// The step it climbs to it (0: none), across the window that
+        /// starts at `from_ms`: a target that jumped at the window's start
+        /// would overshoot an edge it crossed by the whole step until the
+        /// first refusal is reported; climbed, by what it climbs
+        /// meanwhile.
+        step_m: i64,
+        /// When the climb began.
+        from_ms: i64,
     },
     /// Serving ρ̂ less the margin.
     Cruise {
@@ -140,6 +172,8 @@ pub enum Phase {
         until_ms: i64,
         /// Served since `since_ms`.
         served: i64,
+        /// Refused since `since_ms`: whether the limiter was kept pressed.
+        refused: i64,
     },
     /// The window after the edge was found, at the cruise rate: its
     /// refusals, if they go on through a whole one, say the capacity is
@@ -148,21 +182,38 @@ pub enum Phase {
         /// Entered in the window now accumulating: its refusals were drawn
         /// before the drain, not by it.
         fresh: bool,
+        /// Probe as soon as it is over: the measurement pressed far over
+        /// the edge, and a limiter spends capacity refusing (parsing,
+        /// authenticating, answering), so it served less than its rate by
+        /// what the refusals cost. A probe from the low reading finds the
+        /// rest; a probe's own refusals are few, and cost little.
+        probe: bool,
     },
-    /// An outage: nothing is offered for the model's sake, nothing learned.
-    Closed,
+    /// An outage: nothing is learned; when it ends the fleet resumes at ρ̂
+    /// less the margin, or, with nothing measured, at the startup target
+    /// in force before it.
+    Closed {
+        /// The startup target to resume at if nothing was measured.
+        startup_m: i64,
+    },
 }
 
 /// The instants a limiter's long hints named for its credit to come back,
-/// and what was served since the latest: on a window limiter, the span
+/// and what was served between them: on a window limiter, the span
 /// between two of them holds one window's quota, however the fleet spread
-/// it (`LimiterModel::on_report`).
+/// it (`LimiterModel::credit_returns`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct CreditReturns {
-    /// The one before the latest, and the latest (0: none yet).
-    named: [i64; 2],
-    /// Served in reports after the latest.
+    /// The latest named instant that has come (0: none yet): the span
+    /// being counted starts there.
+    from_ms: i64,
+    /// The next named instant, once a refusal after `from_ms` named it
+    /// (0: none yet): the span ends there.
+    until_ms: i64,
+    /// Served in reports after `from_ms`.
     served: i64,
+    /// The length of the last span read (0: none yet).
+    gap_ms: i64,
 }
 
 /// Windows served beyond a rate not yet measured, awaiting a
@@ -201,6 +252,10 @@ pub struct LimiterModel {
     span: Vec<i64>,
     /// Whether `span` starts at a known empty instant.
     span_anchored: bool,
+    /// Windows startup has climbed in a row, offering more than was
+    /// served before: the only windows in which a bank can show before
+    /// anything is measured.
+    climbed: u32,
     /// The window being accumulated: served and refused so far.
     w_served: i64,
     w_refused: i64,
@@ -224,10 +279,13 @@ impl LimiterModel {
             credit: CreditReturns::default(),
             span: Vec::new(),
             span_anchored: false,
+            climbed: 0,
             w_served: 0,
             w_refused: 0,
             phase: Phase::Startup {
                 target_m: start_m.max(floor_m),
+                step_m: 0,
+                from_ms: 0,
             },
             floor_m,
         }
@@ -238,12 +296,20 @@ impl LimiterModel {
         self.rate_m
     }
 
-    /// σ̂ now: the largest bank seen, or the longest one in time at ρ̂.
+    /// σ̂ now: the largest bank seen, or the longest one in time at ρ̂,
+    /// or, on a limiter whose hints say its credit comes back more than a
+    /// window later, what ρ̂ earns in that time: a window limiter's quota
+    /// is a bank of its whole window, spent before anything is refused,
+    /// and a probe that spends it proves no growth.
     pub fn burst_m(&self) -> i64 {
-        let timed = self
-            .rate_m
-            .map_or(0, |rate| rate.saturating_mul(self.burst_ms) / WINDOW_MS);
-        self.burst_m.max(timed)
+        let Some(rate) = self.rate_m else {
+            return self.burst_m;
+        };
+        let mut ms = self.burst_ms;
+        if self.hint_memory_ms > MAX_PRESS_MS {
+            ms = ms.max(self.hint_memory_ms);
+        }
+        self.burst_m.max(rate.saturating_mul(ms) / WINDOW_MS)
     }
 
     /// Records a bank the limiter was seen to serve, `bank_m` over ρ̂.
@@ -271,6 +337,10 @@ impl LimiterModel {
     /// remembers (a fixed window's tail after its quota runs out early),
     /// so probes are that much rarer and cost the same share of attempts.
     fn probe_every(&self) -> u32 {
+        if self.hint_memory_ms <= MAX_PRESS_MS {
+            // Whole-second hints of a limiter pressed within a window.
+            return PROBE_EVERY;
+        }
         let seconds = (self.hint_memory_ms + WINDOW_MS - 1) / WINDOW_MS;
         PROBE_EVERY.saturating_mul(u32::try_from(seconds.clamp(1, 3_600)).unwrap_or(1))
     }
@@ -280,12 +350,24 @@ impl LimiterModel {
         self.phase
     }
 
-    /// The rate the fleet's attempts in all may reach the upstream at now,
-    /// milli-attempts per second.
-    pub fn target_m(&self) -> i64 {
+    /// The rate the fleet's attempts in all may reach the upstream at
+    /// `now_ms`, milli-attempts per second.
+    pub fn target_m(&self, now_ms: i64) -> i64 {
         let target = match (self.phase, self.rate_m) {
-            (Phase::Closed, _) => return 0,
-            (Phase::Startup { target_m }, _) => target_m,
+            (
+                Phase::Startup {
+                    target_m,
+                    step_m,
+                    from_ms,
+                },
+                _,
+            ) if step_m > 0 => {
+                let into = now_ms.saturating_sub(from_ms).clamp(0, WINDOW_MS);
+                target_m - step_m + step_m * into / WINDOW_MS
+            }
+            (Phase::Closed { .. }, Some(rate)) => CRUISE_GAIN.of(rate),
+            (Phase::Closed { startup_m }, None) => startup_m,
+            (Phase::Startup { target_m, .. }, _) => target_m,
             (Phase::Measure { drew_m, .. }, _) => drew_m,
             (_, None) => self.floor_m,
             (Phase::Cruise { .. }, Some(rate)) => CRUISE_GAIN.of(rate),
@@ -298,12 +380,14 @@ impl LimiterModel {
     /// Takes in one report's counts.
     pub fn on_report(&mut self, report: &Report) {
         self.credit_returns(report);
-        if self.phase == Phase::Closed {
+        if matches!(self.phase, Phase::Closed { .. }) {
             return;
         }
         self.w_served += report.served;
         self.w_refused += report.refused;
-        if report.refused > 0 {
+        if report.refused > 0 && report.longest_hint_ms <= MAX_PRESS_MS {
+            // A longer hint is the limiter's memory only once it repeats
+            // (`credit_returns`): an outage's hint is as long, once.
             self.hint_memory_ms = self.hint_memory_ms.max(report.longest_hint_ms);
         }
         if let Phase::Measure {
@@ -311,25 +395,46 @@ impl LimiterModel {
             since_ms,
             until_ms,
             served,
+            refused,
         } = self.phase
         {
             let served = served + report.served;
+            let refused = refused + report.refused;
             let elapsed = (report.now_ms - since_ms).max(1);
             let reading = served * MILLI * WINDOW_MS / elapsed;
-            if report.now_ms >= until_ms && report.refused > 0 {
-                // Empty again: what it served in between is ρ.
-                self.measured(reading);
+            if report.now_ms >= until_ms && report.refused > 0 && served == 0 {
+                // Empty again with nothing served in between: the upstream
+                // is out, which says nothing of its rate. Measure from here.
+                self.phase = Phase::Measure {
+                    drew_m,
+                    since_ms: report.now_ms,
+                    until_ms: report.now_ms + (until_ms - since_ms),
+                    served: 0,
+                    refused: 0,
+                };
+            } else if report.now_ms >= until_ms && report.refused > 0 {
+                // Empty again: what it served in between is ρ, if the
+                // limiter was kept empty in between.
+                if pressed(served, refused) {
+                    self.measured(reading, drew_m);
+                } else {
+                    self.unpressed(drew_m);
+                }
             } else if report.now_ms >= until_ms + WINDOW_MS {
                 // No refusal for a window past the memory while the rate
-                // that drew one was held: the limiter serves at least it.
-                let floor = self.rate_m.map_or(reading, |rate| rate.max(reading));
-                self.measured(floor);
+                // that drew one was held: the limiter serves at least what
+                // it served.
+                match self.rate_m {
+                    Some(rate) => self.measured(rate.max(reading), drew_m),
+                    None => self.unpressed(drew_m),
+                }
             } else {
                 self.phase = Phase::Measure {
                     drew_m,
                     since_ms,
                     until_ms,
                     served,
+                    refused,
                 };
             }
             return;
@@ -339,29 +444,61 @@ impl LimiterModel {
         }
         // A refusal: the limiter is empty now. Startup and probes found
         // the edge; in cruise the capacity fell (or ρ̂ is high).
-        let drew_m = self.target_m();
+        let drew_m = self.target_m(report.now_ms);
         if self.hint_memory_ms > MAX_PRESS_MS {
             // Credit comes back only after a long while (the limiter's own
             // hint says so): pressing would overshoot that long. Give back
             // at once, and let the window's end measure from the span.
             self.phase = match self.phase {
-                Phase::Probe | Phase::Cruise { .. } => Phase::Drain { fresh: true },
-                Phase::Startup { target_m } => Phase::Startup {
+                Phase::Probe | Phase::Cruise { .. } => Phase::Drain {
+                    fresh: true,
+                    probe: false,
+                },
+                Phase::Startup { target_m, .. } => Phase::Startup {
                     target_m: (target_m / 2).max(self.floor_m),
+                    step_m: 0,
+                    from_ms: 0,
                 },
                 phase => phase,
             };
             return;
         }
-        if matches!(
-            self.phase,
-            Phase::Startup { .. } | Phase::Probe | Phase::Cruise { .. }
-        ) {
+        if self.phase == Phase::Probe && self.unexplained_m.is_none() {
+            // A probe refused against a ρ̂ that was measured, not raised by
+            // a proof since: the edge is where it was. Pressing to measure
+            // it again would overshoot for the limiter's memory to learn
+            // nothing; the probe ends.
+            self.phase = Phase::Drain {
+                fresh: true,
+                probe: false,
+            };
+            return;
+        }
+        // Refused a window after the drain began: not the stragglers of
+        // what drew it, but a capacity that fell (it may fall during a
+        // probe too).
+        let fell = matches!(self.phase, Phase::Drain { fresh: false, .. });
+        if fell
+            || matches!(
+                self.phase,
+                Phase::Startup { .. } | Phase::Probe | Phase::Cruise { .. }
+            )
+        {
+            // Startup found the edge by overshooting it by up to its step,
+            // so its reading is pressed only for MEASURE_MS and is low by
+            // what the refusals cost (and, on a window limiter, an echo of
+            // the climb): the probe after it finds the rest at a probe's
+            // overshoot rather than a step's.
+            let press_ms = match self.phase {
+                Phase::Startup { .. } => MEASURE_MS,
+                _ => MEASURE_MS.max(self.hint_memory_ms),
+            };
             self.phase = Phase::Measure {
                 drew_m,
                 since_ms: report.now_ms,
-                until_ms: report.now_ms + MEASURE_MS.max(self.hint_memory_ms),
+                until_ms: report.now_ms + press_ms,
                 served: 0,
+                refused: 0,
             };
         }
     }
@@ -369,55 +506,107 @@ impl LimiterModel {
     /// Follows the credit returns a limiter's long hints name. A refusal
     /// whose hint says credit comes back only after more than a window
     /// names an instant; one after that instant has come, naming an
-    /// instant a second or more later, starts a new episode. Between two
-    /// named instants a window limiter's quota came back once and was
-    /// spent (a fixed window's boundary to the next), so what was served
-    /// between them, over the time between, is ρ. An outage names its end
-    /// too, and a span across one reads low; only when two spans in a row
-    /// have the same length (a window limiter is periodic, outages are
-    /// not) does the reading replace ρ̂; otherwise it only raises it.
+    /// instant a second or more later, names the next. Between two named
+    /// instants a window limiter's quota came back once and was spent (a
+    /// fixed window's boundary to the next), so what was served between
+    /// them, counted once the second has come (reports of the quota's last
+    /// attempts arrive after the refusal that named it), over the time
+    /// between, is ρ. An outage names its end too, and a span across one
+    /// reads low: only when two spans in a row have the same length (a
+    /// window limiter is periodic, outages are not) does the reading
+    /// replace ρ̂; otherwise it only raises it.
     fn credit_returns(&mut self, report: &Report) {
-        let [older, latest] = self.credit.named;
-        if latest > 0 && report.now_ms > latest {
+        let now = report.now_ms;
+        let c = self.credit;
+        if c.from_ms > 0 && now > c.from_ms && (c.until_ms == 0 || now <= c.until_ms) {
             self.credit.served += report.served;
         }
-        if report.refused == 0 || report.longest_hint_ms <= MAX_PRESS_MS {
+        if c.until_ms > 0 && now > c.until_ms {
+            if c.from_ms > 0 {
+                self.read_credit_span(c.until_ms - c.from_ms);
+            }
+            self.credit.from_ms = c.until_ms;
+            self.credit.until_ms = 0;
+            self.credit.served = report.served;
+        }
+        if report.closing == 0 || report.longest_hint_ms <= MAX_PRESS_MS {
             return;
         }
-        let named = report.now_ms.saturating_add(report.longest_hint_ms);
-        if latest > 0 && (report.now_ms < latest || named <= latest + HINT_GRANULARITY_MS) {
+        let named = now.saturating_add(report.longest_hint_ms);
+        let latest = self.credit.until_ms.max(self.credit.from_ms);
+        if latest > 0 && (now < latest || named <= latest + HINT_GRANULARITY_MS) {
             // The same episode: refused again before the credit it named
             // came back (a countdown, or a limiter re-arming its penalty),
             // or naming the same instant to a hint's rounding.
             return;
         }
         if latest > 0 {
-            let gap = named - latest;
-            let reading = self.credit.served * MILLI * WINDOW_MS / gap.max(1);
-            let periodic = older > 0 && (gap - (latest - older)).abs() <= HINT_GRANULARITY_MS;
-            match (self.rate_m, periodic) {
-                (Some(rate), false) => self.rate_m = Some(rate.max(reading)),
-                (None, false) => self.rate_m = Some(reading.max(1)),
-                (_, true) => {
-                    self.judged(reading);
-                    // A window limiter's quota is a bank of the whole
-                    // window at ρ: a probe spends it for up to a window
-                    // before anything is refused, which is not growth.
-                    self.saw_bank(reading.saturating_mul(gap) / WINDOW_MS);
-                }
+            // A second episode: an outage's hint is as long as a window
+            // limiter's, once; twice, it is the limiter's memory.
+            self.hint_memory_ms = self.hint_memory_ms.max(report.longest_hint_ms);
+        }
+        self.credit.until_ms = named;
+    }
+
+    /// Reads a span between two credit returns `gap` ms apart.
+    fn read_credit_span(&mut self, gap: i64) {
+        let reading = self.credit.served * MILLI * WINDOW_MS / gap.max(1);
+        let last = std::mem::replace(&mut self.credit.gap_ms, gap);
+        let periodic = last > 0 && (gap - last).abs() <= HINT_GRANULARITY_MS;
+        match (self.rate_m, periodic) {
+            (Some(rate), false) => self.rate_m = Some(rate.max(reading)),
+            (None, false) => self.rate_m = Some(reading.max(1)),
+            (_, true) => {
+                self.judged(reading);
+                // Periodic: the hint is the limiter's memory, not an
+                // outage's end.
+                self.hint_memory_ms = self.hint_memory_ms.max(gap);
+                // A window limiter's quota is a bank of the whole window
+                // at ρ: a probe spends it for up to a window before
+                // anything is refused, which is not growth.
+                self.saw_bank(reading.saturating_mul(gap) / WINDOW_MS);
             }
         }
-        self.credit = CreditReturns {
-            named: [latest, named],
-            served: 0,
-        };
     }
 
     /// A measurement of ρ is in: the bank is what was served over it
     /// while the last guess stood, and the edge is behind the fleet.
-    fn measured(&mut self, rate_m: i64) {
+    fn measured(&mut self, rate_m: i64, drew_m: i64) {
+        let fell = match self.rate_m {
+            Some(rate) => rate_m < CRUISE_GAIN.of(rate),
+            // The first measurement, with no climb before it: the demand
+            // that fit before was refused now, so the capacity fell.
+            None => self.climbed == 0,
+        };
+        if fell {
+            // A drop: the windows before it were served at the ρ of their
+            // time, and judged against this one they would read as a bank
+            // the limiter never had. The span restarts at the
+            // measurement's end, an empty instant.
+            self.span.clear();
+            self.span_anchored = true;
+        }
         self.judged(rate_m);
-        self.phase = Phase::Drain { fresh: true };
+        self.phase = Phase::Drain {
+            fresh: true,
+            probe: drew_m > PROBE_GAIN.of(PROBE_GAIN.of(rate_m)),
+        };
+    }
+
+    /// The refusals that began a measurement were not the limiter kept
+    /// empty (a herd woken in one instant by a whole-second hint, a
+    /// straggler, a fleet that was holding its attempts): nothing was
+    /// measured, and the phase it interrupted goes on at the rate that
+    /// drew them.
+    fn unpressed(&mut self, drew_m: i64) {
+        self.phase = match self.rate_m {
+            Some(_) => Phase::Cruise { windows: 0 },
+            None => Phase::Startup {
+                target_m: drew_m.max(self.floor_m),
+                step_m: 0,
+                from_ms: 0,
+            },
+        };
     }
 
     /// ρ is `rate_m`, measured: what was served over it while a guess
@@ -441,7 +630,11 @@ impl LimiterModel {
             // from it.
             self.span.clear();
             self.span_anchored = true;
-            self.phase = Phase::Closed;
+            let startup_m = match self.phase {
+                Phase::Closed { startup_m } => startup_m,
+                _ => self.target_m(end.at_ms),
+            };
+            self.phase = Phase::Closed { startup_m };
             return;
         }
         if self.span.len() >= MAX_SPAN {
@@ -452,7 +645,23 @@ impl LimiterModel {
         if refused > 0 {
             self.on_empty_window();
         } else {
-            self.on_clean_window(end.demand);
+            self.on_clean_window(served, end);
+        }
+    }
+
+    /// The outage is over (its closing hint has passed): the fleet resumes
+    /// at once rather than at the window's end, since a backlog held
+    /// through it loses every deadline that falls meanwhile.
+    pub fn reopen(&mut self) {
+        if let Phase::Closed { startup_m } = self.phase {
+            self.phase = match self.rate_m {
+                Some(_) => Phase::Cruise { windows: 0 },
+                None => Phase::Startup {
+                    target_m: startup_m,
+                    step_m: 0,
+                    from_ms: 0,
+                },
+            };
         }
     }
 
@@ -461,9 +670,13 @@ impl LimiterModel {
         if self.rate_m.is_none() {
             // The first contact: its last window served ρ and whatever
             // bank the limiter had, which the measurement under way tells
-            // apart.
+            // apart. Only the windows startup climbed in can have drawn on
+            // a bank; before them the fleet's demand fit, and a refusal
+            // after a steady stretch is a capacity that fell.
+            let climbed = usize::try_from(self.climbed).unwrap_or(usize::MAX);
+            let from = span.len().saturating_sub(climbed.saturating_add(1));
             self.unexplained_m = Some(Unexplained {
-                windows: span.clone(),
+                windows: span[from..].to_vec(),
             });
         }
         if let Some(rate) = self.rate_m {
@@ -491,45 +704,93 @@ impl LimiterModel {
         }
         self.span_anchored = true;
         self.phase = match (self.phase, self.rate_m) {
-            (Phase::Closed, _) => Phase::Cruise { windows: 0 },
-            (Phase::Drain { fresh: true }, Some(_)) => Phase::Drain { fresh: false },
-            (Phase::Drain { fresh: false }, Some(rate)) => {
+            (Phase::Closed { .. }, Some(_)) => Phase::Cruise { windows: 0 },
+            (Phase::Closed { startup_m }, None) => Phase::Startup {
+                target_m: startup_m,
+                step_m: 0,
+                from_ms: 0,
+            },
+            (Phase::Drain { fresh: true, probe }, Some(_)) => Phase::Drain {
+                fresh: false,
+                probe,
+            },
+            (Phase::Drain { fresh: false, .. }, Some(rate)) if self.memory_ms() > MAX_PRESS_MS => {
                 // Refused all through a window at the cruise rate with no
                 // measurement (a memory too long to press): the capacity is
                 // under that. Multiplicative decrease until a window comes
                 // back clean.
                 self.rate_m = Some(CRUISE_GAIN.of(rate).max(1));
-                Phase::Drain { fresh: false }
+                Phase::Drain {
+                    fresh: false,
+                    probe: false,
+                }
+            }
+            (Phase::Drain { fresh: false, .. }, Some(_)) => {
+                // A limiter that can be pressed, refused a window after the
+                // measurement: the measurement's stragglers, or a capacity
+                // that fell again. Cruise, where a refusal is measured.
+                Phase::Cruise { windows: 0 }
             }
             (Phase::Probe | Phase::Cruise { .. } | Phase::Startup { .. }, Some(_)) => {
-                Phase::Drain { fresh: false }
+                Phase::Drain {
+                    fresh: false,
+                    probe: false,
+                }
             }
             (phase, _) => phase,
         };
     }
 
-    fn on_clean_window(&mut self, demand: bool) {
+    fn on_clean_window(&mut self, served: i64, end: &WindowEnd) {
+        let demand = end.demand;
         let Some(rate) = self.rate_m else {
             self.phase = match self.phase {
-                Phase::Startup { target_m } if demand => Phase::Startup {
-                    target_m: STARTUP_GAIN.of(target_m),
-                },
-                Phase::Closed => Phase::Startup {
-                    target_m: self.floor_m,
+                Phase::Startup {
+                    target_m, step_m, ..
+                } => {
+                    // The upstream served this much without refusing: the
+                    // target starts from it, and climbs past it only where
+                    // work waited.
+                    let base = target_m.max(served * MILLI);
+                    self.climbed = if demand { self.climbed + 1 } else { 0 };
+                    if demand {
+                        let step = STARTUP_GAIN.of(step_m).max(FIRST_STEP.of(base)).max(MILLI);
+                        Phase::Startup {
+                            target_m: base.saturating_add(step),
+                            step_m: step,
+                            from_ms: end.at_ms,
+                        }
+                    } else {
+                        Phase::Startup {
+                            target_m: (served * MILLI).max(self.floor_m),
+                            step_m: 0,
+                            from_ms: 0,
+                        }
+                    }
+                }
+                Phase::Closed { startup_m } => Phase::Startup {
+                    target_m: startup_m,
+                    step_m: 0,
+                    from_ms: 0,
                 },
                 phase => phase,
             };
             return;
         };
         self.phase = match self.phase {
-            Phase::Startup { .. } | Phase::Closed | Phase::Drain { .. } => {
+            Phase::Drain { probe: true, .. } => Phase::Probe,
+            Phase::Startup { .. } | Phase::Closed { .. } | Phase::Drain { .. } => {
                 Phase::Cruise { windows: 0 }
             }
             Phase::Probe => {
                 // Clean: proof of more only once what was served over ρ̂
-                // since the limiter was last empty is more than its bank.
+                // since the limiter was last empty is more than its bank,
+                // and more than one window of probing offers: σ̂ is the
+                // largest bank *seen*, and a limiter may hold more, so a
+                // single window's excess proves nothing (a false proof
+                // would probe on from it, over the edge by the gain twice).
                 let excess = excess_m(&self.span, rate);
-                if excess > self.burst_m() {
+                if excess > self.burst_m().max(PROBE_GAIN.of(rate) - rate) {
                     // More than the bank seen so far explains: the upstream
                     // grew, or its bank is larger than seen. The next
                     // measurement tells which.
@@ -543,7 +804,10 @@ impl LimiterModel {
                 if demand {
                     Phase::Probe
                 } else {
-                    Phase::Drain { fresh: false }
+                    Phase::Drain {
+                        fresh: false,
+                        probe: false,
+                    }
                 }
             }
             Phase::Cruise { windows } => {
@@ -584,6 +848,16 @@ impl LimiterModel {
     }
 }
 
+/// Whether a measurement that served `served` and refused `refused` kept
+/// the limiter empty: refusals came at least at a quarter of a probe's
+/// excess over what was served (a probe that found the edge draws that
+/// much less what the bank and the report round trip absorb; a herd woken
+/// in one instant, or a straggler, draws a handful).
+fn pressed(served: i64, refused: i64) -> bool {
+    let excess = PROBE_GAIN.num - PROBE_GAIN.den;
+    refused.saturating_mul(4 * PROBE_GAIN.den) >= served.saturating_mul(excess)
+}
+
 /// The most a span served over `rate_m` in any run of its windows ending
 /// at its last: what a bank must have held to serve it.
 fn excess_m(span: &[i64], rate_m: i64) -> i64 {
@@ -594,4 +868,134 @@ fn excess_m(span: &[i64], rate_m: i64) -> i64 {
         most = most.max(run);
     }
     most
+}
+
+/// The model as bytes, for the Redis store's copy of a route's pacing
+/// ([`PacingState::encode`](super::PacingState::encode) holds it): its
+/// estimates, then its span, then its phase, in one fixed order.
+impl LimiterModel {
+    pub(super) fn write(&self, w: &mut Writer) {
+        w.opt_int(self.rate_m)
+            .int(self.burst_m)
+            .int(self.burst_ms)
+            .int(self.hint_memory_ms)
+            .int(self.credit.from_ms)
+            .int(self.credit.until_ms)
+            .int(self.credit.served)
+            .int(self.credit.gap_ms);
+        w.flag(self.unexplained_m.is_some());
+        if let Some(unexplained) = &self.unexplained_m {
+            write_windows(w, &unexplained.windows);
+        }
+        write_windows(w, &self.span);
+        w.flag(self.span_anchored)
+            .int(i64::from(self.climbed))
+            .int(self.w_served)
+            .int(self.w_refused)
+            .int(self.floor_m);
+        match self.phase {
+            Phase::Startup {
+                target_m,
+                step_m,
+                from_ms,
+            } => w.int(0).int(target_m).int(step_m).int(from_ms),
+            Phase::Cruise { windows } => w.int(1).int(i64::from(windows)),
+            Phase::Probe => w.int(2),
+            Phase::Measure {
+                drew_m,
+                since_ms,
+                until_ms,
+                served,
+                refused,
+            } => w
+                .int(3)
+                .int(drew_m)
+                .int(since_ms)
+                .int(until_ms)
+                .int(served)
+                .int(refused),
+            Phase::Drain { fresh, probe } => w.int(4).flag(fresh).flag(probe),
+            Phase::Closed { startup_m } => w.int(5).int(startup_m),
+        };
+    }
+
+    pub(super) fn read(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
+        let rate_m = r.opt_int()?;
+        let (burst_m, burst_ms, hint_memory_ms) = (r.int()?, r.int()?, r.int()?);
+        let credit = CreditReturns {
+            from_ms: r.int()?,
+            until_ms: r.int()?,
+            served: r.int()?,
+            gap_ms: r.int()?,
+        };
+        let unexplained_m = if r.flag()? {
+            Some(Unexplained {
+                windows: read_windows(r, what)?,
+            })
+        } else {
+            None
+        };
+        let span = read_windows(r, what)?;
+        let span_anchored = r.flag()?;
+        let climbed = r.small()?;
+        let (w_served, w_refused, floor_m) = (r.int()?, r.int()?, r.int()?);
+        let phase = match r.int()? {
+            0 => Phase::Startup {
+                target_m: r.int()?,
+                step_m: r.int()?,
+                from_ms: r.int()?,
+            },
+            1 => Phase::Cruise {
+                windows: r.small()?,
+            },
+            2 => Phase::Probe,
+            3 => Phase::Measure {
+                drew_m: r.int()?,
+                since_ms: r.int()?,
+                until_ms: r.int()?,
+                served: r.int()?,
+                refused: r.int()?,
+            },
+            4 => Phase::Drain {
+                fresh: r.flag()?,
+                probe: r.flag()?,
+            },
+            5 => Phase::Closed {
+                startup_m: r.int()?,
+            },
+            _ => return Err(DecodeError::Malformed { what }),
+        };
+        Ok(Self {
+            rate_m,
+            burst_m,
+            burst_ms,
+            hint_memory_ms,
+            credit,
+            unexplained_m,
+            span,
+            span_anchored,
+            climbed,
+            w_served,
+            w_refused,
+            phase,
+            floor_m,
+        })
+    }
+}
+
+/// Served per window, its count first.
+fn write_windows(w: &mut Writer, windows: &[i64]) {
+    w.int(windows.len() as i64);
+    for &served in windows {
+        w.int(served);
+    }
+}
+
+/// At most [`MAX_SPAN`] windows: a longer list is no model's.
+fn read_windows(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<i64>, DecodeError> {
+    let len: usize = r.small()?;
+    if len > MAX_SPAN {
+        return Err(DecodeError::Malformed { what });
+    }
+    (0..len).map(|_| r.int()).collect()
 }

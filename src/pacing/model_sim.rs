@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::model::{LimiterModel, Report, WindowEnd};
+use super::model::{LimiterModel, PROBE_EVERY, Phase, Report, WindowEnd};
 use super::{CLOSING_MS, MILLI, WINDOW_MS};
 
 /// The simulation's time step, ms.
@@ -128,6 +128,13 @@ struct Second {
 /// The limiters' sustained rate before any change, per second.
 const CAPACITY: f64 = 1000.0;
 
+/// The second from which startup is over: from 10/s, steps of an eighth
+/// of what was served, doubling each window, reach 1 000/s in about a
+/// dozen windows; the reading after the edge is pressed only briefly (low
+/// by an echo on a window limiter), and the probes after it climb the rest
+/// in a few more.
+const STARTED: usize = 20;
+
 /// Runs `seconds` with the fleet always having more work than the target
 /// (`demand_m` caps what it has, per second; `None` is unbounded), with
 /// `changes` (second, fraction of [`CAPACITY`]) applied at their second.
@@ -148,7 +155,7 @@ fn run(
         capacity,
         target_m: 0,
     };
-    let mut tick = (0i64, 0i64);
+    let mut tick = (0i64, 0i64, 0i64);
     let mut longest_hint_ms = 0i64;
     // A hint longer than two windows closes the route, as the coordinator
     // does: nothing is sent until it ends, and the windows it covers are
@@ -161,7 +168,7 @@ fn run(
         if let Some(&(_, factor)) = changes.iter().find(|(s, _)| s * WINDOW_MS == at) {
             capacity = CAPACITY * factor;
         }
-        let target = model.target_m();
+        let target = model.target_m(at);
         let held = at < hold_until;
         closed |= held;
         let rate = if held {
@@ -181,11 +188,13 @@ fn run(
                 tick.0 += 1;
             } else {
                 window.refused += 1;
-                tick.1 += 1;
                 let hint = limiter.hint_ms(at, capacity);
                 longest_hint_ms = longest_hint_ms.max(hint);
                 if hint > CLOSING_MS {
                     hold_until = hold_until.max(at + hint);
+                    tick.2 += 1;
+                } else {
+                    tick.1 += 1;
                 }
             }
         }
@@ -195,9 +204,10 @@ fn run(
                 now_ms: next,
                 served: tick.0,
                 refused: tick.1,
+                closing: tick.2,
                 longest_hint_ms,
             });
-            tick = (0, 0);
+            tick = (0, 0, 0);
             longest_hint_ms = 0;
         }
         if next % WINDOW_MS == 0 {
@@ -205,6 +215,7 @@ fn run(
             window.target_m = target;
             out.push(window);
             model.on_window(&WindowEnd {
+                at_ms: next,
                 demand: demand_met,
                 closed: std::mem::take(&mut closed),
             });
@@ -318,7 +329,7 @@ fn each_pressable_limiter_is_found_and_held() {
         let (model, seconds) = run(limiter.as_mut(), 90, None, &[]);
         let rate = model.rate_m().expect("measured") / MILLI;
         assert!((950..=1030).contains(&rate), "{name}: ρ̂ {rate}");
-        claims_hold(name, &seconds, 10);
+        claims_hold(name, &seconds, STARTED);
     }
 }
 
@@ -328,7 +339,7 @@ fn a_drop_is_followed_from_the_second_after_it() {
         let (model, seconds) = run(limiter.as_mut(), 90, None, &[(40, 0.4)]);
         let rate = model.rate_m().expect("measured") / MILLI;
         assert!((380..=420).contains(&rate), "{name}: ρ̂ {rate}");
-        claims_hold(name, &seconds[..40], 10);
+        claims_hold(name, &seconds[..40], STARTED);
         // The first second of the drop is exempt: nothing shows it before
         // the limiter refuses.
         claims_hold(name, &seconds, 42);
@@ -346,13 +357,13 @@ fn a_rise_is_found_at_the_probe_gain_per_proof() {
     // limiter of one second has no bank beyond the window: a proof a
     // window.
     for (name, mut limiter, settled) in [
-        ("token bucket, 0.1 s burst", token_bucket(0.1), 85),
-        ("sliding window, 1 s", sliding_window(1000), 65),
-        ("fixed window, 1 s", fixed_window(1000), 65),
+        ("token bucket, 0.1 s burst", token_bucket(0.1), 96),
+        ("sliding window, 1 s", sliding_window(1000), 80),
+        ("fixed window, 1 s", fixed_window(1000), 78),
     ] {
         let (_, seconds) = run(limiter.as_mut(), 100, None, &[(0, 0.4), (40, 1.0)]);
         let log = trace(&seconds);
-        assert!(peak(&seconds, 10) <= 1.1, "{name}: peak\n{log}");
+        assert!(peak(&seconds, STARTED) <= 1.1, "{name}: peak\n{log}");
         assert!(
             least_utilisation(&seconds, settled) >= 0.9,
             "{name}: utilisation\n{log}"
@@ -407,6 +418,7 @@ fn an_outage_learns_nothing_and_resumes_at_the_rate_known() {
     let (mut model, _) = run(limiter.as_mut(), 30, None, &[]);
     let rate = model.rate_m().expect("measured");
     let closed = WindowEnd {
+        at_ms: 0,
         demand: true,
         closed: true,
     };
@@ -414,31 +426,43 @@ fn an_outage_learns_nothing_and_resumes_at_the_rate_known() {
         model.on_report(&Report {
             now_ms: 30_000 + at * WINDOW_MS,
             served: 0,
-            refused: 400,
+            refused: 0,
+            closing: 400,
             longest_hint_ms: 10_000,
         });
         model.on_window(&closed);
-        assert_eq!(model.target_m(), 0, "nothing is woken in an outage");
+        assert!(matches!(model.phase(), Phase::Closed { .. }), "closed");
     }
     assert_eq!(model.rate_m(), Some(rate), "nothing learned from it");
     model.on_window(&WindowEnd {
+        at_ms: 0,
         demand: true,
         closed: false,
     });
-    assert_eq!(model.target_m(), super::model::CRUISE_GAIN.of(rate));
+    assert_eq!(model.target_m(0), super::model::CRUISE_GAIN.of(rate));
 }
 
 #[test]
 fn a_fixed_window_of_ten_seconds_is_found_from_the_instants_its_hints_name() {
     // Its refusals name the boundary, seconds away: the route closes until
     // it, and the quota served between two boundaries, over the time
-    // between, is ρ once two such spans agree. Probes come a window's
-    // length apart for each second it remembers, so a probe's refused tail
-    // costs no more than on a one-second limiter.
+    // between, is ρ. Its quota is a bank of the whole window, so probes
+    // come a window's length apart for each second it remembers, and a
+    // probe that finds no more costs the tail of one window (refused, or
+    // closed until the boundary): the claims hold between probes.
+    // The instants are named to the second, so a span of 10 s reads ρ
+    // within a tenth, and cruise serves what it reads less the margin.
     let (model, seconds) = run(fixed_window(10_000).as_mut(), 160, None, &[]);
     let rate = model.rate_m().expect("measured") / MILLI;
-    assert!((950..=1030).contains(&rate), "ρ̂ {rate}");
-    claims_hold("fixed window, 10 s", &seconds, 45);
+    assert!((900..=1030).contains(&rate), "ρ̂ {rate}");
+    let log = trace(&seconds);
+    assert!(peak(&seconds, 45) <= 1.1, "{log}");
+    assert!(refused_share(&seconds, 45) <= 0.01, "{log}");
+    let probe = (45..seconds.len())
+        .find(|&s| seconds[s].refused > 0)
+        .unwrap_or(seconds.len());
+    assert!(probe >= 90, "a probe every {} windows", PROBE_EVERY * 9);
+    assert!(least_utilisation(&seconds[..probe], 45) >= 0.85, "{log}");
 }
 
 /// Prints the table in `docs/pacing.md` ("What it does, on a virtual
@@ -461,7 +485,9 @@ fn the_table() {
         ("sliding window, 1 s", || sliding_window(1000), true),
         ("fixed window, 1 s", || fixed_window(1000), true),
         ("sliding window, 10 s", || sliding_window(10_000), false),
-        ("fixed window, 10 s", || fixed_window(10_000), true),
+        // Its probes cost the tail of a window (checked between probes by
+        // its own test).
+        ("fixed window, 10 s", || fixed_window(10_000), false),
     ];
     let cases: [(&str, &[(i64, f64)]); 3] = [
         ("steady", &[]),

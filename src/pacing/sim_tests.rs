@@ -1,8 +1,9 @@
 //! A closed loop: the controller pacing a fluid fleet against a fluid
-//! upstream, on a virtual clock in 100 ms ticks. Not the storm benchmark —
-//! a small model of it, to show the learned rate lands on the true spare
-//! capacity within a few seconds of recovery on shapes the controller was
-//! not tuned on.
+//! upstream (a token bucket with a burst of one tick), on a virtual clock
+//! in 100 ms ticks. Not the storm benchmark — a small model of it, to
+//! check the claims `docs/pacing.md` makes of the whole controller (the
+//! model's target split between first attempts and waiting intents) on
+//! shapes it was not tuned on.
 
 use std::collections::VecDeque;
 
@@ -44,24 +45,22 @@ impl Shape {
     fn recovery_ms(&self) -> i64 {
         T0 + (self.outage_at + self.outage_len) * 1000
     }
-
-    fn true_spare(&self) -> i64 {
-        self.cap * self.after_tenths / 10 - self.lam
-    }
 }
 
 /// What one run shows, per second.
 #[derive(Debug, Default)]
 struct Run {
-    /// The rate retries are woken at, at the end of each second, whole slots
-    /// per second: the wake rate, less the first attempts it also paces
-    /// while saturated.
-    rates: Vec<i64>,
     /// Whether the route was saturated at the end of each second.
     saturated: Vec<bool>,
     /// Attempts offered to the upstream in each second, in thousandths of
     /// the capacity in force then.
     load_permille: Vec<i64>,
+    /// Attempts served in each second, in thousandths of the capacity in
+    /// force then.
+    served_permille: Vec<i64>,
+    /// Intents waiting (retries and held first attempts) at each second's
+    /// end.
+    waiting: Vec<i64>,
 }
 
 /// Runs the loop for `secs`.
@@ -79,6 +78,7 @@ fn run(shape: Shape, secs: i64) -> Run {
     let mut seed = 7u64;
     let mut out = Run::default();
     let mut offered_this_sec = 0;
+    let mut served_this_sec = 0;
     let mut heard_late = (0i64, 0i64, 0i64, 0i64);
     for tick in 0..secs * TICKS_PER_SEC {
         let now = T0 + tick * TICK_MS;
@@ -142,6 +142,7 @@ fn run(shape: Shape, secs: i64) -> Run {
         offered_this_sec += offered;
         let served = offered.min(tokens.max(0));
         tokens -= served;
+        served_this_sec += served;
         let rejected = offered - served;
         backlog += rejected;
         let in_outage = (shape.outage_at..shape.outage_at + shape.outage_len).contains(&sec);
@@ -178,77 +179,23 @@ fn run(shape: Shape, secs: i64) -> Run {
         if (tick + 1) % TICKS_PER_SEC == 0 {
             st.advance(now + TICK_MS, &p);
             let saturated = st.mode() == Mode::Saturated;
-            let paced_first = if saturated { shape.lam } else { 0 };
-            out.rates.push(st.wake_rate_m() / MILLI - paced_first);
             out.saturated.push(saturated);
             out.load_permille.push(offered_this_sec * 1000 / cap.max(1));
+            out.served_permille
+                .push(served_this_sec * 1000 / cap.max(1));
+            out.waiting.push(backlog + held_first);
             offered_this_sec = 0;
+            served_this_sec = 0;
         }
     }
     out
 }
 
-/// Within 5 s of recovery the rate reaches the true spare capacity (within
-/// 20 %); from then on, while the backlog lasts, it probes around it:
-/// every second within a quarter of it (a probe oversteps, and the cut goes
-/// back to the last rate that drew nothing) and within a tenth on average.
-/// While saturated the wake rate paces first attempts too, so it is held to
-/// the capacity instead (the same difference, against the capacity). In a
-/// second that probes past the edge the rate stands above its target until
-/// the report that cuts it arrives (reports lag a tick here, as a report
-/// interval delays them): such a second is held to the load bound only.
-/// The load offered in any second after recovery is at most 1.1 × the
-/// capacity in force.
-fn assert_converges(shape: Shape) {
-    let run = run(shape, shape.outage_at + shape.outage_len + 15);
-    let rates = &run.rates;
-    let spare = shape.true_spare();
-    let capacity = shape.capacity_at(shape.outage_at + shape.outage_len);
-    // The rate's distance from its target, and what it is measured against.
-    let off = |s: usize| {
-        let base = if run.saturated[s] { capacity } else { spare };
-        ((rates[s] - spare).abs(), base)
-    };
-    let recovery = (shape.outage_at + shape.outage_len) as usize;
-    let from = recovery + 5;
-    assert!(
-        (recovery..=from).any(|s| off(s).0 * 5 <= off(s).1),
-        "{shape:?}: not within 20 % of the spare {spare}/s by {from} s; all: {rates:?}"
-    );
-    let probing_past = |s: usize| rates[s] > spare;
-    for s in from..rates.len() {
-        let (off, base) = off(s);
-        assert!(
-            off * 4 <= base || probing_past(s),
-            "{shape:?}: at {s} s the rate is {}/s, the spare {spare}/s; all: {rates:?}",
-            rates[s]
-        );
-    }
-    let tracked: Vec<usize> = (from..rates.len()).filter(|&s| !probing_past(s)).collect();
-    let n = tracked.len().max(1) as i64;
-    let mean_off = tracked.iter().map(|&s| off(s).0).sum::<i64>() / n;
-    let mean_base = tracked.iter().map(|&s| off(s).1).sum::<i64>() / n;
-    assert!(
-        mean_off * 10 <= mean_base,
-        "{shape:?}: the rate is {mean_off}/s off the spare {spare}/s on average; all: {rates:?}"
-    );
-    assert_peak_after_recovery(shape, &run);
-}
-
-/// After recovery the fleet offers at most a little over the capacity in
-/// force in any second (the probe that finds the edge).
-fn assert_peak_after_recovery(shape: Shape, run: &Run) {
-    let recovered = (shape.outage_at + shape.outage_len) as usize;
-    let peak = run.load_permille[recovered..]
-        .iter()
-        .max()
-        .copied()
-        .unwrap_or(0);
-    assert!(
-        peak <= 1100,
-        "{shape:?}: {peak}‰ of capacity offered in one second; {:?}",
-        run.load_permille
-    );
+/// Runs `shape` until `seconds` after its outage ends; also the second it
+/// ends at.
+fn past_recovery(shape: Shape, seconds: i64) -> (Run, usize) {
+    let recovery = shape.outage_at + shape.outage_len;
+    (run(shape, recovery + seconds), recovery as usize)
 }
 
 const STORM: Shape = Shape {
@@ -261,146 +208,143 @@ const STORM: Shape = Shape {
     after_tenths: 10,
 };
 
-#[test]
-fn the_storm_shape_converges_to_the_spare() {
-    assert_converges(STORM);
+/// The claims from `from` (a second index) on: no second offers more than
+/// 1.1 × the capacity in force, except the first contact's (from its first
+/// refusal to the second after it: startup overshoots by what its step and
+/// the bank hide, once), and every second in `served` in which at least a
+/// second's worth of capacity waits serves at least 90 % of it.
+fn assert_claims(shape: Shape, run: &Run, from: usize, served: std::ops::Range<usize>) {
+    let contact = (from..run.load_permille.len())
+        .find(|&s| run.load_permille[s] > run.served_permille[s])
+        .unwrap_or(run.load_permille.len());
+    for s in from..run.load_permille.len() {
+        let exempt = (contact..=contact + 1).contains(&s);
+        assert!(
+            run.load_permille[s] <= 1100 || exempt,
+            "{shape:?}: {}‰ of the capacity offered at {s} s: {:?}",
+            run.load_permille[s],
+            run.load_permille
+        );
+    }
+    for s in served.start..served.end.min(run.served_permille.len()) {
+        let capacity = shape.capacity_at(s as i64);
+        if run.waiting[s] >= capacity {
+            assert!(
+                run.served_permille[s] >= 900,
+                "{shape:?}: {}‰ served at {s} s with {} waiting: {:?}",
+                run.served_permille[s],
+                run.waiting[s],
+                run.served_permille
+            );
+        }
+    }
 }
 
+/// An outage whose hints name its end, on fleets the controller was not
+/// tuned on: when it ends, the backlog goes at what the upstream serves
+/// (startup from what first attempts were served, to the first refusal,
+/// then cruise under what that measured), from the third second on.
 #[test]
-fn a_bigger_upstream_with_fewer_first_attempts_converges() {
-    assert_converges(Shape {
-        cap: 2000,
-        lam: 1200,
-        outage_len: 6,
-        ..STORM
-    });
+fn after_an_outage_the_backlog_goes_at_the_capacity() {
+    for shape in [
+        STORM,
+        Shape {
+            cap: 2000,
+            lam: 1200,
+            outage_len: 6,
+            ..STORM
+        },
+        Shape {
+            cap: 1000,
+            lam: 400,
+            after_tenths: 6,
+            ..STORM
+        },
+        Shape {
+            cap: 200,
+            lam: 120,
+            outage_len: 20,
+            ..STORM
+        },
+    ] {
+        let (run, recovery) = past_recovery(shape, 30);
+        assert_claims(shape, &run, recovery, recovery + 3..usize::MAX);
+    }
 }
 
+/// First attempts far below the upstream (200/s of 1 000/s): nothing
+/// refused before the outage, so the spare is unknown, and startup climbs
+/// to it, a step doubling each window, within six seconds.
 #[test]
-fn an_upstream_that_returns_at_six_tenths_converges() {
-    assert_converges(Shape {
+fn first_attempts_far_below_the_upstream_find_the_spare_by_startup() {
+    let shape = Shape {
         cap: 1000,
-        lam: 400,
-        after_tenths: 6,
+        lam: 200,
         ..STORM
-    });
+    };
+    let (run, recovery) = past_recovery(shape, 30);
+    assert_claims(shape, &run, recovery, recovery + 7..usize::MAX);
 }
 
-/// While a brownout leaves less than the first attempts ask for, the route
-/// is saturated and every attempt is paced: after the second that detects
-/// it, no second offers more than 1.1 × the capacity in force, during the
-/// brownout or after it. From near an edge on, the rate moves a sixteenth
-/// (a thirty-second just past it) every other window (a limiter's burst
-/// hides an overshoot, and steps taken before it shows would add up), so a
-/// capacity that comes back two and a half times larger takes longer to
-/// reach than a spare learned before an outage: within 20 s. Once the
-/// backlog has drained (nothing here gives up at a deadline, and the spare
-/// after it is a fifth of the capacity, so that takes minutes), first
-/// attempts go straight again.
+/// A brownout to 40 % under first attempts at 80 %: every attempt is paced
+/// at what the upstream serves from the second after it shows, and when it
+/// ends nothing says so: probes find the capacity back at the probe's gain
+/// per proof, within the bound `docs/pacing.md` derives for an unannounced
+/// rise (from 0.4 to 0.9 of the capacity: ln(2.25)/ln(17/16) ≈ 13.4
+/// proofs of about two windows each, after a probe is due).
 #[test]
-fn a_brownout_below_the_first_attempts_is_paced_at_its_capacity() {
+fn a_brownout_is_paced_at_its_capacity_and_its_end_found_by_probes() {
     let shape = Shape {
         during_tenths: 4,
         long_hints: false,
         outage_len: 8,
         ..STORM
     };
-    let run = run(shape, shape.outage_at + shape.outage_len + 200);
-    let recovery = (shape.outage_at + shape.outage_len) as usize;
-    for s in (shape.outage_at + 2) as usize..recovery {
-        assert!(
-            run.saturated[s],
-            "not saturated at {s} s: {:?}",
-            run.saturated
-        );
-    }
-    for s in (shape.outage_at + 2) as usize..run.load_permille.len() {
-        assert!(
-            run.load_permille[s] <= 1100,
-            "{}‰ of the capacity at {s} s: {:?}",
-            run.load_permille[s],
-            run.load_permille
-        );
-    }
-    let capacity = shape.capacity_at(recovery as i64);
+    let (run, recovery) = past_recovery(shape, 45);
+    let shown = shape.outage_at as usize + 2;
     assert!(
-        (recovery..=recovery + 20).any(|s| {
-            let wake = run.rates[s] + if run.saturated[s] { shape.lam } else { 0 };
-            (wake - capacity).abs() * 5 <= capacity
-        }),
-        "not within 20 % of the capacity by 12 s after recovery: {:?}",
-        run.rates
-    );
-    assert!(
-        run.saturated.last() == Some(&false),
-        "still saturated long after recovery: {:?}",
+        run.saturated[shown..recovery].iter().all(|&s| s),
+        "{:?}",
         run.saturated
     );
+    // Served from the second after the probe that follows the first
+    // reading (pressed briefly, and low) until the brownout ends; after
+    // it, the rise is found only by probing.
+    assert_claims(shape, &run, shown, shown + 2..recovery);
+    let found = (recovery..run.served_permille.len())
+        .find(|&s| run.served_permille[s] >= 900)
+        .expect("the capacity is found again");
+    let proofs = 2.25f64.ln() / (17.0f64 / 16.0).ln();
+    let bound = (2.0 * proofs).ceil() as usize + model::PROBE_EVERY as usize;
+    assert!(
+        found - recovery <= bound,
+        "found {} s after the brownout ended, bound {bound} s: {:?}",
+        found - recovery,
+        run.served_permille
+    );
 }
 
+/// An upstream out for 3 s answering with 1–2 s hints (a limiter down, not
+/// a closing hint): refusals with nothing served between them measure no
+/// rate, and when it returns the fleet goes at most of what it knew.
 #[test]
-fn a_small_upstream_converges() {
-    assert_converges(Shape {
-        cap: 200,
-        lam: 120,
-        outage_len: 20,
-        ..STORM
-    });
-}
-
-/// Before the outage the upstream served 200/s and rejected nothing, so its
-/// 800/s spare is unknown: slow start must find it within 5 s of recovery
-/// without offering more than 1.1 × the capacity in any second. (After the
-/// window that finds the edge the estimate stays about a tenth low while
-/// nothing asks for more: that window was cut part way, so it served less
-/// than the upstream could.)
-#[test]
-fn first_attempts_far_below_the_upstream_find_the_spare_within_five_seconds() {
+fn an_outage_answering_with_short_hints_teaches_no_rate() {
     let shape = Shape {
         cap: 1000,
-        lam: 200,
-        outage_len: 10,
-        ..STORM
+        lam: 800,
+        outage_at: 5,
+        outage_len: 3,
+        during_tenths: 0,
+        long_hints: false,
+        after_tenths: 10,
     };
-    let run = run(shape, shape.outage_at + shape.outage_len + 15);
-    let recovery = (shape.outage_at + shape.outage_len) as usize;
-    let spare = shape.true_spare();
+    let (run, recovery) = past_recovery(shape, 20);
+    assert_claims(shape, &run, recovery, 0..0);
     assert!(
-        (recovery..=recovery + 5).any(|s| (run.rates[s] - spare).abs() * 5 <= spare),
-        "not within 20 % of the spare {spare}/s by 5 s: {:?}",
-        run.rates
+        run.served_permille[recovery + 2..]
+            .iter()
+            .all(|&s| s >= 700),
+        "{:?}",
+        run.served_permille
     );
-    assert_peak_after_recovery(shape, &run);
-}
-
-/// An upstream that is out but answers with 1 s hints (a limiter down, not
-/// a closing hint): every saturated window is refused, so the rate halves
-/// past anything served, and nothing it served is an edge. When the
-/// upstream comes back the climb is slow start, not sixteenths from those
-/// remains (which took a minute): the rate doubles from wherever the
-/// halving left it, so within 8 s of recovery the fleet offers half the
-/// capacity, and never over 1.1 × it.
-#[test]
-fn an_outage_answering_with_short_hints_is_climbed_out_of_by_slow_start() {
-    for (cap, lam) in [(1000, 800), (200, 160), (1000, 300)] {
-        let shape = Shape {
-            cap,
-            lam,
-            outage_at: 5,
-            outage_len: 3,
-            during_tenths: 0,
-            long_hints: false,
-            after_tenths: 10,
-        };
-        let run = run(shape, shape.outage_at + shape.outage_len + 15);
-        let recovered = (shape.outage_at + shape.outage_len) as usize;
-        assert!(
-            run.load_permille[recovered..=recovered + 8]
-                .iter()
-                .any(|&l| l >= 500),
-            "{shape:?}: under half the capacity for 8 s after recovery: {:?}",
-            run.load_permille
-        );
-        assert_peak_after_recovery(shape, &run);
-    }
 }

@@ -9,7 +9,7 @@
 //! eighths of the way there each time), so a long wait costs a few
 //! coordinator calls, not one per horizon.
 
-use super::{MILLI, Mode, PacingPolicy, PacingState, WINDOW_MS};
+use super::{MILLI, Mode, PacingPolicy, PacingState, Rule, WINDOW_MS};
 use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 
 /// More waiting intents than a route can hold say nothing more about the
@@ -97,10 +97,14 @@ impl PacingState {
         let floor = ask.floor_ms.max(now);
         let jitter = i64::from(ask.jitter_ppm.min(JITTER_SCALE - 1));
         let spread = |span: i64| span * jitter / i64::from(JITTER_SCALE);
-        if self.mode() == Mode::PenaltyExtending {
-            return self.decide_penalty(ask, floor, spread(WINDOW_MS));
+        if let Rule::Penalty {
+            until_ms,
+            probe_at_ms,
+        } = self.rule
+        {
+            return self.decide_penalty(ask, floor, spread(WINDOW_MS), until_ms, probe_at_ms);
         }
-        let rate_m = self.rate_at(now);
+        let rate_m = self.rate_m;
         let interval_us = (1_000 * MILLI * MILLI + rate_m - 1) / rate_m.max(1);
         let booked_us = ask.cursor_us.max(floor.saturating_mul(1000));
         let hot_us = self.after_hot_first_attempts_us(now, interval_us);
@@ -143,9 +147,8 @@ impl PacingState {
             return SlotDecision::Infeasible { at_ms: floor };
         }
         // Only first attempts running hot put it past the horizon: demand
-        // the window had (it used its rate), but not late for the rate in
-        // force, which would read as a fleet the rate cannot serve (see
-        // `crowded`); it asks again when the window's share frees.
+        // the window had (it used its rate); it asks again when the
+        // window's share frees.
         let last_chance = ask
             .deadline_ms
             .saturating_sub(ask.reserve_ms.saturating_add(horizon))
@@ -212,7 +215,7 @@ impl PacingState {
     /// window since) there is nothing to run ahead of: every first attempt
     /// would look hot and starve retries.
     fn after_hot_first_attempts_us(&self, now_ms: i64, interval_us: i64) -> i64 {
-        if !self.adaptive() || self.lam_m <= 0 {
+        if !self.splits_target() || self.lam_m <= 0 {
             return 0;
         }
         let start_ms = self.win * WINDOW_MS;
@@ -236,9 +239,16 @@ impl PacingState {
     /// While a penalty holds: nothing until the latest hint passes, then
     /// one probe; another only if the first was lost (no report in two
     /// windows).
-    fn decide_penalty(&mut self, ask: &WakeAsk, floor: i64, spread: i64) -> SlotDecision {
+    fn decide_penalty(
+        &mut self,
+        ask: &WakeAsk,
+        floor: i64,
+        spread: i64,
+        until_ms: i64,
+        probe_at_ms: i64,
+    ) -> SlotDecision {
         let now = ask.now_ms;
-        let opens = floor.max(self.penalty_until);
+        let opens = floor.max(until_ms);
         if opens.saturating_add(ask.reserve_ms) > ask.deadline_ms {
             return SlotDecision::Infeasible { at_ms: opens };
         }
@@ -247,8 +257,11 @@ impl PacingState {
                 at_ms: opens + spread,
             };
         }
-        if self.probe_at == 0 || now - self.probe_at > 2 * WINDOW_MS {
-            self.probe_at = now;
+        if probe_at_ms == 0 || now - probe_at_ms > 2 * WINDOW_MS {
+            self.rule = Rule::Penalty {
+                until_ms,
+                probe_at_ms: now,
+            };
             self.w_granted += 1;
             self.w_held += i64::from(ask.first_attempt);
             return SlotDecision::Slot {

@@ -87,6 +87,9 @@ const SCOPE_FIELDS: &[(&str, ScopeReader)] = &[
     ("capacity_per_s", |s, _| pacing(s, |p| p.capacity_estimate)),
     ("spare_per_s", |s, _| pacing(s, |p| p.spare_capacity)),
     ("asking", |s, _| pacing(s, |p| f64::from(p.asking))),
+    ("saturated", |s, _| {
+        pacing(s, |p| f64::from(u8::from(p.state == "saturated")))
+    }),
 ];
 
 /// A pacing field of a `GetScope` answer; `None` while the coordinator

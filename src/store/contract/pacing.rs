@@ -172,51 +172,65 @@ pub(crate) async fn the_earliest_deadline_takes_the_next_slot(s: &dyn Store) {
 
 pub(crate) async fn rejections_outside_a_cooldown_cut_the_wake_rate(s: &dyn Store) {
     let p = Policy::default();
-    // One clean window measures capacity and first attempts, the next
-    // rejects: a saturated window is what the upstream serves.
-    report(s, T0, (100, 100, 0), None, &p).await;
-    report(s, T0 + 1_000, (100, 100, 50), None, &p).await;
-    let view = pacing(s, T0 + 2_000, &p).await;
+    // A clean window: 20/s of first attempts, 60/s served in all.
+    report(s, T0, (20, 60, 0), None, &p).await;
+    // A refusal marks the limiter empty; the next one at least 300 ms later
+    // marks it empty again, and what was served in between is its rate:
+    // 25 in 500 ms.
+    report(s, T0 + 1_000, (10, 30, 5), None, &p).await;
+    assert_eq!(pacing(s, T0 + 1_000, &p).await.mode, Mode::BackingOff);
+    report(s, T0 + 1_500, (10, 25, 5), None, &p).await;
+    let view = pacing(s, T0 + 1_500, &p).await;
     assert_eq!(view.mode, Mode::BackingOff);
-    assert_eq!(view.capacity_m, 100_000);
-    assert_eq!(view.first_rate_m, 100_000);
-    assert_eq!(view.spare_m, 0);
-    assert_eq!(view.wake_rate_m, p.pacing.floor_m, "never below the floor");
+    assert_eq!(view.capacity_m, 50_000);
+    assert_eq!(view.first_rate_m, 20_000);
+    assert_eq!(view.spare_m, 30_000);
+    assert_eq!(
+        view.wake_rate_m,
+        50_000 * 15 / 16 - 20_000,
+        "the measured rate less the margin, less the first attempts"
+    );
 }
 
 pub(crate) async fn first_attempts_that_overflow_the_upstream_are_paced_too(s: &dyn Store) {
     let p = Policy::default();
-    // First attempts alone ask for 100/s; the upstream serves 40 of them and
-    // answers the rest with 1 s hints (a short cooldown, not an outage).
-    report(s, T0, (100, 40, 60), Some("1"), &p).await;
-    let view = pacing(s, T0 + 1_000, &p).await;
+    // First attempts alone ask for 100/s; the upstream serves 60/s of
+    // them, answering the rest with 1 s hints (a short cooldown, not an
+    // outage). A hint of a second says its credit comes back a second
+    // later: the measurement runs that long, from one refusal to the next.
+    report(s, T0, (100, 100, 0), None, &p).await;
+    report(s, T0 + 1_000, (50, 50, 10), Some("1"), &p).await;
+    assert_eq!(pacing(s, T0 + 1_500, &p).await.mode, Mode::BackingOff);
+    report(s, T0 + 2_000, (50, 60, 20), Some("1"), &p).await;
+    let view = pacing(s, T0 + 2_000, &p).await;
     assert_eq!(view.mode, Mode::Saturated);
-    assert_eq!(view.capacity_m, 40_000);
+    assert_eq!(view.capacity_m, 60_000);
     assert_eq!(
-        view.wake_rate_m, 37_500,
-        "every attempt is paced just under what the upstream served"
+        view.wake_rate_m, 56_250,
+        "every attempt is paced just under what the upstream serves"
     );
     // Inside the next short cooldown a retry waits it out; a held first
     // attempt is paced from now, as the pacing answers for the overload.
-    report(s, T0 + 1_000, (40, 0, 1), Some("2"), &p).await;
+    report(s, T0 + 2_100, (0, 0, 1), Some("2"), &p).await;
     let retry = s
-        .reconsider(&key().route, asking("retry", T0 + 1_000), &p)
+        .reconsider(&key().route, asking("retry", T0 + 2_100), &p)
         .await
         .expect("answer");
     assert!(
-        matches!(retry.decided, Reconsidered::AskAgain(at) if at < T0 + 3_000),
+        matches!(retry.decided, Reconsidered::AskAgain(at) if at < T0 + 4_100),
         "a retry waits for the cooldown: {retry:?}"
     );
     let first = SlotAsk {
         first_attempt: true,
-        ..asking("first", T0 + 1_000)
+        ..asking("first", T0 + 2_100)
     };
     let held = s.reconsider(&key().route, first, &p).await.expect("answer");
     assert!(
-        matches!(held.decided, Reconsidered::Slot(at) if at < T0 + 1_000 + p.pacing.horizon_ms),
+        matches!(held.decided, Reconsidered::Slot(at) if at < T0 + 2_100 + p.pacing.horizon_ms),
         "a held first attempt is paced from now: {held:?}"
     );
-    // A window whose demand the rate met lets first attempts go straight.
+    // Once first attempts fall under the target and a window's demand
+    // fits in the slots it was given, they go straight again.
     report(s, T0 + 3_000, (10, 10, 0), None, &p).await;
     assert_ne!(pacing(s, T0 + 5_000, &p).await.mode, Mode::Saturated);
 }
@@ -314,9 +328,9 @@ pub(crate) async fn a_report_held_back_for_seconds_counts_only_its_share_in_the_
     for (route, age) in [("fresh", 250), ("held", 5_000)] {
         let batch = ReportBatch {
             worker_id: "w",
-            first_attempts: 100,
-            successes: 100,
-            rejections: 20,
+            first_attempts: 1_000,
+            successes: 1_000,
+            rejections: 0,
             counts_age_ms: age,
             hints: &[],
             now_ms: T0 + 250,
@@ -336,8 +350,9 @@ pub(crate) async fn a_report_held_back_for_seconds_counts_only_its_share_in_the_
         }
     };
     let (fresh, held) = (detail("fresh").await, detail("held").await);
-    assert_eq!(fresh.pacing.first_rate_m, 100_000);
-    assert_eq!(held.pacing.first_rate_m, 5_000, "{:?}", held.pacing);
+    assert_eq!(fresh.pacing.first_rate_m, 1_000_000);
+    assert_eq!(held.pacing.first_rate_m, 50_000, "{:?}", held.pacing);
+    // What the upstream served without refusing, nothing being measured.
     assert_eq!(held.pacing.capacity_m * 20, fresh.pacing.capacity_m);
     // The budget takes every count, whatever its age.
     assert_eq!(held.budget.first_attempts, fresh.budget.first_attempts);

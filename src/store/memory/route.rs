@@ -237,7 +237,7 @@ impl RouteState {
         let mut pacing = self
             .pacing
             .as_deref()
-            .copied()
+            .cloned()
             .unwrap_or_else(|| PacingState::new(now_ms, policy));
         pacing.advance(now_ms, policy);
         pacing.view(
