@@ -471,3 +471,50 @@ async fn a_known_upstream_limit_paces_the_fleet_from_the_start() {
     assert!((second.wake_rate - 5.0).abs() < 1e-9, "{second:?}");
     coordinator.stop().await;
 }
+
+#[tokio::test]
+async fn get_scope_shows_the_limiter_model_a_route_learned() {
+    let coordinator = Coordinator::start(config("")).await;
+    let mut client = coordinator.client().await;
+    let report = |first_attempts, successes, rejections| v1::ReportRequest {
+        scope: scope("tenant-a", ROUTE, Priority::Normal),
+        worker_id: "worker-a".into(),
+        first_attempts,
+        successes,
+        rejections,
+        ..v1::ReportRequest::default()
+    };
+    // A clean second: nothing measured, the capacity is what was served.
+    client.report(report(50, 100, 0)).await.expect("report");
+    coordinator.clock.advance(Duration::from_secs(1));
+    client.report(report(0, 0, 0)).await.expect("report");
+    let pacing = coordinator
+        .scope_state("tenant-a", ROUTE)
+        .await
+        .pacing
+        .expect("pacing");
+    assert_eq!(pacing.phase, "startup", "{pacing:?}");
+    assert!(!pacing.capacity_measured);
+    assert!(
+        (pacing.capacity_estimate - 100.0).abs() < 1e-9,
+        "{pacing:?}"
+    );
+    // Refused, and refused again 400 ms later with 40 served in between:
+    // the limiter was kept empty, and serves 100/s.
+    client.report(report(50, 50, 10)).await.expect("report");
+    coordinator.clock.advance(Duration::from_millis(400));
+    client.report(report(20, 40, 10)).await.expect("report");
+    let pacing = coordinator
+        .scope_state("tenant-a", ROUTE)
+        .await
+        .pacing
+        .expect("pacing");
+    assert_eq!(pacing.phase, "drain", "{pacing:?}");
+    assert_eq!(pacing.state, "backing_off");
+    assert!(pacing.capacity_measured);
+    assert!(
+        (pacing.capacity_estimate - 100.0).abs() < 1e-9,
+        "{pacing:?}"
+    );
+    coordinator.stop().await;
+}

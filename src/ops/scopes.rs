@@ -252,6 +252,8 @@ fn scope_json(s: &v1::ScopeState) -> Value {
             "first_attempt_rate": p.first_attempt_rate,
             "spare_capacity": p.spare_capacity,
             "penalty_until_unix_ms": p.penalty_until_unix_ms, "asking": p.asking,
+            "capacity_measured": p.capacity_measured,
+            "burst_estimate": p.burst_estimate, "phase": p.phase,
         })),
     })
 }
@@ -304,6 +306,18 @@ fn print_scope(s: &v1::ScopeState) {
             p.spare_capacity,
             p.asking
         );
+        if !p.phase.is_empty() {
+            outln!(
+                "  model         {}: capacity {}, burst {:.0} seen",
+                p.phase,
+                if p.capacity_measured {
+                    "measured"
+                } else {
+                    "what it served without refusing"
+                },
+                p.burst_estimate
+            );
+        }
         if p.penalty_until_unix_ms > 0 {
             outln!(
                 "  penalty       the upstream re-arms its window: closed until {}",

@@ -209,6 +209,15 @@ pub struct PacingView {
     pub closed_until_ms: i64,
     /// Intents told to ask again and still waiting.
     pub asking: usize,
+    /// Whether `capacity_m` was measured (ρ̂) rather than what the upstream
+    /// served without refusing.
+    pub measured: bool,
+    /// σ̂, milli-attempts: the largest burst the limiter was seen to serve
+    /// over its rate (0 until seen).
+    pub burst_m: i64,
+    /// The model's phase (`model::Phase::as_str`); empty unless the rate is
+    /// learned.
+    pub phase: &'static str,
 }
 
 impl PacingView {
@@ -395,6 +404,7 @@ impl PacingState {
             Rule::Penalty { until_ms, .. } => until_ms,
             _ => 0,
         };
+        let learned = self.rule == Rule::Learned;
         PacingView {
             mode: self.mode(),
             wake_rate_m: self.wake_rate_m(),
@@ -404,6 +414,13 @@ impl PacingState {
             penalty_until_ms,
             closed_until_ms: self.closed_until,
             asking,
+            measured: learned && self.model.rate_m().is_some(),
+            burst_m: self.model.burst_m(),
+            phase: if learned {
+                self.model.phase().as_str()
+            } else {
+                ""
+            },
         }
     }
 

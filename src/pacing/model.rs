@@ -198,6 +198,20 @@ pub enum Phase {
     },
 }
 
+impl Phase {
+    /// The operator's name (`PacingView::phase`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Startup { .. } => "startup",
+            Phase::Cruise { .. } => "cruise",
+            Phase::Probe => "probe",
+            Phase::Measure { .. } => "measure",
+            Phase::Drain { .. } => "drain",
+            Phase::Closed { .. } => "closed",
+        }
+    }
+}
+
 /// The instants a limiter's long hints named for its credit to come back,
 /// and what was served between them: on a window limiter, the span
 /// between two of them holds one window's quota, however the fleet spread

@@ -450,6 +450,9 @@ impl Admin for AdminService {
             spare_capacity: per_sec(d.pacing.spare_m),
             penalty_until_unix_ms: d.pacing.penalty_until_ms,
             asking: count(d.pacing.asking),
+            capacity_measured: d.pacing.measured,
+            burst_estimate: per_sec(d.pacing.burst_m),
+            phase: d.pacing.phase.to_owned(),
         });
         Ok(Response::new(state))
     }
