@@ -321,6 +321,8 @@ pub struct Authenticator {
     /// The last refused reload, so a wrong file is logged once, not at
     /// every poll.
     refused: Arc<Mutex<Option<TableError>>>,
+    /// Reloads refused so far ([`Self::refused_reloads`]).
+    refusals: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The admin name recorded when open dev mode lets a loopback peer in.
@@ -339,6 +341,7 @@ impl Authenticator {
             table: Arc::new(RwLock::new(Arc::new(Table { entries, admins }))),
             reloads: Arc::default(),
             refused: Arc::default(),
+            refusals: Arc::default(),
         }
     }
 
@@ -390,6 +393,8 @@ impl Authenticator {
                     tracing::error!(cause = %err, "token files rejected; keeping the tokens in use");
                 }
                 *refused = Some(err);
+                self.refusals
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return 0;
             }
             *refused = None;
@@ -431,6 +436,13 @@ impl Authenticator {
                 }
             }
         }
+    }
+
+    /// How many reloads were refused whole (files that would cross or
+    /// repeat tokens), counted at every poll that found them so: a file
+    /// left wrong keeps counting.
+    pub fn refused_reloads(&self) -> u64 {
+        self.refusals.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether no caller tokens are configured.

@@ -747,7 +747,10 @@ async fn a_token_file_reload_that_crosses_or_repeats_tokens_is_refused_and_the_o
         tenant_b.display().to_string(),
         admin.display().to_string(),
     );
-    let mut setup = server::Setup::new(config(&text));
+    let config = config(&text);
+    // Clones share the table: the test sees the server's reloads.
+    let auth = config.auth.clone();
+    let mut setup = server::Setup::new(config);
     setup.secrets_every = Duration::from_millis(20);
     let server = Server::start_setup(setup).await;
     let channel = server.channel().await;
@@ -761,9 +764,13 @@ async fn a_token_file_reload_that_crosses_or_repeats_tokens_is_refused_and_the_o
     // caller must not become an admin, nor two entries share a token. Each
     // reload is refused whole; the tokens in use stay as they were.
     for bad in ["admin-token-one\n", "tenant-b-token-1\n"] {
+        let before = auth.refused_reloads();
         dir.write("tenant-a", bad);
-        // Many reload periods: a reload that was not refused would show.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        poll("the reload is refused", PUSH_BOUND, || {
+            let auth = auth.clone();
+            async move { auth.refused_reloads() > before }
+        })
+        .await;
         a_lease(&mut client, Some("tenant-a-token-1"))
             .await
             .expect("the old tenant-a token still works");
