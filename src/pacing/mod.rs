@@ -250,6 +250,9 @@ pub struct Observation<'a> {
     /// closes the route freezes the windows it covers, whether or not any
     /// one hint in the report did.
     pub cooldown_after_ms: i64,
+    /// How old the report's oldest count is (0: not said): its counts were
+    /// made in the `counts_age_ms` before `now_ms`.
+    pub counts_age_ms: i64,
 }
 
 /// What sets a route's rate: the model, or the policy's number, or a
@@ -500,6 +503,7 @@ impl PacingState {
         if self.rule == Rule::Learned {
             self.model.on_report(&model::Report {
                 now_ms: now,
+                age_ms: obs.counts_age_ms.max(0),
                 served: i64::from(obs.successes),
                 refused,
                 closing,

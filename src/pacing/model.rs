@@ -104,6 +104,9 @@ const FIRST_STEP: Fraction = Fraction { num: 1, den: 8 };
 pub struct Report {
     /// The coordinator's clock.
     pub now_ms: i64,
+    /// How old the report's oldest count is (0: not said): its counts were
+    /// made in the `age_ms` before `now_ms`.
+    pub age_ms: i64,
     /// Attempts served.
     pub served: i64,
     /// Capacity refusals whose hint does not close the route: each marks
@@ -416,15 +419,31 @@ impl LimiterModel {
             let refused = refused + report.refused;
             let elapsed = (report.now_ms - since_ms).max(1);
             let reading = served * MILLI * WINDOW_MS / elapsed;
-            if report.now_ms >= until_ms && report.refused > 0 && served == 0 {
-                // Empty again with nothing served in between: the upstream
-                // is out, which says nothing of its rate. Measure from here.
+            if served == 0 {
+                // Nothing served since it began: the upstream is out (or
+                // the fleet sent nothing, waiting out a cooldown), which
+                // says nothing of its rate. The measurement starts when
+                // serving does: a span across the rest of an outage would
+                // read its idle time as a low rate.
                 self.phase = Phase::Measure {
                     drew_m,
                     since_ms: report.now_ms,
                     until_ms: report.now_ms + (until_ms - since_ms),
                     served: 0,
                     refused: 0,
+                };
+            } else if served == report.served && report.age_ms > 0 {
+                // The first report that served anything: serving began no
+                // earlier than its oldest count (a silence before it, the
+                // fleet waiting out an outage's hints, is not the limiter's
+                // rate).
+                let began = since_ms.max(report.now_ms - report.age_ms);
+                self.phase = Phase::Measure {
+                    drew_m,
+                    since_ms: began,
+                    until_ms: began + (until_ms - since_ms),
+                    served,
+                    refused,
                 };
             } else if report.now_ms >= until_ms && report.refused > 0 {
                 // Empty again: what it served in between is ρ, if the

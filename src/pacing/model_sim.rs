@@ -202,6 +202,7 @@ fn run(
         if next % REPORT_MS == 0 {
             model.on_report(&Report {
                 now_ms: next,
+                age_ms: REPORT_MS,
                 served: tick.0,
                 refused: tick.1,
                 closing: tick.2,
@@ -425,6 +426,7 @@ fn an_outage_learns_nothing_and_resumes_at_the_rate_known() {
     for at in 0..5 {
         model.on_report(&Report {
             now_ms: 30_000 + at * WINDOW_MS,
+            age_ms: WINDOW_MS,
             served: 0,
             refused: 0,
             closing: 400,

@@ -170,6 +170,7 @@ fn run(shape: Shape, secs: i64) -> Run {
                 } else {
                     cooldown
                 },
+                counts_age_ms: TICK_MS,
             },
             &p,
         );

@@ -28,6 +28,7 @@ fn report(
             cooldown_until_ms: cooldown,
             // As a store merges them: the hints raise the cooldown.
             cooldown_after_ms: hints.iter().copied().fold(cooldown, i64::max),
+            counts_age_ms: 0,
         },
         p,
     );
@@ -604,4 +605,34 @@ fn refusals_that_did_not_keep_the_limiter_empty_measure_nothing() {
     assert_eq!(st.model().rate_m(), None, "nothing measured");
     assert_eq!(st.mode(), Mode::Steady);
     assert_eq!(st.wake_rate_m(), before);
+}
+
+#[test]
+fn a_measurement_begins_when_serving_does() {
+    // Out, answering with 1 s hints: refused with nothing served, then a
+    // second of silence while the fleet waits them out. When it serves
+    // again, 1 000/s in reports of 100 ms each, the reading starts there:
+    // over the outage's tail it would read a third of that.
+    let p = policy();
+    let mut st = learned();
+    let at = T0 + 20_000;
+    for i in 0..5 {
+        let t = at + 100 + i * 100;
+        report(&mut st, &p, t, (80, 0, 80), &[t + 1_000], t);
+    }
+    for i in 0..12 {
+        st.observe(
+            &Observation {
+                now_ms: at + 2_000 + i * 100,
+                first_attempts: 80,
+                successes: 100,
+                rejections: 2,
+                counts_age_ms: 100,
+                ..Observation::default()
+            },
+            &p,
+        );
+    }
+    let rate = st.model().rate_m().expect("measured");
+    assert!((900_000..=1_100_000).contains(&rate), "ρ̂ {rate}");
 }

@@ -220,6 +220,7 @@ impl ReportBatch<'_> {
             hint_until_ms: hint_ends,
             cooldown_until_ms: cooldown_before_ms,
             cooldown_after_ms,
+            counts_age_ms: self.counts_age_ms,
         }
     }
 
