@@ -407,74 +407,85 @@ impl LimiterModel {
             // (`credit_returns`): an outage's hint is as long, once.
             self.hint_memory_ms = self.hint_memory_ms.max(report.longest_hint_ms);
         }
-        if let Phase::Measure {
+        if matches!(self.phase, Phase::Measure { .. }) {
+            self.measuring(report);
+        } else if report.refused > 0 {
+            self.refused_now(report);
+        }
+    }
+
+    /// A report while measuring: the measurement begins when serving
+    /// does, and ends at a refusal past its end (or a window after it).
+    fn measuring(&mut self, report: &Report) {
+        let Phase::Measure {
             drew_m,
             since_ms,
             until_ms,
             served,
             refused,
         } = self.phase
-        {
-            let served = served + report.served;
-            let refused = refused + report.refused;
-            let elapsed = (report.now_ms - since_ms).max(1);
-            let reading = served * MILLI * WINDOW_MS / elapsed;
-            if served == 0 {
-                // Nothing served since it began: the upstream is out (or
-                // the fleet sent nothing, waiting out a cooldown), which
-                // says nothing of its rate. The measurement starts when
-                // serving does: a span across the rest of an outage would
-                // read its idle time as a low rate.
-                self.phase = Phase::Measure {
-                    drew_m,
-                    since_ms: report.now_ms,
-                    until_ms: report.now_ms + (until_ms - since_ms),
-                    served: 0,
-                    refused: 0,
-                };
-            } else if served == report.served && report.age_ms > 0 {
-                // The first report that served anything: serving began no
-                // earlier than its oldest count (a silence before it, the
-                // fleet waiting out an outage's hints, is not the limiter's
-                // rate).
-                let began = since_ms.max(report.now_ms - report.age_ms);
-                self.phase = Phase::Measure {
-                    drew_m,
-                    since_ms: began,
-                    until_ms: began + (until_ms - since_ms),
-                    served,
-                    refused,
-                };
-            } else if report.now_ms >= until_ms && report.refused > 0 {
-                // Empty again: what it served in between is ρ, if the
-                // limiter was kept empty in between.
-                if pressed(served, refused) {
-                    self.measured(reading, drew_m);
-                } else {
-                    self.unpressed(drew_m);
-                }
-            } else if report.now_ms >= until_ms + WINDOW_MS {
-                // No refusal for a window past the memory while the rate
-                // that drew one was held: the limiter serves at least what
-                // it served.
-                match self.rate_m {
-                    Some(rate) => self.measured(rate.max(reading), drew_m),
-                    None => self.unpressed(drew_m),
-                }
+        else {
+            return;
+        };
+        let served = served + report.served;
+        let refused = refused + report.refused;
+        let elapsed = (report.now_ms - since_ms).max(1);
+        let reading = served * MILLI * WINDOW_MS / elapsed;
+        if served == 0 {
+            // Nothing served since it began: the upstream is out (or
+            // the fleet sent nothing, waiting out a cooldown), which
+            // says nothing of its rate. The measurement starts when
+            // serving does: a span across the rest of an outage would
+            // read its idle time as a low rate.
+            self.phase = Phase::Measure {
+                drew_m,
+                since_ms: report.now_ms,
+                until_ms: report.now_ms + (until_ms - since_ms),
+                served: 0,
+                refused: 0,
+            };
+        } else if served == report.served && report.age_ms > 0 {
+            // The first report that served anything: serving began no
+            // earlier than its oldest count (a silence before it, the
+            // fleet waiting out an outage's hints, is not the limiter's
+            // rate).
+            let began = since_ms.max(report.now_ms - report.age_ms);
+            self.phase = Phase::Measure {
+                drew_m,
+                since_ms: began,
+                until_ms: began + (until_ms - since_ms),
+                served,
+                refused,
+            };
+        } else if report.now_ms >= until_ms && report.refused > 0 {
+            // Empty again: what it served in between is ρ, if the
+            // limiter was kept empty in between.
+            if pressed(served, refused) {
+                self.measured(reading, drew_m);
             } else {
-                self.phase = Phase::Measure {
-                    drew_m,
-                    since_ms,
-                    until_ms,
-                    served,
-                    refused,
-                };
+                self.unpressed(drew_m);
             }
-            return;
+        } else if report.now_ms >= until_ms + WINDOW_MS {
+            // No refusal for a window past the memory while the rate
+            // that drew one was held: the limiter serves at least what
+            // it served.
+            match self.rate_m {
+                Some(rate) => self.measured(rate.max(reading), drew_m),
+                None => self.unpressed(drew_m),
+            }
+        } else {
+            self.phase = Phase::Measure {
+                drew_m,
+                since_ms,
+                until_ms,
+                served,
+                refused,
+            };
         }
-        if report.refused == 0 {
-            return;
-        }
+    }
+
+    /// A refusal outside a measurement: the limiter is empty now.
+    fn refused_now(&mut self, report: &Report) {
         // A refusal: the limiter is empty now. Startup and probes found
         // the edge; in cruise the capacity fell (or ρ̂ is high).
         let drew_m = self.target_m(report.now_ms);
