@@ -484,37 +484,33 @@ async fn get_scope_shows_the_limiter_model_a_route_learned() {
         rejections,
         ..v1::ReportRequest::default()
     };
+    let pacing = async || {
+        let state = coordinator.scope_state("tenant-a", ROUTE).await;
+        state.pacing.expect("pacing")
+    };
     // A clean second: nothing measured, the capacity is what was served.
     client.report(report(50, 100, 0)).await.expect("report");
     coordinator.clock.advance(Duration::from_secs(1));
     client.report(report(0, 0, 0)).await.expect("report");
-    let pacing = coordinator
-        .scope_state("tenant-a", ROUTE)
-        .await
-        .pacing
-        .expect("pacing");
-    assert_eq!(pacing.phase, "startup", "{pacing:?}");
-    assert!(!pacing.capacity_measured);
+    let learned = pacing().await;
+    assert_eq!(learned.phase, "startup", "{learned:?}");
+    assert!(!learned.capacity_measured);
     assert!(
-        (pacing.capacity_estimate - 100.0).abs() < 1e-9,
-        "{pacing:?}"
+        (learned.capacity_estimate - 100.0).abs() < 1e-9,
+        "{learned:?}"
     );
     // Refused, and refused again 400 ms later with 40 served in between:
     // the limiter was kept empty, and serves 100/s.
     client.report(report(50, 50, 10)).await.expect("report");
     coordinator.clock.advance(Duration::from_millis(400));
     client.report(report(20, 40, 10)).await.expect("report");
-    let pacing = coordinator
-        .scope_state("tenant-a", ROUTE)
-        .await
-        .pacing
-        .expect("pacing");
-    assert_eq!(pacing.phase, "drain", "{pacing:?}");
-    assert_eq!(pacing.state, "backing_off");
-    assert!(pacing.capacity_measured);
+    let learned = pacing().await;
+    assert_eq!(learned.phase, "drain", "{learned:?}");
+    assert_eq!(learned.state, "backing_off");
+    assert!(learned.capacity_measured);
     assert!(
-        (pacing.capacity_estimate - 100.0).abs() < 1e-9,
-        "{pacing:?}"
+        (learned.capacity_estimate - 100.0).abs() < 1e-9,
+        "{learned:?}"
     );
     coordinator.stop().await;
 }
