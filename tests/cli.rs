@@ -694,11 +694,17 @@ async fn a_cli_mute_silences_a_worker_is_audited_and_survives_restart() {
     assert_eq!(mute["reason"], "sends 300 s on every 429");
     let table = stdout(&server.cli(&["scopes", "show", "tenant-a", "GET /users/{id}"]));
     assert!(table.contains("muted worker-7"), "{table}");
-    // The evidence line names its level with no stray padding.
+    // The evidence line names its level with no stray padding, and with
+    // only a mute weighed nothing: no verdict on nobody.
     assert!(
         table.lines().any(|l| l.starts_with("evidence (route) ")),
         "{table}"
     );
+    assert!(
+        table.contains("evidence (route) no hints counted"),
+        "{table}"
+    );
+    assert!(!table.contains("by 0 of 0"), "{table}");
 
     let unmuted = server.cli(&[
         "scopes",

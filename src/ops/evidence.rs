@@ -116,18 +116,24 @@ pub(super) fn print_evidence(s: &v1::ScopeState) {
         if e.reporters == 0 && e.disagreeing.is_empty() && e.mutes.is_empty() {
             continue;
         }
-        outln!(
-            "evidence ({level}) {} by {} of {} reporting workers ({} needed), supports {}",
-            if e.corroborated {
-                "corroborated"
-            } else {
-                "UNCORROBORATED"
-            },
-            e.workers,
-            e.reporters,
-            e.needed,
-            time(e.supported_until_unix_ms)
-        );
+        if e.reporters == 0 && e.disagreeing.is_empty() {
+            // Only mutes: nothing was weighed, so there is no verdict to
+            // give ("UNCORROBORATED by 0 of 0" read as a finding).
+            outln!("evidence ({level}) no hints counted; muted workers' hints are ignored");
+        } else {
+            outln!(
+                "evidence ({level}) {} by {} of {} reporting workers ({} needed), supports {}",
+                if e.corroborated {
+                    "corroborated"
+                } else {
+                    "UNCORROBORATED"
+                },
+                e.workers,
+                e.reporters,
+                e.needed,
+                time(e.supported_until_unix_ms)
+            );
+        }
         if e.noisy_workers > 0 {
             outln!("  noisy workers {}", e.noisy_workers);
         }
