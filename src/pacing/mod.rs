@@ -484,18 +484,15 @@ impl PacingState {
             .iter()
             .filter(|&&until| until.saturating_sub(now) <= CLOSING_MS && until <= self.closed_until)
             .count() as i64;
+        // And rejections whose own hint closes the route were drawn by the
+        // outage (or a window limiter's spent quota), not by the rate.
+        let mut closing = 0;
         for &until in obs.hint_until_ms {
             if until.saturating_sub(now) > CLOSING_MS {
                 self.closed_until = self.closed_until.max(until);
+                closing += 1;
             }
         }
-        // And rejections whose own hint closes the route were drawn by the
-        // outage (or a window limiter's spent quota), not by the rate.
-        let closing = obs
-            .hint_until_ms
-            .iter()
-            .filter(|&&until| until.saturating_sub(now) > CLOSING_MS)
-            .count() as i64;
         let share = |n: i64| if hints > 0 { rejections * n / hints } else { 0 };
         let closing = share(closing);
         let refused = rejections - share(inside) - closing;

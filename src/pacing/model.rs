@@ -643,14 +643,22 @@ impl LimiterModel {
     /// measured, and the phase it interrupted goes on at the rate that
     /// drew them.
     fn unpressed(&mut self, drew_m: i64) {
-        self.phase = match self.rate_m {
+        self.phase = self.resumed(drew_m);
+    }
+
+    /// The phase the fleet goes on in after an interruption that taught
+    /// nothing (an outage, a measurement that did not press): cruise at
+    /// ρ̂, or with nothing measured, startup from `startup_m` with no climb
+    /// under way.
+    fn resumed(&self, startup_m: i64) -> Phase {
+        match self.rate_m {
             Some(_) => Phase::Cruise { windows: 0 },
             None => Phase::Startup {
-                target_m: drew_m.max(self.floor_m),
+                target_m: startup_m.max(self.floor_m),
                 step_m: 0,
                 from_ms: 0,
             },
-        };
+        }
     }
 
     /// ρ is `rate_m`, measured: what was served over it while a guess
@@ -698,14 +706,7 @@ impl LimiterModel {
     /// through it loses every deadline that falls meanwhile.
     pub fn reopen(&mut self) {
         if let Phase::Closed { startup_m } = self.phase {
-            self.phase = match self.rate_m {
-                Some(_) => Phase::Cruise { windows: 0 },
-                None => Phase::Startup {
-                    target_m: startup_m,
-                    step_m: 0,
-                    from_ms: 0,
-                },
-            };
+            self.phase = self.resumed(startup_m);
         }
     }
 
@@ -748,12 +749,7 @@ impl LimiterModel {
         }
         self.span_anchored = true;
         self.phase = match (self.phase, self.rate_m) {
-            (Phase::Closed { .. }, Some(_)) => Phase::Cruise { windows: 0 },
-            (Phase::Closed { startup_m }, None) => Phase::Startup {
-                target_m: startup_m,
-                step_m: 0,
-                from_ms: 0,
-            },
+            (Phase::Closed { startup_m }, _) => self.resumed(startup_m),
             (Phase::Drain { fresh: true, probe }, Some(_)) => Phase::Drain {
                 fresh: false,
                 probe,
@@ -812,11 +808,7 @@ impl LimiterModel {
                         }
                     }
                 }
-                Phase::Closed { startup_m } => Phase::Startup {
-                    target_m: startup_m,
-                    step_m: 0,
-                    from_ms: 0,
-                },
+                Phase::Closed { startup_m } => self.resumed(startup_m),
                 phase => phase,
             };
             return;
