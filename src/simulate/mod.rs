@@ -20,7 +20,7 @@
 //!   ([`tollgate_client::classify::classify_http_listed`]), so a listed 500 is retried like any listed
 //!   status, up to the attempt cap.
 //! - Full jitter randomises only the local backoff; a valid server delay is
-//!   never drawn down (README semantics step 4 says it is never shortened).
+//!   never drawn down (the scenario format's semantics never shorten it).
 
 use std::fmt::{self, Write as _};
 use std::io::{self, Read, Write};
