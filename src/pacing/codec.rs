@@ -9,7 +9,7 @@ use crate::codec::{DecodeError, Reader, Writer};
 
 /// The format [`PacingState::encode`] writes and [`PacingState::decode`]
 /// reads.
-const FORMAT: u8 = 2;
+const FORMAT: u8 = 3;
 const WHAT: &str = "pacing state";
 
 impl PacingState {

@@ -177,6 +177,10 @@ pub enum Phase {
         served: i64,
         /// Refused since `since_ms`: whether the limiter was kept pressed.
         refused: i64,
+        /// A probe is due when it ends: it interrupted a drain that had
+        /// one due (the limiter's memory of a pressing far over the edge
+        /// reads as a fall in the window after).
+        probe: bool,
     },
     /// The window after the edge was found, at the cruise rate: its
     /// refusals, if they go on through a whole one, say the capacity is
@@ -423,6 +427,7 @@ impl LimiterModel {
             until_ms,
             served,
             refused,
+            probe,
         } = self.phase
         else {
             return;
@@ -443,6 +448,7 @@ impl LimiterModel {
                 until_ms: report.now_ms + (until_ms - since_ms),
                 served: 0,
                 refused: 0,
+                probe,
             };
         } else if served == report.served && report.age_ms > 0 {
             // The first report that served anything: serving began no
@@ -456,12 +462,13 @@ impl LimiterModel {
                 until_ms: began + (until_ms - since_ms),
                 served,
                 refused,
+                probe,
             };
         } else if report.now_ms >= until_ms && report.refused > 0 {
             // Empty again: what it served in between is ρ, if the
             // limiter was kept empty in between.
             if pressed(served, refused) {
-                self.measured(reading, drew_m);
+                self.measured(reading, drew_m, probe);
             } else {
                 self.unpressed(drew_m);
             }
@@ -470,7 +477,7 @@ impl LimiterModel {
             // that drew one was held: the limiter serves at least what
             // it served.
             match self.rate_m {
-                Some(rate) => self.measured(rate.max(reading), drew_m),
+                Some(rate) => self.measured(rate.max(reading), drew_m, probe),
                 None => self.unpressed(drew_m),
             }
         } else {
@@ -480,6 +487,7 @@ impl LimiterModel {
                 until_ms,
                 served,
                 refused,
+                probe,
             };
         }
     }
@@ -488,7 +496,25 @@ impl LimiterModel {
     fn refused_now(&mut self, report: &Report) {
         // A refusal: the limiter is empty now. Startup and probes found
         // the edge; in cruise the capacity fell (or ρ̂ is high).
-        let drew_m = self.target_m(report.now_ms);
+        let mut drew_m = self.target_m(report.now_ms);
+        if let Phase::Startup {
+            step_m, from_ms, ..
+        } = self.phase
+            && step_m > 0
+            && report.now_ms > from_ms
+        {
+            // Startup's climb is over the edge by as much as the bank hid
+            // (a refusal comes only once it is spent, and is counted a
+            // report later): held there, the measurement would press the
+            // limiter that far over for its whole length. A probe's gain
+            // over what was served, in the last whole window or in this
+            // one so far, presses it as well if the edge is under that;
+            // if not, the refusal was not the limiter kept empty, and the
+            // climb resumes from there.
+            let last = self.span.last().copied().unwrap_or(0) * MILLI;
+            let now = self.w_served * MILLI * WINDOW_MS / (report.now_ms - from_ms);
+            drew_m = drew_m.min(PROBE_GAIN.of(last.max(now))).max(self.floor_m);
+        }
         if self.hint_memory_ms > MAX_PRESS_MS {
             // Credit comes back only after a long while (the limiter's own
             // hint says so): pressing would overshoot that long. Give back
@@ -543,6 +569,7 @@ impl LimiterModel {
                 until_ms: report.now_ms + press_ms,
                 served: 0,
                 refused: 0,
+                probe: matches!(self.phase, Phase::Drain { probe: true, .. }),
             };
         }
     }
@@ -615,7 +642,8 @@ impl LimiterModel {
 
     /// A measurement of ρ is in: the bank is what was served over it
     /// while the last guess stood, and the edge is behind the fleet.
-    fn measured(&mut self, rate_m: i64, drew_m: i64) {
+    fn measured(&mut self, rate_m: i64, drew_m: i64, due: bool) {
+        let rate_m = self.not_an_echo(rate_m);
         let fell = match self.rate_m {
             Some(rate) => rate_m < CRUISE_GAIN.of(rate),
             // The first measurement, with no climb before it: the demand
@@ -630,11 +658,39 @@ impl LimiterModel {
             self.span.clear();
             self.span_anchored = true;
         }
+        // The first measurement ends startup's climb, pressed only
+        // MEASURE_MS: it reads low by what the refusals cost the limiter
+        // and, on a window limiter, by the echo of the climb. So does one
+        // pressed far over the edge. The probe after either finds the rest
+        // at a probe's overshoot.
+        let first = self.rate_m.is_none();
         self.judged(rate_m);
         self.phase = Phase::Drain {
             fresh: true,
-            probe: drew_m > PROBE_GAIN.of(PROBE_GAIN.of(rate_m)),
+            probe: due || first || drew_m > PROBE_GAIN.of(PROBE_GAIN.of(rate_m)),
         };
+    }
+
+    /// The first measurement, unless it reads an echo: a limiter whose
+    /// memory is longer than the measurement (a sliding window of many
+    /// seconds) serves, once the climb spent it, only what the fleet's
+    /// own sending of a memory ago gives back, and after an outage that
+    /// is next to nothing. Judged against such a reading, the climb's
+    /// windows would be a bank of more than [`MAX_SPAN`] seconds, longer
+    /// than any limiter the model follows, and pacing at it would only
+    /// ever be given back what it sends. What the limiter served across
+    /// the climb, window by window without refusing, is then the rate it
+    /// sustained for that long, and the model takes that.
+    fn not_an_echo(&self, reading_m: i64) -> i64 {
+        let (None, Some(climb)) = (self.rate_m, &self.unexplained_m) else {
+            return reading_m;
+        };
+        let bank_m = excess_m(&climb.windows, reading_m);
+        if bank_m <= reading_m.saturating_mul(MAX_SPAN as i64) || climb.windows.is_empty() {
+            return reading_m;
+        }
+        let served: i64 = climb.windows.iter().sum();
+        reading_m.max(served * MILLI / climb.windows.len() as i64)
     }
 
     /// The refusals that began a measurement were not the limiter kept
@@ -790,11 +846,27 @@ impl LimiterModel {
                 } => {
                     // The upstream served this much without refusing: the
                     // target starts from it, and climbs past it only where
-                    // work waited.
-                    let base = target_m.max(served * MILLI);
+                    // work waited. A climb's top is not proven by the
+                    // window that reached it (it was reached at the
+                    // window's end, a report round trip before any refusal
+                    // it drew can be counted): the next climb starts from
+                    // what was served, or from where this one started.
+                    let base = (target_m - step_m).max(served * MILLI);
                     self.climbed = if demand { self.climbed + 1 } else { 0 };
                     if demand {
-                        let step = STARTUP_GAIN.of(step_m).max(FIRST_STEP.of(base)).max(MILLI);
+                        // The step doubles only where the fleet used the
+                        // climb: served at least the margin under the
+                        // ramp's mean. A window that served less proved
+                        // nothing of the step's top, and doubling from it
+                        // would reach the edge by twice the step.
+                        let mean = target_m - step_m / 2;
+                        let used = served * MILLI >= CRUISE_GAIN.of(mean);
+                        let grown = if used {
+                            STARTUP_GAIN.of(step_m)
+                        } else {
+                            step_m
+                        };
+                        let step = grown.max(FIRST_STEP.of(base)).max(MILLI);
                         Phase::Startup {
                             target_m: base.saturating_add(step),
                             step_m: step,
@@ -825,8 +897,10 @@ impl LimiterModel {
                 // largest bank *seen*, and a limiter may hold more, so a
                 // single window's excess proves nothing (a false proof
                 // would probe on from it, over the edge by the gain twice).
+                // Counts are whole attempts: a window's excess is one
+                // probe's to within one attempt.
                 let excess = excess_m(&self.span, rate);
-                if excess > self.burst_m().max(PROBE_GAIN.of(rate) - rate) {
+                if excess > self.burst_m().max(PROBE_GAIN.of(rate) - rate + MILLI) {
                     // More than the bank seen so far explains: the upstream
                     // grew, or its bank is larger than seen. The next
                     // measurement tells which.
@@ -943,13 +1017,15 @@ impl LimiterModel {
                 until_ms,
                 served,
                 refused,
+                probe,
             } => w
                 .int(3)
                 .int(drew_m)
                 .int(since_ms)
                 .int(until_ms)
                 .int(served)
-                .int(refused),
+                .int(refused)
+                .flag(probe),
             Phase::Drain { fresh, probe } => w.int(4).flag(fresh).flag(probe),
             Phase::Closed { startup_m } => w.int(5).int(startup_m),
         };
@@ -991,6 +1067,7 @@ impl LimiterModel {
                 until_ms: r.int()?,
                 served: r.int()?,
                 refused: r.int()?,
+                probe: r.flag()?,
             },
             4 => Phase::Drain {
                 fresh: r.flag()?,

@@ -519,3 +519,118 @@ fn the_table() {
         }
     }
 }
+
+/// Feeds `model` one report at `now_ms` covering the 100 ms before it.
+fn tell(model: &mut LimiterModel, now_ms: i64, served: i64, refused: i64) {
+    model.on_report(&Report {
+        now_ms,
+        age_ms: REPORT_MS,
+        served,
+        refused,
+        closing: 0,
+        longest_hint_ms: if refused > 0 { 1_000 } else { 0 },
+    });
+}
+
+/// Closes the window ending at `at_ms`, work waiting in it.
+fn close(model: &mut LimiterModel, at_ms: i64) {
+    model.on_window(&WindowEnd {
+        at_ms,
+        demand: true,
+        closed: false,
+    });
+}
+
+/// Startup climbing from 800/s with work waiting, served what it offered
+/// (the ramp's mean) each window: targets 900, 1 050, then 1 350 climbed
+/// across the window that starts at 3 s.
+fn climbing() -> LimiterModel {
+    let mut model = LimiterModel::new(800 * MILLI, MILLI);
+    for (second, served) in [(1, 800), (2, 850), (3, 950)] {
+        tell(&mut model, second * WINDOW_MS, served, 0);
+        close(&mut model, second * WINDOW_MS);
+    }
+    assert_eq!(
+        model.phase(),
+        Phase::Startup {
+            target_m: 1_350 * MILLI,
+            step_m: 400 * MILLI,
+            from_ms: 3_000
+        }
+    );
+    model
+}
+
+#[test]
+fn startup_measures_at_a_probes_gain_over_what_was_served_not_at_its_climb() {
+    let mut model = climbing();
+    // 800 served in the 800 ms of the window so far (1 000/s); the climb
+    // is at 1 270/s when the first refusal comes, over the edge by what
+    // the bank hid. The measurement holds 17/16 of the 1 000/s served.
+    tell(&mut model, 3_800, 800, 2);
+    let Phase::Measure { drew_m, .. } = model.phase() else {
+        panic!("{:?}", model.phase());
+    };
+    assert_eq!(drew_m, 1_062_500);
+}
+
+#[test]
+fn a_first_reading_that_makes_the_climb_a_bank_of_minutes_is_an_echo() {
+    // A sliding window of many seconds, empty after an outage, served the
+    // climb; once it is full it gives back only what the fleet sent a
+    // window ago: 20/s read over 300 ms.
+    let mut model = climbing();
+    tell(&mut model, 3_900, 1_000, 3);
+    close(&mut model, 4_000);
+    tell(&mut model, 4_100, 3, 40);
+    tell(&mut model, 4_200, 3, 40);
+    tell(&mut model, 4_300, 3, 40);
+    // Judged against 30/s, the climb's windows would be a bank of a
+    // minute of it; the rate it sustained across them is taken instead.
+    let climb = [800, 850, 950, 1_000];
+    let mean = climb.iter().sum::<i64>() * MILLI / climb.len() as i64;
+    assert_eq!(model.rate_m(), Some(mean));
+}
+
+#[test]
+fn a_probe_due_after_a_measurement_survives_a_fall_measured_meanwhile() {
+    // The first measurement: pressed 300 ms at 1 062/s, 300 served.
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    tell(&mut model, 3_900, 100, 10);
+    tell(&mut model, 4_000, 100, 10);
+    tell(&mut model, 4_100, 100, 10);
+    assert_eq!(model.rate_m(), Some(1_000 * MILLI));
+    // The first measurement is followed by a probe: it was pressed only
+    // 300 ms, low by what refusals cost the limiter.
+    assert_eq!(
+        model.phase(),
+        Phase::Drain {
+            fresh: true,
+            probe: true
+        }
+    );
+    close(&mut model, 4_000);
+    // The window after, the limiter still refuses what the pressing left
+    // (a sliding window remembers it for its length): taken as a fall and
+    // measured over the limiter's memory, at the same 1 000/s, the probe
+    // stays due.
+    tell(&mut model, 4_500, 90, 1);
+    assert!(
+        matches!(model.phase(), Phase::Measure { probe: true, .. }),
+        "{:?}",
+        model.phase()
+    );
+    tell(&mut model, 5_000, 100, 5);
+    close(&mut model, 5_000);
+    tell(&mut model, 5_900, 900, 20);
+    assert_eq!(model.rate_m(), Some(1_000 * MILLI));
+    assert!(
+        matches!(model.phase(), Phase::Drain { probe: true, .. }),
+        "{:?}",
+        model.phase()
+    );
+    close(&mut model, 6_000);
+    close(&mut model, 7_000);
+    assert_eq!(model.phase(), Phase::Probe);
+}
