@@ -384,7 +384,7 @@ where
     )?;
     let following_tokens = follow_tokens(config.auth.clone(), secrets_every);
 
-    let gate = gate::GateLayer::new(config.auth.clone(), &transport);
+    let gate = gate::GateLayer::new(config.auth.clone(), &transport, config.tenant_limits());
     let health_only = serve_health_only(
         health_listener,
         &transport,
