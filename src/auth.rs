@@ -137,6 +137,25 @@ pub fn read_token_file(path: &Path) -> Result<Vec<u8>, String> {
 pub struct TokenEntry {
     secret: Secret,
     caller_scopes: Vec<Pattern>,
+    /// What the entry is called where its holdings are shown (metrics,
+    /// `tollgate scopes`): never the token. `None`: `token-<N>`.
+    name: Option<String>,
+    /// Its own scope quota, instead of its fair share.
+    max_scopes: Option<usize>,
+    /// Its own bound on Budget calls in flight, instead of its fair share.
+    max_concurrent_requests: Option<usize>,
+}
+
+/// A caller token entry as [`crate::tenancy`] sees it: its name and its
+/// own quotas, if it sets any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    /// The entry's `name`, or `token-<N>` (1-based, in file order).
+    pub name: String,
+    /// `max_scopes` of the entry.
+    pub max_scopes: Option<usize>,
+    /// `max_concurrent_requests` of the entry.
+    pub max_concurrent_requests: Option<usize>,
 }
 
 impl TokenEntry {
@@ -145,6 +164,9 @@ impl TokenEntry {
         TokenEntry {
             secret: Secret::inline(token),
             caller_scopes: caller_scopes.iter().map(|p| Pattern::parse(p)).collect(),
+            name: None,
+            max_scopes: None,
+            max_concurrent_requests: None,
         }
     }
 
@@ -154,8 +176,25 @@ impl TokenEntry {
     pub fn from_file(path: &Path, caller_scopes: &[String]) -> Result<Self, String> {
         Ok(TokenEntry {
             secret: Secret::from_file(path)?,
-            caller_scopes: caller_scopes.iter().map(|p| Pattern::parse(p)).collect(),
+            ..TokenEntry::new("", caller_scopes)
         })
+    }
+
+    /// The entry named `name` where its holdings are shown.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.to_owned());
+        self
+    }
+
+    /// The entry with its own quotas (`None`: its fair share).
+    pub fn with_quotas(
+        mut self,
+        max_scopes: Option<usize>,
+        max_concurrent_requests: Option<usize>,
+    ) -> Self {
+        self.max_scopes = max_scopes;
+        self.max_concurrent_requests = max_concurrent_requests;
+        self
     }
 }
 
@@ -222,6 +261,14 @@ impl Identity {
             Identity::Token(index) => {
                 std::borrow::Cow::Owned(crate::scope::owned_id(index + 1, id))
             }
+        }
+    }
+
+    /// Whom the scopes this caller creates are charged to.
+    pub fn owner(&self) -> crate::tenancy::Owner {
+        match self {
+            Identity::Open => crate::tenancy::Owner::NONE,
+            Identity::Token(index) => crate::tenancy::Owner::token(*index),
         }
     }
 }
@@ -443,6 +490,21 @@ impl Authenticator {
     /// left wrong keeps counting.
     pub fn refused_reloads(&self) -> u64 {
         self.refusals.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every caller entry's name and own quotas, in file order (the
+    /// entries never change after start; a reload changes values only).
+    pub fn tenants(&self) -> Vec<TenantSpec> {
+        self.table()
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| TenantSpec {
+                name: e.name.clone().unwrap_or_else(|| format!("token-{}", i + 1)),
+                max_scopes: e.max_scopes,
+                max_concurrent_requests: e.max_concurrent_requests,
+            })
+            .collect()
     }
 
     /// Whether no caller tokens are configured.

@@ -27,6 +27,10 @@
 //!                               # or token_file = "/etc/tollgate/tokens/tenant-a"
 //!                               # (a mounted Secret: re-read on change and SIGHUP)
 //! caller_scopes = ["tenant-a", "shared-*"]
+//! name = "tenant-a"             # optional, default token-<N>: how metrics and
+//!                               # `tollgate scopes` name what it holds
+//! # max_scopes = 500000         # its scope quota; default max_scopes / tokens
+//! # max_concurrent_requests = 512   # its calls in flight; default the same share
 //!
 //! [[admin_token]]               # may call the Admin API; never a caller token
 //! name = "sre-oncall"           # recorded in the audit log (the token never is)
@@ -415,9 +419,32 @@ struct TokenSpec {
     token_env: Option<String>,
     token_file: Option<PathBuf>,
     caller_scopes: Vec<String>,
+    name: Option<String>,
+    max_scopes: Option<usize>,
+    max_concurrent_requests: Option<usize>,
+}
+
+/// Whether `name` may name a token entry: it becomes a metric label and an
+/// audit field, so short and plain.
+fn valid_entry_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b))
 }
 
 impl Config {
+    /// Each caller token's name and quotas of this configuration's pools
+    /// (`max_scopes`, `max_concurrent_requests`).
+    pub fn tenant_limits(&self) -> crate::tenancy::TenantLimits {
+        crate::tenancy::TenantLimits::of(
+            &self.auth,
+            self.limits.max_scopes,
+            self.limits.max_concurrent_requests,
+        )
+    }
+
     /// Reads and validates a policy file, taking `token_env` values from the
     /// process environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -492,20 +519,49 @@ impl Config {
                 Ok((token.trim().to_owned(), file))
             };
         let mut entries = Vec::with_capacity(tokens.len());
+        let mut names = std::collections::HashSet::new();
         for (i, spec) in tokens.into_iter().enumerate() {
             let place = format!("token #{}", i + 1);
             let (token, file) = secret(&place, spec.token, spec.token_env, spec.token_file)?;
+            let invalid = |reason: &str| ConfigError::Invalid {
+                place: place.clone(),
+                reason: reason.to_owned(),
+            };
             if spec.caller_scopes.is_empty() {
-                return Err(ConfigError::Invalid {
-                    place,
-                    reason: "caller_scopes must name at least one scope".into(),
-                });
+                return Err(invalid("caller_scopes must name at least one scope"));
             }
-            entries.push(match file {
+            // Unnamed entries are `token-<N>`; a name must not take another
+            // entry's, given or default, or two tenants' holdings would be
+            // shown as one.
+            let name = match spec.name.as_deref().map(str::trim) {
+                Some(name) if !valid_entry_name(name) => {
+                    return Err(invalid(
+                        "name must be 1..=64 characters of [A-Za-z0-9-_.@] (it names the token's holdings in metrics)",
+                    ));
+                }
+                Some(name) => name.to_owned(),
+                None => format!("token-{}", i + 1),
+            };
+            if !names.insert(name.clone()) {
+                return Err(invalid(&format!(
+                    "name {name:?} is taken by another [[token]]"
+                )));
+            }
+            if spec.max_scopes == Some(0) || spec.max_concurrent_requests == Some(0) {
+                return Err(invalid(
+                    "max_scopes and max_concurrent_requests must be at least 1",
+                ));
+            }
+            let entry = match file {
                 Some(path) => TokenEntry::from_file(&path, &spec.caller_scopes)
-                    .map_err(|reason| ConfigError::Invalid { place, reason })?,
+                    .map_err(|reason| invalid(&reason))?,
                 None => TokenEntry::new(&token, &spec.caller_scopes),
-            });
+            };
+            entries.push(
+                entry
+                    .named(&name)
+                    .with_quotas(spec.max_scopes, spec.max_concurrent_requests),
+            );
         }
         let mut admins = Vec::with_capacity(admin_tokens.len());
         for (i, spec) in admin_tokens.into_iter().enumerate() {
@@ -516,12 +572,7 @@ impl Config {
                 reason: reason.to_owned(),
             };
             let name = spec.name.trim();
-            if name.is_empty()
-                || name.len() > 64
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b))
-            {
+            if !valid_entry_name(name) {
                 return Err(invalid(
                     "name must be 1..=64 characters of [A-Za-z0-9-_.@] (it goes in the audit log)",
                 ));
@@ -702,6 +753,34 @@ caller_scopes = ["tenant-a"]
             let err = Config::from_toml(text, |_| None).expect_err("refused");
             assert!(err.to_string().contains("holds the same token"), "{err}");
             assert!(!err.to_string().contains("-one"), "no value in {err}");
+        }
+    }
+
+    #[test]
+    fn token_entries_are_named_and_get_a_fair_share_unless_they_set_their_own() {
+        let text = "[server]\nmax_scopes = 900\nmax_concurrent_requests = 90\n\
+             [[token]]\ntoken = \"token-one\"\ncaller_scopes = [\"a\"]\nname = \"team-one\"\n\
+             [[token]]\ntoken = \"token-two\"\ncaller_scopes = [\"b\"]\nmax_scopes = 50\n\
+             [[token]]\ntoken = \"token-three\"\ncaller_scopes = [\"c\"]\nmax_concurrent_requests = 7\n";
+        let limits = Config::from_toml(text, |_| None)
+            .expect("valid")
+            .tenant_limits();
+        assert_eq!(limits.names, ["team-one", "token-2", "token-3"]);
+        assert_eq!(limits.scopes, [300, 50, 300]);
+        assert_eq!(limits.requests, [30, 30, 7]);
+        // A name taking another entry's default is refused at that entry.
+        for (bad, says, place) in [
+            ("name = \"a b\"\n", "name must be", "token #1"),
+            ("name = \"token-2\"\n", "is taken", "token #2"),
+            ("max_scopes = 0\n", "at least 1", "token #1"),
+        ] {
+            let text = format!(
+                "[[token]]\ntoken = \"token-one\"\ncaller_scopes = [\"a\"]\n{bad}\
+                 [[token]]\ntoken = \"token-two\"\ncaller_scopes = [\"b\"]\n"
+            );
+            let err = Config::from_toml(&text, |_| None).expect_err(bad);
+            assert!(err.to_string().contains(says), "{err}");
+            assert!(err.to_string().contains(place), "{err}");
         }
     }
 

@@ -34,6 +34,8 @@
 //! - [`config`]: the TOML policy file (server limits, defaults, rules, tokens).
 //! - [`auth`]: bearer tokens → the caller scopes they may use; admin tokens;
 //!   token files re-read in place; repeated bad tokens slowed down.
+//! - [`tenancy`]: each caller token's part of the pools (scopes, request
+//!   slots): who owns a scope, the fair share, the per-token quotas.
 //! - [`service`]: the `tollgate.v1.Budget` and `tollgate.v1.Admin` gRPC
 //!   services — validation, identity, one call into the core, the wire
 //!   translation, Watch streams — and the one error → `Status` mapping.
@@ -84,5 +86,6 @@ pub mod simulate;
 pub mod slots;
 pub mod store;
 pub mod telemetry;
+pub mod tenancy;
 // The instruments moved under `telemetry`; the old path stays for callers.
 pub use telemetry::metrics;

@@ -227,7 +227,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         {
             let max_scopes = kept.config.limits.max_scopes;
             tracing::info!(max_scopes, "scope state in memory");
-            let store = Arc::new(MemoryStore::new(max_scopes));
+            let store = Arc::new(MemoryStore::for_config(&kept.config));
             (store, Arc::new(SystemClock), None)
         } else {
             // Never echo the URL: it may carry a password.

@@ -358,7 +358,7 @@ where
     } = setup;
     let transport = config.transport.clone();
     let limits = config.limits.clone();
-    let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(limits.max_scopes)));
+    let store = store.unwrap_or_else(|| Arc::new(MemoryStore::for_config(&config)));
     let drain = CancellationToken::new();
     let (hub, relaying) = start_relay(relay, &drain);
     let runtime = RuntimeFiles {
@@ -384,7 +384,7 @@ where
     )?;
     let following_tokens = follow_tokens(config.auth.clone(), secrets_every);
 
-    let gate = gate::GateLayer::new(config.auth.clone(), &transport);
+    let gate = gate::GateLayer::new(config.auth.clone(), &transport, config.tenant_limits());
     let health_only = serve_health_only(
         health_listener,
         &transport,
@@ -627,6 +627,16 @@ async fn start_core(
 fn warn_about_auth(config: &Config) {
     if config.auth.is_open() {
         warn!("no tokens configured: open dev mode, any caller may use any caller scope");
+    }
+    let limits = &config.limits;
+    if let Some(pool) = config
+        .tenant_limits()
+        .oversubscribed(limits.max_scopes, limits.max_concurrent_requests)
+    {
+        warn!(
+            pool,
+            "the tokens' quotas add up to more than {pool}: a full pool may refuse a token still under its quota"
+        );
     }
     if config.auth.admin_is_open() {
         warn!("no tokens configured: the Admin API answers loopback peers only");

@@ -197,6 +197,82 @@ async fn a_tenants_stalled_message_ends_at_the_body_timeout() {
     coordinator.stop().await;
 }
 
+/// Two tenants sharing eight request slots (four each by default), whose
+/// calls would wait a minute for a message that never comes.
+const TWO_TENANTS: &str = r#"
+[server]
+max_concurrent_requests = 8
+request_timeout = "60s"
+body_timeout = "60s"
+
+[[token]]
+token = "token-of-tenant-a"
+caller_scopes = ["tenant-a"]
+name = "team-a"
+
+[[token]]
+token = "token-of-tenant-b"
+caller_scopes = ["tenant-b"]
+name = "team-b"
+"#;
+
+#[tokio::test]
+async fn a_tenants_flood_at_its_own_limit_leaves_another_tenants_leases_served() {
+    let coordinator = Coordinator::start(support::config(TWO_TENANTS)).await;
+    // Tenant B floods from the same address as A: forty Leases with its
+    // valid token, headers only. Before, eight of them held every slot of
+    // the server for a minute and A's Leases were shed.
+    let sender = h2_from(IpAddr::from([127, 0, 0, 1]), coordinator.addr).await;
+    let mut flood = JoinSet::new();
+    for _ in 0..40 {
+        let mut sender = sender.clone();
+        flood.spawn(async move {
+            sender.ready().await.ok()?;
+            let call = stalled_call("/tollgate.v1.Budget/Lease", Some("token-of-tenant-b"));
+            let response = sender.send_request(call).await.ok()?;
+            grpc_status(response).await
+        });
+    }
+    // Those past B's four are refused at once, naming the limit.
+    for _ in 0..32 {
+        let refused = tokio::time::timeout(PUSH_BOUND, flood.join_next())
+            .await
+            .expect("refusals come at once")
+            .expect("a call")
+            .expect("task");
+        assert_eq!(refused, Some(Code::ResourceExhausted));
+    }
+    let mut client = coordinator.client().await;
+    for i in 0..20 {
+        let request = with_token(
+            lease(
+                scope("tenant-a", "GET /x", Priority::Normal),
+                &format!("w{i}"),
+                1,
+            ),
+            "token-of-tenant-a",
+        );
+        client.lease(request).await.expect("tenant A is served");
+    }
+    // B's own fresh calls are what its limit refuses, with its name.
+    let mut b = coordinator.client().await;
+    let refused = b
+        .lease(with_token(
+            lease(scope("tenant-b", "GET /x", Priority::Normal), "w", 1),
+            "token-of-tenant-b",
+        ))
+        .await
+        .expect_err("b is at its limit");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("team-b")
+            && refused.message().contains("max_concurrent_requests"),
+        "{refused:?}"
+    );
+    flood.abort_all();
+    coordinator.stop().await;
+}
+
 #[tokio::test]
 async fn bad_token_guesses_from_one_peer_are_answered_at_a_bounded_rate() {
     let coordinator = Coordinator::start(small_server("1s")).await;

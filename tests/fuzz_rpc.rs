@@ -394,14 +394,15 @@ fn admin_call() -> impl Strategy<Value = AdminCall> {
                 reason,
             })
         }),
-        (target(), any::<bool>(), any_u32(), any_text()).prop_map(
-            |((caller_scope, route), frozen_only, page_size, page_token)| {
+        (target(), any::<bool>(), any_u32(), any_text(), any_text()).prop_map(
+            |((caller_scope, route), frozen_only, page_size, page_token, tenant)| {
                 AdminCall::ListScopes(v1::ListScopesRequest {
                     caller_scope,
                     route,
                     frozen_only,
                     page_size,
                     page_token,
+                    tenant,
                 })
             }
         ),

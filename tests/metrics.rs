@@ -204,7 +204,51 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
 
     drop(gate);
     coordinator.stop().await;
+    scopes_held_are_shown_per_tenant_by_name(metrics_addr).await;
     endpoint.stop().await;
+}
+
+/// With two named tokens, what each holds of the scope table and its quota
+/// are labelled with the `[[token]]` name, never the token.
+async fn scopes_held_are_shown_per_tenant_by_name(metrics: SocketAddr) {
+    let coordinator = Coordinator::start(support::config(
+        "[server]\nmax_scopes = 100\n\
+         [[token]]\ntoken = \"secret-of-team-a\"\ncaller_scopes = [\"a\"]\nname = \"team-a\"\n\
+         [[token]]\ntoken = \"secret-of-team-b\"\ncaller_scopes = [\"b\"]\nname = \"team-b\"\n",
+    ))
+    .await;
+    let mut client = coordinator.client().await;
+    for route in ["GET /1", "GET /2"] {
+        client
+            .lease(support::with_token(
+                support::lease(support::scope("a", route, Priority::Normal), "w", 1),
+                "secret-of-team-a",
+            ))
+            .await
+            .expect("lease");
+    }
+    let body = scrape(metrics).await;
+    let (series, _) = parse(&body);
+    let value = |name: &str, tenant: &str| {
+        series
+            .iter()
+            .find(|(k, _)| {
+                k.starts_with(&format!("{name}{{"))
+                    && k.contains(&format!("tollgate_tenant=\"{tenant}\""))
+            })
+            .map(|(_, v)| *v)
+    };
+    assert_eq!(value("tollgate_scopes_held", "team-a"), Some(2.0), "{body}");
+    assert_eq!(value("tollgate_scopes_held", "team-b"), Some(0.0), "{body}");
+    assert_eq!(
+        value("tollgate_scopes_quota", "team-b"),
+        Some(50.0),
+        "{body}"
+    );
+    assert!(!body.contains("secret-of"), "no token in {body}");
+    every_metric_has_help_text(&body);
+    every_family_and_exporter_label_is_as_documented(&body);
+    coordinator.stop().await;
 }
 
 /// `rpc_server_duration_milliseconds` series of `method` with `code`: their

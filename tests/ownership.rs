@@ -175,3 +175,65 @@ async fn one_tokens_workers_alone_hold_another_token_no_longer_than_an_uncorrobo
     assert_eq!(agreed.cooldown_until_unix_ms, support::T0 + 300_000);
     shared.stop().await;
 }
+
+/// A report of `first_attempts` first attempts by `worker` of `token`.
+fn counts(s: Option<v1::Scope>, worker: &str, first_attempts: u32) -> v1::ReportRequest {
+    v1::ReportRequest {
+        scope: s,
+        worker_id: worker.into(),
+        first_attempts,
+        ..v1::ReportRequest::default()
+    }
+}
+
+#[tokio::test]
+async fn a_huge_report_from_one_token_does_not_raise_another_tokens_budget() {
+    let coordinator = Coordinator::start(config(SHARED)).await;
+    let mut client = coordinator.client().await;
+    let s = scope("shared-x", ROUTE, Priority::Normal);
+    // Token one's own traffic: a hundred first attempts. Alone they earn
+    // it the default floor (10/s over 10 s) plus 0.2 × 100: 120 tokens.
+    client
+        .report(with_token(counts(s.clone(), "worker-1", 100), ONE))
+        .await
+        .expect("report");
+    // Token two claims a million, the most one report may carry.
+    client
+        .report(with_token(counts(s.clone(), "worker-2", 1_000_000), TWO))
+        .await
+        .expect("report");
+    let bound = 10 * 10 + 100 / 5;
+    let leased = client
+        .lease(with_token(lease(s.clone(), "worker-1", 10_000), ONE))
+        .await
+        .expect("lease")
+        .into_inner();
+    // Before, the claim lifted token one's lease to all 10 000 asked for.
+    assert!(
+        leased.granted > 0 && leased.granted <= bound,
+        "granted {} > {bound}",
+        leased.granted
+    );
+    assert_eq!(leased.remaining, 0);
+    // Many more such reports change nothing for token one.
+    for _ in 0..5 {
+        client
+            .report(with_token(counts(s.clone(), "worker-2", 1_000_000), TWO))
+            .await
+            .expect("report");
+    }
+    let again = client
+        .lease(with_token(lease(s.clone(), "worker-1", 10_000), ONE))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(again.granted, 0, "token one's own budget is spent");
+    // The claiming token's own retries are what its claim earns it.
+    let theirs = client
+        .lease(with_token(lease(s, "worker-2", 10_000), TWO))
+        .await
+        .expect("lease")
+        .into_inner();
+    assert_eq!(theirs.granted, 10_000);
+    coordinator.stop().await;
+}

@@ -53,6 +53,23 @@
 //! nothing in its window ([`BudgetLedger::is_quiet`]) can be dropped by the
 //! store and rebuilt on the next operation.
 //!
+//! # Counts of several tokens
+//! First attempts are what a worker says it made; the coordinator cannot
+//! see them. Where one caller token uses a scope, a worker that inflates
+//! them inflates its own tenant's budget, which it could as well ignore.
+//! Where several tokens may use a caller scope (the README's `shared-*`),
+//! one token's report would grow the budget of the others' workers: a
+//! million first attempts claimed by one token raised another's 80 tokens
+//! to 160 000. So there each token's first attempts and spend are also
+//! counted apart ([`BudgetLedger::deposit_for`]), and a grant to a token is
+//! bounded twice: by the scope's budget, as always, and by the budget the
+//! token's own first attempts would earn alone (the same formula, floor
+//! and ceiling, its own spend against it). What one token may add to a
+//! window is therefore bounded, for every other token, by nothing it says:
+//! another token's counts can tighten a token's budget (the shared bound
+//! still holds the whole scope) but never raise it past what its own
+//! traffic justifies. A tenant's claims move only its own retries.
+//!
 //! # Fairness
 //! Grants are capped at each worker's max-min fair share of its class's
 //! allowance among the workers active in the class within the window (leased
@@ -70,6 +87,7 @@ use std::hash::BuildHasher as _;
 
 use crate::policy::{MILLI, Policy};
 use crate::scope::{Priority, RetryClass};
+use crate::tenancy::{Owner, Tenant};
 
 use window::{FIRST_ATTEMPTS, Window, spent_col};
 
@@ -304,6 +322,9 @@ struct LeaseRecord {
     /// The second the grant was charged to, where a refund goes back.
     charged_sec: i64,
     expires_at_ms: i64,
+    /// The token whose own count was charged too, where several share the
+    /// scope ([`Owner::NONE`]: none was).
+    owner: Owner,
 }
 
 impl LeaseRecord {
@@ -437,12 +458,23 @@ pub fn available_of(policy: &Policy, allowance: u64, spent: &[u64; 3], class: us
         .unwrap_or(0)
 }
 
+/// One token's own first attempts and spend in a scope several tokens
+/// share ("Counts of several tokens").
+#[derive(Debug, Clone)]
+struct TokenUse {
+    owner: Owner,
+    window: Window,
+}
+
 /// The budget of one route: first attempts, and spend per priority class.
 #[derive(Debug, Clone)]
 pub struct BudgetLedger {
     window: Window,
     classes: [ClassLedger; 3],
     leases: Vec<LeaseRecord>,
+    /// Each token's own counts, kept only where several tokens share the
+    /// caller scope (empty, and allocation-free, otherwise).
+    tokens: Vec<TokenUse>,
 }
 
 impl BudgetLedger {
@@ -452,6 +484,7 @@ impl BudgetLedger {
             window: Window::new(now_ms.div_euclid(1000)),
             classes: Default::default(),
             leases: Vec::new(),
+            tokens: Vec::new(),
         }
     }
 
@@ -460,14 +493,47 @@ impl BudgetLedger {
         let first = self
             .window
             .sum(now_ms.div_euclid(1000), policy.window_secs, FIRST_ATTEMPTS);
-        let formula = policy
-            .floor_milli_per_sec
-            .saturating_mul(u64::from(policy.window_secs))
-            .saturating_add(policy.ratio_milli.saturating_mul(first));
-        match policy.ceiling_per_window {
-            Some(ceiling) => formula.min(ceiling.saturating_mul(MILLI)),
-            None => formula,
+        allowance_of(policy, first)
+    }
+
+    /// `owner`'s own counts, made if it has none.
+    fn token_use(&mut self, owner: Owner, now_ms: i64) -> &mut Window {
+        let at = match self.tokens.iter().position(|t| t.owner == owner) {
+            Some(at) => at,
+            None => {
+                self.tokens.push(TokenUse {
+                    owner,
+                    window: Window::new(now_ms.div_euclid(1000)),
+                });
+                self.tokens.len() - 1
+            }
+        };
+        &mut self.tokens[at].window
+    }
+
+    /// What `tenant`'s own first attempts earn `class` and what its own
+    /// grants spent, where several tokens share the scope: the milli-tokens
+    /// it may still take of its own; `None` where one token uses it.
+    fn own_available(
+        &mut self,
+        policy: &Policy,
+        tenant: Tenant,
+        class: usize,
+        now_ms: i64,
+    ) -> Option<u64> {
+        if !tenant.shared() {
+            return None;
         }
+        let now_sec = now_ms.div_euclid(1000);
+        let own = self.token_use(tenant.owner, now_ms);
+        let first = own.sum(now_sec, policy.window_secs, FIRST_ATTEMPTS);
+        let spent = [0, 1, 2].map(|c| own.sum(now_sec, policy.window_secs, spent_col(c)));
+        Some(available_of(
+            policy,
+            allowance_of(policy, first),
+            &spent,
+            class,
+        ))
     }
 
     fn spent(&mut self, policy: &Policy, now_ms: i64) -> [u64; 3] {
@@ -492,12 +558,39 @@ impl BudgetLedger {
         first_attempts: u32,
         now_ms: i64,
     ) {
+        self.deposit_for(
+            policy,
+            worker_id,
+            priority,
+            first_attempts,
+            now_ms,
+            Tenant::NONE,
+        );
+    }
+
+    /// [`deposit`](Self::deposit) by `tenant`: where several tokens share
+    /// the scope, its first attempts are also counted as its own ("Counts
+    /// of several tokens").
+    pub fn deposit_for(
+        &mut self,
+        policy: &Policy,
+        worker_id: &str,
+        priority: Priority,
+        first_attempts: u32,
+        now_ms: i64,
+        tenant: Tenant,
+    ) {
         if first_attempts > 0 {
-            self.window.add(
-                now_ms.div_euclid(1000),
-                FIRST_ATTEMPTS,
-                u64::from(first_attempts),
-            );
+            let now_sec = now_ms.div_euclid(1000);
+            self.window
+                .add(now_sec, FIRST_ATTEMPTS, u64::from(first_attempts));
+            if tenant.shared() {
+                self.token_use(tenant.owner, now_ms).add(
+                    now_sec,
+                    FIRST_ATTEMPTS,
+                    u64::from(first_attempts),
+                );
+            }
         }
         self.classes[priority.index()].touch(worker_id, now_ms, policy.window_ms());
     }
@@ -509,6 +602,19 @@ impl BudgetLedger {
         policy: &Policy,
         ask: GrantAsk<'_>,
         lease_id: &str,
+    ) -> Result<Grant, BudgetError> {
+        self.grant_for(policy, ask, lease_id, Tenant::NONE)
+    }
+
+    /// [`grant`](Self::grant) to `tenant`: where several tokens share the
+    /// scope, also within what its own first attempts earn ("Counts of
+    /// several tokens").
+    pub fn grant_for(
+        &mut self,
+        policy: &Policy,
+        ask: GrantAsk<'_>,
+        lease_id: &str,
+        tenant: Tenant,
     ) -> Result<Grant, BudgetError> {
         let now_sec = ask.now_ms.div_euclid(1000);
         let cost = policy.cost(ask.retry_class).max(1);
@@ -535,12 +641,14 @@ impl BudgetLedger {
         let allowance = self.allowance_milli(policy, ask.now_ms);
         // Fair shares split what the class could reach, borrowing included.
         let capacity = part(allowance, shares_from(policy, class_index));
-        let available = available_of(
+        let shared = available_of(
             policy,
             allowance,
             &self.spent(policy, ask.now_ms),
             class_index,
         );
+        let own = self.own_available(policy, tenant, class_index, ask.now_ms);
+        let available = own.map_or(shared, |own| own.min(shared));
         let window_ms = policy.window_ms();
         let class = &mut self.classes[class_index];
         let me = class.touch(ask.worker_id, ask.now_ms, window_ms);
@@ -602,6 +710,13 @@ impl BudgetLedger {
         if granted > 0 {
             let charged_sec = self.window.add(now_sec, spent_col(class_index), charge);
             self.classes[class_index].workers[me].charge(charged_sec, charge);
+            if own.is_some() {
+                self.token_use(tenant.owner, ask.now_ms).add(
+                    now_sec,
+                    spent_col(class_index),
+                    charge,
+                );
+            }
             if self.leases.capacity() == 0 {
                 self.leases.reserve_exact(1);
             }
@@ -614,6 +729,11 @@ impl BudgetLedger {
                 cost_milli: cost,
                 charged_sec,
                 expires_at_ms,
+                owner: if own.is_some() {
+                    tenant.owner
+                } else {
+                    Owner::NONE
+                },
             });
         }
         Ok(Grant {
@@ -657,6 +777,10 @@ impl BudgetLedger {
         let class = lease.priority.index();
         self.window
             .refund(lease.charged_sec, spent_col(class), refund);
+        if let Some(own) = self.tokens.iter_mut().find(|t| t.owner == lease.owner) {
+            own.window
+                .refund(lease.charged_sec, spent_col(class), refund);
+        }
         if let Some(worker) = self.classes[class].get_mut(end.worker_id) {
             worker.refund(lease.charged_sec, refund);
         }
@@ -717,12 +841,28 @@ impl BudgetLedger {
     /// may drop it and build a new one on the next operation.
     pub fn is_quiet(&mut self, now_ms: i64) -> bool {
         let longest_ms = MAX_WINDOW_SECS as i64 * 1000;
-        self.window.is_empty(now_ms.div_euclid(1000))
+        let now_sec = now_ms.div_euclid(1000);
+        self.tokens.retain_mut(|t| !t.window.is_empty(now_sec));
+        self.window.is_empty(now_sec)
             && self.live_leases(now_ms) == 0
             && self
                 .classes
                 .iter()
                 .all(|c| c.active(now_ms, longest_ms) == 0)
+    }
+}
+
+/// The allowance, in milli-tokens before shares, of a window with `first`
+/// first attempts: `min_retries_per_sec × window + retry_ratio × first`,
+/// at most the ceiling.
+fn allowance_of(policy: &Policy, first: u64) -> u64 {
+    let formula = policy
+        .floor_milli_per_sec
+        .saturating_mul(u64::from(policy.window_secs))
+        .saturating_add(policy.ratio_milli.saturating_mul(first));
+    match policy.ceiling_per_window {
+        Some(ceiling) => formula.min(ceiling.saturating_mul(MILLI)),
+        None => formula,
     }
 }
 

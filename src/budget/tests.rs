@@ -1,5 +1,6 @@
 use super::*;
 use crate::policy::PolicySpec;
+use crate::tenancy::{Owner, Tenant};
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -355,4 +356,50 @@ fn a_class_finds_each_worker_as_it_grows_and_evicts() {
     check(&class);
     assert!(class.get_mut("worker-1").is_none());
     assert!(class.get_mut("newcomer").is_some());
+}
+
+#[test]
+fn another_tokens_counts_never_raise_a_tokens_budget_in_a_shared_scope() {
+    let p = Policy::default(); // floor 10/s × 10 s = 100, ratio 0.2
+    let one = Tenant {
+        owner: Owner::token(0),
+        tokens: 2,
+    };
+    let two = Tenant {
+        owner: Owner::token(1),
+        tokens: 2,
+    };
+    let mut ledger = BudgetLedger::new(T0);
+    ledger.deposit_for(&p, "t1:w", Priority::Critical, 100, T0, one);
+    // Token two claims a million first attempts.
+    ledger.deposit_for(&p, "t2:w", Priority::Critical, 1_000_000, T0, two);
+    // Token one's budget is what its own hundred earn: 100 + 0.2 × 100.
+    let granted = ledger
+        .grant_for(&p, ask("t1:w", 10_000, T0), "l1", one)
+        .expect("grant");
+    assert_eq!(granted.granted, 120);
+    assert_eq!(granted.remaining, 0);
+    // Token two's claim moves its own budget only.
+    let theirs = ledger
+        .grant_for(&p, ask("t2:w", 10_000, T0), "l2", two)
+        .expect("grant");
+    assert_eq!(theirs.granted, 10_000);
+    // A release gives back to the token's own count too.
+    assert_eq!(ledger.release(end("t1:w", "l1", 20, T0)), Ok(100));
+    let again = ledger
+        .grant_for(&p, ask("t1:w", 10_000, T0), "l3", one)
+        .expect("grant");
+    assert_eq!(again.granted, 100);
+    // Where one token uses the scope, nothing is kept apart.
+    let alone = Tenant {
+        owner: Owner::token(0),
+        tokens: 1,
+    };
+    let mut ledger = BudgetLedger::new(T0);
+    ledger.deposit_for(&p, "t1:w", Priority::Critical, 1000, T0, alone);
+    let granted = ledger
+        .grant_for(&p, ask("t1:w", 10_000, T0), "l1", alone)
+        .expect("grant");
+    assert_eq!(granted.granted, 300);
+    assert!(ledger.tokens.is_empty());
 }

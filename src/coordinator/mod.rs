@@ -37,6 +37,7 @@ use crate::store::{
     LeaseOutcome, Reconsidered, RouteView, ScopeDetail, ScopeFilter, ScopePage, Slotted, Store,
     StoreError,
 };
+use crate::tenancy::Tenant;
 
 pub use report::{ReportIn, ReportOut, ReportedResponse};
 use shadow::ShadowLease;
@@ -128,6 +129,8 @@ pub struct SlotRequest<'a> {
     pub reserve_ms: i64,
     /// A first attempt held for a slot, not a retry.
     pub first_attempt: bool,
+    /// Whom a new scope is charged to.
+    pub tenant: Tenant,
 }
 
 impl Coordinator {
@@ -185,9 +188,11 @@ impl Coordinator {
         rng.random_range(0..JITTER_SCALE)
     }
 
-    /// Grants up to `want` retry tokens of `scope` to `worker_id`.
+    /// Grants up to `want` retry tokens of `scope` to `worker_id` of
+    /// `tenant` (whose quota a new scope is charged to).
     pub async fn lease(
         &self,
+        tenant: Tenant,
         scope: &ScopeKey,
         worker_id: &str,
         want: u32,
@@ -202,7 +207,7 @@ impl Coordinator {
             want,
             now_ms,
         };
-        let mut outcome = self.store.lease(scope, ask, &policy).await?;
+        let mut outcome = self.store.lease_as(tenant, scope, ask, &policy).await?;
         // A freeze is an operator's brake, not the policy being rolled out:
         // shadow mode never lifts it.
         let shadowed = (policy.shadow
@@ -322,7 +327,10 @@ impl Coordinator {
             view,
             pacing,
             pacing_was,
-        } = self.store.reconsider(route, ask, &policy).await?;
+        } = self
+            .store
+            .reconsider_as(request.tenant, route, ask, &policy)
+            .await?;
         self.announce_pacing(route, pacing_was, &pacing);
         // Shadow: the cursor moved as enforcing would move it; the intent
         // goes as soon as it asked to (a freeze still holds it).

@@ -7,6 +7,7 @@ use crate::hints::{Assessment, EvidenceInput, Merge, assess};
 use crate::pacing::{Mode, PacingView, counts_hold_ms, holds_first_attempts};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::store::{LevelHint, ReportBatch, RouteView, StoreError};
+use crate::tenancy::{Owner, Tenant};
 
 use super::Coordinator;
 use crate::events::{CooldownSupport, StateChange};
@@ -39,6 +40,9 @@ pub struct ReportIn<'a> {
     /// How many caller tokens may use the scope's caller scope (1 in open
     /// dev mode): where several may, corroboration needs workers of two.
     pub tokens: usize,
+    /// The reporting token: a new scope is charged to it, and where
+    /// several tokens share the caller scope its counts are kept apart.
+    pub owner: Owner,
 }
 
 /// What a report did.
@@ -128,7 +132,11 @@ impl Coordinator {
             now_ms,
             tokens: report.tokens,
         };
-        let reported = self.store.report(scope, batch, &policy).await?;
+        let tenant = Tenant {
+            owner: report.owner,
+            tokens: report.tokens,
+        };
+        let reported = self.store.report_as(tenant, scope, batch, &policy).await?;
         self.announce_pacing(&scope.route, reported.pacing_was, &reported.pacing);
         let mut raised = Vec::new();
         let mut backoff_ms = 0;

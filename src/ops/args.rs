@@ -189,6 +189,7 @@ pub enum ScopesCommand {
     /// List scopes the coordinator holds state for.
     #[command(after_help = "Examples:
   tollgate scopes list --caller-scope 'tenant-a*'
+  tollgate scopes list --tenant team-one
   tollgate scopes list --frozen -o json")]
     List {
         /// Caller-scope pattern.
@@ -200,6 +201,10 @@ pub enum ScopesCommand {
         /// Only frozen scopes.
         #[arg(long)]
         frozen: bool,
+        /// Only the scopes charged to this caller token, by the `name` of
+        /// its `[[token]]` entry.
+        #[arg(long)]
+        tenant: Option<String>,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,

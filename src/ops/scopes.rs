@@ -15,8 +15,17 @@ pub(super) async fn run(client: &mut Client, command: ScopesCommand) -> Outcome 
             caller_scope,
             route,
             frozen,
+            tenant,
             limit,
-        } => list(client, caller_scope, route, frozen, limit).await,
+        } => {
+            let filter = Listing {
+                caller_scope,
+                route,
+                frozen,
+                tenant: tenant.unwrap_or_default(),
+            };
+            list(client, filter, limit).await
+        }
         ScopesCommand::Show(scope) => {
             let req = client.request(v1::GetScopeRequest {
                 caller_scope: scope.caller_scope,
@@ -96,22 +105,26 @@ pub(super) async fn run(client: &mut Client, command: ScopesCommand) -> Outcome 
     }
 }
 
-async fn list(
-    client: &mut Client,
+/// Which scopes `scopes list` asks for.
+struct Listing {
     caller_scope: String,
     route: String,
     frozen: bool,
-    limit: usize,
-) -> Outcome {
+    /// A `[[token]]` entry's name; empty: any.
+    tenant: String,
+}
+
+async fn list(client: &mut Client, filter: Listing, limit: usize) -> Outcome {
     let mut all = Vec::new();
     let mut token = String::new();
     while all.len() < limit {
         let req = client.request(v1::ListScopesRequest {
-            caller_scope: caller_scope.clone(),
-            route: route.clone(),
-            frozen_only: frozen,
+            caller_scope: filter.caller_scope.clone(),
+            route: filter.route.clone(),
+            frozen_only: filter.frozen,
             page_size: u32::try_from((limit - all.len()).min(500)).unwrap_or(500),
             page_token: token.clone(),
+            tenant: filter.tenant.clone(),
         })?;
         let page = client
             .inner
@@ -136,6 +149,7 @@ async fn list(
                             "frozen": s.frozen, "cooldown_until_unix_ms": s.cooldown_until_unix_ms,
                             "leases_outstanding": s.leases_outstanding, "slot_backlog": s.slot_backlog,
                             "policy_version": s.policy_version, "last_touched_unix_ms": s.last_touched_unix_ms,
+                            "tenant": s.tenant,
                         })
                     })
                     .collect(),
@@ -153,6 +167,7 @@ async fn list(
                         s.leases_outstanding.to_string(),
                         s.slot_backlog.to_string(),
                         s.policy_version.to_string(),
+                        if s.tenant.is_empty() { "-" } else { &s.tenant }.into(),
                     ]
                 })
                 .collect();
@@ -165,6 +180,7 @@ async fn list(
                     "LEASES",
                     "WAITING",
                     "VERSION",
+                    "TENANT",
                 ],
                 &rows,
             );

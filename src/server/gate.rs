@@ -11,6 +11,13 @@
 //!   UNAUTHENTICATED without reaching a slot (and held back as
 //!   [`BadTokens`] says, capped per peer); a known one goes on, its
 //!   identity attached so the handler does not check it again.
+//! - **Budget calls of a caller token** are counted per token while the
+//!   handler runs, as the server-wide limit counts them; past the token's
+//!   part of the slots ([`crate::tenancy::TenantLimits::requests`]) they
+//!   are refused RESOURCE_EXHAUSTED naming the limit, before a server-wide
+//!   slot is taken. One tenant saturating its part, with slow bodies or
+//!   slow calls, leaves the other tenants theirs. A Watch stream counts
+//!   until it is open, not while it streams (it has a quota of its own).
 //! - **Calls that carry no token to check** (health, reflection, unknown
 //!   methods, and everything in open dev mode's Admin API) are counted per
 //!   connection and per peer address while they run; past either bound
@@ -28,7 +35,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -43,8 +50,9 @@ use tower::{Layer, Service};
 
 use super::listen::{Activity, ConnInfo};
 use crate::auth::throttle::BadTokens;
-use crate::auth::{AdminDenied, Authenticated, Authenticator};
+use crate::auth::{AdminDenied, Authenticated, Authenticator, Identity};
 use crate::config::Transport;
+use crate::tenancy::TenantLimits;
 
 /// The gRPC status code UNAUTHENTICATED as it appears in `grpc-status`.
 const UNAUTHENTICATED: &[u8] = b"16";
@@ -71,12 +79,18 @@ struct Shared {
     per_ip: usize,
     /// Unauthenticated calls in flight by peer address.
     unauthenticated: Mutex<HashMap<IpAddr, usize>>,
+    /// By token entry: its name and how many Budget calls it may have in
+    /// flight.
+    tenants: TenantLimits,
+    /// By token entry: its Budget calls in flight.
+    in_flight: Vec<AtomicUsize>,
 }
 
 impl GateLayer {
     /// A gate checking tokens against `auth` (shared with the services, so
-    /// a token file reload is seen by both) with the bounds of `transport`.
-    pub fn new(auth: Authenticator, transport: &Transport) -> Self {
+    /// a token file reload is seen by both) with the bounds of `transport`
+    /// and each token's part of the request slots in `tenants`.
+    pub fn new(auth: Authenticator, transport: &Transport, tenants: TenantLimits) -> Self {
         GateLayer {
             shared: Arc::new(Shared {
                 auth,
@@ -85,6 +99,12 @@ impl GateLayer {
                 per_connection: transport.max_unauthenticated_calls_per_connection,
                 per_ip: transport.max_unauthenticated_calls_per_ip,
                 unauthenticated: Mutex::default(),
+                in_flight: tenants
+                    .requests
+                    .iter()
+                    .map(|_| AtomicUsize::new(0))
+                    .collect(),
+                tenants,
             }),
         }
     }
@@ -112,6 +132,8 @@ pub struct Gate<S> {
 enum Verdict {
     /// Go on; with a permit when the call is counted as unauthenticated.
     Pass(Option<Unauthenticated>),
+    /// Go on, counted among the Budget calls of token entry `.0`.
+    Token(usize),
     /// Answer now with this status; `hold`: it is a bad token, held back.
     Refuse { status: Status, hold: bool },
 }
@@ -154,7 +176,10 @@ impl Shared {
             match self.auth.identify(header) {
                 Ok(identity) => {
                     request.extensions_mut().insert(Authenticated(identity));
-                    Verdict::Pass(None)
+                    match identity {
+                        Identity::Token(entry) => self.count_token(entry),
+                        Identity::Open => Verdict::Pass(None),
+                    }
                 }
                 Err(err) => Verdict::Refuse {
                     status: Status::unauthenticated(err.to_string()),
@@ -173,6 +198,29 @@ impl Shared {
                 },
             }
         }
+    }
+
+    /// A place among token entry `entry`'s Budget calls in flight, or a
+    /// refusal naming its limit.
+    fn count_token(&self, entry: usize) -> Verdict {
+        let (Some(count), Some(&limit)) =
+            (self.in_flight.get(entry), self.tenants.requests.get(entry))
+        else {
+            return Verdict::Pass(None);
+        };
+        let before = count.fetch_add(1, Ordering::AcqRel);
+        if before >= limit {
+            count.fetch_sub(1, Ordering::AcqRel);
+            let name = self.tenants.names.get(entry).map_or("", String::as_str);
+            return Verdict::Refuse {
+                status: Status::resource_exhausted(format!(
+                    "token {name:?} has {limit} calls in flight \
+                     (max_concurrent_requests of its [[token]] entry)"
+                )),
+                hold: false,
+            };
+        }
+        Verdict::Token(entry)
     }
 
     /// A place for an unauthenticated call from `peer` on the request's
@@ -240,6 +288,21 @@ pub struct Permit {
     shared: Arc<Shared>,
 }
 
+/// A token's Budget call in flight, given back when the handler is done
+/// (or the call is dropped).
+struct TokenPermit {
+    entry: usize,
+    shared: Arc<Shared>,
+}
+
+impl Drop for TokenPermit {
+    fn drop(&mut self) {
+        if let Some(count) = self.shared.in_flight.get(self.entry) {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(activity) = &self.place.connection {
@@ -273,11 +336,19 @@ where
             .and_then(|i| i.remote_addr())
             .map(|a| a.ip());
         let shared = Arc::clone(&self.shared);
+        let mut token_permit = None;
         let permit = match shared.verdict(&mut request, peer) {
             Verdict::Pass(place) => place.map(|place| Permit {
                 place,
                 shared: Arc::clone(&shared),
             }),
+            Verdict::Token(entry) => {
+                token_permit = Some(TokenPermit {
+                    entry,
+                    shared: Arc::clone(&shared),
+                });
+                None
+            }
             Verdict::Refuse { status, hold } => {
                 return Box::pin(async move {
                     if hold {
@@ -296,7 +367,10 @@ where
         });
         let response = self.inner.call(request);
         Box::pin(async move {
-            let response = response.await?;
+            let response = response.await;
+            // The handler is done (as the server-wide limit counts it).
+            drop(token_permit);
+            let response = response?;
             if response.headers().get("grpc-status").map(|v| v.as_bytes()) == Some(UNAUTHENTICATED)
             {
                 shared.bad_tokens.hold(peer).await;

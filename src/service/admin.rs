@@ -20,6 +20,7 @@ use crate::pacing::PacingView;
 use crate::policy::Pattern;
 use crate::scope::{Priority, RouteKey};
 use crate::store::ScopeFilter;
+use crate::tenancy::Owner;
 
 use super::error::ServiceError;
 use super::validate::{self, MAX_CALLER_SCOPE, MAX_ROUTE};
@@ -32,6 +33,8 @@ pub const MAX_DURATION_TEXT: usize = 32;
 pub const MAX_TOML_BYTES: usize = 512 * 1024;
 /// Largest scope page.
 pub const MAX_PAGE: usize = 500;
+/// Longest tenant name: a `[[token]]` entry's name is at most 64 bytes.
+const MAX_TENANT: usize = 64;
 /// Largest audit page.
 pub const MAX_AUDIT_PAGE: usize = 1000;
 /// Longest freeze.
@@ -323,10 +326,30 @@ impl Admin for AdminService {
             validate::name(field, value, max)?;
             Ok(Pattern::parse(value))
         };
+        // Tenants by their entries' names; a token's value is never shown
+        // nor asked for.
+        let tenants = self.auth.tenants();
+        let owner = if req.tenant.is_empty() {
+            None
+        } else {
+            validate::name("tenant", &req.tenant, MAX_TENANT)?;
+            let Some(at) = tenants.iter().position(|t| t.name == req.tenant) else {
+                return Err(
+                    ServiceError::invalid("tenant", "no [[token]] entry has this name").into(),
+                );
+            };
+            if self.core.store().counts().is_none() {
+                return Err(Status::failed_precondition(
+                    "tenant: this store charges scopes to no token (only the embedded store keeps quotas)",
+                ));
+            }
+            Some(Owner::token(at))
+        };
         let filter = ScopeFilter {
             caller_scope: pattern("caller_scope", &req.caller_scope, MAX_CALLER_SCOPE)?,
             route: pattern("route", &req.route, MAX_ROUTE)?,
             frozen_only: req.frozen_only,
+            owner,
         };
         let limit = match req.page_size as usize {
             0 => 100,
@@ -357,6 +380,12 @@ impl Admin for AdminService {
                     slot_backlog: count(s.waiting),
                     policy_version: set.resolve(&s.route).policy_version,
                     last_touched_unix_ms: s.last_touched_ms,
+                    tenant: s
+                        .owner
+                        .index()
+                        .and_then(|i| tenants.get(i))
+                        .map(|t| t.name.clone())
+                        .unwrap_or_default(),
                 })
                 .collect(),
             next_page_token: page.next.as_ref().map(page_token).unwrap_or_default(),

@@ -85,6 +85,7 @@ impl From<ServiceError> for Status {
             // should back off and use its local fallback budget.
             ServiceError::Store(
                 StoreError::ScopeLimit { .. }
+                | StoreError::ScopeQuota { .. }
                 | StoreError::Budget(BudgetError::TooManyLeases)
                 | StoreError::Slots(_),
             ) => Status::resource_exhausted(message),

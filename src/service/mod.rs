@@ -40,6 +40,7 @@ use crate::pacing::PacingView;
 use crate::scope::ScopeKey;
 use crate::store::Reconsidered;
 use crate::telemetry::{LEASE_SPAN, RECONSIDER_SPAN, RELEASE_SPAN, REPORT_SPAN, WATCH_SPAN};
+use crate::tenancy::Tenant;
 
 use self::error::ServiceError;
 use self::quota::WatchQuota;
@@ -89,7 +90,8 @@ impl BudgetService {
     ) -> Self {
         let meter = opentelemetry::global::meter("tollgate");
         let metrics = CoordinatorMetrics::new(&meter, Arc::clone(core.clock()));
-        crate::telemetry::scopes::register(&meter, core.store());
+        let tenants = auth.tenants().into_iter().map(|t| t.name).collect();
+        crate::telemetry::scopes::register(&meter, core.store(), tenants);
         BudgetService {
             core,
             auth,
@@ -188,9 +190,19 @@ impl Budget for BudgetService {
         validate::worker_id(&req.worker_id)?;
         let want = validate::want(req.want)?;
         let retry_class = validate::retry_class(req.retry_class)?;
+        let tenant = Tenant {
+            owner: identity.owner(),
+            tokens: self.auth.tokens_for(&scope.route.caller_scope),
+        };
         let leased = self
             .core
-            .lease(&scope, &identity.own(&req.worker_id), want, retry_class)
+            .lease(
+                tenant,
+                &scope,
+                &identity.own(&req.worker_id),
+                want,
+                retry_class,
+            )
             .await
             .map_err(ServiceError::from)?;
         let (out, policy_version) = (leased.outcome, leased.policy_version);
@@ -318,6 +330,7 @@ impl Budget for BudgetService {
             counts_age_ms,
             responses,
             tokens: self.auth.tokens_for(&scope.route.caller_scope),
+            owner: identity.owner(),
         };
         let out = self
             .core
@@ -368,6 +381,10 @@ impl Budget for BudgetService {
             deadline_ms: deadline,
             reserve_ms: reserve,
             first_attempt: req.first_attempt,
+            tenant: Tenant {
+                owner: identity.owner(),
+                tokens: 1,
+            },
         };
         let out = self
             .core

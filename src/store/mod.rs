@@ -30,6 +30,7 @@ use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError, SlotOutcome};
 
+pub use crate::tenancy::{Owner, Tenant};
 pub use admin_state::{AdminSnapshot, AdminStateStore, Committed};
 pub use memory::MemoryStore;
 pub use redis::{RedisOptions, RedisStore, RedisTarget};
@@ -47,6 +48,17 @@ pub enum StoreError {
     ScopeLimit {
         /// The configured bound.
         max: usize,
+    },
+    /// The calling token holds its quota of scopes and every one is busy
+    /// (a lease, a waiting intent, a freeze or a mute): its own coldest
+    /// idle ones, cooled down or not, were already evicted to make room,
+    /// and there were none. Another token's scopes are never taken.
+    #[error(
+        "this token holds its quota of {quota} scopes (max_scopes of its [[token]]), every one busy"
+    )]
+    ScopeQuota {
+        /// The token's quota.
+        quota: usize,
     },
     /// The budget refused the operation.
     #[error(transparent)]
@@ -283,6 +295,8 @@ pub struct ScopeFilter {
     pub route: Pattern,
     /// Only frozen routes: the first question in an incident.
     pub frozen_only: bool,
+    /// Only routes charged to this owner: what one tenant holds.
+    pub owner: Option<Owner>,
 }
 
 impl Default for ScopeFilter {
@@ -291,6 +305,7 @@ impl Default for ScopeFilter {
             caller_scope: Pattern::Any,
             route: Pattern::Any,
             frozen_only: false,
+            owner: None,
         }
     }
 }
@@ -308,6 +323,10 @@ pub struct ScopeSummary {
     pub waiting: usize,
     /// When any operation last touched the route.
     pub last_touched_ms: i64,
+    /// The token whose quota the route is charged to: the one that made
+    /// it ([`Owner::NONE`] in open dev mode, for an operator's, or in a
+    /// store that keeps no owners).
+    pub owner: Owner,
 }
 
 /// A page of [`ScopeSummary`], ordered by route key.
@@ -358,6 +377,20 @@ pub struct ScopeCounts {
     /// Cold scopes evicted to make room for new ones at the limit.
     pub evicted_for_room: u64,
     /// Operations refused because every scope was live.
+    pub refused: u64,
+}
+
+/// What one token holds of a bounded scope table, for the per-tenant
+/// `tollgate.scopes.*` metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerCounts {
+    /// The token.
+    pub owner: Owner,
+    /// Routes plus caller scopes charged to it now.
+    pub held: usize,
+    /// Its quota.
+    pub quota: usize,
+    /// New scopes refused to it at its quota, since start.
     pub refused: u64,
 }
 
@@ -460,6 +493,54 @@ pub trait Store: Send + Sync + 'static {
     /// elsewhere (Redis: its own memory limit and key expiry).
     fn counts(&self) -> Option<ScopeCounts> {
         None
+    }
+
+    /// What each token with a quota holds of a bounded scope table; empty
+    /// for a store that keeps no quotas (Redis).
+    fn owner_counts(&self) -> Vec<OwnerCounts> {
+        Vec::new()
+    }
+
+    /// [`lease`](Self::lease) for `tenant`: a new scope is charged to its
+    /// quota, and where several tokens share the caller scope its budget
+    /// is also bounded by what its own reports earn. A store that keeps
+    /// no quotas does what `lease` does.
+    fn lease_as<'a>(
+        &'a self,
+        tenant: Tenant,
+        scope: &'a ScopeKey,
+        ask: GrantAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, LeaseOutcome> {
+        let _ = tenant;
+        self.lease(scope, ask, policy)
+    }
+
+    /// [`report`](Self::report) for `tenant`: a new scope is charged to
+    /// its quota, and its first attempts are kept apart from other
+    /// tokens' where several share the caller scope.
+    fn report_as<'a>(
+        &'a self,
+        tenant: Tenant,
+        scope: &'a ScopeKey,
+        report: ReportBatch<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, Reported> {
+        let _ = tenant;
+        self.report(scope, report, policy)
+    }
+
+    /// [`reconsider`](Self::reconsider) for `tenant`: a new scope is
+    /// charged to its quota.
+    fn reconsider_as<'a>(
+        &'a self,
+        tenant: Tenant,
+        route: &'a RouteKey,
+        ask: SlotAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, Slotted> {
+        let _ = tenant;
+        self.reconsider(route, ask, policy)
     }
 
     /// Whether the store can serve now; the server's health check reports

@@ -63,7 +63,8 @@ pub(crate) struct Coordinator {
 
 impl Coordinator {
     pub(crate) async fn start(config: Config) -> Coordinator {
-        let store = Arc::new(MemoryStore::new(config.limits.max_scopes));
+        // The store `tollgate serve` makes: the bound and each token's quota.
+        let store = Arc::new(MemoryStore::for_config(&config));
         Coordinator::start_with_store(config, store).await
     }
 

@@ -127,6 +127,7 @@ impl Source {
                     frozen_only: false,
                     page_size: u32::try_from((self.limit - listed.len()).min(500)).unwrap_or(500),
                     page_token: std::mem::take(&mut page_token),
+                    tenant: String::new(),
                 }))
                 .await?
                 .into_inner();

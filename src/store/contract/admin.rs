@@ -48,6 +48,7 @@ pub(crate) async fn scopes_are_listed_in_pages_and_filtered(s: &dyn Store) {
         caller_scope: Pattern::parse("c"),
         route: Pattern::parse("r*"),
         frozen_only: false,
+        owner: None,
     };
     let page = s.list_scopes(&only_c, None, 10, T0).await.expect("list");
     assert_eq!(page.scopes.len(), 3);

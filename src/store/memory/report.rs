@@ -8,6 +8,7 @@ use crate::hints::{Assessment, Merge, Reporter};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{ReportBatch, Reported, RouteView, StoreError};
+use crate::tenancy::{Owner, Tenant};
 
 use super::MemoryStore;
 use super::route::RouteLookup;
@@ -18,6 +19,7 @@ impl MemoryStore {
     /// locks at once (see the module doc for what that costs).
     pub(super) fn report_now(
         &self,
+        tenant: Tenant,
         scope: &ScopeKey,
         report: ReportBatch<'_>,
         policy: &Policy,
@@ -34,13 +36,14 @@ impl MemoryStore {
         // Rejections that arrive while a cooldown already held are explained
         // by it: pacing is told the cooldown as it was before this report.
         let cooldown_before = self.view_now(&route).cooldown_until_ms;
-        let active = self.with_route(&route, now_ms, |state| {
-            state.budget(now_ms).deposit(
+        let active = self.with_route(&route, tenant.owner, now_ms, |state| {
+            state.budget(now_ms).deposit_for(
                 policy,
                 report.worker_id,
                 scope.priority,
                 report.first_attempts,
                 now_ms,
+                tenant,
             );
             if report.successes > 0 && state.hints().backoff_step > 0 {
                 state.hints_mut().decay();
@@ -74,15 +77,21 @@ impl MemoryStore {
         for (merge, hint) in merges.iter_mut().zip(report.hints) {
             if hint.caller_wide {
                 let caller = &scope.route.caller_scope;
-                *merge =
-                    Some(self.merge_caller(caller, &hint.assessment, reporter, policy, now_ms)?);
+                *merge = Some(self.merge_caller(
+                    caller,
+                    tenant.owner,
+                    &hint.assessment,
+                    reporter,
+                    policy,
+                    now_ms,
+                )?);
             }
         }
         let merges: Vec<Merge> = merges.into_iter().flatten().collect();
         let view = self.view_now(&route);
         let hint_ends = report.agreed_hint_ends(&merges);
         let observation = report.observation(&hint_ends, cooldown_before, view.cooldown_until_ms);
-        let (pacing, pacing_was) = self.with_route(&route, now_ms, |state| {
+        let (pacing, pacing_was) = self.with_route(&route, tenant.owner, now_ms, |state| {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);
             let was = pacing.mode();
             pacing.observe(&observation, &policy.pacing);
@@ -133,20 +142,21 @@ impl MemoryStore {
         }
     }
 
-    /// Merges one hint into a caller scope's state, creating it if there
-    /// is room.
+    /// Merges one hint into a caller scope's state, creating it for
+    /// `owner` if there is room.
     pub(super) fn merge_caller(
         &self,
         caller: &str,
+        owner: Owner,
         assessment: &Assessment,
         reporter: Reporter<'_>,
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Merge, StoreError> {
         if !self.callers.contains_key(caller) {
-            self.ensure_room(now_ms)?;
+            self.ensure_room(owner, now_ms)?;
         }
-        let mut state = self.caller_entry(caller);
+        let mut state = self.caller_entry(caller, owner);
         state.last_touched_ms = state.last_touched_ms.max(now_ms);
         Ok(state.hints.merge(assessment, reporter, policy, now_ms))
     }

@@ -17,6 +17,7 @@ use crate::hints::{HintRecord, HintState};
 use crate::pacing::{Mode, PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
 use crate::slots::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
+use crate::tenancy::Owner;
 
 /// `n` in `radix` (10 or 16, lowercase), zero-padded to `width` (at most
 /// 20), written at the end of `buf`; the digits are returned.
@@ -161,11 +162,39 @@ struct Extras {
     frozen: Option<String>,
 }
 
+/// When a route was last touched (low 48 bits, two's complement: ±4 000
+/// years of Unix milliseconds) and its [`Owner`] (high 16 bits), in the
+/// one word the entry already had for the time: every route has an owner,
+/// and a word more per route is 8 MB per million routes.
+#[derive(Debug, Clone, Copy)]
+struct Stamp(u64);
+
+impl Stamp {
+    const TIME_BITS: u32 = 48;
+    const TIME_MASK: u64 = (1 << Self::TIME_BITS) - 1;
+    const MAX_MS: i64 = (1 << (Self::TIME_BITS - 1)) - 1;
+
+    fn new(now_ms: i64, owner: Owner) -> Self {
+        let ms = now_ms.clamp(-Self::MAX_MS - 1, Self::MAX_MS);
+        Stamp((u64::from(owner.get()) << Self::TIME_BITS) | (ms as u64 & Self::TIME_MASK))
+    }
+
+    fn ms(self) -> i64 {
+        // Shifting the 48 bits to the top and back extends their sign.
+        ((self.0 << (64 - Self::TIME_BITS)) as i64) >> (64 - Self::TIME_BITS)
+    }
+
+    fn owner(self) -> Owner {
+        Owner::from_raw((self.0 >> Self::TIME_BITS) as u16)
+    }
+}
+
 /// State of one `(caller_scope, route)`.
 #[derive(Debug)]
 pub(super) struct RouteState {
-    /// For idle and pressure eviction (coldest first).
-    pub(super) last_touched_ms: i64,
+    /// For idle and pressure eviction (coldest first), and whose quota the
+    /// route is charged to.
+    stamp: Stamp,
     /// `None` while quiet: a quiet ledger equals a new one.
     budget: Option<Box<BudgetLedger>>,
     /// `None` while hints, slots and freeze are all in their initial state.
@@ -193,13 +222,30 @@ static NO_HINTS: HintState = HintState {
 };
 
 impl RouteState {
-    pub(super) fn new(now_ms: i64) -> Self {
+    pub(super) fn new(now_ms: i64, owner: Owner) -> Self {
         RouteState {
-            last_touched_ms: now_ms,
+            stamp: Stamp::new(now_ms, owner),
             budget: None,
             extras: None,
             pacing: None,
         }
+    }
+
+    /// When any operation last touched the route.
+    pub(super) fn last_touched_ms(&self) -> i64 {
+        self.stamp.ms()
+    }
+
+    /// Marks the route touched at `now_ms` (never moving back).
+    pub(super) fn touch(&mut self, now_ms: i64) {
+        if now_ms > self.stamp.ms() {
+            self.stamp = Stamp::new(now_ms, self.stamp.owner());
+        }
+    }
+
+    /// The token whose quota the route is charged to.
+    pub(super) fn owner(&self) -> Owner {
+        self.stamp.owner()
     }
 
     /// The ledger, built on first use.
@@ -303,14 +349,22 @@ impl RouteState {
         if !mutes.is_empty() {
             self.hints_mut().mutes = mutes;
         }
-        self.last_touched_ms = self.last_touched_ms.max(now_ms);
+        self.touch(now_ms);
     }
 
     /// Whether evicting the route would lose something live: a freeze, a
     /// cooldown or backoff ahead, an unexpired lease, a waiting intent.
     pub(super) fn pinned(&self, now_ms: i64) -> bool {
+        self.busy(now_ms) || self.hints().live_until_ms() > now_ms
+    }
+
+    /// Whether the route is in use beyond its evidence: a freeze or a
+    /// mute (an operator's), an unexpired lease, a waiting intent. Its
+    /// owner at its quota may evict a route that is not, cooldown or not:
+    /// a tenant must not keep scopes by cooling them down itself.
+    pub(super) fn busy(&self, now_ms: i64) -> bool {
         self.frozen().is_some()
-            || self.hints().live_until_ms() > now_ms
+            || self.hints().mutes.values().any(|&until| until > now_ms)
             || self.live_leases(now_ms) > 0
             || self.waiting(now_ms) > 0
     }
@@ -396,6 +450,31 @@ mod tests {
             route: ":2".into(),
         };
         assert_eq!(RouteName::of(&odd).key(), odd);
+    }
+
+    #[test]
+    fn the_stamp_keeps_time_and_owner_apart() {
+        for ms in [
+            0,
+            1,
+            -1,
+            1_704_110_400_000,
+            Stamp::MAX_MS,
+            -Stamp::MAX_MS - 1,
+        ] {
+            for owner in [Owner::NONE, Owner::token(0), Owner::from_raw(u16::MAX)] {
+                let stamp = Stamp::new(ms, owner);
+                assert_eq!((stamp.ms(), stamp.owner()), (ms, owner));
+            }
+        }
+        assert_eq!(Stamp::new(i64::MAX, Owner::NONE).ms(), Stamp::MAX_MS);
+        let mut route = RouteState::new(10, Owner::token(2));
+        route.touch(5);
+        route.touch(20);
+        assert_eq!(
+            (route.last_touched_ms(), route.owner()),
+            (20, Owner::token(2))
+        );
     }
 
     #[test]

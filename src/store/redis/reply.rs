@@ -28,6 +28,7 @@ pub(super) fn summary_of(route: &RouteKey, r: &Reply) -> Result<ScopeSummary, St
         leases_outstanding: count(r.int(5)?),
         waiting: count(r.int(6)?),
         last_touched_ms: r.int(7)?,
+        owner: crate::tenancy::Owner::NONE,
     })
 }
 

@@ -109,6 +109,13 @@ impl RedisStore {
         limit: usize,
         now_ms: i64,
     ) -> Result<ScopePage, StoreError> {
+        // This store charges no scope to a token: none is any token's.
+        if filter
+            .owner
+            .is_some_and(|o| o != crate::tenancy::Owner::NONE)
+        {
+            return Ok(ScopePage::default());
+        }
         let pattern = format!("{}:{{*}}:r", self.prefix);
         let mut routes: Vec<RouteKey> = self
             .scan(&pattern)
