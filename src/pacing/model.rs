@@ -854,19 +854,7 @@ impl LimiterModel {
                     let base = (target_m - step_m).max(served * MILLI);
                     self.climbed = if demand { self.climbed + 1 } else { 0 };
                     if demand {
-                        // The step doubles only where the fleet used the
-                        // climb: served at least the margin under the
-                        // ramp's mean. A window that served less proved
-                        // nothing of the step's top, and doubling from it
-                        // would reach the edge by twice the step.
-                        let mean = target_m - step_m / 2;
-                        let used = served * MILLI >= CRUISE_GAIN.of(mean);
-                        let grown = if used {
-                            STARTUP_GAIN.of(step_m)
-                        } else {
-                            step_m
-                        };
-                        let step = grown.max(FIRST_STEP.of(base)).max(MILLI);
+                        let step = STARTUP_GAIN.of(step_m).max(FIRST_STEP.of(base)).max(MILLI);
                         Phase::Startup {
                             target_m: base.saturating_add(step),
                             step_m: step,

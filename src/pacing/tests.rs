@@ -110,10 +110,9 @@ fn until_a_refusal_the_target_is_what_was_served_and_climbs_only_while_work_wait
     assert_eq!(st.wake_rate_m(), 30_000);
     assert_eq!(st.mode(), Mode::Steady);
     // Retries use every slot: the target climbs past what was served by
-    // an eighth of it, then by twice the step each window that served the
-    // climb (the ramp's mean, to the margin), each step climbed across the
-    // window after the one that earned it, from what was served: the top
-    // a window reached is not proven by it.
+    // an eighth of it, then by twice the step each window work waits, each
+    // step climbed across the window after the one that earned it, from
+    // what was served: the top a window reached is not proven by it.
     let mut steps = Vec::new();
     for (s, served) in [(5, 80), (6, 85), (7, 95), (8, 90)] {
         let at = T0 + s * 1000;
@@ -134,16 +133,16 @@ fn until_a_refusal_the_target_is_what_was_served_and_climbs_only_while_work_wait
             assert_eq!(st.wake_rate_m(), 115_000 - 50_000, "halfway up");
         }
     }
-    // The last window served short of its climb (90 of a ramp from 95 to
-    // 135): the step is not doubled, and the climb starts again from where
-    // the last one did.
+    // The last window served less than its climb began from (90 of a ramp
+    // from 95 to 135): the next climb starts from where the last one did,
+    // not from its top.
     assert_eq!(
         steps,
         [
             (90_000, 10_000),
             (105_000, 20_000),
             (135_000, 40_000),
-            (135_000, 40_000)
+            (175_000, 80_000)
         ]
     );
 }
