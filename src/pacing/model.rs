@@ -436,34 +436,20 @@ impl LimiterModel {
         let refused = refused + report.refused;
         let elapsed = (report.now_ms - since_ms).max(1);
         let reading = served * MILLI * WINDOW_MS / elapsed;
-        if served == 0 {
+        // Where the measurement starts, and what it has counted since.
+        let (since, served, refused) = if served == 0 {
             // Nothing served since it began: the upstream is out (or
             // the fleet sent nothing, waiting out a cooldown), which
             // says nothing of its rate. The measurement starts when
             // serving does: a span across the rest of an outage would
             // read its idle time as a low rate.
-            self.phase = Phase::Measure {
-                drew_m,
-                since_ms: report.now_ms,
-                until_ms: report.now_ms + (until_ms - since_ms),
-                served: 0,
-                refused: 0,
-                probe,
-            };
+            (report.now_ms, 0, 0)
         } else if served == report.served && report.age_ms > 0 {
             // The first report that served anything: serving began no
             // earlier than its oldest count (a silence before it, the
             // fleet waiting out an outage's hints, is not the limiter's
             // rate).
-            let began = since_ms.max(report.now_ms - report.age_ms);
-            self.phase = Phase::Measure {
-                drew_m,
-                since_ms: began,
-                until_ms: began + (until_ms - since_ms),
-                served,
-                refused,
-                probe,
-            };
+            (since_ms.max(report.now_ms - report.age_ms), served, refused)
         } else if report.now_ms >= until_ms && report.refused > 0 {
             // Empty again: what it served in between is ρ, if the
             // limiter was kept empty in between.
@@ -472,6 +458,7 @@ impl LimiterModel {
             } else {
                 self.unpressed(drew_m);
             }
+            return;
         } else if report.now_ms >= until_ms + WINDOW_MS {
             // No refusal for a window past the memory while the rate
             // that drew one was held: the limiter serves at least what
@@ -480,16 +467,19 @@ impl LimiterModel {
                 Some(rate) => self.measured(rate.max(reading), drew_m, probe),
                 None => self.unpressed(drew_m),
             }
+            return;
         } else {
-            self.phase = Phase::Measure {
-                drew_m,
-                since_ms,
-                until_ms,
-                served,
-                refused,
-                probe,
-            };
-        }
+            (since_ms, served, refused)
+        };
+        // A measurement that starts later ends as much later.
+        self.phase = Phase::Measure {
+            drew_m,
+            since_ms: since,
+            until_ms: until_ms + (since - since_ms),
+            served,
+            refused,
+            probe,
+        };
     }
 
     /// A refusal outside a measurement: the limiter is empty now.
