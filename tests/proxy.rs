@@ -226,11 +226,25 @@ impl Proxy {
     /// Starts a proxy with one listener `api` in front of `upstream`,
     /// talking to `coordinator`; `extra` goes into the listener's table.
     fn start(dir: &Path, name: &str, coordinator: &str, upstream: &str, extra: &str) -> Proxy {
+        Proxy::start_with(dir, name, coordinator, upstream, "", extra)
+    }
+
+    /// As [`Proxy::start`], with `top` at the top of the file (`drain`,
+    /// an `[admin]` table).
+    fn start_with(
+        dir: &Path,
+        name: &str,
+        coordinator: &str,
+        upstream: &str,
+        top: &str,
+        extra: &str,
+    ) -> Proxy {
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(
             &config,
             format!(
                 r#"
+{top}
 [coordinator]
 endpoint = "{coordinator}"
 worker_id = "{name}"
@@ -725,4 +739,59 @@ async fn an_unreachable_coordinator_falls_back_visibly() {
         "{answer:?}"
     );
     assert_eq!(upstream.count("/flaky"), 2);
+}
+
+/// The sidecar's life: health and metrics on the admin port, and on
+/// SIGTERM a drain that lets a request in flight finish before exiting 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("drain");
+    let coordinator = coordinator(&dir);
+    let upstream = Upstream::start(100).await;
+    let mut proxy = Proxy::start_with(
+        &dir,
+        "p",
+        &coordinator.url(),
+        &upstream.url(),
+        "drain = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"",
+        "",
+    );
+    let admin =
+        logged_address(&proxy.log(), tollgate::proxy::ADMIN_LISTENING).expect("admin address");
+    let health = curl(&[&format!("http://{admin}/healthz")]).await;
+    assert_eq!(health.status, 200, "{health:?}");
+    assert_eq!(curl(&[&proxy.url("/ok")]).await.status, 200);
+    let metrics = tokio::process::Command::new("curl")
+        .args(["-sS", &format!("http://{admin}/metrics")])
+        .output()
+        .await
+        .expect("curl");
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    assert!(metrics.contains("tollgate_client_attempts"), "{metrics}");
+
+    // A request in flight when SIGTERM comes still gets its answer.
+    let slow = tokio::spawn(curl_owned(proxy.url("/slow")));
+    eventually("the slow request upstream", async || {
+        upstream.count("/slow") == 1
+    })
+    .await;
+    let status = Command::new("kill")
+        .args(["-TERM", &proxy.run.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let ready = curl(&[&format!("http://{admin}/readyz")]).await;
+    assert_eq!(ready.status, 503, "draining: {ready:?}");
+    let slow = slow.await.expect("join");
+    assert_eq!(slow.status, 200, "{slow:?}");
+    let (status, log) = proxy.run.exit().await;
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("drained"), "{log}");
+}
+
+async fn curl_owned(url: String) -> Answer {
+    curl(&[&url]).await
 }
