@@ -45,6 +45,8 @@ struct Hit {
     method: String,
     /// The `x-from` header: which client sent it.
     from: String,
+    /// The HTTP version it came over.
+    version: String,
     /// When its head arrived.
     at: Instant,
     /// When its body was read to the end, and its length.
@@ -135,6 +137,7 @@ impl Upstream {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or_default()
                     .to_owned(),
+                version: format!("{:?}", request.version()),
                 at,
                 body_done: None,
             });
@@ -178,6 +181,18 @@ impl Upstream {
                 reply(200, None)
             }
             "/closed" => reply(429, Some(2)),
+            // A gRPC server out of capacity: a trailers-only UNAVAILABLE,
+            // which an HTTP client would read as a 200.
+            "/pkg.Svc/Get" => {
+                let mut response = reply(200, None);
+                let headers = response.headers_mut();
+                headers.insert(
+                    "content-type",
+                    hyper::header::HeaderValue::from_static("application/grpc"),
+                );
+                headers.insert("grpc-status", hyper::header::HeaderValue::from_static("14"));
+                response
+            }
             "/unavailable" => reply(503, None),
             "/slow" => {
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -794,4 +809,64 @@ async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
 
 async fn curl_owned(url: String) -> Answer {
     curl(&[&url]).await
+}
+
+/// HTTP/2 on both sides (a client with prior knowledge, an upstream told
+/// to expect it), and a gRPC request classified by its `grpc-status`, not
+/// its HTTP 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_on_both_sides_and_grpc_statuses_are_read() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("h2");
+    let coordinator = coordinator(&dir);
+    let upstream = Upstream::start(100).await;
+    let proxy = Proxy::start(
+        &dir,
+        "p",
+        &coordinator.url(),
+        &upstream.url(),
+        "upstream_http2 = true\ndeadline = \"5s\"",
+    );
+    let answer = curl(&["--http2-prior-knowledge", &proxy.url("/ok")]).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.header("tollgate-outcome"), "succeeded");
+    assert_eq!(upstream.hits()[0].version, "HTTP/2.0");
+
+    let grpc = |key: &'static str| {
+        let url = proxy.url("/pkg.Svc/Get");
+        async move {
+            let mut args = vec![
+                "--http2-prior-knowledge".to_owned(),
+                "-H".to_owned(),
+                "content-type: application/grpc".to_owned(),
+                "--data-binary".to_owned(),
+                "\\x00\\x00\\x00\\x00\\x00".to_owned(),
+            ];
+            if !key.is_empty() {
+                args.extend(["-H".to_owned(), format!("idempotency-key: {key}")]);
+            }
+            args.push(url);
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            curl(&refs).await
+        }
+    };
+    // No key: one attempt, as for any gRPC call the proxy cannot know to
+    // be idempotent; the UNAVAILABLE is the outcome, not a success.
+    let once = grpc("").await;
+    assert_eq!(once.header("grpc-status"), "14", "{once:?}");
+    assert_eq!(once.header("tollgate-attempts"), "1", "{once:?}");
+    assert_ne!(once.header("tollgate-outcome"), "succeeded", "{once:?}");
+    // With a key: UNAVAILABLE is retried.
+    let keyed = grpc("call-1").await;
+    assert_eq!(keyed.header("grpc-status"), "14", "{keyed:?}");
+    assert_ne!(keyed.header("tollgate-attempts"), "1", "{keyed:?}");
+    assert_eq!(
+        upstream.count("/pkg.Svc/Get"),
+        1 + keyed
+            .header("tollgate-attempts")
+            .parse::<usize>()
+            .expect("attempts")
+    );
 }
