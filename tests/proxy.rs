@@ -180,7 +180,7 @@ impl Upstream {
                 }
                 reply(200, None)
             }
-            "/closed" => reply(429, Some(2)),
+            "/closed" | "/wrong" => reply(429, Some(2)),
             // A gRPC server out of capacity: a trailers-only UNAVAILABLE,
             // which an HTTP client would read as a 200.
             "/pkg.Svc/Get" => {
@@ -241,18 +241,17 @@ impl Proxy {
     /// Starts a proxy with one listener `api` in front of `upstream`,
     /// talking to `coordinator`; `extra` goes into the listener's table.
     fn start(dir: &Path, name: &str, coordinator: &str, upstream: &str, extra: &str) -> Proxy {
-        Proxy::start_with(dir, name, coordinator, upstream, "", extra)
+        Proxy::start_with(dir, name, coordinator, upstream, ["", "", extra])
     }
 
-    /// As [`Proxy::start`], with `top` at the top of the file (`drain`,
-    /// an `[admin]` table).
+    /// As [`Proxy::start`], with `[top, link, extra]`: `top` at the top of
+    /// the file (`drain`, an `[admin]` table), `link` in `[coordinator]`.
     fn start_with(
         dir: &Path,
         name: &str,
         coordinator: &str,
         upstream: &str,
-        top: &str,
-        extra: &str,
+        [top, link, extra]: [&str; 3],
     ) -> Proxy {
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(
@@ -264,6 +263,7 @@ impl Proxy {
 endpoint = "{coordinator}"
 worker_id = "{name}"
 rpc_timeout = "500ms"
+{link}
 
 [[listener]]
 name = "api"
@@ -421,14 +421,25 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 /// The coordinator's cooldown for `(fleet, route)`, in Unix ms (0: none).
 async fn cooldown(coordinator: &Served, route: &str) -> i64 {
+    cooldown_as(coordinator, route, None).await
+}
+
+/// The same, asked with an admin token.
+async fn cooldown_as(coordinator: &Served, route: &str, admin_token: Option<&str>) -> i64 {
     let Ok(mut admin) = AdminClient::connect(coordinator.url()).await else {
         return 0;
     };
+    let mut request = tonic::Request::new(v1::GetScopeRequest {
+        caller_scope: "fleet".into(),
+        route: route.into(),
+    });
+    if let Some(token) = admin_token
+        && let Ok(value) = format!("Bearer {token}").parse()
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
     admin
-        .get_scope(v1::GetScopeRequest {
-            caller_scope: "fleet".into(),
-            route: route.into(),
-        })
+        .get_scope(request)
         .await
         .map_or(0, |r| r.into_inner().cooldown_until_unix_ms)
 }
@@ -771,8 +782,7 @@ async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
         "p",
         &coordinator.url(),
         &upstream.url(),
-        "drain = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"",
-        "",
+        ["drain = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"", "", ""],
     );
     let admin =
         logged_address(&proxy.log(), tollgate::proxy::ADMIN_LISTENING).expect("admin address");
@@ -869,4 +879,63 @@ async fn http2_on_both_sides_and_grpc_statuses_are_read() {
             .parse::<usize>()
             .expect("attempts")
     );
+}
+
+/// With caller tokens on, the proxy authenticates with the token in its
+/// `token_file`: its reports reach the coordinator (the 429 it saw is
+/// the scope's cooldown); a proxy holding a wrong token reports nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_link_uses_the_token_file() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("token");
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[[token]]\ntoken = \"token-of-the-fleet\"\ncaller_scopes = [\"fleet\"]\n\n\
+         [[admin_token]]\nname = \"oncall\"\ntoken = \"admin-of-the-test\"\n",
+    )
+    .expect("policy");
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&policy);
+    let coordinator = Served::spawn(command, &dir.join("serve.log"));
+    let upstream = Upstream::start(100).await;
+    for (name, token, route) in [
+        ("wrong", "not-the-token", "GET /wrong"),
+        ("right", "token-of-the-fleet", "GET /closed"),
+    ] {
+        let file = dir.join(format!("{name}.token"));
+        std::fs::write(&file, format!("{token}\n")).expect("token file");
+        let mut proxy = Proxy::start_with(
+            &dir,
+            name,
+            &coordinator.url(),
+            &upstream.url(),
+            [
+                "",
+                &format!("token_file = \"{}\"", file.display()),
+                &format!("[[listener.route]]\nroute = \"{route}\"\n"),
+            ],
+        );
+        let path = route.trim_start_matches("GET ");
+        let answer = curl(&["-H", "request-timeout: 1", &proxy.url(path)]).await;
+        assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
+        if name == "right" {
+            eventually("the proxy's report", async || {
+                cooldown_as(&coordinator, route, Some("admin-of-the-test")).await > 0
+            })
+            .await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            assert_eq!(
+                cooldown_as(&coordinator, route, Some("admin-of-the-test")).await,
+                0,
+                "a report with a wrong token was taken"
+            );
+        }
+        drop(proxy);
+    }
 }
