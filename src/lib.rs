@@ -51,6 +51,8 @@
 //!   [`telemetry::metrics`], the standard RPC server metrics, freeze gauges),
 //!   W3C trace context from the caller, the Prometheus `/metrics` endpoint
 //!   (docs/telemetry.md).
+//! - [`proxy`]: `tollgate proxy`, the sidecar that runs any service's HTTP
+//!   and gRPC requests through the client crate's gate (docs/proxy.md).
 //! - [`simulate`]: `tollgate simulate`, which runs the client's decision
 //!   engine on scenario files with a virtual clock and a seeded RNG.
 //!
@@ -77,6 +79,7 @@ pub mod hints;
 pub mod ops;
 pub mod pacing;
 pub mod policy;
+pub mod proxy;
 pub mod scope;
 pub mod serve;
 pub mod server;

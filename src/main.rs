@@ -41,6 +41,12 @@ enum Command {
   tollgate serve --listen 0.0.0.0:50051 --config policy.toml
   TOLLGATE_STORE=redis://redis:6379 tollgate serve --config policy.toml")]
     Serve(tollgate::serve::ServeArgs),
+    /// Run the sidecar proxy: a local listener per upstream, every request
+    /// run through the gate (docs/proxy.md).
+    #[command(after_help = "Examples:
+  tollgate proxy --config proxy.toml
+  tollgate proxy --config proxy.toml --check      # validate the file and exit")]
+    Proxy(tollgate::proxy::ProxyArgs),
     /// Read and change policies at runtime (Admin API).
     #[command(after_help = "Examples:
   tollgate policy list
@@ -138,6 +144,13 @@ fn main() -> anyhow::Result<ExitCode> {
             // One line an operator reads in a pod's log, not a chain dump.
             Err(err) => {
                 eprintln!("tollgate serve: {}", one_line(&err));
+                Ok(ExitCode::FAILURE)
+            }
+        },
+        Command::Proxy(args) => match tollgate::proxy::proxy(args) {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(err) => {
+                eprintln!("tollgate proxy: {}", one_line(&err));
                 Ok(ExitCode::FAILURE)
             }
         },

@@ -477,3 +477,68 @@ async fn a_read_only_policy_folder_without_redis_fails_in_one_line_naming_the_fl
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The example Pod with `tollgate proxy` beside an application: its
+/// ConfigMap's file is valid for the proxy's own parser, the container
+/// reads it where it is mounted, the probes ask the admin port the file
+/// opens, and the pod's grace outlasts the proxy's drain.
+#[test]
+fn the_proxy_pod_example_agrees_with_the_proxy() {
+    let text = text(Path::new("deploy/proxy/pod.yaml"));
+    let docs: Vec<Value> = serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("deploy/proxy/pod.yaml parses"))
+        .collect();
+    let kind = |k: &str| {
+        docs.iter()
+            .find(|d| d["kind"].as_str() == Some(k))
+            .unwrap_or_else(|| panic!("a {k}"))
+    };
+    let file = kind("ConfigMap")["data"]["proxy.toml"]
+        .as_str()
+        .expect("proxy.toml");
+    let config = tollgate::proxy::ProxyConfig::from_toml(file).expect("the proxy accepts it");
+    let pod = kind("Pod");
+    let containers = pod["spec"]["containers"].as_sequence().expect("containers");
+    let proxy = containers
+        .iter()
+        .find(|c| c["name"].as_str() == Some("tollgate-proxy"))
+        .expect("the proxy container");
+    let args: Vec<&str> = proxy["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(args[..2], ["proxy", "--config"]);
+    let mount = proxy["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"].as_str() == Some("config"))
+        .and_then(|m| m["mountPath"].as_str())
+        .expect("the config mount");
+    assert_eq!(args[2], format!("{mount}/proxy.toml"));
+    let admin = config.admin_listen.expect("an admin listener");
+    assert_eq!(
+        proxy["ports"][0]["containerPort"].as_u64(),
+        Some(u64::from(admin.port()))
+    );
+    assert_eq!(
+        proxy["readinessProbe"]["httpGet"]["path"].as_str(),
+        Some("/readyz")
+    );
+    assert_eq!(
+        proxy["livenessProbe"]["httpGet"]["path"].as_str(),
+        Some("/healthz")
+    );
+    let grace = pod["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("a grace period");
+    assert!(grace > config.drain.as_secs(), "the pod outlasts the drain");
+    let app_calls = containers
+        .iter()
+        .flat_map(|c| c["env"].as_sequence().into_iter().flatten())
+        .filter_map(|e| e["value"].as_str())
+        .any(|v| v == format!("http://{}", config.listeners[0].listen));
+    assert!(app_calls, "the application calls the proxy's listener");
+}

@@ -1,6 +1,6 @@
 //! The documentation's commands are tests: the ` ```console ` blocks of
 //! README.md, docs/operating.md, docs/evidence.md, docs/security.md,
-//! docs/telemetry.md and docs/deploying.md run with `trycmd` against the
+//! docs/telemetry.md, docs/deploying.md and docs/proxy.md run with `trycmd` against the
 //! built `tollgate`, each `$ …` line a command, an optional `? CODE` line its exit
 //! code, and the lines under it its expected output (`[..]` and `...` stand
 //! for what varies; `TRYCMD=overwrite cargo test --test docs` rewrites the
@@ -156,4 +156,9 @@ fn telemetry_console_blocks_run_as_shown() {
 #[test]
 fn deploying_console_blocks_run_as_shown() {
     console_blocks_run_as_shown("docs/deploying.md");
+}
+
+#[test]
+fn proxy_console_blocks_run_as_shown() {
+    console_blocks_run_as_shown("docs/proxy.md");
 }

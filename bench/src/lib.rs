@@ -5,6 +5,8 @@
 //! - [`rpc`]: Lease/Report/Reconsider throughput and latency against a
 //!   coordinator, with `grpc.health.v1.Health/Check` on the same server as
 //!   the ceiling, in one run.
+//! - [`proxy`]: the latency and CPU `tollgate proxy` adds to a request,
+//!   against a direct call to the same upstream in the same run.
 //! - [`memory`]: resident memory of the in-memory store per scope.
 //! - [`soak`]: a long open-loop run with scope churn; RSS, open file
 //!   descriptors and p99 must stay flat.
@@ -16,6 +18,7 @@
 pub mod cpu;
 pub mod fleet;
 pub mod memory;
+pub mod proxy;
 pub mod rpc;
 pub mod soak;
 pub mod storm;

@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
   tollgate-bench storm --workers 500 --out results
   tollgate-bench rpc --duration 10s
   tollgate-bench memory --scopes 100000
+  tollgate-bench proxy --duration 5s
   tollgate-bench limiter --limit 200 --burst 20"
 )]
 struct Cli {
@@ -37,10 +38,17 @@ enum Command {
   tollgate-bench rpc                               # an in-process coordinator
   tollgate-bench rpc --addr 127.0.0.1:50051 --concurrency 64 --duration 30s")]
     Rpc(tollgate_bench::rpc::RpcArgs),
+    /// The latency and CPU `tollgate proxy` adds per request, against a
+    /// direct call to the same upstream in the same run.
+    #[command(after_help = "Examples:
+  tollgate-bench proxy                             # 3 s per phase, 16 tasks, proxy on 1 thread
+  tollgate-bench proxy --duration 10s --concurrency 32 --proxy-threads 2")]
+    Proxy(tollgate_bench::proxy::ProxyBenchArgs),
     /// Resident memory of the in-memory store with N scopes (live and idle),
     /// or, with `--traffic`, what reaching `max_scopes` does to traffic.
     #[command(after_help = "Examples:
-  tollgate-bench memory --scopes 1000000
+  tollgate-bench memory --scopes 100000
+  tollgate-bench proxy --duration 5s0
   tollgate-bench memory --traffic 60s --scopes 200000 --max-scopes 50000")]
     Memory(tollgate_bench::memory::MemoryArgs),
     /// A long open-loop run with scope churn: RSS, open file descriptors and
@@ -82,6 +90,9 @@ fn main() -> anyhow::Result<()> {
         Command::Rpc(args) => {
             tollgate_bench::rpc::run(&args, stdout)?;
         }
+        Command::Proxy(args) => {
+            tollgate_bench::proxy::run(&args, stdout)?;
+        }
         Command::Memory(args) if args.traffic.is_some() => {
             tollgate_bench::memory::run_traffic(&args, stdout)?;
         }
@@ -120,7 +131,7 @@ mod tests {
     #[test]
     fn every_benchmark_help_has_examples() {
         let cli = super::Cli::command();
-        for name in ["storm", "rpc", "memory", "soak", "limiter"] {
+        for name in ["storm", "rpc", "memory", "soak", "limiter", "proxy"] {
             let command = cli.find_subcommand(name).expect(name);
             let after = command.get_after_help().map(ToString::to_string);
             assert!(

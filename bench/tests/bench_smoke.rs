@@ -3,12 +3,39 @@
 //! something. No timing is asserted.
 
 use clap::Parser;
-use tollgate_bench::{memory, rpc, soak};
+use tollgate_bench::{memory, proxy, rpc, soak};
 
 #[derive(Parser)]
 struct RpcCli {
     #[command(flatten)]
     args: rpc::RpcArgs,
+}
+
+#[derive(Parser)]
+struct ProxyCli {
+    #[command(flatten)]
+    args: proxy::ProxyBenchArgs,
+}
+
+#[test]
+fn proxy_bench_runs_through_an_in_process_proxy() {
+    let args = ProxyCli::parse_from(["proxy", "--concurrency", "2", "--duration", "100ms"]).args;
+    let mut out = Vec::new();
+    let report = proxy::run(&args, &mut out).expect("the benchmark runs");
+    let text = String::from_utf8(out).expect("UTF-8 output");
+    for phase in [
+        &report.direct_one,
+        &report.proxied_one,
+        &report.direct_many,
+        &report.proxied_many,
+    ] {
+        assert!(phase.ok > 0, "{text}");
+        assert_eq!(phase.errors, 0, "{text}");
+    }
+    assert!(report.throughput_ratio > 0.0, "{text}");
+    for field in ["added latency: p50", "throughput: proxied", "proxy CPU:"] {
+        assert!(text.contains(field), "{field} missing:\n{text}");
+    }
 }
 
 #[derive(Parser)]

@@ -10,7 +10,10 @@
 //! ([`ReplayBody::try_clone`], e.g. `Full<Bytes>`, `String`) or, when the
 //! request is repeatable, one the layer may read into memory first
 //! ([`ReplayBody::from_buffer`], e.g. tonic's unary bodies, up to
-//! [`LayerConfig::buffer_limit`]). Any other request gets exactly one
+//! [`LayerConfig::buffer_limit`]). A body longer than the limit fails the
+//! request, unless its type can be put back together from what was read
+//! and the rest ([`ReplayBody::rejoin`]): then it is sent once, streamed,
+//! and never held past the limit. Any other request gets exactly one
 //! attempt and is non-repeatable.
 //!
 //! Whether a request is *safe* to repeat is a separate question, answered
@@ -18,6 +21,14 @@
 //! HTTP methods are safe, a request carrying an `Idempotency-Key` header is
 //! deduplicated by it, and every other request (including every gRPC call,
 //! whose idempotency the layer cannot know) is non-repeatable.
+//!
+//! # Per request
+//! The policy (its deadline above all) may be decided per request
+//! ([`LayerConfig::policy_per_request`]), as the scope and the repetition
+//! rule are. Dropping the future a call returns cancels its intent: no
+//! attempt starts after it, and a wait (for a slot, a cooldown, a backoff)
+//! ends at once; a server that drops its handler when its client goes away
+//! gets this for nothing.
 //!
 //! # Classification
 //! HTTP: the status and `Retry-After`. gRPC: `grpc-status` and
@@ -41,7 +52,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Method, Request, Response};
-use http_body_util::{BodyExt, Empty, Full, Limited};
+use http_body_util::{BodyExt, Empty, Full};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::classify::{GrpcCode, Sent, TransportFailure};
@@ -62,8 +73,20 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 /// message size limit.
 pub const DEFAULT_BUFFER_LIMIT: usize = 4 * 1024 * 1024;
 
-/// A request body the layer may send more than once.
-pub trait ReplayBody: http_body::Body<Data = Bytes> + Sized + Send + 'static {
+/// A request body longer than [`LayerConfig::buffer_limit`], of a type that
+/// cannot be sent once instead ([`ReplayBody::rejoin`]).
+#[derive(Debug, thiserror::Error)]
+#[error("request body longer than the {limit}-byte replay buffer")]
+pub struct BodyTooLarge {
+    /// The limit it exceeded.
+    pub limit: usize,
+}
+
+/// A request body the layer may send more than once. `Unpin` because the
+/// layer reads a body in place and may hand it on afterwards
+/// ([`rejoin`](Self::rejoin)); every body type worth replaying (bytes, a
+/// boxed stream) is.
+pub trait ReplayBody: http_body::Body<Data = Bytes> + Sized + Send + Unpin + 'static {
     /// Whether [`from_buffer`](Self::from_buffer) works, so the layer may read
     /// the body into memory to replay it.
     const BUFFERABLE: bool = false;
@@ -76,6 +99,15 @@ pub trait ReplayBody: http_body::Body<Data = Bytes> + Sized + Send + 'static {
     /// A body with these bytes, if the type can be built from them.
     fn from_buffer(bytes: Bytes) -> Option<Self> {
         let _ = bytes;
+        None
+    }
+
+    /// A body that sends `prefix` (what the layer read while buffering)
+    /// and then the rest of `rest`, if the type can be built so. Lets a
+    /// body longer than the buffer limit be sent once instead of failing
+    /// the request; `None` (the default) keeps the failure.
+    fn rejoin(prefix: Bytes, rest: Self) -> Option<Self> {
+        let _ = (prefix, rest);
         None
     }
 }
@@ -124,6 +156,9 @@ type PartsFn<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 pub struct LayerConfig {
     protocol: Protocol,
     policy: IntentPolicy,
+    /// Replaces `policy` when set: a deadline read from the request, an
+    /// attempt count that depends on the route.
+    policy_per_request: Option<PartsFn<IntentPolicy>>,
     scope: PartsFn<Scope>,
     repetition: PartsFn<Repetition>,
     buffer_limit: usize,
@@ -134,6 +169,7 @@ impl fmt::Debug for LayerConfig {
         f.debug_struct("LayerConfig")
             .field("protocol", &self.protocol)
             .field("policy", &self.policy)
+            .field("policy_per_request", &self.policy_per_request.is_some())
             .field("buffer_limit", &self.buffer_limit)
             .finish_non_exhaustive()
     }
@@ -149,6 +185,7 @@ impl LayerConfig {
         LayerConfig {
             protocol: Protocol::Http,
             policy,
+            policy_per_request: None,
             scope: Arc::new(scope),
             repetition: Arc::new(http_repetition),
             buffer_limit: DEFAULT_BUFFER_LIMIT,
@@ -164,6 +201,7 @@ impl LayerConfig {
         LayerConfig {
             protocol: Protocol::Grpc,
             policy,
+            policy_per_request: None,
             scope: Arc::new(scope),
             repetition: Arc::new(keyed_or_non_repeatable),
             buffer_limit: DEFAULT_BUFFER_LIMIT,
@@ -180,16 +218,31 @@ impl LayerConfig {
         self
     }
 
+    /// Decides per request the policy it runs under (a deadline a request
+    /// header states, within bounds the caller sets); the constructor's
+    /// policy is then unused.
+    pub fn policy_per_request(
+        mut self,
+        decide: impl Fn(&Parts) -> IntentPolicy + Send + Sync + 'static,
+    ) -> Self {
+        self.policy_per_request = Some(Arc::new(decide));
+        self
+    }
+
     /// The largest body read into memory for replay; a larger one fails
-    /// the request rather than growing memory.
+    /// the request rather than growing memory, or is sent once when its
+    /// type can be rejoined ([`ReplayBody::rejoin`]).
     pub fn buffer_limit(mut self, limit: usize) -> Self {
         self.buffer_limit = limit;
         self
     }
 }
 
-/// RFC 9110 §9.2.2: the idempotent methods are safe to repeat.
-fn http_repetition(parts: &Parts) -> Repetition {
+/// The HTTP rule [`LayerConfig::http`] applies by default: the idempotent
+/// methods of RFC 9110 §9.2.2 are safe to repeat, any other request is
+/// deduplicated by its `Idempotency-Key` or not repeated at all. Public so
+/// a caller that overrides some requests keeps it for the rest.
+pub fn http_repetition(parts: &Parts) -> Repetition {
     let idempotent = [
         Method::GET,
         Method::HEAD,
@@ -205,7 +258,9 @@ fn http_repetition(parts: &Parts) -> Repetition {
     }
 }
 
-fn keyed_or_non_repeatable(parts: &Parts) -> Repetition {
+/// The gRPC rule [`LayerConfig::grpc`] applies by default: deduplicated by
+/// an `idempotency-key` header, or not repeated at all.
+pub fn keyed_or_non_repeatable(parts: &Parts) -> Repetition {
     match parts
         .headers
         .get(IDEMPOTENCY_KEY_HEADER)
@@ -333,10 +388,33 @@ impl<B: ReplayBody> Bodies<B> {
             return Ok(Bodies::Clones(body));
         }
         if repeatable && B::BUFFERABLE {
-            let collected = Limited::new(body, limit).collect().await?;
-            return Ok(Bodies::Buffered(collected.to_bytes()));
+            return Self::buffer(body, limit).await;
         }
         Ok(Bodies::Once(Some(body)))
+    }
+
+    /// Reads `body` into memory up to `limit`. Past it, the body is sent
+    /// once when it can be rejoined, and the request fails otherwise;
+    /// either way no more than `limit` plus one frame is ever held.
+    /// Trailers are not kept: a buffered body is its data.
+    async fn buffer(mut body: B, limit: usize) -> Result<Self, BoxError>
+    where
+        B::Error: Into<BoxError>,
+    {
+        let mut held = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(Into::into)?.into_data() else {
+                continue;
+            };
+            held.extend_from_slice(&data);
+            if held.len() > limit {
+                return match B::rejoin(held.freeze(), body) {
+                    Some(whole) => Ok(Bodies::Once(Some(whole))),
+                    None => Err(Box::new(BodyTooLarge { limit })),
+                };
+            }
+        }
+        Ok(Bodies::Buffered(held.freeze()))
     }
 
     fn replayable(&self) -> bool {
@@ -371,7 +449,10 @@ where
     let mut repetition = (config.repetition)(&parts);
     let repeatable = !matches!(repetition, Repetition::NonRepeatable);
     let mut bodies = Bodies::prepare(body, repeatable, config.buffer_limit).await?;
-    let mut policy = config.policy;
+    let mut policy = match &config.policy_per_request {
+        Some(decide) => decide(&parts),
+        None => config.policy,
+    };
     if !bodies.replayable() {
         // The body can be sent once, physically: one attempt, whatever the
         // response says.
@@ -540,4 +621,110 @@ fn header_text(headers: &http::HeaderMap, name: &str) -> Option<String> {
     headers
         .get(name)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http_body::Frame;
+
+    use super::*;
+
+    /// A stream of chunks that cannot be cloned, counting what was pulled
+    /// from it, and rejoinable when `rejoins`.
+    struct Chunks {
+        ahead: Option<Bytes>,
+        chunks: VecDeque<Bytes>,
+        rejoins: bool,
+    }
+
+    impl http_body::Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let this = self.get_mut();
+            let next = this.ahead.take().or_else(|| this.chunks.pop_front());
+            Poll::Ready(next.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    impl ReplayBody for Chunks {
+        const BUFFERABLE: bool = true;
+
+        fn from_buffer(bytes: Bytes) -> Option<Self> {
+            Some(Chunks {
+                ahead: Some(bytes),
+                chunks: VecDeque::new(),
+                rejoins: false,
+            })
+        }
+
+        fn rejoin(prefix: Bytes, rest: Self) -> Option<Self> {
+            rest.rejoins.then_some(Chunks {
+                ahead: Some(prefix),
+                ..rest
+            })
+        }
+    }
+
+    fn chunks(sizes: &[usize], rejoins: bool) -> Chunks {
+        Chunks {
+            ahead: None,
+            chunks: sizes.iter().map(|&n| Bytes::from(vec![b'x'; n])).collect(),
+            rejoins,
+        }
+    }
+
+    async fn collect(body: Chunks) -> usize {
+        body.collect()
+            .await
+            .map(|c| c.to_bytes().len())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_body_within_the_limit_is_buffered_for_replay() {
+        let mut bodies = Bodies::prepare(chunks(&[4, 4], true), true, 8)
+            .await
+            .expect("buffered");
+        assert!(bodies.replayable());
+        for _ in 0..3 {
+            let body = bodies.next().expect("a replay");
+            assert_eq!(collect(body).await, 8);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_longer_body_is_sent_once_whole_and_read_no_further_than_the_limit() {
+        let mut bodies = Bodies::prepare(chunks(&[4, 4, 4, 100], true), true, 8)
+            .await
+            .expect("sent once");
+        assert!(!bodies.replayable());
+        let Bodies::Once(Some(body)) = &bodies else {
+            panic!("one attempt's body");
+        };
+        // Read up to the first chunk past the limit, the rest left in the
+        // stream for the attempt to send.
+        assert_eq!(body.chunks.len(), 1, "never held past the limit");
+        let body = bodies.next().expect("the one body");
+        assert_eq!(collect(body).await, 112);
+        assert!(bodies.next().is_none(), "no second attempt's body");
+    }
+
+    #[tokio::test]
+    async fn a_longer_body_that_cannot_be_rejoined_fails_the_request() {
+        let err = Bodies::prepare(chunks(&[4, 4, 4], false), true, 8)
+            .await
+            .err()
+            .expect("refused");
+        assert!(err.downcast_ref::<BodyTooLarge>().is_some(), "{err}");
+    }
 }

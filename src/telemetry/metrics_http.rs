@@ -87,7 +87,10 @@ pub async fn serve_incoming(
     connections.abort_all();
 }
 
-fn respond(request: &http::Request<Incoming>, registry: &Registry) -> http::Response<Full<Bytes>> {
+pub(crate) fn respond(
+    request: &http::Request<Incoming>,
+    registry: &Registry,
+) -> http::Response<Full<Bytes>> {
     let reply = |status: http::StatusCode, content_type: &str, body: Vec<u8>| {
         let mut response = http::Response::new(Full::new(Bytes::from(body)));
         *response.status_mut() = status;

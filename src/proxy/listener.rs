@@ -1,0 +1,311 @@
+//! One listener: accepts a service's connections (HTTP/1.1 and HTTP/2),
+//! runs each request as an intent through the client crate's
+//! [`TollgateLayer`](tollgate_client::TollgateLayer), and answers with the
+//! upstream's final response, streamed, plus the gate's headers — or, when
+//! the gate ends with no response, a `429`/`503`/`502`/`504` that says why.
+//!
+//! Cancellation is the handler's future being dropped: hyper drops it when
+//! the service's connection closes (HTTP/1.1) or it resets the stream
+//! (HTTP/2), and the layer's intent goes with it — no attempt starts after
+//! that, and a wait for a slot or cooldown ends at once.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tollgate_client::layer::{
+    BoxError, GateError, GateReport, LayerConfig, TollgateService, http_repetition,
+    keyed_or_non_repeatable,
+};
+use tollgate_client::outcome::{Outcome, ResponseStatus};
+use tollgate_client::{LinkState, Repetition, Scope, Tollgate, TransportFailure};
+use tower::ServiceExt as _;
+
+use super::body::ProxyBody;
+use super::config::{ListenerConfig, Repeat};
+use super::intake::{Intake, PRIORITY_HEADER, is_grpc};
+use super::upstream::{self, UpstreamClient};
+
+/// The terminal outcome (`succeeded`, `deadline_infeasible`, …).
+pub const OUTCOME_HEADER: &str = "tollgate-outcome";
+/// Attempts sent upstream for this request.
+pub const ATTEMPTS_HEADER: &str = "tollgate-attempts";
+/// Milliseconds the request spent waiting (cooldown, slot, backoff), not
+/// in attempts.
+pub const WAITED_HEADER: &str = "tollgate-waited-ms";
+/// `connected`, or `unreachable` when the coordinator could not be asked
+/// and the local fallback budget decided.
+pub const COORDINATOR_HEADER: &str = "tollgate-coordinator";
+
+/// What the service gets back.
+pub type ResponseBody = Either<Incoming, Full<Bytes>>;
+
+/// A listener's state shared by its connections.
+pub(super) struct Listener {
+    config: ListenerConfig,
+    tollgate: Tollgate,
+    http: TollgateService<UpstreamClient>,
+    grpc: TollgateService<UpstreamClient>,
+}
+
+impl Listener {
+    pub(super) fn new(
+        config: ListenerConfig,
+        tollgate: Tollgate,
+    ) -> Result<Self, upstream::UpstreamError> {
+        let client = upstream::client(&config)?;
+        // What a request that states nothing runs under; every request
+        // brings its own through its Intake, so the layer's own policy is
+        // only the type's default.
+        let policy = Intake::read(&config, &http::Request::new(()).into_parts().0)
+            .map_err(|bad| upstream::UpstreamError::Policy(bad.to_string()))?
+            .policy;
+        let layer = |base: LayerConfig| {
+            tower::Layer::layer(
+                &tollgate.layer(
+                    base.policy_per_request(move |parts| {
+                        parts
+                            .extensions
+                            .get::<Intake>()
+                            .map_or(policy, |i| i.policy)
+                    })
+                    .buffer_limit(config.buffer_limit),
+                ),
+                client.clone(),
+            )
+        };
+        let scope = |parts: &http::request::Parts| {
+            parts
+                .extensions
+                .get::<Intake>()
+                .map_or_else(|| Scope::new("unknown", "OTHER other"), |i| i.scope.clone())
+        };
+        let http = layer(
+            LayerConfig::http(policy, scope)
+                .repetition(|parts| repeat_rule(parts, http_repetition)),
+        );
+        let grpc = layer(
+            LayerConfig::grpc(policy, scope)
+                .repetition(|parts| repeat_rule(parts, keyed_or_non_repeatable)),
+        );
+        Ok(Listener {
+            config,
+            tollgate,
+            http,
+            grpc,
+        })
+    }
+
+    /// Serves `listener` until `drain` is cancelled, then lets requests in
+    /// flight finish for up to `grace`.
+    pub(super) async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        drain: CancellationToken,
+        grace: Duration,
+    ) {
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                () = drain.cancelled() => break,
+                accepted = listener.accept() => {
+                    let Ok((stream, _peer)) = accepted else { continue };
+                    let _ = stream.set_nodelay(true);
+                    let this = self.clone();
+                    let drain = drain.clone();
+                    connections.spawn(async move { this.connection(stream, drain).await });
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+        drop(listener);
+        let drained = tokio::time::timeout(grace, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                listener = %self.config.name,
+                left = connections.len(),
+                "drain grace over; closing the connections left"
+            );
+            connections.abort_all();
+        }
+    }
+
+    async fn connection(self: Arc<Self>, stream: tokio::net::TcpStream, drain: CancellationToken) {
+        let this = self.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let this = this.clone();
+            async move { Ok::<_, Infallible>(this.handle(request).await) }
+        });
+        let builder = auto::Builder::new(TokioExecutor::new());
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        tokio::pin!(connection);
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(cause = %err, "service connection ended");
+                }
+            }
+            () = drain.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            }
+        }
+    }
+
+    async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+        let (mut parts, body) = request.into_parts();
+        let intake = match Intake::read(&self.config, &parts) {
+            Ok(intake) => intake,
+            Err(bad) => return plain(StatusCode::BAD_REQUEST, &bad.to_string(), None),
+        };
+        let grpc = is_grpc(&parts);
+        upstream::readdress(&mut parts, &self.config.upstream);
+        parts.headers.remove(PRIORITY_HEADER);
+        let scope = intake.scope.clone();
+        parts.extensions.insert(intake);
+        let request = Request::from_parts(parts, ProxyBody::Stream(body));
+        let service = if grpc { &self.grpc } else { &self.http };
+        let began = Instant::now();
+        let result = service.clone().oneshot(request).await;
+        let elapsed = began.elapsed();
+        match result {
+            Ok(mut response) => {
+                let report = response.extensions_mut().remove::<GateReport>();
+                let (mut parts, body) = response.into_parts();
+                upstream::strip_hop_by_hop(&mut parts.headers);
+                let mut response = Response::from_parts(parts, Either::Left(body));
+                if let Some(report) = report {
+                    self.stamp(&mut response, &report, elapsed);
+                }
+                response
+            }
+            Err(err) => self.refusal(&scope, &err, elapsed),
+        }
+    }
+
+    /// The gate's headers on a response.
+    fn stamp(&self, response: &mut Response<ResponseBody>, report: &GateReport, elapsed: Duration) {
+        let headers = response.headers_mut();
+        headers.insert(
+            OUTCOME_HEADER,
+            HeaderValue::from_static(report.outcome.as_str()),
+        );
+        headers.insert(ATTEMPTS_HEADER, HeaderValue::from(report.attempts.len()));
+        let waited = waited(report, elapsed);
+        headers.insert(
+            WAITED_HEADER,
+            HeaderValue::from(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX)),
+        );
+        let alone = self.tollgate.link_state() == LinkState::Degraded
+            || report.held.as_ref().is_some_and(|w| w.degraded)
+            || report.attempts.iter().any(|a| {
+                a.token == tollgate_client::gate::TokenSource::Fallback
+                    || a.wait.as_ref().is_some_and(|w| w.degraded)
+            });
+        headers.insert(
+            COORDINATOR_HEADER,
+            HeaderValue::from_static(if alone { "unreachable" } else { "connected" }),
+        );
+    }
+
+    /// The answer when the gate ended with no upstream response to give.
+    fn refusal(&self, scope: &Scope, err: &BoxError, elapsed: Duration) -> Response<ResponseBody> {
+        let Some(gate) = err.downcast_ref::<GateError>() else {
+            // The layer failed before the gate ran: the body could not be
+            // read from the service.
+            return plain(StatusCode::BAD_REQUEST, "request body: read failed", None);
+        };
+        let report = &gate.report;
+        let last = report.attempts.last().and_then(|a| a.record.status);
+        let (status, retry_after) = match (report.outcome, last) {
+            (Outcome::CapacityUnavailable, _) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(Duration::from_secs(1)),
+            ),
+            (_, Some(ResponseStatus::Transport(TransportFailure::Timeout))) => {
+                (StatusCode::GATEWAY_TIMEOUT, None)
+            }
+            (_, Some(ResponseStatus::Transport(_))) => (StatusCode::BAD_GATEWAY, None),
+            // No attempt was made: a cooldown, a slot or the budget held
+            // it. The fleet knows the upstream is limiting: 429, with the
+            // cooldown's end.
+            _ => match self.cooldown_left(scope) {
+                Some(left) => (StatusCode::TOO_MANY_REQUESTS, Some(left)),
+                None => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(Duration::from_secs(1)),
+                ),
+            },
+        };
+        let mut response = plain(
+            status,
+            &format!("tollgate: {}", report.outcome.describe()),
+            retry_after,
+        );
+        self.stamp(&mut response, report, elapsed);
+        response
+    }
+
+    fn cooldown_left(&self, scope: &Scope) -> Option<Duration> {
+        // Wall time, as the gate's default clock reads it: the value only
+        // tells the service when to come back; the gate decides nothing
+        // from it.
+        let until = self.tollgate.gate().cache().view(scope).cooldown_until?;
+        until
+            .duration_since(SystemTime::now())
+            .ok()
+            .filter(|d| !d.is_zero())
+    }
+}
+
+/// How long the request waited: its time in the gate less its attempts'.
+fn waited(report: &GateReport, elapsed: Duration) -> Duration {
+    let in_attempts: Duration = report
+        .attempts
+        .iter()
+        .filter_map(|a| Some(a.record.receipt?.saturating_sub(a.record.start)))
+        .sum();
+    elapsed.saturating_sub(in_attempts)
+}
+
+/// The route's rule over the method's.
+fn repeat_rule(
+    parts: &http::request::Parts,
+    by_method: fn(&http::request::Parts) -> Repetition,
+) -> Repetition {
+    match parts.extensions.get::<Intake>().map(|i| i.repeat) {
+        Some(Repeat::Safe) => Repetition::Safe,
+        Some(Repeat::Never) => Repetition::NonRepeatable,
+        Some(Repeat::Method) | None => by_method(parts),
+    }
+}
+
+/// A short text answer of the proxy's own.
+fn plain(status: StatusCode, text: &str, retry_after: Option<Duration>) -> Response<ResponseBody> {
+    let mut response = Response::new(Either::Right(Full::new(Bytes::from(format!("{text}\n")))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Some(after) = retry_after {
+        // Whole seconds, rounded up: an early retry would only be refused.
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    }
+    response
+}
