@@ -1,6 +1,7 @@
 //! Bounds on every field a peer sends. Each check names the field on failure;
 //! nothing here panics on any input.
 
+use tollgate_client::ratelimit::{self, StatedField};
 use tollgate_proto::v1;
 
 use crate::scope::{Priority, RetryClass, RouteKey, ScopeKey};
@@ -167,6 +168,56 @@ fn millis_at_most(field: &str, value: u64, max: u64) -> Result<i64> {
             format!("must be at most {max}"),
         ))
     }
+}
+
+/// Most fields in one stated limit: the draft's two and both `X-…`
+/// families' four.
+pub const MAX_STATED_FIELDS: usize = 10;
+
+/// A report's stated limit, as the reader takes it: every field a known
+/// name, named once, bounded; the receipt time required.
+pub fn stated_limit(field: &str, s: &v1::StatedLimit) -> Result<Vec<StatedField>> {
+    if s.fields.is_empty() || s.fields.len() > MAX_STATED_FIELDS {
+        return Err(ServiceError::invalid(
+            format!("{field}.fields"),
+            format!("must hold 1..={MAX_STATED_FIELDS} items"),
+        ));
+    }
+    let mut out: Vec<StatedField> = Vec::with_capacity(s.fields.len());
+    for (i, f) in s.fields.iter().enumerate() {
+        let at = format!("{field}.fields[{i}]");
+        let Some(name) = ratelimit::known_field(&f.name) else {
+            return Err(ServiceError::invalid(
+                format!("{at}.name"),
+                "is not a stated-limit field (ratelimit, ratelimit-policy, x-ratelimit-*, x-rate-limit-*)",
+            ));
+        };
+        if out.iter().any(|o| o.name == name) {
+            return Err(ServiceError::invalid(
+                format!("{at}.name"),
+                "names a field already sent: join its lines into one value",
+            ));
+        }
+        if f.value.len() > ratelimit::MAX_FIELD_BYTES {
+            return Err(ServiceError::invalid(
+                format!("{at}.value"),
+                format!("is longer than {} bytes", ratelimit::MAX_FIELD_BYTES),
+            ));
+        }
+        out.push(StatedField {
+            name,
+            value: f.value.clone(),
+            truncated: f.truncated,
+        });
+    }
+    if s.http_status != 0 && !(100..=599).contains(&s.http_status) {
+        return Err(ServiceError::invalid(
+            format!("{field}.http_status"),
+            "must be 0 or 100..=599",
+        ));
+    }
+    unix_ms(&format!("{field}.receipt_unix_ms"), s.receipt_unix_ms, true)?;
+    Ok(out)
 }
 
 /// One evidence item; `field` is its path (`evidence[3]`).
