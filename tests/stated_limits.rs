@@ -103,7 +103,7 @@ async fn a_stated_quota_paces_the_fleet_and_a_liar_changes_nothing() {
     let lying = upstream(&[
         ("x-ratelimit-limit", "100"),
         ("x-ratelimit-remaining", "1"),
-        ("x-ratelimit-reset", "1"),
+        ("x-ratelimit-reset", "2"),
     ])
     .await;
     let workers: Vec<Gate> = ["w1", "w2", "w3"]
@@ -115,8 +115,9 @@ async fn a_stated_quota_paces_the_fleet_and_a_liar_changes_nothing() {
     }
     let s = stated(&c).await;
     assert_eq!(s.state, "corroborated", "{s:?}");
-    // 60 left of 100 a second, a second to go: 60/s, less the 3 % margin.
-    assert!((s.pace - 58.2).abs() < 1e-9, "{s:?}");
+    // 60 left of 100 a second, the reset within the next second: the
+    // window's 100/s, less the 3 % margin.
+    assert!((s.pace - 97.0).abs() < 1e-9, "{s:?}");
     assert_eq!((s.limit, s.window_secs, s.remaining), (100, 1, 60));
     assert_eq!(s.workers, 3);
     let last = s.recent.last().unwrap();
@@ -128,7 +129,7 @@ async fn a_stated_quota_paces_the_fleet_and_a_liar_changes_nothing() {
     let after = stated(&c).await;
     assert_eq!(after.state, "corroborated");
     assert!(
-        (after.pace - 58.2).abs() < 1e-9,
+        (after.pace - 97.0).abs() < 1e-9,
         "the liar moved the pace: {after:?}"
     );
     assert!(after.recent.iter().any(|r| r.worker_id.ends_with("liar")));

@@ -207,18 +207,19 @@ mod tests {
         let s = read(
             &[
                 field("ratelimit-policy", "\"default\";q=100;w=10"),
-                field("ratelimit", "\"default\";r=40;t=5"),
+                field("ratelimit", "\"default\";r=30;t=5"),
             ],
             NOW - 100,
         );
         assert_eq!(s.verdict, StatedVerdict::Usable);
         assert_eq!(
             (s.quota, s.window_ms, s.remaining, s.reset_ms),
-            (100, 10_000, 40, 5_000)
+            (100, 10_000, 30, 5_000)
         );
         assert_eq!(s.received_ms, NOW - 100);
-        // 40 over 5 s is 8/s, under the 10/s the window allows.
-        assert_eq!(s.pace_m, Some(8_000));
+        // 30 over the 4 to 5 s left is 7.5/s, under the 10/s the window
+        // allows.
+        assert_eq!(s.pace_m, Some(7_500));
     }
 
     #[test]
@@ -227,12 +228,12 @@ mod tests {
             &[
                 field("x-ratelimit-limit", "1000"),
                 field("x-ratelimit-remaining", "900"),
-                field("x-ratelimit-reset", "1"),
+                field("x-ratelimit-reset", "3"),
             ],
             NOW,
         );
         // Nothing states the window: the remaining over the reset.
-        assert_eq!(s.pace_m, Some(900_000));
+        assert_eq!(s.pace_m, Some(450_000));
         let s = read(
             &[
                 field(

@@ -132,12 +132,29 @@ pub struct Statement {
 }
 
 impl Statement {
-    /// The pace a quota state sets: `remaining` spread over `reset_ms`, at
-    /// most `quota` per `window_ms`; `None` when neither a reset nor a
-    /// window is stated (nothing says how fast).
+    /// The pace a quota state sets: `remaining` spread evenly until the
+    /// reset, at most `quota` per `window_ms`; `None` when nothing says how
+    /// fast.
+    ///
+    /// Resets are stated in whole seconds, rounded up, so the reset lies up
+    /// to a second before the one stated: `remaining` is spread over the
+    /// stated reset less that second. A reset within the next second says
+    /// only whether anything is left (an exhausted quota paces nothing until
+    /// its reset is stated); how fast it may go is the window's rate.
+    /// Spreading it over a whole second instead would read a window spent
+    /// evenly as spent too fast and settle the fleet at two thirds of it.
     pub fn pace_of(quota: i64, window_ms: i64, remaining: i64, reset_ms: i64) -> Option<i64> {
         let cap = (window_ms > 0).then(|| mul_div(quota, MILLI * 1000, window_ms));
-        let spread = (reset_ms > 0).then(|| mul_div(remaining, MILLI * 1000, reset_ms));
+        let spread = match reset_ms {
+            ..=0 => None,
+            1..=RESET_ROUNDING_MS if remaining > 0 => None,
+            1..=RESET_ROUNDING_MS => Some(0),
+            _ => Some(mul_div(
+                remaining,
+                MILLI * 1000,
+                reset_ms - RESET_ROUNDING_MS,
+            )),
+        };
         match (cap, spread) {
             (Some(c), Some(s)) => Some(c.min(s)),
             (c, s) => c.or(s),
@@ -148,6 +165,10 @@ impl Statement {
         self.received_ms.saturating_add(STATED_HOLD_MS) > now_ms
     }
 }
+
+/// How much earlier than stated a reset may come: resets are whole seconds,
+/// rounded up.
+const RESET_ROUNDING_MS: i64 = 1000;
 
 /// `a × b / c` without overflow, saturating, for non-negative inputs.
 fn mul_div(a: i64, b: i64, c: i64) -> i64 {

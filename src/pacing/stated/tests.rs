@@ -31,21 +31,30 @@ fn weighing(needed: i64) -> Weighing {
 
 #[test]
 fn the_pace_spreads_what_remains_and_never_passes_the_rate() {
-    // 500 left of 1 000/s with half a second to go: 1 000/s.
-    assert_eq!(Statement::pace_of(1000, 1000, 500, 500), Some(1_000_000));
-    // 900 left with half a second to go would be 1 800/s: the rate caps it.
-    assert_eq!(Statement::pace_of(1000, 1000, 900, 500), Some(1_000_000));
-    // 100 left with half a second: others spent the rest, 200/s.
-    assert_eq!(Statement::pace_of(1000, 1000, 100, 500), Some(200_000));
+    // 10 000 a minute, 3 000 left, 31 s stated (30 to 31 s to go): 100/s.
+    assert_eq!(
+        Statement::pace_of(10_000, 60_000, 3_000, 31_000),
+        Some(100_000)
+    );
+    // 9 000 left with 31 s stated would be 300/s: the rate caps it.
+    assert_eq!(
+        Statement::pace_of(10_000, 60_000, 9_000, 31_000),
+        Some(166_666)
+    );
+    // A reset within the next second: the window's rate, unless nothing is
+    // left.
+    assert_eq!(Statement::pace_of(1000, 1000, 5, 1000), Some(1_000_000));
+    assert_eq!(Statement::pace_of(1000, 1000, 0, 1000), Some(0));
     // Nothing says how fast.
     assert_eq!(Statement::pace_of(1000, 0, 100, 0), None);
+    assert_eq!(Statement::pace_of(0, 0, 100, 1000), None);
 }
 
 #[test]
 fn enough_workers_set_the_pace_less_the_margin() {
     let mut st = StatedState::default();
     for (i, w) in ["a", "b", "c"].iter().enumerate() {
-        st.record(said(w, T0 + i as i64, 1000, 500, 500), weighing(2), T0);
+        st.record(said(w, T0 + i as i64, 1000, 500, 1000), weighing(2), T0);
     }
     let (target, view) = st.target(50_000, 30, T0 + 10);
     assert_eq!(view.in_force, InForce::Corroborated);
@@ -59,7 +68,7 @@ fn enough_workers_set_the_pace_less_the_margin() {
 fn one_liar_among_honest_workers_changes_nothing() {
     let honest = |st: &mut StatedState| {
         for w in ["a", "b", "c", "d"] {
-            st.record(said(w, T0, 1000, 500, 500), weighing(2), T0);
+            st.record(said(w, T0, 1000, 500, 1000), weighing(2), T0);
         }
     };
     let mut alone = StatedState::default();
@@ -91,7 +100,7 @@ fn an_uncorroborated_statement_only_slows_and_only_for_the_cap() {
     let mut liar = StatedState::default();
     for s in 0..20 {
         let at = T0 + s * 1000;
-        liar.record(said("liar", at, 1000, 1, 1000), weighing(2), at);
+        liar.record(said("liar", at, 1000, 1, 2000), weighing(2), at);
         let (target, _) = liar.target(800_000, 0, at);
         if s * 1000 < 10_000 {
             assert_eq!(target, 1_000, "second {s}");
@@ -105,7 +114,7 @@ fn an_uncorroborated_statement_only_slows_and_only_for_the_cap() {
 fn a_statement_that_stops_arriving_expires() {
     let mut st = StatedState::default();
     for w in ["a", "b"] {
-        st.record(said(w, T0, 1000, 500, 500), weighing(2), T0);
+        st.record(said(w, T0, 1000, 500, 1000), weighing(2), T0);
     }
     assert_eq!(
         st.target(1, 0, T0 + STATED_HOLD_MS - 1).1.in_force,
@@ -119,7 +128,7 @@ fn a_statement_that_stops_arriving_expires() {
 #[test]
 fn a_bad_verdict_is_evidence_and_withdraws_the_claim() {
     let mut st = StatedState::default();
-    st.record(said("a", T0, 1000, 500, 500), weighing(1), T0);
+    st.record(said("a", T0, 1000, 500, 1000), weighing(1), T0);
     assert_eq!(st.target(1, 0, T0).1.in_force, InForce::Corroborated);
     let bad = Statement {
         worker: "a".to_owned(),

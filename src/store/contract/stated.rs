@@ -102,7 +102,7 @@ pub(crate) async fn a_lying_statement_changes_nothing_for_the_fleet(s: &dyn Stor
     let honest = detail(s, T0 + 10, &p).await.pacing;
     assert_eq!(honest.mode, Mode::Stated);
     // A tiny remaining, then an absurd reset.
-    report(s, "liar", &fields("1", "1"), T0 + 20, &p).await;
+    report(s, "liar", &fields("1", "2"), T0 + 20, &p).await;
     let absurd = [
         fields("0", "")[1].clone(),
         StatedField {
