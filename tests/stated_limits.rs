@@ -77,7 +77,7 @@ async fn work(gate: &Gate, addr: SocketAddr, n: usize) {
     gate.cache().flush().await;
 }
 
-async fn stated(c: &Coordinator) -> v1::StatedLimitState {
+async fn stated(c: &Coordinator) -> (v1::StatedLimitState, v1::PacingState) {
     let mut admin = v1::admin_client::AdminClient::new(c.channel().await);
     let scope = admin
         .get_scope(v1::GetScopeRequest {
@@ -87,7 +87,8 @@ async fn stated(c: &Coordinator) -> v1::StatedLimitState {
         .await
         .unwrap()
         .into_inner();
-    scope.pacing.unwrap().stated.unwrap()
+    let pacing = scope.pacing.unwrap();
+    (pacing.stated.clone().unwrap(), pacing)
 }
 
 #[tokio::test]
@@ -113,8 +114,11 @@ async fn a_stated_quota_paces_the_fleet_and_a_liar_changes_nothing() {
     for gate in &workers {
         work(gate, honest, 3).await;
     }
-    let s = stated(&c).await;
+    let (s, pacing) = stated(&c).await;
     assert_eq!(s.state, "corroborated", "{s:?}");
+    // The whole fleet is paced at it from the start: no search.
+    assert_eq!(pacing.state, "stated_limit");
+    assert!((pacing.wake_rate - 97.0).abs() < 1e-9, "{pacing:?}");
     // 60 left of 100 a second, the reset within the next second: the
     // window's 100/s, less the 3 % margin.
     assert!((s.pace - 97.0).abs() < 1e-9, "{s:?}");
@@ -126,7 +130,7 @@ async fn a_stated_quota_paces_the_fleet_and_a_liar_changes_nothing() {
 
     let liar = c.worker_gate("liar");
     work(&liar, lying, 2).await;
-    let after = stated(&c).await;
+    let (after, _) = stated(&c).await;
     assert_eq!(after.state, "corroborated");
     assert!(
         (after.pace - 97.0).abs() < 1e-9,

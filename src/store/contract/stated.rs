@@ -102,7 +102,17 @@ pub(crate) async fn a_lying_statement_changes_nothing_for_the_fleet(s: &dyn Stor
     let honest = detail(s, T0 + 10, &p).await.pacing;
     assert_eq!(honest.mode, Mode::Stated);
     // A tiny remaining, then an absurd reset.
-    report(s, "liar", &fields("1", "2"), T0 + 20, &p).await;
+    // Consistent (no window for a two-second reset to contradict): it reads
+    // as usable, and its 1/s is outweighed, not refused.
+    let tiny = [
+        StatedField {
+            value: "1000".to_owned(),
+            ..fields("", "")[0].clone()
+        },
+        fields("1", "")[1].clone(),
+        fields("", "2")[2].clone(),
+    ];
+    report(s, "liar", &tiny, T0 + 20, &p).await;
     let absurd = [
         fields("0", "")[1].clone(),
         StatedField {
@@ -113,6 +123,12 @@ pub(crate) async fn a_lying_statement_changes_nothing_for_the_fleet(s: &dyn Stor
     report(s, "liar2", &absurd, T0 + 30, &p).await;
     let d = detail(s, T0 + 40, &p).await;
     assert_eq!(d.pacing.wake_rate_m, honest.wake_rate_m, "{d:?}");
+    assert!(
+        d.stated_recent
+            .iter()
+            .any(|s| s.worker == "liar" && s.pace_m == Some(1_000)),
+        "the lie was read as usable and outweighed: {d:?}"
+    );
     let last = d.stated_recent.last().expect("kept");
     assert_eq!(last.verdict, StatedVerdict::Absurd);
     assert!(last.raw.contains("99999999999"));
