@@ -83,8 +83,7 @@ pub fn holds_first_attempts(
 ) -> bool {
     let closing = cooldown_until_ms.saturating_sub(now_ms) > CLOSING_MS
         || now_ms < closed_until_ms.min(cooldown_until_ms);
-    let paced_whole = matches!(mode, Mode::Saturated | Mode::Stated);
-    hold && (paced_whole || corroborated && closing)
+    hold && (mode == Mode::Saturated || corroborated && closing)
 }
 
 /// How long a worker may hold a report of counts alone, in ms
@@ -131,8 +130,10 @@ pub enum Mode {
     /// behind first attempts sent straight.
     Saturated = 6,
     /// The upstream states its quota and enough workers agree
-    /// ([`stated`]): every attempt, first ones included, waits for a slot
-    /// at the stated pace.
+    /// ([`stated`]): the fleet's attempts in all, first ones included, are
+    /// paced at the stated pace (waiting intents at it less the first
+    /// attempts' rate; every attempt once they alone reach it, as
+    /// [`Mode::Saturated`]).
     Stated = 7,
 }
 
@@ -386,8 +387,8 @@ impl PacingState {
             Rule::Penalty { .. } => Mode::PenaltyExtending,
             Rule::Pinned { .. } => Mode::Pinned,
             Rule::Known { .. } => Mode::KnownLimit,
-            Rule::Learned if self.stated.in_force() == InForce::Corroborated => Mode::Stated,
             Rule::Learned if self.saturated => Mode::Saturated,
+            Rule::Learned if self.stated.in_force() == InForce::Corroborated => Mode::Stated,
             Rule::Learned => match self.model.phase() {
                 Phase::Startup { step_m, .. } if step_m > 0 => Mode::Probing,
                 Phase::Probe => Mode::Probing,
@@ -625,11 +626,10 @@ impl PacingState {
                     self.stated
                         .target(learned, policy.stated_margin_permille, now_ms);
                 // First attempts alone reach what the upstream is measured
-                // to serve, or the upstream states the pace for everything
-                // the fleet sends: every attempt is paced.
-                if self.model.rate_m().is_some() && self.lam_m >= target
-                    || stated.in_force == InForce::Corroborated
-                {
+                // (or stated) to serve: every attempt is paced.
+                let known =
+                    self.model.rate_m().is_some() || stated.in_force == InForce::Corroborated;
+                if known && self.lam_m >= target {
                     self.saturated = true;
                 }
                 let rate = if self.saturated {

@@ -50,10 +50,10 @@ use crate::codec::{DecodeError, Reader, Writer};
 /// calm: three windows is a missed report and its round trip, and short
 /// enough that a quota that stopped being stated stops pacing quickly.
 pub const STATED_HOLD_MS: i64 = 3 * WINDOW_MS;
-/// Workers whose latest statement is kept per route: enough to corroborate
-/// in any fleet whose `needed` is the default's, and few enough that the
-/// state stays small in a store that writes it on every report.
-pub const MAX_STATEMENT_WORKERS: usize = 32;
+/// Workers whose latest statement is kept per route: as many as hints keep
+/// claims for, so `needed` (a fraction of a large fleet) can always be met;
+/// the one heard from longest ago is forgotten first.
+pub const MAX_STATEMENT_WORKERS: usize = crate::hints::corroboration::MAX_EVIDENCE_WORKERS;
 /// Statements kept as evidence per route, whatever their verdict.
 pub const RECENT_STATEMENTS: usize = 4;
 /// A statement's raw fields are kept up to this many bytes as evidence.
@@ -344,17 +344,20 @@ impl StatedState {
             .iter()
             .filter(|c| c.statement.pace_m.is_some() && c.statement.live(now_ms))
             .collect();
-        live.sort_by_key(|c| c.statement.pace_m);
         let needed = self.weighing.needed.max(1);
         let workers = live.len() as i64;
         let chosen = if workers >= needed {
-            live.get((needed - 1) as usize)
-                .map(|c| (InForce::Corroborated, *c))
+            // The needed-th lowest, without sorting a large fleet's claims
+            // on every decision.
+            let at = usize::try_from(needed - 1).unwrap_or(0);
+            let (_, nth, _) = live.select_nth_unstable_by_key(at, |c| c.statement.pace_m);
+            Some((InForce::Corroborated, *nth))
         } else {
             // Only the claims still within the cap of their streak's start
             // may slow the fleet; the lowest of them does.
             live.iter()
-                .find(|c| c.since_ms.saturating_add(self.weighing.cap_ms) > now_ms)
+                .filter(|c| c.since_ms.saturating_add(self.weighing.cap_ms) > now_ms)
+                .min_by_key(|c| c.statement.pace_m)
                 .map(|c| (InForce::Uncorroborated, *c))
         };
         let keep = MILLI - margin_permille.clamp(0, MILLI);

@@ -155,6 +155,37 @@ fn a_corroborated_statement_paces_every_attempt_from_the_start() {
     assert_eq!(st.mode(), Mode::Stated);
     // No search: the whole fleet's rate is the stated one less the margin.
     assert_eq!(st.wake_rate_m(), 970_000);
+    let view = st.view(0, T0);
+    assert_eq!(view.stated.pace_m, 970_000);
+    assert_eq!(view.stated.workers, 2);
+    // First attempts take their part of it; once they alone reach it, every
+    // attempt waits for a slot.
+    // (The first-attempt rate is a moving average, a quarter a window.)
+    for s in 0..16 {
+        let at = T0 + s * 1000;
+        for w in ["a", "b"] {
+            st.observe_statement(said(w, at, 1000, 1000, 1000), weighing(2), at, &p);
+        }
+        st.observe(
+            &crate::pacing::Observation {
+                now_ms: at,
+                first_attempts: if s < 2 { 400 } else { 1000 },
+                successes: 400,
+                ..crate::pacing::Observation::default()
+            },
+            &p,
+        );
+        if s == 1 {
+            st.advance(at + 999, &p);
+            assert_eq!(
+                st.wake_rate_m(),
+                570_000,
+                "the pace less 400/s of first attempts"
+            );
+        }
+    }
+    st.advance(T0 + 16_000, &p);
+    assert_eq!(st.mode(), Mode::Saturated);
     assert!(crate::pacing::holds_first_attempts(
         true,
         st.mode(),
@@ -163,16 +194,12 @@ fn a_corroborated_statement_paces_every_attempt_from_the_start() {
         0,
         T0
     ));
-    let view = st.view(0, T0);
-    assert_eq!(view.stated.pace_m, 970_000);
-    assert_eq!(view.stated.workers, 2);
+    assert_eq!(st.wake_rate_m(), 970_000, "every attempt at the pace");
     // It stops arriving: learned pacing again.
-    st.advance(T0 + STATED_HOLD_MS, &p);
+    let gone = T0 + 15_000 + STATED_HOLD_MS;
+    st.advance(gone, &p);
     assert_ne!(st.mode(), Mode::Stated);
-    assert_eq!(
-        st.view(0, T0 + STATED_HOLD_MS).stated.in_force,
-        InForce::Expired
-    );
+    assert_eq!(st.view(0, gone).stated.in_force, InForce::Expired);
 }
 
 #[test]
