@@ -41,6 +41,7 @@ use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::outcome::Outcome;
+use tollgate_client::ratelimit::stated_fields;
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::admin_client::AdminClient;
 use tollgate_proto::v1::{self, Evidence, GetScopeRequest, ScopeCertainty, ScopeState};
@@ -443,13 +444,19 @@ impl CoordinatedWorker {
         let result = self
             .gate
             .run(intent, move |_attempt: Attempt| async move {
-                match io.send().await {
-                    Answer::Ok => Reply::new(Observation::http(200, None), ()),
+                let (answer, headers) = io.send_stated().await;
+                // What a layer reads off every response: the stated limit.
+                let stated = stated_fields(headers.iter().map(|(n, v)| (*n, v.as_str())));
+                match answer {
+                    Answer::Ok => Reply::new(Observation::http(200, None).with_stated(stated), ()),
                     Answer::TooManyRequests { retry_after } => {
                         if self.liar {
                             self.lie(io.intent_id());
                         }
-                        Reply::new(Observation::http(429, Some(&retry_after)), ())
+                        Reply::new(
+                            Observation::http(429, Some(&retry_after)).with_stated(stated),
+                            (),
+                        )
                     }
                 }
             })
