@@ -2,7 +2,7 @@
 //! of the two header styles upstreams use, so the coordinated strategy can
 //! pace at the quota it is told instead of finding it by being refused.
 //!
-//! What each limiter shape states ([`QuotaState`], from `limiter.rs`):
+//! What each limiter shape states (`QuotaState`, from `limiter.rs`):
 //! - **token bucket**: a quota of the capacity in force per second
 //!   (its sustained rate), what its tokens and the next second's refill
 //!   leave of it, resetting in a second;
