@@ -274,6 +274,83 @@ mod tests {
     }
 
     #[test]
+    fn a_stated_limit_is_bounded_and_each_violation_named() {
+        let field = |name: &str, value: &str| v1::StatedField {
+            name: name.into(),
+            value: value.into(),
+            truncated: false,
+        };
+        let ok = v1::StatedLimit {
+            fields: vec![field("RateLimit", "\"d\";r=1;t=1")],
+            receipt_unix_ms: 1_700_000_000_000,
+            http_status: 200,
+        };
+        let read = stated_limit("stated_limit", &ok).expect("valid");
+        assert_eq!(read[0].name, "ratelimit", "names are the reader's own");
+        let cases: [(v1::StatedLimit, &str); 6] = [
+            (
+                v1::StatedLimit {
+                    fields: vec![],
+                    ..ok.clone()
+                },
+                "stated_limit.fields",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field("ratelimit", "x"); MAX_STATED_FIELDS + 1],
+                    ..ok.clone()
+                },
+                "stated_limit.fields",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field("x-secret-token", "x")],
+                    ..ok.clone()
+                },
+                "stated_limit.fields[0].name",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field("ratelimit", "a"), field("RATELIMIT", "b")],
+                    ..ok.clone()
+                },
+                "stated_limit.fields[1].name",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field(
+                        "ratelimit",
+                        &"x".repeat(ratelimit::MAX_FIELD_BYTES + 1),
+                    )],
+                    ..ok.clone()
+                },
+                "stated_limit.fields[0].value",
+            ),
+            (
+                v1::StatedLimit {
+                    receipt_unix_ms: 0,
+                    ..ok.clone()
+                },
+                "stated_limit.receipt_unix_ms",
+            ),
+        ];
+        for (limit, named) in cases {
+            assert_eq!(
+                field_of(stated_limit("stated_limit", &limit).expect_err(named)),
+                named
+            );
+        }
+        let status = v1::StatedLimit {
+            http_status: 600,
+            ..ok
+        };
+        assert_eq!(
+            field_of(stated_limit("stated_limit", &status).expect_err("status")),
+            "stated_limit.http_status"
+        );
+    }
+
+    #[test]
     fn violations_name_the_field() {
         let long = "x".repeat(MAX_ROUTE + 1);
         let s = v1::Scope {
