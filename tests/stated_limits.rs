@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::tcp::Coordinator;
 use support::{loopback_policy, secs};
 use tokio::net::TcpListener;
+use tollgate::ops::top::{Model, Source};
 use tollgate_client::gate::Gate;
 use tollgate_client::layer::{LayerConfig, TollgateLayer};
 use tollgate_client::scope::Scope;
@@ -127,6 +128,17 @@ async fn a_stated_quota_paces_the_fleet_and_a_liar_changes_nothing() {
     let last = s.recent.last().unwrap();
     assert_eq!(last.verdict, "usable");
     assert!(last.raw.contains("r=60"), "{last:?}");
+
+    // `tollgate top` shows it while a scope has one in force: remaining of
+    // the quota, time to the reset, pace.
+    let source = Source::new(c.channel().await, None, 100).unwrap();
+    let mut model = Model::new(c.clock.clone());
+    let frame = source
+        .frame_text(&mut model, "127.0.0.1", 160)
+        .await
+        .unwrap();
+    assert!(frame.contains("STATED LEFT/RESET"), "{frame}");
+    assert!(frame.contains("60/100 1.0s 97"), "{frame}");
 
     let liar = c.worker_gate("liar");
     work(&liar, lying, 2).await;
