@@ -194,7 +194,8 @@ pub struct StormArgs {
     #[arg(long)]
     pub penalty_extending: bool,
     /// The fraction of (e)/(f) workers that report a 300 s Retry-After to
-    /// the coordinator on every 429, whatever the upstream said.
+    /// the coordinator on every 429, whatever the upstream said (and, with
+    /// `--states-limit`, one request left for 30 s on every answer).
     #[arg(long, default_value_t = 0.0)]
     pub liar_fraction: f64,
     /// A policy file for (e) instead of the coordinator's shipped defaults.

@@ -407,9 +407,19 @@ struct CoordinatedWorker {
     scope: Scope,
     max_attempts: u32,
     attempt_timeout: Duration,
-    /// Reports [`LIE`] to the coordinator on every 429.
+    /// Reports [`LIE`] to the coordinator on every 429, and with
+    /// `--states-limit` [`STATED_LIE`] on every answer.
     liar: bool,
 }
+
+/// What a lying worker says the upstream stated: one request left of its
+/// quota for the next half minute. Consistent (no window for the reset to
+/// outlast), so it reads as usable and must be outweighed, not refused.
+const STATED_LIE: [(&str, &str); 3] = [
+    ("x-ratelimit-limit", "1000"),
+    ("x-ratelimit-remaining", "1"),
+    ("x-ratelimit-reset", "30"),
+];
 
 impl WorkerRunner for CoordinatedWorker {
     fn run_intent(self: Arc<Self>, io: IntentIo) -> IntentFuture {
@@ -445,8 +455,13 @@ impl CoordinatedWorker {
             .gate
             .run(intent, move |_attempt: Attempt| async move {
                 let (answer, headers) = io.send_stated().await;
-                // What a layer reads off every response: the stated limit.
-                let stated = stated_fields(headers.iter().map(|(n, v)| (*n, v.as_str())));
+                // What a layer reads off every response: the stated limit
+                // (a liar's, a tiny remaining, whenever one is stated).
+                let stated = if self.liar && !headers.is_empty() {
+                    stated_fields(STATED_LIE)
+                } else {
+                    stated_fields(headers.iter().map(|(n, v)| (*n, v.as_str())))
+                };
                 match answer {
                     Answer::Ok => Reply::new(Observation::http(200, None).with_stated(stated), ()),
                     Answer::TooManyRequests { retry_after } => {
