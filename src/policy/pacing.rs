@@ -20,7 +20,7 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{PolicyError, PolicySpec, milli, ms_in};
-use crate::pacing::{MILLI, PINNED_HORIZON_MS, PacingPolicy};
+use crate::pacing::{MILLI, PINNED_HORIZON_MS, PacingPolicy, STATED_MARGIN_PERMILLE};
 
 /// The most slots per second a route may be paced at, pinned or learned.
 pub const MAX_WAKE_RATE: u32 = 100_000;
@@ -139,7 +139,10 @@ pub(super) fn pacing_of(spec: &PolicySpec, d: &PolicySpec) -> Result<PacingPolic
             Some((limit * i64::try_from(share_permille).unwrap_or(1000) / 1000).max(1))
         }
     };
-    let margin = spec.stated_margin.or(d.stated_margin).unwrap_or(0.03);
+    let margin = spec
+        .stated_margin
+        .or(d.stated_margin)
+        .unwrap_or(STATED_MARGIN_PERMILLE as f64 / 1000.0);
     let stated_margin_permille =
         i64::try_from(milli("stated_margin", margin, 0.0, 0.9)?).unwrap_or(0);
     let max = f64::from(MAX_WAKE_RATE);
