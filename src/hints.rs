@@ -26,6 +26,7 @@
 
 mod codec;
 pub mod corroboration;
+pub mod stated;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;

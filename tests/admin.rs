@@ -209,6 +209,7 @@ async fn a_policy_change_is_pushed_and_rescales_without_refilling() {
             rejections: 0,
             counts_age_ms: 0,
             evidence: vec![],
+            stated_limit: None,
         })
         .await
         .expect("report");

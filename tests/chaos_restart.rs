@@ -55,6 +55,7 @@ async fn busy_report(served: &Served, scope: &Option<v1::Scope>) {
             rejections: 0,
             counts_age_ms: 0,
             evidence: Vec::new(),
+            stated_limit: None,
         })
         .await
         .expect("report");
@@ -240,6 +241,7 @@ async fn chaos_kill_stop_restart_workers_fall_back_at_their_first_failed_call() 
             rejections: 0,
             counts_age_ms: 0,
             evidence: Vec::new(),
+            stated_limit: None,
         })
         .await
         .expect("report");

@@ -341,6 +341,7 @@ async fn storm(channel: Channel) {
                 intent_id: "i-1".into(),
                 ..Evidence::default()
             }],
+            stated_limit: None,
         })
         .await
         .expect("report");

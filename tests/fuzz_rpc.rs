@@ -108,6 +108,7 @@ fn budget_call() -> impl Strategy<Value = BudgetCall> {
                         rejections,
                         counts_age_ms: age,
                         evidence,
+                        stated_limit: None,
                     })
                 }
             ),
@@ -298,6 +299,7 @@ fn policy_fields() -> impl Strategy<Value = v1::PolicyFields> {
                 wake_ceiling,
                 reconsider_horizon,
                 hold_first_attempts,
+                stated_margin: None,
             },
         )
 }

@@ -171,6 +171,7 @@ fn first_attempts(s: Option<v1::Scope>, worker: &str, n: u32) -> v1::ReportReque
         rejections: 0,
         counts_age_ms: 0,
         evidence: Vec::new(),
+        stated_limit: None,
     }
 }
 

@@ -196,6 +196,7 @@ async fn one_budget(workers: &[BudgetClient<Channel>]) {
             rejections: 0,
             counts_age_ms: 0,
             evidence: Vec::new(),
+            stated_limit: None,
         };
         worker
             .clone()

@@ -134,6 +134,7 @@ async fn lease_and_report(
         hints: &[],
         now_ms,
         tokens: 1,
+        stated: None,
     };
     [
         store.lease(key, ask, policy).await.map(drop),

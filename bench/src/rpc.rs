@@ -552,6 +552,7 @@ async fn call(
                 first_attempts: 10,
                 successes: 9,
                 evidence: Vec::new(),
+                stated_limit: None,
             })
             .await
             .is_ok(),

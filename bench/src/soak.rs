@@ -340,6 +340,7 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> Result<
                 first_attempts: 10,
                 successes: 9,
                 evidence: Vec::new(),
+                stated_limit: None,
             })
             .await
             .map(drop)

@@ -54,6 +54,7 @@ mod limiter;
 mod pipes;
 pub mod report;
 mod runner;
+pub mod stated;
 pub mod strategy;
 mod upstream;
 mod wall;
@@ -139,6 +140,10 @@ pub struct LimiterArgs {
     /// is the capacity in force × S [default: 1].
     #[arg(long = "window", value_name = "S")]
     pub window_s: Option<f64>,
+    /// The upstream states its limit on every answer, in this header style
+    /// (`stated.rs` says what each shape states); unstated by default.
+    #[arg(long = "states-limit", value_enum)]
+    pub states_limit: Option<stated::StatedStyle>,
 }
 
 /// `--limiter`: which shape the upstream's limiter has.
@@ -189,7 +194,8 @@ pub struct StormArgs {
     #[arg(long)]
     pub penalty_extending: bool,
     /// The fraction of (e)/(f) workers that report a 300 s Retry-After to
-    /// the coordinator on every 429, whatever the upstream said.
+    /// the coordinator on every 429, whatever the upstream said (and, with
+    /// `--states-limit`, one request left for 30 s on every answer).
     #[arg(long, default_value_t = 0.0)]
     pub liar_fraction: f64,
     /// A policy file for (e) instead of the coordinator's shipped defaults.
@@ -315,6 +321,8 @@ pub struct StormConfig {
     pub wall_at_start: SystemTime,
     /// The upstream's limiter.
     pub limiter: LimiterShape,
+    /// The header style the upstream states its limit in, if it does.
+    pub states_limit: Option<stated::StatedStyle>,
 }
 
 impl StormConfig {
@@ -330,6 +338,7 @@ impl StormConfig {
     }
 
     fn try_with_limiter(args: &StormArgs, limiter: &LimiterArgs) -> Result<Self, StormError> {
+        let limiter_args = limiter;
         let invalid = |field, problem: &str| StormError::Invalid {
             field,
             problem: problem.to_owned(),
@@ -448,6 +457,7 @@ impl StormConfig {
             attempt_timeout,
             wall_at_start: UNIX_EPOCH + Duration::from_secs(WALL_AT_START_UNIX_S),
             limiter,
+            states_limit: limiter_args.states_limit,
         })
     }
 }

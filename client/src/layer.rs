@@ -554,10 +554,11 @@ pub fn classify_response<B>(protocol: Protocol, response: &Response<B>) -> Obser
     }
 }
 
-/// An HTTP response: its status and raw `Retry-After`.
+/// An HTTP response: its status, raw `Retry-After` and stated limit.
 pub fn classify_http_response<B>(response: &Response<B>) -> Observation {
     let hint = header_text(response.headers(), http::header::RETRY_AFTER.as_str());
     Observation::http(response.status().as_u16(), hint.as_deref())
+        .with_stated(stated_limit(response.headers()))
 }
 
 /// A gRPC response, from its headers (a trailers-only response carries its
@@ -569,7 +570,27 @@ pub fn classify_grpc_response<B>(response: &Response<B>) -> Observation {
         Some(code) => GrpcCode::from_i32(code.trim().parse().unwrap_or(GrpcCode::Unknown as i32)),
         None => grpc_code_for_http(response.status().as_u16()),
     };
-    Observation::grpc(code, Sent::After, pushback.as_deref())
+    Observation::grpc(code, Sent::After, pushback.as_deref()).with_stated(stated_limit(headers))
+}
+
+/// The stated-limit fields among `headers`, read on every response (a
+/// success states the quota as well as a refusal does). Values that are not
+/// text are kept lossily, as hints are.
+fn stated_limit(headers: &http::HeaderMap) -> Vec<crate::ratelimit::StatedField> {
+    let text: Vec<(&str, String)> = headers
+        .iter()
+        .filter(|(name, _)| {
+            let name = name.as_str();
+            name.starts_with("ratelimit") || name.starts_with("x-rate")
+        })
+        .map(|(name, value)| {
+            (
+                name.as_str(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    crate::ratelimit::stated_fields(text.iter().map(|(n, v)| (*n, v.as_str())))
 }
 
 /// gRPC's HTTP-to-status mapping, for a response that has no `grpc-status`

@@ -370,6 +370,97 @@ impl RateLimitReading {
     }
 }
 
+/// One stated-limit field as a response carried it, collected to be sent
+/// on (a worker reports it; the coordinator reads it with
+/// [`read_rate_limit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatedField {
+    /// The field name, lowercase.
+    pub name: &'static str,
+    /// Its lines joined with `", "`, at most [`MAX_FIELD_BYTES`].
+    pub value: String,
+    /// The value was longer than [`MAX_FIELD_BYTES`] and `value` is its
+    /// start: it must be read as too long, never as the part kept, or a cut
+    /// `q=1000` would read as `q=10`.
+    pub truncated: bool,
+}
+
+/// The field name among those this module reads, as it names it
+/// (lowercase), or `None`.
+pub fn known_field(name: &str) -> Option<&'static str> {
+    statement::FIELDS
+        .iter()
+        .find(|f| f.eq_ignore_ascii_case(name))
+        .copied()
+}
+
+/// Every stated-limit field among `headers` (names compared
+/// case-insensitively, repeated lines joined), of every family: the reader
+/// picks the family, so a worker never decides which statement counts.
+/// Empty when the response stated nothing.
+pub fn stated_fields<'a>(
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<StatedField> {
+    let mut out: Vec<StatedField> = Vec::new();
+    for (name, value) in headers {
+        let Some(known) = known_field(name) else {
+            continue;
+        };
+        let at = match out.iter().position(|f| f.name == known) {
+            Some(at) => at,
+            None => {
+                out.push(StatedField {
+                    name: known,
+                    value: String::new(),
+                    truncated: false,
+                });
+                out.len() - 1
+            }
+        };
+        let field = &mut out[at];
+        if field.truncated {
+            continue;
+        }
+        let sep = if field.value.is_empty() { "" } else { ", " };
+        if field.value.len() + sep.len() + value.len() <= MAX_FIELD_BYTES {
+            field.value.push_str(sep);
+            field.value.push_str(value);
+        } else {
+            field.value.push_str(sep);
+            field.value.push_str(value);
+            field.value = crate::hint::bounded_to(&field.value, MAX_FIELD_BYTES);
+            field.truncated = true;
+        }
+    }
+    out
+}
+
+/// Reads [`stated_fields`] as [`read_rate_limit`] reads headers: a field
+/// sent truncated is read as longer than this module reads.
+pub fn read_stated_fields(
+    fields: &[StatedField],
+    received: SystemTime,
+    rules: RateLimitRules,
+) -> RateLimitReading {
+    // A truncated field is given back longer than the bound, so the parser
+    // calls it too long exactly as it would the whole value.
+    let padded: Vec<(&str, String)> = fields
+        .iter()
+        .map(|f| {
+            let mut value = f.value.clone();
+            if f.truncated {
+                value.push_str(&" ".repeat(MAX_FIELD_BYTES + 1 - value.len().min(MAX_FIELD_BYTES)));
+            }
+            (f.name, value)
+        })
+        .collect();
+    read_rate_limit(
+        padded.iter().map(|(n, v)| (*n, v.as_str())),
+        received,
+        rules,
+    )
+}
+
 /// Reads the stated limits among a response's `headers`, received at
 /// `received` (wall time).
 ///

@@ -1,6 +1,6 @@
 //! The coordinator's wire protocol, spoken in one place: every `Lease`,
-//! `Release`, `Report`, `Watch` and `Reconsider` request and every piece of
-//! throttling `Evidence` the worker sends is built here, so the proto's
+//! `Release`, `Report`, `Watch` and `Reconsider` request, every piece of
+//! throttling `Evidence` and every stated limit the worker sends is built here, so the proto's
 //! bounds and conventions (wall times as Unix milliseconds, text cut to the
 //! proto's limits, the worker id left for the link to fill in) hold for all
 //! of them.
@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use tollgate_proto::v1::{
     Evidence, LeaseRequest, ReconsiderRequest, ReleaseRequest, ReportRequest, RetryClass,
-    ScopeCertainty, WatchRequest,
+    ScopeCertainty, StatedField, StatedLimit, WatchRequest,
 };
 
 use crate::clock::to_unix_ms;
@@ -67,7 +67,32 @@ pub(crate) fn report_request(scope: &Scope, report: &PendingReport) -> ReportReq
         counts_age_ms: report
             .since
             .map_or(0, |since| since.elapsed().as_millis() as u64),
+        stated_limit: report.stated.clone(),
     }
+}
+
+/// The limit one response stated: its raw fields and the wall time it was
+/// received at (the coordinator reads a reset against it).
+pub(crate) fn stated_limit(observation: &Observation, receipt: SystemTime) -> Option<StatedLimit> {
+    if observation.stated.is_empty() {
+        return None;
+    }
+    Some(StatedLimit {
+        fields: observation
+            .stated
+            .iter()
+            .map(|f| StatedField {
+                name: f.name.to_owned(),
+                value: f.value.clone(),
+                truncated: f.truncated,
+            })
+            .collect(),
+        receipt_unix_ms: to_unix_ms(receipt),
+        http_status: match observation.status {
+            ResponseStatus::Http(status) => u32::from(status),
+            _ => 0,
+        },
+    })
 }
 
 /// Subscribes to the state of `scopes`.

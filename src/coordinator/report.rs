@@ -1,8 +1,10 @@
-//! `Report`: a worker's first attempts, successes and rate-limit evidence,
+//! `Report`: a worker's first attempts, successes, rate-limit evidence and
+//! stated limit,
 //! assessed here and applied as **one** store operation
 //! ([`crate::store::Store::report`]), after which the core publishes every
 //! cooldown the report raised.
 
+use crate::hints::stated::{StatedInput, read_statement};
 use crate::hints::{Assessment, EvidenceInput, Merge, assess};
 use crate::pacing::{Mode, PacingView, counts_hold_ms, holds_first_attempts};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
@@ -43,6 +45,8 @@ pub struct ReportIn<'a> {
     /// The reporting token: a new scope is charged to it, and where
     /// several tokens share the caller scope its counts are kept apart.
     pub owner: Owner,
+    /// The limit the upstream last stated to the worker, if any.
+    pub stated: Option<StatedInput<'a>>,
 }
 
 /// What a report did.
@@ -82,7 +86,12 @@ impl Coordinator {
     /// whichever call comes first after it ends, Report or Reconsider, so
     /// both announce.
     pub(super) fn announce_pacing(&self, route: &RouteKey, was: Mode, now: &PacingView) {
-        let announced = |mode| matches!(mode, Mode::PenaltyExtending | Mode::Saturated);
+        let announced = |mode| {
+            matches!(
+                mode,
+                Mode::PenaltyExtending | Mode::Saturated | Mode::Stated
+            )
+        };
         if was == now.mode || !(announced(was) || announced(now.mode)) {
             return;
         }
@@ -122,6 +131,14 @@ impl Coordinator {
                     "clock_skew: worker receipt time disagrees with the coordinator clock");
             }
         }
+        let statement = report
+            .stated
+            .map(|input| read_statement(&input, report.worker_id, &policy, now_ms));
+        if let Some(s) = statement.as_ref().filter(|s| s.pace_m.is_none()) {
+            tracing::info!(scope = %scope, worker_id = %report.worker_id,
+                verdict = s.verdict.as_str(),
+                "stated limit kept as evidence only: it paces nothing");
+        }
         let batch = ReportBatch {
             worker_id: report.worker_id,
             first_attempts: report.first_attempts,
@@ -131,6 +148,7 @@ impl Coordinator {
             hints: &hints,
             now_ms,
             tokens: report.tokens,
+            stated: statement.as_ref(),
         };
         let tenant = Tenant {
             owner: report.owner,

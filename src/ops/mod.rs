@@ -55,6 +55,7 @@ pub mod out;
 mod policy;
 mod render;
 mod scopes;
+mod stated;
 pub mod top;
 
 use std::process::ExitCode;

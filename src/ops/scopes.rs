@@ -6,7 +6,7 @@ use tollgate_proto::v1;
 
 use super::args::{ScopeRef, ScopesCommand};
 use super::render::{emit, enum_name, print_table, time};
-use super::{Client, EXIT_OK, Failure, Outcome, evidence};
+use super::{Client, EXIT_OK, Failure, Outcome, evidence, stated};
 
 /// Runs one `scopes` command.
 pub(super) async fn run(client: &mut Client, command: ScopesCommand) -> Outcome {
@@ -270,6 +270,7 @@ fn scope_json(s: &v1::ScopeState) -> Value {
             "penalty_until_unix_ms": p.penalty_until_unix_ms, "asking": p.asking,
             "capacity_measured": p.capacity_measured,
             "burst_estimate": p.burst_estimate, "phase": p.phase,
+            "stated": stated::stated_json(p.stated.as_ref()),
         })),
     })
 }
@@ -334,6 +335,7 @@ fn print_scope(s: &v1::ScopeState) {
                 p.burst_estimate
             );
         }
+        stated::print_stated(p.stated.as_ref());
         if p.penalty_until_unix_ms > 0 {
             outln!(
                 "  penalty       the upstream re-arms its window: closed until {}",

@@ -1,15 +1,17 @@
 //! The controller's state as bytes ([`crate::codec`]), for a store that
 //! keeps it outside the process (the Redis store): its window's counts, its
-//! estimates, its rule, then the limiter model, in one fixed order. A
+//! estimates, its rule, the limiter model, then the stated limits, in one
+//! fixed order. A
 //! change of the state's shape is a new [`FORMAT`] here.
 
 use super::model::LimiterModel;
+use super::stated::StatedState;
 use super::{PacingPolicy, PacingState, Rule};
 use crate::codec::{DecodeError, Reader, Writer};
 
 /// The format [`PacingState::encode`] writes and [`PacingState::decode`]
 /// reads.
-const FORMAT: u8 = 3;
+const FORMAT: u8 = 4;
 const WHAT: &str = "pacing state";
 
 impl PacingState {
@@ -51,6 +53,7 @@ impl PacingState {
             } => w.int(3).int(until_ms).int(probe_at_ms),
         };
         self.model.write(&mut w);
+        self.stated.write(&mut w);
         w.finish()
     }
 
@@ -74,6 +77,7 @@ impl PacingState {
             _ => return Err(DecodeError::Malformed { what: WHAT }),
         };
         st.model = LimiterModel::read(&mut r, WHAT)?;
+        st.stated = StatedState::read(&mut r, WHAT)?;
         r.end()?;
         Ok(st)
     }

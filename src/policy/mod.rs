@@ -342,6 +342,11 @@ pub struct PolicySpec {
     /// The part of `upstream_limit` this fleet may use, 0.001..=1. Default 0.5.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_share: Option<f64>,
+    /// The part of a pace the upstream states (`RateLimit`,
+    /// `X-RateLimit-*`) the fleet leaves unspent, 0..=0.9. Default 0.03:
+    /// the stated remaining already shows what others spend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stated_margin: Option<f64>,
     /// The slowest a learned wake rate goes, slots per second. Default: the
     /// scope's `min_retries_per_sec` (at least 1), the retries its budget
     /// lets through whatever the traffic.
@@ -419,6 +424,7 @@ impl PolicySpec {
             wake_rate: Some(WakeRate::Auto),
             upstream_limit: None,
             upstream_share: Some(0.5),
+            stated_margin: Some(0.03),
             // Unset: the scope's min_retries_per_sec (see pacing_of).
             wake_floor: None,
             wake_ceiling: Some(f64::from(MAX_WAKE_RATE)),
@@ -462,6 +468,7 @@ impl PolicySpec {
                 .clone()
                 .or_else(|| under.upstream_limit.clone()),
             upstream_share: self.upstream_share.or(under.upstream_share),
+            stated_margin: self.stated_margin.or(under.stated_margin),
             wake_floor: self.wake_floor.or(under.wake_floor),
             wake_ceiling: self.wake_ceiling.or(under.wake_ceiling),
             reconsider_horizon: self

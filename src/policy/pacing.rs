@@ -5,6 +5,7 @@
 //! # wake_rate = 200           # a number pins it
 //! upstream_limit = "600/min"  # optional: pace the fleet under a known limit
 //! upstream_share = 0.5        # the part of that limit this fleet may use
+//! stated_margin = 0.03        # the part of a stated pace left unspent
 //! wake_floor = 10             # slots per second, never fewer (default:
 //!                             # min_retries_per_sec, at least 1)
 //! wake_ceiling = 100000       # never more
@@ -19,7 +20,7 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{PolicyError, PolicySpec, milli, ms_in};
-use crate::pacing::{MILLI, PINNED_HORIZON_MS, PacingPolicy};
+use crate::pacing::{MILLI, PINNED_HORIZON_MS, PacingPolicy, STATED_MARGIN_PERMILLE};
 
 /// The most slots per second a route may be paced at, pinned or learned.
 pub const MAX_WAKE_RATE: u32 = 100_000;
@@ -138,6 +139,12 @@ pub(super) fn pacing_of(spec: &PolicySpec, d: &PolicySpec) -> Result<PacingPolic
             Some((limit * i64::try_from(share_permille).unwrap_or(1000) / 1000).max(1))
         }
     };
+    let margin = spec
+        .stated_margin
+        .or(d.stated_margin)
+        .unwrap_or(STATED_MARGIN_PERMILLE as f64 / 1000.0);
+    let stated_margin_permille =
+        i64::try_from(milli("stated_margin", margin, 0.0, 0.9)?).unwrap_or(0);
     let max = f64::from(MAX_WAKE_RATE);
     // Waking fewer intents a second than the budget lets retry whatever the
     // traffic (min_retries_per_sec) would only leave budget unused.
@@ -178,6 +185,7 @@ pub(super) fn pacing_of(spec: &PolicySpec, d: &PolicySpec) -> Result<PacingPolic
         floor_m,
         ceiling_m,
         horizon_ms,
+        stated_margin_permille,
     })
 }
 

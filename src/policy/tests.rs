@@ -42,7 +42,7 @@ fn defaults_are_the_documented_numbers() {
 
 #[test]
 fn out_of_range_fields_are_named() {
-    let cases: [(PolicySpec, &str); 5] = [
+    let cases: [(PolicySpec, &str); 6] = [
         (
             PolicySpec {
                 window: Some("61s".into()),
@@ -81,6 +81,13 @@ fn out_of_range_fields_are_named() {
                 ..PolicySpec::default()
             },
             "max_hint",
+        ),
+        (
+            PolicySpec {
+                stated_margin: Some(0.95),
+                ..PolicySpec::default()
+            },
+            "stated_margin",
         ),
     ];
     for (spec, field) in cases {

@@ -482,6 +482,7 @@ impl Admin for AdminService {
             capacity_measured: d.pacing.measured,
             burst_estimate: per_sec(d.pacing.burst_m),
             phase: d.pacing.phase.to_owned(),
+            stated: Some(stated_state(&d.pacing.stated, &d.stated_recent)),
         });
         Ok(Response::new(state))
     }
@@ -598,6 +599,36 @@ impl Admin for AdminService {
             })
             .collect();
         Ok(Response::new(v1::ListAuditResponse { records }))
+    }
+}
+
+/// The stated limit of a route as GetScope shows it.
+fn stated_state(
+    view: &crate::pacing::stated::StatedView,
+    recent: &[crate::pacing::stated::Statement],
+) -> v1::StatedLimitState {
+    let per_sec = PacingView::per_sec;
+    let unsigned = |n: i64| u64::try_from(n).unwrap_or(0);
+    let count = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+    v1::StatedLimitState {
+        state: view.in_force.as_str().to_owned(),
+        pace: per_sec(view.pace_m),
+        limit: unsigned(view.quota),
+        window_secs: unsigned(view.window_ms / 1000),
+        remaining: unsigned(view.remaining),
+        reset_unix_ms: view.reset_at_ms,
+        workers: count(view.workers),
+        needed: count(view.needed),
+        recent: recent
+            .iter()
+            .map(|s| v1::StatedRecord {
+                worker_id: s.worker.clone(),
+                receipt_unix_ms: s.received_ms,
+                verdict: s.verdict.as_str().to_owned(),
+                raw: s.raw.clone(),
+                pace: s.pace_m.map_or(0.0, per_sec),
+            })
+            .collect(),
     }
 }
 

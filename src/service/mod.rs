@@ -35,6 +35,7 @@ use crate::coordinator::{
 };
 use crate::hints::EvidenceInput;
 use crate::hints::corroboration::Claim;
+use crate::hints::stated::StatedInput;
 use crate::metrics::CoordinatorMetrics;
 use crate::pacing::PacingView;
 use crate::scope::ScopeKey;
@@ -321,8 +322,20 @@ impl Budget for BudgetService {
                 ),
             })
             .collect();
+        let stated_fields = req
+            .stated_limit
+            .as_ref()
+            .map(|s| validate::stated_limit("stated_limit", s))
+            .transpose()?;
         let worker_id = identity.own(&req.worker_id);
         let report = ReportIn {
+            stated: match (&stated_fields, &req.stated_limit) {
+                (Some(fields), Some(s)) => Some(StatedInput {
+                    fields,
+                    receipt_ms: s.receipt_unix_ms,
+                }),
+                _ => None,
+            },
             worker_id: &worker_id,
             first_attempts,
             successes,

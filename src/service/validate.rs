@@ -1,6 +1,7 @@
 //! Bounds on every field a peer sends. Each check names the field on failure;
 //! nothing here panics on any input.
 
+use tollgate_client::ratelimit::{self, StatedField};
 use tollgate_proto::v1;
 
 use crate::scope::{Priority, RetryClass, RouteKey, ScopeKey};
@@ -169,6 +170,56 @@ fn millis_at_most(field: &str, value: u64, max: u64) -> Result<i64> {
     }
 }
 
+/// Most fields in one stated limit: the draft's two and both `X-…`
+/// families' four.
+pub const MAX_STATED_FIELDS: usize = 10;
+
+/// A report's stated limit, as the reader takes it: every field a known
+/// name, named once, bounded; the receipt time required.
+pub fn stated_limit(field: &str, s: &v1::StatedLimit) -> Result<Vec<StatedField>> {
+    if s.fields.is_empty() || s.fields.len() > MAX_STATED_FIELDS {
+        return Err(ServiceError::invalid(
+            format!("{field}.fields"),
+            format!("must hold 1..={MAX_STATED_FIELDS} items"),
+        ));
+    }
+    let mut out: Vec<StatedField> = Vec::with_capacity(s.fields.len());
+    for (i, f) in s.fields.iter().enumerate() {
+        let at = format!("{field}.fields[{i}]");
+        let Some(name) = ratelimit::known_field(&f.name) else {
+            return Err(ServiceError::invalid(
+                format!("{at}.name"),
+                "is not a stated-limit field (ratelimit, ratelimit-policy, x-ratelimit-*, x-rate-limit-*)",
+            ));
+        };
+        if out.iter().any(|o| o.name == name) {
+            return Err(ServiceError::invalid(
+                format!("{at}.name"),
+                "names a field already sent: join its lines into one value",
+            ));
+        }
+        if f.value.len() > ratelimit::MAX_FIELD_BYTES {
+            return Err(ServiceError::invalid(
+                format!("{at}.value"),
+                format!("is longer than {} bytes", ratelimit::MAX_FIELD_BYTES),
+            ));
+        }
+        out.push(StatedField {
+            name,
+            value: f.value.clone(),
+            truncated: f.truncated,
+        });
+    }
+    if s.http_status != 0 && !(100..=599).contains(&s.http_status) {
+        return Err(ServiceError::invalid(
+            format!("{field}.http_status"),
+            "must be 0 or 100..=599",
+        ));
+    }
+    unix_ms(&format!("{field}.receipt_unix_ms"), s.receipt_unix_ms, true)?;
+    Ok(out)
+}
+
 /// One evidence item; `field` is its path (`evidence[3]`).
 pub fn evidence(field: &str, e: &v1::Evidence) -> Result<()> {
     if e.http_status != 0 && !(100..=599).contains(&e.http_status) {
@@ -220,6 +271,83 @@ mod tests {
             ServiceError::InvalidArgument { field, .. } => field,
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_stated_limit_is_bounded_and_each_violation_named() {
+        let field = |name: &str, value: &str| v1::StatedField {
+            name: name.into(),
+            value: value.into(),
+            truncated: false,
+        };
+        let ok = v1::StatedLimit {
+            fields: vec![field("RateLimit", "\"d\";r=1;t=1")],
+            receipt_unix_ms: 1_700_000_000_000,
+            http_status: 200,
+        };
+        let read = stated_limit("stated_limit", &ok).expect("valid");
+        assert_eq!(read[0].name, "ratelimit", "names are the reader's own");
+        let cases: [(v1::StatedLimit, &str); 6] = [
+            (
+                v1::StatedLimit {
+                    fields: vec![],
+                    ..ok.clone()
+                },
+                "stated_limit.fields",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field("ratelimit", "x"); MAX_STATED_FIELDS + 1],
+                    ..ok.clone()
+                },
+                "stated_limit.fields",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field("x-secret-token", "x")],
+                    ..ok.clone()
+                },
+                "stated_limit.fields[0].name",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field("ratelimit", "a"), field("RATELIMIT", "b")],
+                    ..ok.clone()
+                },
+                "stated_limit.fields[1].name",
+            ),
+            (
+                v1::StatedLimit {
+                    fields: vec![field(
+                        "ratelimit",
+                        &"x".repeat(ratelimit::MAX_FIELD_BYTES + 1),
+                    )],
+                    ..ok.clone()
+                },
+                "stated_limit.fields[0].value",
+            ),
+            (
+                v1::StatedLimit {
+                    receipt_unix_ms: 0,
+                    ..ok.clone()
+                },
+                "stated_limit.receipt_unix_ms",
+            ),
+        ];
+        for (limit, named) in cases {
+            assert_eq!(
+                field_of(stated_limit("stated_limit", &limit).expect_err(named)),
+                named
+            );
+        }
+        let status = v1::StatedLimit {
+            http_status: 600,
+            ..ok
+        };
+        assert_eq!(
+            field_of(stated_limit("stated_limit", &status).expect_err("status")),
+            "stated_limit.http_status"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! The trait's operations are the state changes that must be atomic per
 //! scope — grant a lease (take tokens), release one, apply a worker's report
-//! (first attempts, successes and every hint merged into cooldowns), advance
+//! (first attempts, successes, every hint merged into cooldowns and the
+//! stated limit weighed into pacing), advance
 //! a slot cursor, freeze — so a shared store (Redis) makes each one atomic
 //! (a server-side script, or a decision made in Rust and written by
 //! compare-and-set) and replicas stay stateless. The decision math itself
@@ -185,6 +186,10 @@ pub struct ReportBatch<'a> {
     /// dev mode): where several may, corroboration needs workers of two
     /// ([`Reporter::tokens`](crate::hints::Reporter)).
     pub tokens: usize,
+    /// The limit the upstream last stated to the worker, read: weighed
+    /// into the route's pacing with the other workers' statements
+    /// ([`crate::pacing::stated`]) before the report's counts.
+    pub stated: Option<&'a crate::pacing::stated::Statement>,
 }
 
 /// The counts of a report that learned pacing takes into the window it
@@ -362,6 +367,9 @@ pub struct ScopeDetail {
     pub caller_evidence: EvidenceDetail,
     /// How fast the route's waiting intents are woken, and what was learned.
     pub pacing: PacingView,
+    /// The latest limits workers reported the upstream stated, oldest
+    /// first, whatever their verdict (bounded).
+    pub stated_recent: Vec<crate::pacing::stated::Statement>,
 }
 
 /// How full a store's bounded scope table is, for the `tollgate.scopes.*`

@@ -191,6 +191,7 @@ pub(crate) fn rate_limited_at(
             certainty: certainty.into(),
             ..v1::Evidence::default()
         }],
+        stated_limit: None,
     }
 }
 

@@ -41,6 +41,7 @@ use tollgate_client::gate::{Attempt, Gate, GateConfig, GateIntent, Reply};
 use tollgate_client::lease::{LeaseCache, LeaseCacheConfig};
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::outcome::Outcome;
+use tollgate_client::ratelimit::stated_fields;
 use tollgate_client::scope::Scope;
 use tollgate_proto::v1::admin_client::AdminClient;
 use tollgate_proto::v1::{self, Evidence, GetScopeRequest, ScopeCertainty, ScopeState};
@@ -406,9 +407,19 @@ struct CoordinatedWorker {
     scope: Scope,
     max_attempts: u32,
     attempt_timeout: Duration,
-    /// Reports [`LIE`] to the coordinator on every 429.
+    /// Reports [`LIE`] to the coordinator on every 429, and with
+    /// `--states-limit` [`STATED_LIE`] on every answer.
     liar: bool,
 }
+
+/// What a lying worker says the upstream stated: one request left of its
+/// quota for the next half minute. Consistent (no window for the reset to
+/// outlast), so it reads as usable and must be outweighed, not refused.
+const STATED_LIE: [(&str, &str); 3] = [
+    ("x-ratelimit-limit", "1000"),
+    ("x-ratelimit-remaining", "1"),
+    ("x-ratelimit-reset", "30"),
+];
 
 impl WorkerRunner for CoordinatedWorker {
     fn run_intent(self: Arc<Self>, io: IntentIo) -> IntentFuture {
@@ -443,13 +454,24 @@ impl CoordinatedWorker {
         let result = self
             .gate
             .run(intent, move |_attempt: Attempt| async move {
-                match io.send().await {
-                    Answer::Ok => Reply::new(Observation::http(200, None), ()),
+                let (answer, headers) = io.send_stated().await;
+                // What a layer reads off every response: the stated limit
+                // (a liar's, a tiny remaining, whenever one is stated).
+                let stated = if self.liar && !headers.is_empty() {
+                    stated_fields(STATED_LIE)
+                } else {
+                    stated_fields(headers.iter().map(|(n, v)| (*n, v.as_str())))
+                };
+                match answer {
+                    Answer::Ok => Reply::new(Observation::http(200, None).with_stated(stated), ()),
                     Answer::TooManyRequests { retry_after } => {
                         if self.liar {
                             self.lie(io.intent_id());
                         }
-                        Reply::new(Observation::http(429, Some(&retry_after)), ())
+                        Reply::new(
+                            Observation::http(429, Some(&retry_after)).with_stated(stated),
+                            (),
+                        )
                     }
                 }
             })

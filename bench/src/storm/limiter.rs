@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::StormConfig;
+use super::stated::QuotaState;
 
 /// Slack when a window's count is compared with its quota, both computed in
 /// f64 from decimal flags: 300/s × 0.1 s must hold 30 requests, not 29.
@@ -253,6 +254,65 @@ impl Limiter {
                         .free_at(quota - 1.0 + QUOTA_SLACK, cost)
                         .filter(|_| quota > 0.0)
                         .map(|at| at.saturating_sub(now)),
+                }
+            }
+        }
+    }
+
+    /// The quota as it stands at `now`, after the attempt offered then: what
+    /// the upstream states with `--states-limit` (`stated.rs` says what each
+    /// shape states).
+    pub(crate) fn quota_state(&self, now: Duration) -> QuotaState {
+        let config = &self.config;
+        let now = now.max(self.last);
+        let capacity = config.capacity_at(now);
+        let whole = |w: Duration| {
+            let s = w.as_secs_f64();
+            (s.fract() == 0.0 && s >= 1.0).then_some(s as u64)
+        };
+        let ceil_s = |d: Duration| (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1);
+        let floor = |x: f64| if x > 0.0 { x.floor() as u64 } else { 0 };
+        match &self.state {
+            State::Bucket(b) => {
+                let quota = capacity.ceil() as u64;
+                QuotaState {
+                    quota,
+                    window_s: Some(1),
+                    remaining: floor(bucket_at(config, b, now) + capacity).min(quota),
+                    reset_s: 1,
+                }
+            }
+            State::Fixed(f) => {
+                let q = quota(config, f.window, now);
+                let index = window_index(now, f.window);
+                let used = if index == f.index {
+                    f.served as f64 + self.reject_cost * f.refused as f64
+                } else {
+                    0.0
+                };
+                QuotaState {
+                    quota: floor(q + QUOTA_SLACK),
+                    window_s: whole(f.window),
+                    remaining: floor(q - used + QUOTA_SLACK).min(floor(q + QUOTA_SLACK)),
+                    reset_s: ceil_s(window_start(index + 1, f.window).saturating_sub(now)),
+                }
+            }
+            State::Sliding(s) => {
+                let q = quota(config, s.window, now);
+                let live = s.log.iter().skip_while(|e| e.at + s.window <= now);
+                let oldest = live.clone().next().map(|e| e.at + s.window);
+                let gone = s
+                    .log
+                    .iter()
+                    .take_while(|e| e.at + s.window <= now)
+                    .last()
+                    .map_or(s.gone, |e| (e.served, e.refused));
+                let weight = s.weight_after(gone, self.reject_cost);
+                QuotaState {
+                    quota: floor(q + QUOTA_SLACK),
+                    window_s: whole(s.window),
+                    remaining: floor(q - weight + QUOTA_SLACK).min(floor(q + QUOTA_SLACK)),
+                    reset_s: oldest.map_or(1, |at| ceil_s(at.saturating_sub(now))),
                 }
             }
         }

@@ -115,6 +115,17 @@ impl IntentIo {
         };
         self.upstream.call(truth).await
     }
+
+    /// [`send`](Self::send), with the header fields the upstream stated its
+    /// limit in (none unless `--states-limit`).
+    pub async fn send_stated(&self) -> (Answer, Vec<(&'static str, String)>) {
+        let truth = Truth {
+            deadline: self.deadline,
+            cancel_at: self.cancel_at,
+            token_cancelled: self.cancel.is_cancelled(),
+        };
+        self.upstream.call_stated(truth).await
+    }
 }
 
 /// The future of one intent: its outcome, in the engine's vocabulary.

@@ -82,6 +82,7 @@ use tokio::time::Instant;
 use tollgate_client::clock::Clock as _;
 
 use super::limiter::{Decision, Limiter};
+use super::stated;
 use super::wall::VirtualWall;
 use super::{HintStyle, StormConfig};
 
@@ -163,9 +164,20 @@ impl Upstream {
     /// time. Dropping the future after its first poll (a cancelled caller)
     /// does not undo the attempt: the upstream already has it.
     pub(crate) async fn call(&self, truth: Truth) -> Answer {
+        self.call_stated(truth).await.0
+    }
+
+    /// [`call`](Self::call), with the limit the upstream states on the
+    /// answer (`--states-limit`; empty when it states none).
+    pub(crate) async fn call_stated(&self, truth: Truth) -> (Answer, Vec<(&'static str, String)>) {
         let answer = self.offer(Instant::now(), truth);
+        let stated = self.config.states_limit.map_or_else(Vec::new, |style| {
+            let now = Instant::now() - self.start;
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            stated::headers(style, &state.limiter.quota_state(now))
+        });
         tokio::time::sleep(self.config.service_time).await;
-        answer
+        (answer, stated)
     }
 
     fn offer(&self, at: Instant, truth: Truth) -> Answer {

@@ -11,6 +11,7 @@ use crate::classify::{
 };
 use crate::hint::{HintReading, HintRules, read_pushback_ms, read_retry_after};
 use crate::outcome::{Outcome, ResponseStatus};
+use crate::ratelimit::StatedField;
 
 /// One response or transport outcome, as the driver saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +23,10 @@ pub struct Observation {
     /// The raw hint header: `Retry-After` for HTTP, `grpc-retry-pushback-ms`
     /// for gRPC. Read by [`crate::hint`] at receipt, never here.
     pub hint: Option<String>,
+    /// The limit the response stated (`RateLimit`, `X-RateLimit-*`), raw, on
+    /// any status: evidence the worker reports for the fleet's pacing. No
+    /// step of the decision order reads it.
+    pub stated: Vec<StatedField>,
 }
 
 impl Observation {
@@ -31,6 +36,7 @@ impl Observation {
             status: ResponseStatus::Http(status),
             classification: classify_http(status),
             hint: retry_after.map(str::to_owned),
+            stated: Vec::new(),
         }
     }
 
@@ -40,6 +46,7 @@ impl Observation {
             status: ResponseStatus::Grpc(code),
             classification: classify_grpc(code, sent),
             hint: pushback_ms.map(str::to_owned),
+            stated: Vec::new(),
         }
     }
 
@@ -49,7 +56,14 @@ impl Observation {
             status: ResponseStatus::Transport(failure),
             classification: classify_transport(failure),
             hint: None,
+            stated: Vec::new(),
         }
+    }
+
+    /// The same observation with the limit the response stated
+    /// ([`crate::ratelimit::stated_fields`]).
+    pub fn with_stated(self, stated: Vec<StatedField>) -> Self {
+        Observation { stated, ..self }
     }
 
     /// The same observation under another classification (an operator's

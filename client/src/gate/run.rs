@@ -277,11 +277,17 @@ impl<'g> Run<'g> {
         }
     }
 
-    /// Reports the reply to the fleet: successes (a retry's success earns
-    /// its leased token back), throttling evidence (raw hint, send and
-    /// receipt wall times), and every other answer to the adaptive throttle.
+    /// Reports the reply to the fleet: the limit it stated, successes (a
+    /// retry's success earns its leased token back), throttling evidence
+    /// (raw hint, send and receipt wall times), and every other answer to
+    /// the adaptive throttle.
     fn report(&self, observation: &Observation, sent_wall: SystemTime) {
         let cache = &self.gate.inner.cache;
+        if let Some(stated) = wire::stated_limit(observation, self.gate.inner.clock.now()) {
+            // On every response, success or refusal: a quota stated before
+            // it runs out is what lets the fleet never run it out.
+            cache.record_stated(&self.scope, stated);
+        }
         match observation.classification.class {
             ResponseClass::Success => {
                 cache.record_success(&self.scope);

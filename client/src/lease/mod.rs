@@ -24,7 +24,8 @@
 //! it holds anything to give back.
 //!
 //! # Reports
-//! First attempts, successes, rejections and rate-limit evidence are counted locally and
+//! First attempts, successes, rejections and rate-limit evidence are counted locally, the
+//! latest stated limit (`RateLimit`, `X-RateLimit-*`, from any response) is kept, and all
 //! sent in one `Report` per scope at the next [`LeaseCacheConfig::report_interval`] tick.
 //! While the coordinator says the scope is calm ([`ScopeView::counts_hold`]) and no
 //! cooldown is in force, a report of counts alone waits for the last tick of the
@@ -53,7 +54,7 @@ use rand::{RngExt, SeedableRng};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tollgate_proto::v1::{Evidence, RetryClass};
+use tollgate_proto::v1::{Evidence, RetryClass, StatedLimit};
 
 use crate::clock::{Clock, from_unix_ms, to_unix_ms};
 use crate::fallback::{AdaptiveThrottle, LocalBudget, LocalPacer, Pace};
@@ -302,6 +303,10 @@ pub(crate) struct PendingReport {
     /// capacity from how many were refused, not from the sample.
     pub(crate) rejections: u32,
     pub(crate) evidence: Vec<Evidence>,
+    /// The latest limit the upstream stated on the scope: one per report is
+    /// enough, since the latest is what paces the fleet, so a busy scope
+    /// sends one statement a report, not one per response.
+    pub(crate) stated: Option<StatedLimit>,
     /// When the oldest count or evidence in it was made: a report held back
     /// while the coordinator was out of reach tells its age, so learned
     /// pacing does not read a backlog of counts as this second's traffic.
@@ -326,6 +331,19 @@ impl PendingReport {
         for item in other.evidence {
             self.push_evidence(item);
         }
+        self.keep_latest_stated(other.stated);
+    }
+
+    /// Keeps the statement received last.
+    fn keep_latest_stated(&mut self, stated: Option<StatedLimit>) {
+        let newer = match (&self.stated, &stated) {
+            (Some(held), Some(new)) => new.receipt_unix_ms >= held.receipt_unix_ms,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if newer {
+            self.stated = stated;
+        }
     }
 
     /// Keeps the newest evidence: it carries the latest hint.
@@ -341,6 +359,7 @@ impl PendingReport {
             && self.successes == 0
             && self.rejections == 0
             && self.evidence.is_empty()
+            && self.stated.is_none()
     }
 }
 
@@ -672,6 +691,13 @@ impl LeaseCache {
                 r.origin = origin;
             }
         });
+    }
+
+    /// Keeps the limit a response on `scope` stated, for the next report
+    /// (the latest replaces any held). Like counts, it may wait for the
+    /// window's last report while the scope is calm.
+    pub fn record_stated(&self, scope: &Scope, stated: StatedLimit) {
+        self.with_report(scope, |r| r.keep_latest_stated(Some(stated)));
     }
 
     /// Feeds the adaptive throttle: `accepted` is false for overload answers.

@@ -83,3 +83,28 @@ fn a_retired_lease_is_released_once_its_refund_settles() {
         "every spent token refunded: nothing more can come"
     );
 }
+
+#[test]
+fn a_report_keeps_the_latest_stated_limit_only() {
+    let stated = |receipt_unix_ms| tollgate_proto::v1::StatedLimit {
+        receipt_unix_ms,
+        ..tollgate_proto::v1::StatedLimit::default()
+    };
+    let mut report = PendingReport::default();
+    report.keep_latest_stated(Some(stated(2_000)));
+    report.keep_latest_stated(Some(stated(1_000)));
+    assert_eq!(
+        report.stated.as_ref().map(|s| s.receipt_unix_ms),
+        Some(2_000)
+    );
+    assert!(!report.is_empty(), "a statement alone is worth a report");
+    // A report merged back after a failed send keeps the newer statement.
+    report.merge(PendingReport {
+        stated: Some(stated(3_000)),
+        ..PendingReport::default()
+    });
+    assert_eq!(
+        report.stated.as_ref().map(|s| s.receipt_unix_ms),
+        Some(3_000)
+    );
+}

@@ -66,7 +66,7 @@ const X_RATE_LIMIT: XNames = XNames {
 
 /// Every field name read, in preference order: the draft's two, then each
 /// `X-…` family's four. Its index is the field's slot while collecting.
-const FIELDS: [&str; 10] = [
+pub(super) const FIELDS: [&str; 10] = [
     RATELIMIT_POLICY,
     RATELIMIT,
     X_RATELIMIT.limit,

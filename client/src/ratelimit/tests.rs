@@ -1016,3 +1016,35 @@ proptest! {
         prop_assert_eq!(limits.current[0].reset, reset(ahead, ResetForm::Epoch));
     }
 }
+
+#[test]
+fn stated_fields_are_collected_joined_and_a_long_one_reads_as_too_long() {
+    let fields = stated_fields([
+        ("RateLimit", "\"a\";r=1;t=1"),
+        ("content-type", "text/plain"),
+        ("ratelimit", "\"b\";r=2;t=1"),
+        ("X-RateLimit-Remaining", "7"),
+    ]);
+    let names: Vec<_> = fields.iter().map(|f| (f.name, f.value.as_str())).collect();
+    assert_eq!(
+        names,
+        [
+            ("ratelimit", "\"a\";r=1;t=1, \"b\";r=2;t=1"),
+            ("x-ratelimit-remaining", "7")
+        ]
+    );
+    // Cut to the bound and flagged: read back, it is too long, never the
+    // part kept (a cut `q=1000` would read as `q=10`).
+    let long = format!("\"d\";r=1;t=1, {}", "\"x\";r=1".repeat(400));
+    let fields = stated_fields([("ratelimit", long.as_str())]);
+    assert!(fields[0].truncated);
+    assert_eq!(fields[0].value.len(), MAX_FIELD_BYTES);
+    let reading = read_stated_fields(&fields, SystemTime::UNIX_EPOCH, RateLimitRules::default());
+    assert!(matches!(
+        reading.verdict,
+        RateLimitVerdict::Invalid {
+            why: InvalidStatement::TooLong,
+            ..
+        }
+    ));
+}

@@ -22,6 +22,9 @@ pub struct Column {
     pub width: u16,
     /// The cell for a row at the model's now (Unix ms), for countdowns.
     pub cell: fn(&ScopeRow, i64) -> String,
+    /// Shown only when some row's cell says something (is not `-`): a
+    /// field most scopes lack does not take the scope name's room.
+    pub optional: bool,
 }
 
 /// The columns, left to right; one line each: a new `GetScope` field is one
@@ -34,6 +37,12 @@ pub const COLUMNS: &[Column] = &[
     col("LEFT C/N/B", 14, |r, _| budget_left(&r.state)),
     col("WAITING", 7, |r, _| r.state.slot_backlog.to_string()),
     col("WAKE/s", 12, |r, _| pacing(r, wake)),
+    Column {
+        optional: true,
+        ..col("STATED LEFT/RESET", 21, |r, now| {
+            pacing(r, |p| stated(p, now))
+        })
+    },
     col("LEASES", 6, |r, _| r.state.leases_outstanding.to_string()),
     col("FROZEN", 11, frozen),
     col("VER", 4, |r, _| r.state.policy_version.to_string()),
@@ -46,10 +55,30 @@ fn wake(p: &v1::PacingState) -> String {
         "backing_off" => "backoff",
         "penalty_extending" => "penalty",
         "known_limit" => "limit",
+        "stated_limit" => "stated",
         "saturated" => "sat",
         other => other,
     };
     format!("{state} {:.0}", p.wake_rate)
+}
+
+/// The upstream's stated limit in a few cells: the remaining quota of the
+/// binding limit, the time to its reset, and the pace it sets; `-` when
+/// nothing is stated or it expired.
+fn stated(p: &v1::PacingState, now: i64) -> String {
+    match p.stated.as_ref() {
+        Some(s) if matches!(s.state.as_str(), "corroborated" | "uncorroborated") => {
+            let mark = if s.state == "corroborated" { "" } else { "?" };
+            format!(
+                "{}/{} {} {:.0}{mark}",
+                s.remaining,
+                s.limit,
+                countdown((s.reset_unix_ms - now).max(0)),
+                s.pace
+            )
+        }
+        _ => "-".to_owned(),
+    }
 }
 
 /// A pacing cell, `-` for a scope the coordinator holds nothing for.
@@ -59,7 +88,12 @@ fn pacing(r: &ScopeRow, cell: impl Fn(&v1::PacingState) -> String) -> String {
 
 /// A [`Column`], short enough that rustfmt keeps each on one line.
 const fn col(title: &'static str, width: u16, cell: fn(&ScopeRow, i64) -> String) -> Column {
-    Column { title, width, cell }
+    Column {
+        title,
+        width,
+        cell,
+        optional: false,
+    }
 }
 
 /// The whole screen, as a widget.
@@ -97,21 +131,25 @@ impl Widget for Screen<'_> {
 
         let now = m.now_ms();
         let selected = m.selection().map(|r| r.name());
+        let columns: Vec<&Column> = COLUMNS
+            .iter()
+            .filter(|c| !c.optional || rows.iter().any(|r| (c.cell)(r, now) != "-"))
+            .collect();
         let body = rows.iter().map(|r| {
-            let row = Row::new(COLUMNS.iter().map(|c| Cell::from((c.cell)(r, now))));
+            let row = Row::new(columns.iter().map(|c| Cell::from((c.cell)(r, now))));
             if selected.as_ref() == Some(&r.name()) {
                 row.style(Style::new().add_modifier(Modifier::REVERSED))
             } else {
                 row
             }
         });
-        let widths = COLUMNS.iter().map(|c| match c.width {
+        let widths = columns.iter().map(|c| match c.width {
             0 => Constraint::Min(20),
             w => Constraint::Length(w),
         });
         Table::new(body, widths)
             .header(
-                Row::new(COLUMNS.iter().map(|c| c.title))
+                Row::new(columns.iter().map(|c| c.title))
                     .style(Style::new().add_modifier(Modifier::UNDERLINED)),
             )
             .column_spacing(2)

@@ -56,6 +56,7 @@ pub(super) async fn deposit(
         hints: &[],
         now_ms,
         tokens: 1,
+        stated: None,
     };
     s.report(key, batch, p).await.map(drop)
 }
@@ -88,6 +89,7 @@ pub(super) async fn merge(
         hints: &hints,
         now_ms: T0,
         tokens: 1,
+        stated: None,
     };
     let reported = s.report(&key, batch, p).await.expect("report");
     reported.merges[0]

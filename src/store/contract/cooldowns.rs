@@ -131,6 +131,7 @@ pub(crate) async fn one_report_deposits_and_merges_every_hint_in_order(s: &dyn S
         hints: &hints,
         now_ms: T0,
         tokens: 1,
+        stated: None,
     };
     let reported = s.report(&key, batch, &p).await.expect("report");
     let merges: Vec<(bool, i64)> = reported

@@ -25,6 +25,7 @@ pub(super) async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
             hints: &[],
             now_ms: T0,
             tokens: 1,
+            stated: None,
         };
         s.report(&key(), batch, p).await.expect("deposit");
     }
@@ -64,6 +65,7 @@ async fn report_refusal(
         hints: &hints,
         now_ms,
         tokens: 1,
+        stated: None,
     };
     s.report(&key(), batch, p).await.expect("report").merges[0]
 }
@@ -293,6 +295,7 @@ pub(crate) async fn a_worker_back_after_the_window_counts_among_the_active(s: &d
         hints: &[],
         now_ms,
         tokens: 1,
+        stated: None,
     };
     s.report(&key(), quiet("back", long_ago), &p)
         .await

@@ -49,6 +49,7 @@ async fn report(
         hints: &hints,
         now_ms,
         tokens: 1,
+        stated: None,
     };
     s.report(&key(), batch, p).await.expect("report")
 }
@@ -307,6 +308,7 @@ pub(crate) async fn one_workers_claim_is_not_a_corroborated_cooldown(s: &dyn Sto
             hints: &hints,
             now_ms: T0,
             tokens: 1,
+            stated: None,
         };
         s.report(&key(), batch, p).await.expect("report")
     };
@@ -335,6 +337,7 @@ pub(crate) async fn a_report_held_back_for_seconds_counts_only_its_share_in_the_
             hints: &[],
             now_ms: T0 + 250,
             tokens: 1,
+            stated: None,
         };
         s.report(&scope("c", route), batch, &p)
             .await

@@ -723,6 +723,10 @@ impl Store for MemoryStore {
                 route_evidence: state.hints().evidence(now_ms),
                 caller_evidence,
                 pacing: state.pacing_view(now_ms, &policy.pacing),
+                stated_recent: state
+                    .pacing()
+                    .map(|p| p.stated_recent().cloned().collect())
+                    .unwrap_or_default(),
             }
         });
         Box::pin(ready(Ok(detail)))
@@ -890,6 +894,7 @@ mod tests {
             hints: &hints,
             now_ms,
             tokens: 1,
+            stated: None,
         };
         s.report_as(tenant, key, batch, &p).await
     }
@@ -1015,6 +1020,7 @@ mod tests {
             hints: &[],
             now_ms,
             tokens: 1,
+            stated: None,
         };
         s.report_as(who, key, batch, &Policy::default())
             .await

@@ -94,6 +94,10 @@ impl MemoryStore {
         let (pacing, pacing_was) = self.with_route(&route, tenant.owner, now_ms, |state| {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);
             let was = pacing.mode();
+            if let Some(statement) = report.stated {
+                let weighing = crate::hints::stated::weighing(policy, active);
+                pacing.observe_statement(statement.clone(), weighing, now_ms, &policy.pacing);
+            }
             pacing.observe(&observation, &policy.pacing);
             (state.pacing_view(now_ms, &policy.pacing), was)
         })?;

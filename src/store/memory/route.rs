@@ -277,6 +277,11 @@ impl RouteState {
             .get_or_insert_with(|| Box::new(PacingState::new(now_ms, policy)))
     }
 
+    /// The route's pacing state, if it has one.
+    pub(super) fn pacing(&self) -> Option<&PacingState> {
+        self.pacing.as_deref()
+    }
+
     /// What an operator sees of the route's pacing at `now_ms`, read from a
     /// copy so looking changes nothing.
     pub(super) fn pacing_view(&self, now_ms: i64, policy: &PacingPolicy) -> PacingView {

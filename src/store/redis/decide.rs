@@ -16,6 +16,7 @@
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::hints::HintState;
+use crate::pacing::stated::{Statement, Weighing};
 use crate::pacing::{Observation, PacingPolicy, PacingState};
 use crate::policy::Policy;
 use crate::scope::RouteKey;
@@ -49,6 +50,13 @@ impl Turns {
         let hash = foldhash::fast::FixedState::default().hash_one(route_key);
         self.0[(hash % 256) as usize].lock().await
     }
+}
+
+/// What one report gives a route's pacing: its counts, and the worker's
+/// statement of the upstream's limit with how it is weighed.
+pub(super) struct PacingInput<'a> {
+    pub(super) observation: &'a Observation<'a>,
+    pub(super) stated: Option<(&'a Statement, Weighing)>,
 }
 
 /// The pacing state stored as `bytes` (none yet: a new one at `now_ms`).
@@ -161,22 +169,30 @@ impl RedisStore {
         Err(contended())
     }
 
-    /// Takes a report's counts into the route's pacing, from the state
-    /// `report.lua` read (`version`, `stored`), and has `pace_commit`
-    /// write the result. Returns the view after it and the mode before.
+    /// Takes a report's statement (weighed) and counts into the route's
+    /// pacing, from the state `report.lua` read (`version`, `stored`), and
+    /// has `pace_commit` write the result. Returns the view after it and
+    /// the mode before.
     pub(super) async fn observe_pacing(
         &self,
         route_key: &str,
-        observation: &Observation<'_>,
+        input: PacingInput<'_>,
         mut version: i64,
         mut stored: Option<Vec<u8>>,
         asking: usize,
         policy: &PacingPolicy,
     ) -> Result<(crate::pacing::PacingView, crate::pacing::Mode), StoreError> {
+        let PacingInput {
+            observation,
+            stated,
+        } = input;
         let now = observation.now_ms;
         for _ in 0..MAX_ROUNDS {
             let mut pacing = stored_pacing(stored.as_deref(), now, policy)?;
             let was = pacing.mode();
+            if let Some((statement, weighing)) = stated {
+                pacing.observe_statement(statement.clone(), weighing, now, policy);
+            }
             pacing.observe(observation, policy);
             let encoded = pacing.encode();
             let seen = (pacing_view(pacing, asking, now, policy), was);

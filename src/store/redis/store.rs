@@ -20,7 +20,9 @@ use crate::store::{
 };
 
 use super::connection::{Conn, RedisTarget, run_on};
-use super::decide::{Level, RouteRead, Turns, pacing_view, stored_hints, stored_pacing};
+use super::decide::{
+    Level, PacingInput, RouteRead, Turns, pacing_view, stored_hints, stored_pacing,
+};
 use super::queue::{LeaseQueue, Queued};
 use super::reply::{Reply, count, lease_outcome, summary_of, unsigned, view_at};
 use super::scripts::SCRIPTS;
@@ -196,6 +198,7 @@ impl RedisStore {
             leases_outstanding: summary.leases_outstanding,
             tokens_outstanding: unsigned(r.int(22)?),
         };
+        let stored = stored_pacing(r.bytes(24), now_ms, &policy.pacing)?;
         Ok(Some(ScopeDetail {
             summary,
             budget,
@@ -206,12 +209,8 @@ impl RedisStore {
             caller_hints: caller.recent.iter().cloned().collect(),
             route_evidence: hints.evidence(now_ms),
             caller_evidence: caller.evidence(now_ms),
-            pacing: pacing_view(
-                stored_pacing(r.bytes(24), now_ms, &policy.pacing)?,
-                count(r.int(23)?),
-                now_ms,
-                &policy.pacing,
-            ),
+            stated_recent: stored.stated_recent().cloned().collect(),
+            pacing: pacing_view(stored, count(r.int(23)?), now_ms, &policy.pacing),
         }))
     }
 
@@ -351,7 +350,10 @@ impl RedisStore {
             .arg(scope.priority.index() + 1)
             .arg(report.first_attempts)
             .arg(policy.window_secs)
-            .arg(u8::from(!report.hints.is_empty()));
+            // Hints and statements are weighed against the active workers.
+            .arg(u8::from(
+                !report.hints.is_empty() || report.stated.is_some(),
+            ));
         let reply = Reply::ok(self.run(&inv).await?)?;
         let reporter = Reporter {
             worker_id: report.worker_id,
@@ -452,7 +454,12 @@ impl RedisStore {
         let (pacing, pacing_was) = self
             .observe_pacing(
                 &route_key,
-                &observation,
+                PacingInput {
+                    observation: &observation,
+                    stated: report
+                        .stated
+                        .map(|s| (s, crate::hints::stated::weighing(policy, reporter.active))),
+                },
                 route.pacing_version,
                 route.pacing,
                 route.asking,

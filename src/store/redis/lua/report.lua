@@ -5,7 +5,7 @@
 -- KEYS: route [, caller] (one node: the caller scope's hints are read in
 -- the same call). ARGV: now, idle_ms, worker, class (1..3), first
 -- attempts, window seconds, 1 to count the route's active workers (a hint
--- is judged against them).
+-- or a stated limit is judged against them).
 -- Reply: 'ok', active workers, then route_state_out, then the caller
 -- scope's hints version and bytes (0, false: none or not given).
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])

@@ -1,0 +1,213 @@
+//! The weighing of stated limits on a virtual clock: corroboration, the
+//! cap on one worker's claim, expiry, and the hook into the target.
+
+use super::*;
+use crate::pacing::{Mode, PacingPolicy, PacingState};
+
+const T0: i64 = 1_700_000_000_000;
+
+/// A usable statement by `worker` at `at`: `remaining` of `quota` per
+/// second, resetting in `reset_ms`.
+fn said(worker: &str, at: i64, quota: i64, remaining: i64, reset_ms: i64) -> Statement {
+    Statement {
+        worker: worker.to_owned(),
+        received_ms: at,
+        verdict: StatedVerdict::Usable,
+        raw: format!("ratelimit: r={remaining}"),
+        quota,
+        window_ms: 1000,
+        remaining,
+        reset_ms,
+        pace_m: Statement::pace_of(quota, 1000, remaining, reset_ms),
+    }
+}
+
+fn weighing(needed: i64) -> Weighing {
+    Weighing {
+        needed,
+        cap_ms: 10_000,
+    }
+}
+
+#[test]
+fn the_pace_spreads_what_remains_and_never_passes_the_rate() {
+    // 10 000 a minute, 3 000 left, 31 s stated (30 to 31 s to go): 100/s.
+    assert_eq!(
+        Statement::pace_of(10_000, 60_000, 3_000, 31_000),
+        Some(100_000)
+    );
+    // 9 000 left with 31 s stated would be 300/s: the rate caps it.
+    assert_eq!(
+        Statement::pace_of(10_000, 60_000, 9_000, 31_000),
+        Some(166_666)
+    );
+    // A reset within the next second: the window's rate, unless nothing is
+    // left.
+    assert_eq!(Statement::pace_of(1000, 1000, 5, 1000), Some(1_000_000));
+    assert_eq!(Statement::pace_of(1000, 1000, 0, 1000), Some(0));
+    // Nothing says how fast.
+    assert_eq!(Statement::pace_of(1000, 0, 100, 0), None);
+    assert_eq!(Statement::pace_of(0, 0, 100, 1000), None);
+}
+
+#[test]
+fn enough_workers_set_the_pace_less_the_margin() {
+    let mut st = StatedState::default();
+    for (i, w) in ["a", "b", "c"].iter().enumerate() {
+        st.record(said(w, T0 + i as i64, 1000, 500, 1000), weighing(2), T0);
+    }
+    let (target, view) = st.target(50_000, 30, T0 + 10);
+    assert_eq!(view.in_force, InForce::Corroborated);
+    assert_eq!(
+        target, 970_000,
+        "the stated pace replaces a lower learned one"
+    );
+}
+
+#[test]
+fn one_liar_among_honest_workers_changes_nothing() {
+    let honest = |st: &mut StatedState| {
+        for w in ["a", "b", "c", "d"] {
+            st.record(said(w, T0, 1000, 500, 1000), weighing(2), T0);
+        }
+    };
+    let mut alone = StatedState::default();
+    honest(&mut alone);
+    let mut lied_low = alone.clone();
+    lied_low.record(said("liar", T0, 1000, 1, 86_000_000), weighing(2), T0);
+    let mut lied_high = alone.clone();
+    lied_high.record(
+        said("liar", T0, 1_000_000, 1_000_000, 1000),
+        weighing(2),
+        T0,
+    );
+    let expected = alone.target(800_000, 30, T0 + 1).0;
+    assert_eq!(lied_low.target(800_000, 30, T0 + 1).0, expected);
+    assert_eq!(lied_high.target(800_000, 30, T0 + 1).0, expected);
+}
+
+#[test]
+fn an_uncorroborated_statement_only_slows_and_only_for_the_cap() {
+    let mut st = StatedState::default();
+    // One worker of a fleet that needs two: its high pace does not raise
+    // the learned target.
+    st.record(said("a", T0, 5000, 5000, 1000), weighing(2), T0);
+    let (target, view) = st.target(800_000, 30, T0 + 1);
+    assert_eq!(view.in_force, InForce::Uncorroborated);
+    assert_eq!(target, 800_000);
+    // Its low pace does, for as long as the cap from its streak's start,
+    // however often it repeats it.
+    let mut liar = StatedState::default();
+    for s in 0..20 {
+        let at = T0 + s * 1000;
+        liar.record(said("liar", at, 1000, 1, 2000), weighing(2), at);
+        let (target, _) = liar.target(800_000, 0, at);
+        if s * 1000 < 10_000 {
+            assert_eq!(target, 1_000, "second {s}");
+        } else {
+            assert_eq!(target, 800_000, "second {s}: past the cap");
+        }
+    }
+}
+
+#[test]
+fn a_statement_that_stops_arriving_expires() {
+    let mut st = StatedState::default();
+    for w in ["a", "b"] {
+        st.record(said(w, T0, 1000, 500, 1000), weighing(2), T0);
+    }
+    assert_eq!(
+        st.target(1, 0, T0 + STATED_HOLD_MS - 1).1.in_force,
+        InForce::Corroborated
+    );
+    let (target, view) = st.target(123_000, 0, T0 + STATED_HOLD_MS);
+    assert_eq!(view.in_force, InForce::Expired);
+    assert_eq!(target, 123_000);
+}
+
+#[test]
+fn a_bad_verdict_is_evidence_and_withdraws_the_claim() {
+    let mut st = StatedState::default();
+    st.record(said("a", T0, 1000, 500, 1000), weighing(1), T0);
+    assert_eq!(st.target(1, 0, T0).1.in_force, InForce::Corroborated);
+    let bad = Statement {
+        worker: "a".to_owned(),
+        received_ms: T0 + 100,
+        verdict: StatedVerdict::Absurd,
+        raw: "x-ratelimit-reset: 99999999999".to_owned(),
+        ..Statement::default()
+    };
+    st.record(bad, weighing(1), T0 + 100);
+    assert_eq!(st.target(7_000, 0, T0 + 200), (7_000, st.view(0, T0 + 200)));
+    assert_eq!(st.view(0, T0 + 200).in_force, InForce::Expired);
+    let kept: Vec<_> = st.recent().map(|s| s.verdict).collect();
+    assert_eq!(kept, [StatedVerdict::Usable, StatedVerdict::Absurd]);
+}
+
+#[test]
+fn a_corroborated_statement_paces_every_attempt_from_the_start() {
+    let p = PacingPolicy::default();
+    let mut st = PacingState::new(T0, &p);
+    assert_eq!(st.wake_rate_m(), p.floor_m);
+    for w in ["a", "b"] {
+        st.observe_statement(said(w, T0, 1000, 1000, 1000), weighing(2), T0, &p);
+    }
+    assert_eq!(st.mode(), Mode::Stated);
+    // No search: the whole fleet's rate is the stated one less the margin.
+    assert_eq!(st.wake_rate_m(), 970_000);
+    let view = st.view(0, T0);
+    assert_eq!(view.stated.pace_m, 970_000);
+    assert_eq!(view.stated.workers, 2);
+    // First attempts take their part of it; once they alone reach it, every
+    // attempt waits for a slot.
+    // (The first-attempt rate is a moving average, a quarter a window.)
+    for s in 0..16 {
+        let at = T0 + s * 1000;
+        for w in ["a", "b"] {
+            st.observe_statement(said(w, at, 1000, 1000, 1000), weighing(2), at, &p);
+        }
+        st.observe(
+            &crate::pacing::Observation {
+                now_ms: at,
+                first_attempts: if s < 2 { 400 } else { 1000 },
+                successes: 400,
+                ..crate::pacing::Observation::default()
+            },
+            &p,
+        );
+        if s == 1 {
+            st.advance(at + 999, &p);
+            assert_eq!(
+                st.wake_rate_m(),
+                570_000,
+                "the pace less 400/s of first attempts"
+            );
+        }
+    }
+    st.advance(T0 + 16_000, &p);
+    assert_eq!(st.mode(), Mode::Saturated);
+    assert!(crate::pacing::holds_first_attempts(
+        true,
+        st.mode(),
+        false,
+        0,
+        0,
+        T0
+    ));
+    assert_eq!(st.wake_rate_m(), 970_000, "every attempt at the pace");
+    // It stops arriving: learned pacing again.
+    let gone = T0 + 15_000 + STATED_HOLD_MS;
+    st.advance(gone, &p);
+    assert_ne!(st.mode(), Mode::Stated);
+    assert_eq!(st.view(0, gone).stated.in_force, InForce::Expired);
+}
+
+#[test]
+fn the_state_round_trips_through_the_store_encoding() {
+    let p = PacingPolicy::default();
+    let mut st = PacingState::new(T0, &p);
+    for w in ["a", "b", "c"] {
+        st.observe_statement(said(w, T0, 1000, 400, 700), weighing(2), T0, &p);
+    }
+    assert_eq!(PacingState::decode(&st.encode()), Ok(st));
+}
