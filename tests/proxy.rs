@@ -26,8 +26,11 @@ use tollgate_proto::v1::{self, admin_client::AdminClient};
 
 #[path = "support/process.rs"]
 mod process;
+#[path = "support/tls.rs"]
+mod tls;
 
 use process::{BIN, Launched, Served, launch, logged_address, refusing_address, temp_dir};
+use tls::Ca;
 
 /// The penalty the upstream's limiter imposes, and the `Retry-After` it
 /// sends with it.
@@ -66,6 +69,8 @@ struct Limiter {
 #[derive(Clone)]
 struct Upstream {
     addr: SocketAddr,
+    /// `https` when it serves TLS.
+    scheme: &'static str,
     hits: Arc<Mutex<Vec<Hit>>>,
     limiter: Arc<Mutex<Limiter>>,
     /// When the limiter last started a penalty.
@@ -73,13 +78,44 @@ struct Upstream {
 }
 
 impl Upstream {
-    /// Serves on `127.0.0.1:0` until the test's runtime ends.
+    /// Serves plaintext on `127.0.0.1:0` until the test's runtime ends.
     async fn start(limit: u32) -> Upstream {
+        Upstream::serve(limit, None).await
+    }
+
+    /// Serves TLS, with a certificate for `127.0.0.1` that `ca` signs and
+    /// HTTP/2 offered by ALPN, as a public API does.
+    async fn start_tls(limit: u32, ca: &Ca) -> Upstream {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let (cert, key) = ca.leaf(&["127.0.0.1"]);
+        let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("certificate");
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Upstream::serve(
+            limit,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        )
+        .await
+    }
+
+    async fn serve(limit: u32, tls: Option<tokio_rustls::TlsAcceptor>) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind upstream");
         let upstream = Upstream {
             addr: listener.local_addr().expect("addr"),
+            scheme: if tls.is_some() { "https" } else { "http" },
             hits: Arc::default(),
             limiter: Arc::new(Mutex::new(Limiter {
                 limit,
@@ -95,24 +131,39 @@ impl Upstream {
                     continue;
                 };
                 let upstream = serving.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
-                        let upstream = upstream.clone();
-                        async move { Ok::<_, Infallible>(upstream.answer(request).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                    match tls {
+                        None => upstream.connection(stream).await,
+                        // A handshake the proxy refuses ends here: no
+                        // request of it is ever a hit.
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                upstream.connection(stream).await;
+                            }
+                        }
+                    }
                 });
             }
         });
         upstream
     }
 
+    async fn connection<IO>(self, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |request| {
+            let upstream = self.clone();
+            async move { Ok::<_, Infallible>(upstream.answer(request).await) }
+        });
+        let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(TokioIo::new(io), service)
+            .await;
+    }
+
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     fn hits(&self) -> Vec<Hit> {
@@ -426,9 +477,20 @@ async fn cooldown(coordinator: &Served, route: &str) -> i64 {
 
 /// The same, asked with an admin token.
 async fn cooldown_as(coordinator: &Served, route: &str, admin_token: Option<&str>) -> i64 {
-    let Ok(mut admin) = AdminClient::connect(coordinator.url()).await else {
+    let endpoint = tonic::transport::Endpoint::from_shared(coordinator.url()).expect("endpoint");
+    cooldown_at(endpoint, route, admin_token).await
+}
+
+/// The same, asked at `endpoint` (which may speak TLS).
+async fn cooldown_at(
+    endpoint: tonic::transport::Endpoint,
+    route: &str,
+    admin_token: Option<&str>,
+) -> i64 {
+    let Ok(channel) = endpoint.connect().await else {
         return 0;
     };
+    let mut admin = AdminClient::new(channel);
     let mut request = tonic::Request::new(v1::GetScopeRequest {
         caller_scope: "fleet".into(),
         route: route.into(),
@@ -937,5 +999,141 @@ async fn the_coordinator_link_uses_the_token_file() {
             );
         }
         drop(proxy);
+    }
+}
+
+/// An HTTPS upstream is reached through a listener given the CA its
+/// certificate chains to (HTTP/2 negotiated by ALPN); the same upstream
+/// behind a listener trusting another CA is never sent a request: the
+/// service gets a `502` saying why, and the proxy logs the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_reached_with_its_ca_and_refused_with_another() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("upstream-tls");
+    let coordinator = coordinator(&dir);
+    let ca = Ca::new("upstream CA");
+    let upstream = Upstream::start_tls(100, &ca).await;
+    let trusted = dir.join("upstream-ca.pem");
+    std::fs::write(&trusted, &ca.pem).expect("CA file");
+    let stranger = dir.join("stranger-ca.pem");
+    std::fs::write(&stranger, Ca::new("someone else").pem).expect("CA file");
+    let ca_file = |path: &Path| format!("upstream_ca_file = \"{}\"", path.display());
+
+    let mut proxy = Proxy::start(
+        &dir,
+        "trusting",
+        &coordinator.url(),
+        &upstream.url(),
+        &ca_file(&trusted),
+    );
+    let answer = curl(&[&proxy.url("/ok")]).await;
+    assert_eq!(answer.status, 200, "{answer:?}\n{}", proxy.log());
+    assert_eq!(answer.header("tollgate-outcome"), "succeeded");
+    assert_eq!(upstream.hits()[0].version, "HTTP/2.0", "h2 by ALPN");
+
+    let mut wrong = Proxy::start(
+        &dir,
+        "stranger",
+        &coordinator.url(),
+        &upstream.url(),
+        &ca_file(&stranger),
+    );
+    let refused = curl(&["-H", "request-timeout: 3", &wrong.url("/ok")]).await;
+    let log = wrong.log();
+    assert_eq!(refused.status, 502, "{refused:?}\n{log}");
+    assert_eq!(
+        upstream.count("/ok"),
+        1,
+        "no request crossed a refused handshake"
+    );
+    let cause =
+        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer).to_string();
+    let line = log
+        .lines()
+        .find(|l| l.contains("upstream unreachable"))
+        .unwrap_or_else(|| panic!("no log line for the 502:\n{log}"));
+    assert!(
+        line.contains(&cause),
+        "the line names the cause ({cause}): {line}"
+    );
+    assert!(line.contains("listener=api"), "{line}");
+}
+
+/// The coordinator link over TLS, verified against `ca_file`: the proxy's
+/// report reaches a coordinator whose certificate that CA signed (the 429
+/// it saw becomes the scope's cooldown); a proxy given another CA reaches
+/// nothing, serves on its local budget and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_link_verifies_tls_with_its_ca_file() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("link-tls");
+    let ca = Ca::new("coordinator CA");
+    let (cert, key) = ca.leaf(&["127.0.0.1"]);
+    let (cert_file, key_file) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert_file, cert).expect("certificate");
+    std::fs::write(&key_file, key).expect("key");
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert_file)
+        .arg("--tls-key")
+        .arg(&key_file);
+    let coordinator = Served::spawn(command, &dir.join("serve.log"));
+    let endpoint = format!("https://{}", coordinator.addr);
+    let admin = tonic::transport::Endpoint::from_shared(endpoint.clone())
+        .expect("endpoint")
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem)),
+        )
+        .expect("TLS config");
+    let upstream = Upstream::start(100).await;
+    let trusted = dir.join("coordinator-ca.pem");
+    std::fs::write(&trusted, &ca.pem).expect("CA file");
+    let stranger = dir.join("stranger-ca.pem");
+    std::fs::write(&stranger, Ca::new("someone else").pem).expect("CA file");
+
+    for (name, ca_file, route) in [
+        ("stranger", &stranger, "GET /wrong"),
+        ("trusting", &trusted, "GET /closed"),
+    ] {
+        let mut proxy = Proxy::start_with(
+            &dir,
+            name,
+            &endpoint,
+            &upstream.url(),
+            [
+                "",
+                &format!("ca_file = \"{}\"", ca_file.display()),
+                &format!("[[listener.route]]\nroute = \"{route}\"\n"),
+            ],
+        );
+        let path = route.trim_start_matches("GET ");
+        let answer = curl(&["-H", "request-timeout: 1", &proxy.url(path)]).await;
+        assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
+        if name == "trusting" {
+            eventually("the proxy's report over TLS", async || {
+                cooldown_at(admin.clone(), route, None).await > 0
+            })
+            .await;
+            assert_eq!(answer.header("tollgate-coordinator"), "connected");
+        } else {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            assert_eq!(
+                cooldown_at(admin.clone(), route, None).await,
+                0,
+                "a proxy that cannot verify the coordinator reported to it"
+            );
+            let again = curl(&["-H", "request-timeout: 1", &proxy.url(path)]).await;
+            assert_eq!(
+                again.header("tollgate-coordinator"),
+                "unreachable",
+                "{again:?}"
+            );
+        }
     }
 }

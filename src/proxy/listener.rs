@@ -229,6 +229,11 @@ impl Listener {
         };
         let report = &gate.report;
         let last = report.attempts.last().and_then(|a| a.record.status);
+        // Why the upstream could not be reached (a refused connection, a
+        // certificate no configured root vouches for): the one thing the
+        // service's developer and the operator need to fix it, so it is
+        // both logged and in the answer's text.
+        let cause = gate.source.as_deref().map(|err| chain(err));
         let (status, retry_after) = match (report.outcome, last) {
             (Outcome::CapacityUnavailable, _) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -237,7 +242,17 @@ impl Listener {
             (_, Some(ResponseStatus::Transport(TransportFailure::Timeout))) => {
                 (StatusCode::GATEWAY_TIMEOUT, None)
             }
-            (_, Some(ResponseStatus::Transport(_))) => (StatusCode::BAD_GATEWAY, None),
+            (_, Some(ResponseStatus::Transport(_))) => {
+                tracing::warn!(
+                    listener = %self.config.name,
+                    upstream = %self.config.upstream,
+                    outcome = report.outcome.as_str(),
+                    attempts = report.attempts.len(),
+                    cause = cause.as_deref().unwrap_or("unknown"),
+                    "upstream unreachable"
+                );
+                (StatusCode::BAD_GATEWAY, None)
+            }
             // No attempt was made: a cooldown, a slot or the budget held
             // it. The fleet knows the upstream is limiting: 429, with the
             // cooldown's end.
@@ -249,11 +264,11 @@ impl Listener {
                 ),
             },
         };
-        let mut response = plain(
-            status,
-            &format!("tollgate: {}", report.outcome.describe()),
-            retry_after,
-        );
+        let text = match &cause {
+            Some(cause) => format!("tollgate: {}; upstream: {cause}", report.outcome.describe()),
+            None => format!("tollgate: {}", report.outcome.describe()),
+        };
+        let mut response = plain(status, &text, retry_after);
         self.stamp(&mut response, report, elapsed);
         response
     }
@@ -278,6 +293,24 @@ fn waited(report: &GateReport, elapsed: Duration) -> Duration {
         .filter_map(|a| Some(a.record.receipt?.saturating_sub(a.record.start)))
         .sum();
     elapsed.saturating_sub(in_attempts)
+}
+
+/// An error and its sources on one line, each said once: hyper's client
+/// error says only "client error (Connect)", the cause (a TLS alert, an
+/// unknown issuer, a refused connection) is further down.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut next = err.source();
+    while let Some(err) = next {
+        let part = err.to_string();
+        // An io::Error wrapping another displays as that error.
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        next = err.source();
+    }
+    text
 }
 
 /// The route's rule over the method's.
