@@ -285,6 +285,9 @@ pub struct GateReport {
     /// The report of a gate below that found this layer's mark, from the
     /// last response.
     pub inner: Option<Box<GateReport>>,
+    /// When the intent began; the evidence's elapsed times count from it
+    /// (as [`IntentResult::began`](crate::IntentResult)).
+    pub began: tokio::time::Instant,
 }
 
 /// The gate ended a request with no response to hand back, or with the inner
@@ -506,6 +509,7 @@ where
         attempts: result.attempts.clone(),
         held: result.held.clone(),
         inner,
+        began: result.began,
     };
     match result.value {
         Some(Ok(mut response)) => {

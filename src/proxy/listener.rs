@@ -228,42 +228,24 @@ impl Listener {
             return plain(StatusCode::BAD_REQUEST, "request body: read failed", None);
         };
         let report = &gate.report;
-        let last = report.attempts.last().and_then(|a| a.record.status);
         // Why the upstream could not be reached (a refused connection, a
         // certificate no configured root vouches for): the one thing the
         // service's developer and the operator need to fix it, so it is
         // both logged and in the answer's text.
         let cause = gate.source.as_deref().map(|err| chain(err));
-        let (status, retry_after) = match (report.outcome, last) {
-            (Outcome::CapacityUnavailable, _) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Some(Duration::from_secs(1)),
-            ),
-            (_, Some(ResponseStatus::Transport(TransportFailure::Timeout))) => {
-                (StatusCode::GATEWAY_TIMEOUT, None)
-            }
-            (_, Some(ResponseStatus::Transport(_))) => {
-                tracing::warn!(
-                    listener = %self.config.name,
-                    upstream = %self.config.upstream,
-                    outcome = report.outcome.as_str(),
-                    attempts = report.attempts.len(),
-                    cause = cause.as_deref().unwrap_or("unknown"),
-                    "upstream unreachable"
-                );
-                (StatusCode::BAD_GATEWAY, None)
-            }
-            // No attempt was made: a cooldown, a slot or the budget held
-            // it. The fleet knows the upstream is limiting: 429, with the
-            // cooldown's end.
-            _ => match self.cooldown_left(scope) {
-                Some(left) => (StatusCode::TOO_MANY_REQUESTS, Some(left)),
-                None => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some(Duration::from_secs(1)),
-                ),
-            },
-        };
+        let (status, retry_after) = answer(report, tokio::time::Instant::now(), || {
+            self.cooldown_left(scope)
+        });
+        if status == StatusCode::BAD_GATEWAY {
+            tracing::warn!(
+                listener = %self.config.name,
+                upstream = %self.config.upstream,
+                outcome = report.outcome.as_str(),
+                attempts = report.attempts.len(),
+                cause = cause.as_deref().unwrap_or("unknown"),
+                "upstream unreachable"
+            );
+        }
         let text = match &cause {
             Some(cause) => format!("tollgate: {}; upstream: {cause}", report.outcome.describe()),
             None => format!("tollgate: {}", report.outcome.describe()),
@@ -283,6 +265,53 @@ impl Listener {
             .ok()
             .filter(|d| !d.is_zero())
     }
+}
+
+/// The status and `Retry-After` of the proxy's own answer when the gate
+/// ended with no upstream response, decided from the gate's report alone
+/// (`now` on the gate's clock): the proxy never judges a second time.
+fn answer(
+    report: &GateReport,
+    now: tokio::time::Instant,
+    cooldown_left: impl FnOnce() -> Option<Duration>,
+) -> (StatusCode, Option<Duration>) {
+    let last = report.attempts.last().and_then(|a| a.record.status);
+    match (report.outcome, last) {
+        // Full here, not upstream: soon is as good a guess as any.
+        (Outcome::CapacityUnavailable, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(Duration::from_secs(1)),
+        ),
+        (_, Some(ResponseStatus::Transport(TransportFailure::Timeout))) => {
+            (StatusCode::GATEWAY_TIMEOUT, None)
+        }
+        (_, Some(ResponseStatus::Transport(_))) => (StatusCode::BAD_GATEWAY, None),
+        // No attempt was made: a cooldown, a slot or the budget held it.
+        // The fleet knows the upstream is limiting: 429, at the instant
+        // the gate would have let the request go, else the cooldown's end.
+        _ => match next_start_in(report, now).or_else(cooldown_left) {
+            Some(left) => (StatusCode::TOO_MANY_REQUESTS, Some(left)),
+            None => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(Duration::from_secs(1)),
+            ),
+        },
+    }
+}
+
+/// How far from `now` the gate's own next start was, when it ended
+/// waiting for one: the coordinator's `Reconsider` slot, else the start
+/// its wait planned, else the scope's cooldown end as the wait saw it.
+/// These are what the gate decided on; the lease cache read later may
+/// have moved on, and knows no slot.
+fn next_start_in(report: &GateReport, now: tokio::time::Instant) -> Option<Duration> {
+    let wait = report
+        .held
+        .as_ref()
+        .or_else(|| report.attempts.last()?.wait.as_ref())?;
+    let planned = Some(wait.planned_start).filter(|d| !d.is_zero());
+    let at = wait.slot.or(planned).or(wait.cooldown)?;
+    Some((report.began + at).saturating_duration_since(now)).filter(|d| !d.is_zero())
 }
 
 /// How long the request waited: its time in the gate less its attempts'.
@@ -341,4 +370,103 @@ fn plain(status: StatusCode, text: &str, retry_after: Option<Duration>) -> Respo
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_client::gate::WaitEvidence;
+
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// A report of an intent that began at `began` and ended `outcome`
+    /// while held, with what the hold knew.
+    fn held(began: tokio::time::Instant, outcome: Outcome, wait: WaitEvidence) -> GateReport {
+        GateReport {
+            outcome,
+            attempts: Vec::new(),
+            held: Some(wait),
+            inner: None,
+            began,
+        }
+    }
+
+    #[test]
+    fn retry_after_is_the_slot_the_gate_was_given_not_the_cooldown() {
+        let began = tokio::time::Instant::now();
+        let now = began + secs(1);
+        // The coordinator's slot is 7 s after the intent began, past the
+        // cooldown's end at 3 s: the service is told 6 s from now.
+        let report = held(
+            began,
+            Outcome::DeadlineInfeasible,
+            WaitEvidence {
+                cooldown: Some(secs(3)),
+                slot: Some(secs(7)),
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&report, now, || Some(secs(2))),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(6)))
+        );
+        // Deciding alone, the start its own wait planned.
+        let report = held(
+            began,
+            Outcome::DeadlineInfeasible,
+            WaitEvidence {
+                cooldown: Some(secs(3)),
+                planned_start: secs(4),
+                degraded: true,
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&report, now, || None),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(3)))
+        );
+    }
+
+    #[test]
+    fn without_a_slot_the_cooldown_then_a_guess_answer() {
+        let began = tokio::time::Instant::now();
+        let now = began + secs(1);
+        let cooling = held(
+            began,
+            Outcome::DeadlineInfeasible,
+            WaitEvidence {
+                cooldown: Some(secs(5)),
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&cooling, now, || None),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(4)))
+        );
+        // A slot already past says nothing about when to come back.
+        let past = held(
+            began,
+            Outcome::BudgetExhausted,
+            WaitEvidence {
+                slot: Some(Duration::from_millis(500)),
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&past, now, || Some(secs(2))),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(2)))
+        );
+        assert_eq!(
+            answer(&past, now, || None),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(secs(1)))
+        );
+        let full = held(began, Outcome::CapacityUnavailable, WaitEvidence::default());
+        assert_eq!(
+            answer(&full, now, || Some(secs(9))),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(secs(1)))
+        );
+    }
 }

@@ -386,6 +386,7 @@ impl<'g> Run<'g> {
             last_response,
             attempts: self.attempts,
             held: self.held,
+            began: self.epoch,
         }
     }
 }
