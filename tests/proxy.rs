@@ -1137,3 +1137,45 @@ async fn the_coordinator_link_verifies_tls_with_its_ca_file() {
         }
     }
 }
+
+/// A service that leaves while the gate waits to retry ends its intent
+/// `cancelled`, and the proxy's metrics say so: the gate's own
+/// cancellation path ran, not a future dropped mid-flight (which records
+/// no outcome at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_is_recorded_as_cancelled() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("cancelled");
+    let coordinator = coordinator(&dir);
+    let upstream = Upstream::start(100).await;
+    let mut proxy = Proxy::start_with(
+        &dir,
+        "p",
+        &coordinator.url(),
+        &upstream.url(),
+        ["[admin]\nlisten = \"127.0.0.1:0\"", "", ""],
+    );
+    let admin =
+        logged_address(&proxy.log(), tollgate::proxy::ADMIN_LISTENING).expect("admin address");
+    let cancelled = async || {
+        let output = tokio::process::Command::new("curl")
+            .args(["-sS", &format!("http://{admin}/metrics")])
+            .output()
+            .await
+            .expect("curl");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|l| l.starts_with("tollgate_client_"))
+            .any(|l| l.contains("tollgate_outcome=\"cancelled\""))
+    };
+    assert!(!cancelled().await, "nothing cancelled yet");
+
+    // The upstream's `Retry-After: 2` holds the retry; Python leaves
+    // after half a second.
+    let (ok, _) = python_get(&proxy.url("/closed"), 0.5, &[]).await;
+    assert!(!ok, "the client timed out");
+    eventually("a cancelled intent in the metrics", cancelled).await;
+    assert_eq!(upstream.count("/closed"), 1, "no attempt after it left");
+}

@@ -4,10 +4,14 @@
 //! upstream's final response, streamed, plus the gate's headers — or, when
 //! the gate ends with no response, a `429`/`503`/`502`/`504` that says why.
 //!
-//! Cancellation is the handler's future being dropped: hyper drops it when
-//! the service's connection closes (HTTP/1.1) or it resets the stream
-//! (HTTP/2), and the layer's intent goes with it — no attempt starts after
-//! that, and a wait for a slot or cooldown ends at once.
+//! Cancellation starts with the handler's future being dropped: hyper
+//! drops it when the service's connection closes (HTTP/1.1) or it resets
+//! the stream (HTTP/2). The intent itself runs in a task of its own, and
+//! the handler holds a guard that cancels the intent's token when dropped:
+//! the gate then ends the intent through its own cancellation path — no
+//! attempt starts after that, a wait for a slot or cooldown ends at once —
+//! and records it `cancelled` in metrics and spans, which an intent dropped
+//! mid-flight never is.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -175,10 +179,26 @@ impl Listener {
         parts.headers.remove(PRIORITY_HEADER);
         let scope = intake.scope.clone();
         parts.extensions.insert(intake);
-        let request = Request::from_parts(parts, ProxyBody::Stream(body));
+        let mut request = Request::from_parts(parts, ProxyBody::Stream(body));
         let service = if grpc { &self.grpc } else { &self.http };
         let began = Instant::now();
-        let result = service.clone().oneshot(request).await;
+        let cancel = CancellationToken::new();
+        request.extensions_mut().insert(cancel.clone());
+        // Dropped with this future when the service goes away. The task
+        // outlives the handler only until the gate sees the token, which
+        // ends every wait and attempt at once: it has no owner to outlive.
+        let _leaving = cancel.drop_guard();
+        let result = match tokio::spawn(service.clone().oneshot(request)).await {
+            Ok(result) => result,
+            Err(err) => {
+                tracing::error!(listener = %self.config.name, cause = %err, "intent task failed");
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "tollgate: the proxy failed",
+                    None,
+                );
+            }
+        };
         let elapsed = began.elapsed();
         match result {
             Ok(mut response) => {
