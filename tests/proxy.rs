@@ -282,6 +282,30 @@ fn coordinator(dir: &Path) -> Served {
     Served::spawn(command, &dir.join("serve.log"))
 }
 
+/// The caller token of the fleet's scope, and the on-call admin token, in
+/// [`coordinator_with_tokens`].
+const FLEET_TOKEN: &str = "token-of-the-fleet";
+const ADMIN_TOKEN: &str = "admin-of-the-test";
+
+/// A coordinator that requires caller tokens: [`FLEET_TOKEN`] for the
+/// `fleet` caller scope, [`ADMIN_TOKEN`] to read its scopes.
+fn coordinator_with_tokens(dir: &Path) -> Served {
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[token]]\ntoken = \"{FLEET_TOKEN}\"\ncaller_scopes = [\"fleet\"]\n\n\
+             [[admin_token]]\nname = \"oncall\"\ntoken = \"{ADMIN_TOKEN}\"\n"
+        ),
+    )
+    .expect("policy");
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&policy);
+    Served::spawn(command, &dir.join("serve.log"))
+}
+
 /// A running `tollgate proxy` and the address of its one listener.
 struct Proxy {
     run: Launched,
@@ -952,22 +976,11 @@ async fn the_coordinator_link_uses_the_token_file() {
         return;
     }
     let dir = dir("token");
-    let policy = dir.join("policy.toml");
-    std::fs::write(
-        &policy,
-        "[[token]]\ntoken = \"token-of-the-fleet\"\ncaller_scopes = [\"fleet\"]\n\n\
-         [[admin_token]]\nname = \"oncall\"\ntoken = \"admin-of-the-test\"\n",
-    )
-    .expect("policy");
-    let mut command = Command::new(BIN);
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&policy);
-    let coordinator = Served::spawn(command, &dir.join("serve.log"));
+    let coordinator = coordinator_with_tokens(&dir);
     let upstream = Upstream::start(100).await;
     for (name, token, route) in [
         ("wrong", "not-the-token", "GET /wrong"),
-        ("right", "token-of-the-fleet", "GET /closed"),
+        ("right", FLEET_TOKEN, "GET /closed"),
     ] {
         let file = dir.join(format!("{name}.token"));
         std::fs::write(&file, format!("{token}\n")).expect("token file");
@@ -987,13 +1000,13 @@ async fn the_coordinator_link_uses_the_token_file() {
         assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
         if name == "right" {
             eventually("the proxy's report", async || {
-                cooldown_as(&coordinator, route, Some("admin-of-the-test")).await > 0
+                cooldown_as(&coordinator, route, Some(ADMIN_TOKEN)).await > 0
             })
             .await;
         } else {
             tokio::time::sleep(Duration::from_millis(1000)).await;
             assert_eq!(
-                cooldown_as(&coordinator, route, Some("admin-of-the-test")).await,
+                cooldown_as(&coordinator, route, Some(ADMIN_TOKEN)).await,
                 0,
                 "a report with a wrong token was taken"
             );
@@ -1178,4 +1191,68 @@ async fn a_client_that_leaves_is_recorded_as_cancelled() {
     assert!(!ok, "the client timed out");
     eventually("a cancelled intent in the metrics", cancelled).await;
     assert_eq!(upstream.count("/closed"), 1, "no attempt after it left");
+}
+
+/// A token file rewritten under a running proxy (a rotated Secret) is read
+/// again, as `tollgate serve` reads its own, here on SIGHUP: reports that
+/// the old token could not make reach the coordinator with the new one,
+/// with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_token_file_is_used_without_a_restart() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("token-rotation");
+    let coordinator = coordinator_with_tokens(&dir);
+    let upstream = Upstream::start(100).await;
+    let file = dir.join("proxy.token");
+    std::fs::write(&file, "not-the-token\n").expect("token file");
+    let mut proxy = Proxy::start_with(
+        &dir,
+        "p",
+        &coordinator.url(),
+        &upstream.url(),
+        [
+            "",
+            &format!("token_file = \"{}\"", file.display()),
+            "[[listener.route]]\nroute = \"GET /wrong\"\n\
+             [[listener.route]]\nroute = \"GET /closed\"\n",
+        ],
+    );
+    let answer = curl(&["-H", "request-timeout: 1", &proxy.url("/wrong")]).await;
+    assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        cooldown_as(&coordinator, "GET /wrong", Some(ADMIN_TOKEN)).await,
+        0,
+        "the old token is refused"
+    );
+
+    // Rotated as a Secret mount does it: a whole new file renamed into
+    // place, then SIGHUP to have it read at once.
+    let next = dir.join("proxy.token.next");
+    std::fs::write(&next, format!("{FLEET_TOKEN}\n")).expect("token file");
+    std::fs::rename(&next, &file).expect("rename into place");
+    let status = Command::new("kill")
+        .args(["-HUP", &proxy.run.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    eventually("the proxy to read its token again", async || {
+        proxy.log().contains("coordinator token file reloaded")
+    })
+    .await;
+    let log = proxy.log();
+    assert!(!log.contains(FLEET_TOKEN), "the token is never logged");
+
+    let answer = curl(&["-H", "request-timeout: 1", &proxy.url("/closed")]).await;
+    assert_eq!(answer.status, 429, "{answer:?}");
+    eventually("the proxy's report with the new token", async || {
+        cooldown_as(&coordinator, "GET /closed", Some(ADMIN_TOKEN)).await > 0
+    })
+    .await;
+    assert!(
+        proxy.run.child.try_wait().expect("wait").is_none(),
+        "SIGHUP did not stop it"
+    );
 }
