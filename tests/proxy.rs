@@ -306,6 +306,44 @@ fn coordinator_with_tokens(dir: &Path) -> Served {
     Served::spawn(command, &dir.join("serve.log"))
 }
 
+/// What nearly every test starts from: a folder of its own, a coordinator
+/// (`coordinator` starts it there) and a plaintext upstream allowing
+/// `limit` requests a second.
+struct World {
+    dir: PathBuf,
+    coordinator: Served,
+    upstream: Upstream,
+}
+
+impl World {
+    /// `None` when curl or python3 is missing and the test may skip (never
+    /// under CI: see [`clients_present`]).
+    async fn start(
+        name: &str,
+        limit: u32,
+        coordinator: impl FnOnce(&Path) -> Served,
+    ) -> Option<World> {
+        if !clients_present() {
+            return None;
+        }
+        let dir = dir(name);
+        let coordinator = coordinator(&dir);
+        let upstream = Upstream::start(limit).await;
+        Some(World {
+            dir,
+            coordinator,
+            upstream,
+        })
+    }
+
+    /// A proxy named `name` in front of the upstream, talking to the
+    /// coordinator; `[top, link, extra]` as [`Proxy::start_with`].
+    fn proxy(&self, name: &str, parts: [&str; 3]) -> Proxy {
+        let (coordinator, upstream) = (self.coordinator.url(), self.upstream.url());
+        Proxy::start_with(&self.dir, name, &coordinator, &upstream, parts)
+    }
+}
+
 /// A running `tollgate proxy` and the address of its one listener.
 struct Proxy {
     run: Launched,
@@ -542,15 +580,15 @@ fn dir(name: &str) -> PathBuf {
 /// upstream while it refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
-    if !clients_present() {
+    let Some(world) = World::start("hold", 2, coordinator).await else {
         return;
-    }
-    let dir = dir("hold");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(2).await;
+    };
+    let dir = &world.dir;
+    let coordinator = &world.coordinator;
+    let upstream = &world.upstream;
     let routes = "[[listener.route]]\nroute = \"GET /limited\"\n";
-    let a = Proxy::start(&dir, "a", &coordinator.url(), &upstream.url(), routes);
-    let mut b = Proxy::start(&dir, "b", &coordinator.url(), &upstream.url(), routes);
+    let a = world.proxy("a", ["", "", routes]);
+    let mut b = world.proxy("b", ["", "", routes]);
 
     // Both services have used the route: each proxy knows the scope and
     // watches it.
@@ -577,7 +615,7 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
     .await;
     let tripped = upstream.tripped.lock().expect("tripped").expect("tripped");
     eventually("the fleet's cooldown", async || {
-        cooldown(&coordinator, "GET /limited").await > 0
+        cooldown(coordinator, "GET /limited").await > 0
     })
     .await;
     // Watch pushes the cooldown to B's proxy well within this.
@@ -614,7 +652,7 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
         "A's requests end well: {burst:?}"
     );
     drop((a, b));
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A request's deadline bounds the gate: a hint longer than what is left
@@ -622,13 +660,11 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
 /// given more than fits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requests_deadline_is_honoured() {
-    if !clients_present() {
+    let Some(world) = World::start("deadline", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("deadline");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(&dir, "p", &coordinator.url(), &upstream.url(), "");
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", ""]);
 
     // `Retry-After: 2` cannot be waited out in one second: the service gets
     // the 429 now, not a retry after its deadline.
@@ -671,13 +707,11 @@ async fn a_requests_deadline_is_honoured() {
 /// gate was waiting to make is never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_leaves_no_attempt_behind() {
-    if !clients_present() {
+    let Some(world) = World::start("disconnect", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("disconnect");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(&dir, "p", &coordinator.url(), &upstream.url(), "");
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", ""]);
 
     // Python waits half a second, then closes its connection; the gate was
     // to retry after the upstream's `Retry-After: 2`.
@@ -716,13 +750,11 @@ async fn a_client_that_disconnects_leaves_no_attempt_behind() {
 /// same request with a key is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_without_an_idempotency_key_is_sent_once() {
-    if !clients_present() {
+    let Some(world) = World::start("post", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("post");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(&dir, "p", &coordinator.url(), &upstream.url(), "");
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", ""]);
 
     let answer = curl(&["-d", "order=1", &proxy.url("/unavailable")]).await;
     assert_eq!(answer.status, 503, "{answer:?}");
@@ -770,19 +802,11 @@ for k, v in r.getheaders():
 /// once, as it arrives, never held whole; one under it is replayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_body_is_sent_once_and_never_buffered_past_the_bound() {
-    if !clients_present() {
+    let Some(world) = World::start("oversized", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("oversized");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(
-        &dir,
-        "p",
-        &coordinator.url(),
-        &upstream.url(),
-        "buffer_limit = 16384\ndeadline = \"5s\"",
-    );
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", "buffer_limit = 16384\ndeadline = \"5s\""]);
 
     let output = tokio::process::Command::new("python3")
         .args([
@@ -857,17 +881,12 @@ async fn an_unreachable_coordinator_falls_back_visibly() {
 /// SIGTERM a drain that lets a request in flight finish before exiting 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
-    if !clients_present() {
+    let Some(world) = World::start("drain", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("drain");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let mut proxy = Proxy::start_with(
-        &dir,
+    };
+    let upstream = &world.upstream;
+    let mut proxy = world.proxy(
         "p",
-        &coordinator.url(),
-        &upstream.url(),
         ["drain = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"", "", ""],
     );
     let admin =
@@ -912,19 +931,11 @@ async fn curl_owned(url: String) -> Answer {
 /// its HTTP 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_on_both_sides_and_grpc_statuses_are_read() {
-    if !clients_present() {
+    let Some(world) = World::start("h2", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("h2");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(
-        &dir,
-        "p",
-        &coordinator.url(),
-        &upstream.url(),
-        "upstream_http2 = true\ndeadline = \"5s\"",
-    );
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", "upstream_http2 = true\ndeadline = \"5s\""]);
     let answer = curl(&["--http2-prior-knowledge", &proxy.url("/ok")]).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.header("tollgate-outcome"), "succeeded");
@@ -972,23 +983,19 @@ async fn http2_on_both_sides_and_grpc_statuses_are_read() {
 /// the scope's cooldown); a proxy holding a wrong token reports nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_coordinator_link_uses_the_token_file() {
-    if !clients_present() {
+    let Some(world) = World::start("token", 100, coordinator_with_tokens).await else {
         return;
-    }
-    let dir = dir("token");
-    let coordinator = coordinator_with_tokens(&dir);
-    let upstream = Upstream::start(100).await;
+    };
+    let dir = &world.dir;
+    let coordinator = &world.coordinator;
     for (name, token, route) in [
         ("wrong", "not-the-token", "GET /wrong"),
         ("right", FLEET_TOKEN, "GET /closed"),
     ] {
         let file = dir.join(format!("{name}.token"));
         std::fs::write(&file, format!("{token}\n")).expect("token file");
-        let mut proxy = Proxy::start_with(
-            &dir,
+        let mut proxy = world.proxy(
             name,
-            &coordinator.url(),
-            &upstream.url(),
             [
                 "",
                 &format!("token_file = \"{}\"", file.display()),
@@ -1000,13 +1007,13 @@ async fn the_coordinator_link_uses_the_token_file() {
         assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
         if name == "right" {
             eventually("the proxy's report", async || {
-                cooldown_as(&coordinator, route, Some(ADMIN_TOKEN)).await > 0
+                cooldown_as(coordinator, route, Some(ADMIN_TOKEN)).await > 0
             })
             .await;
         } else {
             tokio::time::sleep(Duration::from_millis(1000)).await;
             assert_eq!(
-                cooldown_as(&coordinator, route, Some(ADMIN_TOKEN)).await,
+                cooldown_as(coordinator, route, Some(ADMIN_TOKEN)).await,
                 0,
                 "a report with a wrong token was taken"
             );
@@ -1157,19 +1164,11 @@ async fn the_coordinator_link_verifies_tls_with_its_ca_file() {
 /// no outcome at all).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_is_recorded_as_cancelled() {
-    if !clients_present() {
+    let Some(world) = World::start("cancelled", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("cancelled");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let mut proxy = Proxy::start_with(
-        &dir,
-        "p",
-        &coordinator.url(),
-        &upstream.url(),
-        ["[admin]\nlisten = \"127.0.0.1:0\"", "", ""],
-    );
+    };
+    let upstream = &world.upstream;
+    let mut proxy = world.proxy("p", ["[admin]\nlisten = \"127.0.0.1:0\"", "", ""]);
     let admin =
         logged_address(&proxy.log(), tollgate::proxy::ADMIN_LISTENING).expect("admin address");
     let cancelled = async || {
@@ -1199,19 +1198,15 @@ async fn a_client_that_leaves_is_recorded_as_cancelled() {
 /// with no restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewritten_token_file_is_used_without_a_restart() {
-    if !clients_present() {
+    let Some(world) = World::start("token-rotation", 100, coordinator_with_tokens).await else {
         return;
-    }
-    let dir = dir("token-rotation");
-    let coordinator = coordinator_with_tokens(&dir);
-    let upstream = Upstream::start(100).await;
+    };
+    let dir = &world.dir;
+    let coordinator = &world.coordinator;
     let file = dir.join("proxy.token");
     std::fs::write(&file, "not-the-token\n").expect("token file");
-    let mut proxy = Proxy::start_with(
-        &dir,
+    let mut proxy = world.proxy(
         "p",
-        &coordinator.url(),
-        &upstream.url(),
         [
             "",
             &format!("token_file = \"{}\"", file.display()),
@@ -1223,7 +1218,7 @@ async fn a_rewritten_token_file_is_used_without_a_restart() {
     assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(
-        cooldown_as(&coordinator, "GET /wrong", Some(ADMIN_TOKEN)).await,
+        cooldown_as(coordinator, "GET /wrong", Some(ADMIN_TOKEN)).await,
         0,
         "the old token is refused"
     );
@@ -1248,7 +1243,7 @@ async fn a_rewritten_token_file_is_used_without_a_restart() {
     let answer = curl(&["-H", "request-timeout: 1", &proxy.url("/closed")]).await;
     assert_eq!(answer.status, 429, "{answer:?}");
     eventually("the proxy's report with the new token", async || {
-        cooldown_as(&coordinator, "GET /closed", Some(ADMIN_TOKEN)).await > 0
+        cooldown_as(coordinator, "GET /closed", Some(ADMIN_TOKEN)).await > 0
     })
     .await;
     assert!(

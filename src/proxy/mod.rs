@@ -47,8 +47,6 @@ pub mod upstream;
 
 pub use config::ProxyConfig;
 
-use crate::telemetry::{self, TelemetryConfig};
-
 /// What each listener logs once bound, followed by `listener=NAME
 /// address=IP:PORT`: tests and operators read the bound port from it.
 pub const LISTENING: &str = "tollgate proxy listening";
@@ -73,15 +71,7 @@ pub fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if args.check {
         return Ok(());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    let telemetry = {
-        let _runtime = runtime.enter();
-        telemetry::init(&TelemetryConfig::from_env(config.admin_listen.is_some()))
-            .context("starting telemetry")?
-    };
+    let (runtime, telemetry) = crate::serve::start_runtime(config.admin_listen.is_some())?;
     let registry = telemetry.registry().cloned();
     runtime.block_on(async move {
         let mut bound = Vec::with_capacity(config.listeners.len());
