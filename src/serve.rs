@@ -148,20 +148,30 @@ pub enum TimeSource {
 /// How often a replica re-measures its offset to Redis's clock.
 const CLOCK_SYNC_EVERY: Duration = Duration::from_secs(30);
 
-/// Runs the coordinator until SIGINT or SIGTERM.
-pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+/// The runtime a long-running subcommand (`serve`, `proxy`) runs on, and
+/// telemetry started inside it (its exporters spawn onto it); `metrics`:
+/// a Prometheus registry is wanted. Bind them in this order, `let
+/// (runtime, telemetry) = …`: the telemetry is then dropped (flushing)
+/// while the runtime still runs.
+pub(crate) fn start_runtime(
+    metrics: bool,
+) -> anyhow::Result<(tokio::runtime::Runtime, telemetry::Telemetry)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    // Logs, spans and metrics, first so that nothing below logs into the
-    // void; declared after the runtime so it is dropped (flushing) while the
-    // runtime still runs.
     let telemetry = {
         let _runtime = runtime.enter();
-        telemetry::init(&TelemetryConfig::from_env(args.metrics_listen.is_some()))
-            .context("starting telemetry")?
+        telemetry::init(&TelemetryConfig::from_env(metrics)).context("starting telemetry")?
     };
+    Ok((runtime, telemetry))
+}
+
+/// Runs the coordinator until SIGINT or SIGTERM.
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Logs, spans and metrics, first so that nothing below logs into the
+    // void.
+    let (runtime, telemetry) = start_runtime(args.metrics_listen.is_some())?;
     let (config, file_text) = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

@@ -267,7 +267,7 @@ pub async fn run_tcp(
     let scraped = serve_metrics(metrics, &transport, tls.clone());
     let following = async move {
         match tls {
-            Some(tls) => follow_files(every, || tls.reload_logged()).await,
+            Some(tls) => crate::signal::follow_files(every, || tls.reload_logged()).await,
             None => std::future::pending().await,
         }
     };
@@ -304,21 +304,6 @@ fn serve_metrics(
             .await;
         }
         std::future::pending().await
-    }
-}
-
-/// Calls `reload` every `every` and on each SIGHUP; runs as long as it is
-/// polled.
-async fn follow_files(every: Duration, reload: impl Fn()) {
-    let mut poll = tokio::time::interval(every);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut hangups = Hangups::listen();
-    loop {
-        tokio::select! {
-            _ = poll.tick() => {}
-            () = hangups.next() => {}
-        }
-        reload();
     }
 }
 
@@ -529,7 +514,7 @@ fn routes<H: tonic_health::pb::health_server::Health>(
 /// runs as long as it is polled.
 async fn follow_tokens(tokens: crate::auth::Authenticator, every: Duration) {
     if tokens.has_files() {
-        follow_files(every, || {
+        crate::signal::follow_files(every, || {
             tokens.reload_files();
         })
         .await;

@@ -70,3 +70,20 @@ impl std::fmt::Debug for Hangups {
         f.debug_struct("Hangups").finish_non_exhaustive()
     }
 }
+
+/// Calls `reload` every `every` and on each SIGHUP; runs as long as it is
+/// polled. How every file a process follows (a certificate, token files,
+/// the proxy's coordinator token) is followed: a mounted Secret changes
+/// under the process, and an operator can ask for the change at once.
+pub async fn follow_files(every: std::time::Duration, reload: impl Fn()) {
+    let mut poll = tokio::time::interval(every);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hangups = Hangups::listen();
+    loop {
+        tokio::select! {
+            _ = poll.tick() => {}
+            () = hangups.next() => {}
+        }
+        reload();
+    }
+}

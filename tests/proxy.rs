@@ -26,8 +26,11 @@ use tollgate_proto::v1::{self, admin_client::AdminClient};
 
 #[path = "support/process.rs"]
 mod process;
+#[path = "support/tls.rs"]
+mod tls;
 
 use process::{BIN, Launched, Served, launch, logged_address, refusing_address, temp_dir};
+use tls::Ca;
 
 /// The penalty the upstream's limiter imposes, and the `Retry-After` it
 /// sends with it.
@@ -66,6 +69,8 @@ struct Limiter {
 #[derive(Clone)]
 struct Upstream {
     addr: SocketAddr,
+    /// `https` when it serves TLS.
+    scheme: &'static str,
     hits: Arc<Mutex<Vec<Hit>>>,
     limiter: Arc<Mutex<Limiter>>,
     /// When the limiter last started a penalty.
@@ -73,13 +78,44 @@ struct Upstream {
 }
 
 impl Upstream {
-    /// Serves on `127.0.0.1:0` until the test's runtime ends.
+    /// Serves plaintext on `127.0.0.1:0` until the test's runtime ends.
     async fn start(limit: u32) -> Upstream {
+        Upstream::serve(limit, None).await
+    }
+
+    /// Serves TLS, with a certificate for `127.0.0.1` that `ca` signs and
+    /// HTTP/2 offered by ALPN, as a public API does.
+    async fn start_tls(limit: u32, ca: &Ca) -> Upstream {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let (cert, key) = ca.leaf(&["127.0.0.1"]);
+        let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("certificate");
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Upstream::serve(
+            limit,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        )
+        .await
+    }
+
+    async fn serve(limit: u32, tls: Option<tokio_rustls::TlsAcceptor>) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind upstream");
         let upstream = Upstream {
             addr: listener.local_addr().expect("addr"),
+            scheme: if tls.is_some() { "https" } else { "http" },
             hits: Arc::default(),
             limiter: Arc::new(Mutex::new(Limiter {
                 limit,
@@ -95,24 +131,39 @@ impl Upstream {
                     continue;
                 };
                 let upstream = serving.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
-                        let upstream = upstream.clone();
-                        async move { Ok::<_, Infallible>(upstream.answer(request).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                    match tls {
+                        None => upstream.connection(stream).await,
+                        // A handshake the proxy refuses ends here: no
+                        // request of it is ever a hit.
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                upstream.connection(stream).await;
+                            }
+                        }
+                    }
                 });
             }
         });
         upstream
     }
 
+    async fn connection<IO>(self, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |request| {
+            let upstream = self.clone();
+            async move { Ok::<_, Infallible>(upstream.answer(request).await) }
+        });
+        let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(TokioIo::new(io), service)
+            .await;
+    }
+
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     fn hits(&self) -> Vec<Hit> {
@@ -229,6 +280,68 @@ fn coordinator(dir: &Path) -> Served {
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&policy);
     Served::spawn(command, &dir.join("serve.log"))
+}
+
+/// The caller token of the fleet's scope, and the on-call admin token, in
+/// [`coordinator_with_tokens`].
+const FLEET_TOKEN: &str = "token-of-the-fleet";
+const ADMIN_TOKEN: &str = "admin-of-the-test";
+
+/// A coordinator that requires caller tokens: [`FLEET_TOKEN`] for the
+/// `fleet` caller scope, [`ADMIN_TOKEN`] to read its scopes.
+fn coordinator_with_tokens(dir: &Path) -> Served {
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[token]]\ntoken = \"{FLEET_TOKEN}\"\ncaller_scopes = [\"fleet\"]\n\n\
+             [[admin_token]]\nname = \"oncall\"\ntoken = \"{ADMIN_TOKEN}\"\n"
+        ),
+    )
+    .expect("policy");
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&policy);
+    Served::spawn(command, &dir.join("serve.log"))
+}
+
+/// What nearly every test starts from: a folder of its own, a coordinator
+/// (`coordinator` starts it there) and a plaintext upstream allowing
+/// `limit` requests a second.
+struct World {
+    dir: PathBuf,
+    coordinator: Served,
+    upstream: Upstream,
+}
+
+impl World {
+    /// `None` when curl or python3 is missing and the test may skip (never
+    /// under CI: see [`clients_present`]).
+    async fn start(
+        name: &str,
+        limit: u32,
+        coordinator: impl FnOnce(&Path) -> Served,
+    ) -> Option<World> {
+        if !clients_present() {
+            return None;
+        }
+        let dir = dir(name);
+        let coordinator = coordinator(&dir);
+        let upstream = Upstream::start(limit).await;
+        Some(World {
+            dir,
+            coordinator,
+            upstream,
+        })
+    }
+
+    /// A proxy named `name` in front of the upstream, talking to the
+    /// coordinator; `[top, link, extra]` as [`Proxy::start_with`].
+    fn proxy(&self, name: &str, parts: [&str; 3]) -> Proxy {
+        let (coordinator, upstream) = (self.coordinator.url(), self.upstream.url());
+        Proxy::start_with(&self.dir, name, &coordinator, &upstream, parts)
+    }
 }
 
 /// A running `tollgate proxy` and the address of its one listener.
@@ -426,9 +539,20 @@ async fn cooldown(coordinator: &Served, route: &str) -> i64 {
 
 /// The same, asked with an admin token.
 async fn cooldown_as(coordinator: &Served, route: &str, admin_token: Option<&str>) -> i64 {
-    let Ok(mut admin) = AdminClient::connect(coordinator.url()).await else {
+    let endpoint = tonic::transport::Endpoint::from_shared(coordinator.url()).expect("endpoint");
+    cooldown_at(endpoint, route, admin_token).await
+}
+
+/// The same, asked at `endpoint` (which may speak TLS).
+async fn cooldown_at(
+    endpoint: tonic::transport::Endpoint,
+    route: &str,
+    admin_token: Option<&str>,
+) -> i64 {
+    let Ok(channel) = endpoint.connect().await else {
         return 0;
     };
+    let mut admin = AdminClient::new(channel);
     let mut request = tonic::Request::new(v1::GetScopeRequest {
         caller_scope: "fleet".into(),
         route: route.into(),
@@ -456,15 +580,15 @@ fn dir(name: &str) -> PathBuf {
 /// upstream while it refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
-    if !clients_present() {
+    let Some(world) = World::start("hold", 2, coordinator).await else {
         return;
-    }
-    let dir = dir("hold");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(2).await;
+    };
+    let dir = &world.dir;
+    let coordinator = &world.coordinator;
+    let upstream = &world.upstream;
     let routes = "[[listener.route]]\nroute = \"GET /limited\"\n";
-    let a = Proxy::start(&dir, "a", &coordinator.url(), &upstream.url(), routes);
-    let mut b = Proxy::start(&dir, "b", &coordinator.url(), &upstream.url(), routes);
+    let a = world.proxy("a", ["", "", routes]);
+    let mut b = world.proxy("b", ["", "", routes]);
 
     // Both services have used the route: each proxy knows the scope and
     // watches it.
@@ -491,7 +615,7 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
     .await;
     let tripped = upstream.tripped.lock().expect("tripped").expect("tripped");
     eventually("the fleet's cooldown", async || {
-        cooldown(&coordinator, "GET /limited").await > 0
+        cooldown(coordinator, "GET /limited").await > 0
     })
     .await;
     // Watch pushes the cooldown to B's proxy well within this.
@@ -528,7 +652,7 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
         "A's requests end well: {burst:?}"
     );
     drop((a, b));
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A request's deadline bounds the gate: a hint longer than what is left
@@ -536,13 +660,11 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
 /// given more than fits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requests_deadline_is_honoured() {
-    if !clients_present() {
+    let Some(world) = World::start("deadline", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("deadline");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(&dir, "p", &coordinator.url(), &upstream.url(), "");
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", ""]);
 
     // `Retry-After: 2` cannot be waited out in one second: the service gets
     // the 429 now, not a retry after its deadline.
@@ -585,13 +707,11 @@ async fn a_requests_deadline_is_honoured() {
 /// gate was waiting to make is never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_leaves_no_attempt_behind() {
-    if !clients_present() {
+    let Some(world) = World::start("disconnect", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("disconnect");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(&dir, "p", &coordinator.url(), &upstream.url(), "");
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", ""]);
 
     // Python waits half a second, then closes its connection; the gate was
     // to retry after the upstream's `Retry-After: 2`.
@@ -630,13 +750,11 @@ async fn a_client_that_disconnects_leaves_no_attempt_behind() {
 /// same request with a key is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_without_an_idempotency_key_is_sent_once() {
-    if !clients_present() {
+    let Some(world) = World::start("post", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("post");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(&dir, "p", &coordinator.url(), &upstream.url(), "");
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", ""]);
 
     let answer = curl(&["-d", "order=1", &proxy.url("/unavailable")]).await;
     assert_eq!(answer.status, 503, "{answer:?}");
@@ -684,19 +802,11 @@ for k, v in r.getheaders():
 /// once, as it arrives, never held whole; one under it is replayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_body_is_sent_once_and_never_buffered_past_the_bound() {
-    if !clients_present() {
+    let Some(world) = World::start("oversized", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("oversized");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(
-        &dir,
-        "p",
-        &coordinator.url(),
-        &upstream.url(),
-        "buffer_limit = 16384\ndeadline = \"5s\"",
-    );
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", "buffer_limit = 16384\ndeadline = \"5s\""]);
 
     let output = tokio::process::Command::new("python3")
         .args([
@@ -771,17 +881,12 @@ async fn an_unreachable_coordinator_falls_back_visibly() {
 /// SIGTERM a drain that lets a request in flight finish before exiting 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
-    if !clients_present() {
+    let Some(world) = World::start("drain", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("drain");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let mut proxy = Proxy::start_with(
-        &dir,
+    };
+    let upstream = &world.upstream;
+    let mut proxy = world.proxy(
         "p",
-        &coordinator.url(),
-        &upstream.url(),
         ["drain = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"", "", ""],
     );
     let admin =
@@ -826,19 +931,11 @@ async fn curl_owned(url: String) -> Answer {
 /// its HTTP 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_on_both_sides_and_grpc_statuses_are_read() {
-    if !clients_present() {
+    let Some(world) = World::start("h2", 100, coordinator).await else {
         return;
-    }
-    let dir = dir("h2");
-    let coordinator = coordinator(&dir);
-    let upstream = Upstream::start(100).await;
-    let proxy = Proxy::start(
-        &dir,
-        "p",
-        &coordinator.url(),
-        &upstream.url(),
-        "upstream_http2 = true\ndeadline = \"5s\"",
-    );
+    };
+    let upstream = &world.upstream;
+    let proxy = world.proxy("p", ["", "", "upstream_http2 = true\ndeadline = \"5s\""]);
     let answer = curl(&["--http2-prior-knowledge", &proxy.url("/ok")]).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.header("tollgate-outcome"), "succeeded");
@@ -886,34 +983,19 @@ async fn http2_on_both_sides_and_grpc_statuses_are_read() {
 /// the scope's cooldown); a proxy holding a wrong token reports nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_coordinator_link_uses_the_token_file() {
-    if !clients_present() {
+    let Some(world) = World::start("token", 100, coordinator_with_tokens).await else {
         return;
-    }
-    let dir = dir("token");
-    let policy = dir.join("policy.toml");
-    std::fs::write(
-        &policy,
-        "[[token]]\ntoken = \"token-of-the-fleet\"\ncaller_scopes = [\"fleet\"]\n\n\
-         [[admin_token]]\nname = \"oncall\"\ntoken = \"admin-of-the-test\"\n",
-    )
-    .expect("policy");
-    let mut command = Command::new(BIN);
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&policy);
-    let coordinator = Served::spawn(command, &dir.join("serve.log"));
-    let upstream = Upstream::start(100).await;
+    };
+    let dir = &world.dir;
+    let coordinator = &world.coordinator;
     for (name, token, route) in [
         ("wrong", "not-the-token", "GET /wrong"),
-        ("right", "token-of-the-fleet", "GET /closed"),
+        ("right", FLEET_TOKEN, "GET /closed"),
     ] {
         let file = dir.join(format!("{name}.token"));
         std::fs::write(&file, format!("{token}\n")).expect("token file");
-        let mut proxy = Proxy::start_with(
-            &dir,
+        let mut proxy = world.proxy(
             name,
-            &coordinator.url(),
-            &upstream.url(),
             [
                 "",
                 &format!("token_file = \"{}\"", file.display()),
@@ -925,17 +1007,247 @@ async fn the_coordinator_link_uses_the_token_file() {
         assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
         if name == "right" {
             eventually("the proxy's report", async || {
-                cooldown_as(&coordinator, route, Some("admin-of-the-test")).await > 0
+                cooldown_as(coordinator, route, Some(ADMIN_TOKEN)).await > 0
             })
             .await;
         } else {
             tokio::time::sleep(Duration::from_millis(1000)).await;
             assert_eq!(
-                cooldown_as(&coordinator, route, Some("admin-of-the-test")).await,
+                cooldown_as(coordinator, route, Some(ADMIN_TOKEN)).await,
                 0,
                 "a report with a wrong token was taken"
             );
         }
         drop(proxy);
     }
+}
+
+/// An HTTPS upstream is reached through a listener given the CA its
+/// certificate chains to (HTTP/2 negotiated by ALPN); the same upstream
+/// behind a listener trusting another CA is never sent a request: the
+/// service gets a `502` saying why, and the proxy logs the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_reached_with_its_ca_and_refused_with_another() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("upstream-tls");
+    let coordinator = coordinator(&dir);
+    let ca = Ca::new("upstream CA");
+    let upstream = Upstream::start_tls(100, &ca).await;
+    let trusted = dir.join("upstream-ca.pem");
+    std::fs::write(&trusted, &ca.pem).expect("CA file");
+    let stranger = dir.join("stranger-ca.pem");
+    std::fs::write(&stranger, Ca::new("someone else").pem).expect("CA file");
+    let ca_file = |path: &Path| format!("upstream_ca_file = \"{}\"", path.display());
+
+    let mut proxy = Proxy::start(
+        &dir,
+        "trusting",
+        &coordinator.url(),
+        &upstream.url(),
+        &ca_file(&trusted),
+    );
+    let answer = curl(&[&proxy.url("/ok")]).await;
+    assert_eq!(answer.status, 200, "{answer:?}\n{}", proxy.log());
+    assert_eq!(answer.header("tollgate-outcome"), "succeeded");
+    assert_eq!(upstream.hits()[0].version, "HTTP/2.0", "h2 by ALPN");
+
+    let mut wrong = Proxy::start(
+        &dir,
+        "stranger",
+        &coordinator.url(),
+        &upstream.url(),
+        &ca_file(&stranger),
+    );
+    let refused = curl(&["-H", "request-timeout: 3", &wrong.url("/ok")]).await;
+    let log = wrong.log();
+    assert_eq!(refused.status, 502, "{refused:?}\n{log}");
+    assert_eq!(
+        upstream.count("/ok"),
+        1,
+        "no request crossed a refused handshake"
+    );
+    let cause =
+        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer).to_string();
+    let line = log
+        .lines()
+        .find(|l| l.contains("upstream unreachable"))
+        .unwrap_or_else(|| panic!("no log line for the 502:\n{log}"));
+    assert!(
+        line.contains(&cause),
+        "the line names the cause ({cause}): {line}"
+    );
+    assert!(line.contains("listener=api"), "{line}");
+}
+
+/// The coordinator link over TLS, verified against `ca_file`: the proxy's
+/// report reaches a coordinator whose certificate that CA signed (the 429
+/// it saw becomes the scope's cooldown); a proxy given another CA reaches
+/// nothing, serves on its local budget and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_link_verifies_tls_with_its_ca_file() {
+    if !clients_present() {
+        return;
+    }
+    let dir = dir("link-tls");
+    let ca = Ca::new("coordinator CA");
+    let (cert, key) = ca.leaf(&["127.0.0.1"]);
+    let (cert_file, key_file) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert_file, cert).expect("certificate");
+    std::fs::write(&key_file, key).expect("key");
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert_file)
+        .arg("--tls-key")
+        .arg(&key_file);
+    let coordinator = Served::spawn(command, &dir.join("serve.log"));
+    let endpoint = format!("https://{}", coordinator.addr);
+    let admin = tonic::transport::Endpoint::from_shared(endpoint.clone())
+        .expect("endpoint")
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem)),
+        )
+        .expect("TLS config");
+    let upstream = Upstream::start(100).await;
+    let trusted = dir.join("coordinator-ca.pem");
+    std::fs::write(&trusted, &ca.pem).expect("CA file");
+    let stranger = dir.join("stranger-ca.pem");
+    std::fs::write(&stranger, Ca::new("someone else").pem).expect("CA file");
+
+    for (name, ca_file, route) in [
+        ("stranger", &stranger, "GET /wrong"),
+        ("trusting", &trusted, "GET /closed"),
+    ] {
+        let mut proxy = Proxy::start_with(
+            &dir,
+            name,
+            &endpoint,
+            &upstream.url(),
+            [
+                "",
+                &format!("ca_file = \"{}\"", ca_file.display()),
+                &format!("[[listener.route]]\nroute = \"{route}\"\n"),
+            ],
+        );
+        let path = route.trim_start_matches("GET ");
+        let answer = curl(&["-H", "request-timeout: 1", &proxy.url(path)]).await;
+        assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
+        if name == "trusting" {
+            eventually("the proxy's report over TLS", async || {
+                cooldown_at(admin.clone(), route, None).await > 0
+            })
+            .await;
+            assert_eq!(answer.header("tollgate-coordinator"), "connected");
+        } else {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            assert_eq!(
+                cooldown_at(admin.clone(), route, None).await,
+                0,
+                "a proxy that cannot verify the coordinator reported to it"
+            );
+            let again = curl(&["-H", "request-timeout: 1", &proxy.url(path)]).await;
+            assert_eq!(
+                again.header("tollgate-coordinator"),
+                "unreachable",
+                "{again:?}"
+            );
+        }
+    }
+}
+
+/// A service that leaves while the gate waits to retry ends its intent
+/// `cancelled`, and the proxy's metrics say so: the gate's own
+/// cancellation path ran, not a future dropped mid-flight (which records
+/// no outcome at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_is_recorded_as_cancelled() {
+    let Some(world) = World::start("cancelled", 100, coordinator).await else {
+        return;
+    };
+    let upstream = &world.upstream;
+    let mut proxy = world.proxy("p", ["[admin]\nlisten = \"127.0.0.1:0\"", "", ""]);
+    let admin =
+        logged_address(&proxy.log(), tollgate::proxy::ADMIN_LISTENING).expect("admin address");
+    let cancelled = async || {
+        let output = tokio::process::Command::new("curl")
+            .args(["-sS", &format!("http://{admin}/metrics")])
+            .output()
+            .await
+            .expect("curl");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|l| l.starts_with("tollgate_client_"))
+            .any(|l| l.contains("tollgate_outcome=\"cancelled\""))
+    };
+    assert!(!cancelled().await, "nothing cancelled yet");
+
+    // The upstream's `Retry-After: 2` holds the retry; Python leaves
+    // after half a second.
+    let (ok, _) = python_get(&proxy.url("/closed"), 0.5, &[]).await;
+    assert!(!ok, "the client timed out");
+    eventually("a cancelled intent in the metrics", cancelled).await;
+    assert_eq!(upstream.count("/closed"), 1, "no attempt after it left");
+}
+
+/// A token file rewritten under a running proxy (a rotated Secret) is read
+/// again, as `tollgate serve` reads its own, here on SIGHUP: reports that
+/// the old token could not make reach the coordinator with the new one,
+/// with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_token_file_is_used_without_a_restart() {
+    let Some(world) = World::start("token-rotation", 100, coordinator_with_tokens).await else {
+        return;
+    };
+    let dir = &world.dir;
+    let coordinator = &world.coordinator;
+    let file = dir.join("proxy.token");
+    std::fs::write(&file, "not-the-token\n").expect("token file");
+    let mut proxy = world.proxy(
+        "p",
+        [
+            "",
+            &format!("token_file = \"{}\"", file.display()),
+            "[[listener.route]]\nroute = \"GET /wrong\"\n\
+             [[listener.route]]\nroute = \"GET /closed\"\n",
+        ],
+    );
+    let answer = curl(&["-H", "request-timeout: 1", &proxy.url("/wrong")]).await;
+    assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        cooldown_as(coordinator, "GET /wrong", Some(ADMIN_TOKEN)).await,
+        0,
+        "the old token is refused"
+    );
+
+    // Rotated as a Secret mount does it: a whole new file renamed into
+    // place, then SIGHUP to have it read at once.
+    let next = dir.join("proxy.token.next");
+    std::fs::write(&next, format!("{FLEET_TOKEN}\n")).expect("token file");
+    std::fs::rename(&next, &file).expect("rename into place");
+    let status = Command::new("kill")
+        .args(["-HUP", &proxy.run.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    eventually("the proxy to read its token again", async || {
+        proxy.log().contains("coordinator token file reloaded")
+    })
+    .await;
+    let log = proxy.log();
+    assert!(!log.contains(FLEET_TOKEN), "the token is never logged");
+
+    let answer = curl(&["-H", "request-timeout: 1", &proxy.url("/closed")]).await;
+    assert_eq!(answer.status, 429, "{answer:?}");
+    eventually("the proxy's report with the new token", async || {
+        cooldown_as(coordinator, "GET /closed", Some(ADMIN_TOKEN)).await > 0
+    })
+    .await;
+    assert!(
+        proxy.run.child.try_wait().expect("wait").is_none(),
+        "SIGHUP did not stop it"
+    );
 }

@@ -3,13 +3,15 @@
 //! real tonic clients, certificates made at run time with rcgen.
 
 mod support;
+#[path = "support/tls.rs"]
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use support::{PUSH_BOUND, TENANT_A_TOKEN, config, lease, poll, scope, with_token};
+use tls::Ca;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -19,39 +21,6 @@ use tollgate_client::link::{CoordinatorLink, LinkConfig, LinkConfigError, LinkTl
 use tollgate_proto::v1::{Priority, budget_client::BudgetClient};
 use tonic::Code;
 use tonic::transport::Channel;
-
-/// A CA and what it signs.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let key = KeyPair::generate().expect("CA key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let cert = params.self_signed(&key).expect("self-signed");
-        Ca {
-            pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A leaf for `names` (the server's `localhost`/`127.0.0.1`, or a
-    /// client's name): (certificate PEM, key PEM).
-    fn leaf(&self, names: &[&str]) -> (String, String) {
-        let key = KeyPair::generate().expect("leaf key");
-        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let mut params = CertificateParams::new(names).expect("params");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "tollgate test");
-        let cert = params.signed_by(&key, &self.issuer).expect("signed");
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 /// A temporary directory removed on drop.
 struct TempDir(PathBuf);

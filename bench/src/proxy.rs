@@ -139,13 +139,7 @@ fn start_upstream(
     runtime: &tokio::runtime::Handle,
     stop: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding the upstream")?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
-    runtime.spawn(async move {
-        let Ok(listener) = TcpListener::from_std(listener) else {
-            return;
-        };
+    spawn_server(runtime, "the upstream", |listener| async move {
         let mut connections = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
@@ -166,6 +160,29 @@ fn start_upstream(
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
+    })
+}
+
+/// Binds `127.0.0.1:0` now, so the address is known before anything runs,
+/// and serves it with `serve` on `runtime` (the listener is registered
+/// there: a tokio listener belongs to the runtime that made it).
+fn spawn_server<F, Fut>(
+    runtime: &tokio::runtime::Handle,
+    what: &str,
+    serve: F,
+) -> anyhow::Result<SocketAddr>
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").with_context(|| format!("binding {what}"))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    runtime.spawn(async move {
+        if let Ok(listener) = TcpListener::from_std(listener) {
+            serve(listener).await;
+        }
     });
     Ok(addr)
 }
@@ -174,13 +191,7 @@ fn start_coordinator(
     runtime: &tokio::runtime::Handle,
     stop: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
-    runtime.spawn(async move {
-        let Ok(listener) = TcpListener::from_std(listener) else {
-            return;
-        };
+    spawn_server(runtime, "the coordinator", |listener| async move {
         let config = tollgate::config::Config::default();
         let _ = tollgate::server::run_tcp(
             listener,
@@ -188,8 +199,7 @@ fn start_coordinator(
             tollgate::server::Setup::new(config),
         )
         .await;
-    });
-    Ok(addr)
+    })
 }
 
 fn start_proxy(
@@ -215,13 +225,7 @@ route = "GET /bench/{{id}}"
 "#
     ))
     .context("the proxy's file")?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding the proxy")?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
-    runtime.spawn(async move {
-        let Ok(listener) = TcpListener::from_std(listener) else {
-            return;
-        };
+    spawn_server(runtime, "the proxy", |listener| async move {
         let setup = tollgate::proxy::Setup {
             config,
             listeners: vec![listener],
@@ -231,8 +235,7 @@ route = "GET /bench/{{id}}"
         if let Err(err) = tollgate::proxy::run(setup, stop.cancelled_owned()).await {
             eprintln!("tollgate-bench proxy: the proxy failed: {err:#}");
         }
-    });
-    Ok(addr)
+    })
 }
 
 async fn measure(

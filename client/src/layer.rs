@@ -28,7 +28,11 @@
 //! rule are. Dropping the future a call returns cancels its intent: no
 //! attempt starts after it, and a wait (for a slot, a cooldown, a backoff)
 //! ends at once; a server that drops its handler when its client goes away
-//! gets this for nothing.
+//! gets this for nothing. A dropped intent records no outcome, though: to
+//! have it end `cancelled` in metrics and spans, put a
+//! [`CancellationToken`] in the request's extensions, cancel it, and let
+//! the call run to its end (the gate's own cancellation path,
+//! [`GateIntent::cancel_token`]).
 //!
 //! # Classification
 //! HTTP: the status and `Retry-After`. gRPC: `grpc-status` and
@@ -53,6 +57,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
+use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::classify::{GrpcCode, Sent, TransportFailure};
@@ -285,6 +290,9 @@ pub struct GateReport {
     /// The report of a gate below that found this layer's mark, from the
     /// last response.
     pub inner: Option<Box<GateReport>>,
+    /// When the intent began; the evidence's elapsed times count from it
+    /// (as [`IntentResult::began`](crate::IntentResult)).
+    pub began: tokio::time::Instant,
 }
 
 /// The gate ended a request with no response to hand back, or with the inner
@@ -459,9 +467,12 @@ where
         repetition = Repetition::NonRepeatable;
         policy = single_attempt(policy);
     }
-    let intent = GateIntent::new(intent_id, (config.scope)(&parts), policy)
+    let mut intent = GateIntent::new(intent_id, (config.scope)(&parts), policy)
         .repetition(repetition)
         .owned_by(owned_by);
+    if let Some(cancel) = parts.extensions.get::<CancellationToken>() {
+        intent = intent.cancel_token(cancel.clone());
+    }
     let protocol = config.protocol;
     let result = gate
         .run(intent, move |attempt| {
@@ -506,6 +517,7 @@ where
         attempts: result.attempts.clone(),
         held: result.held.clone(),
         inner,
+        began: result.began,
     };
     match result.value {
         Some(Ok(mut response)) => {

@@ -329,10 +329,23 @@ pub struct CoordinatorLink {
     /// in flight finish on the old channel).
     client: Arc<RwLock<BudgetClient<Channel>>>,
     worker_id: Arc<str>,
-    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    /// Shared by every clone and replaced whole when the caller's token is
+    /// rotated ([`CoordinatorLink::set_bearer_token`]): the lease cache's
+    /// background tasks hold clones, and must send the new one too.
+    authorization: Arc<RwLock<Option<MetadataValue<tonic::metadata::Ascii>>>>,
     rpc_timeout: Duration,
     health: Arc<Health>,
     tls: Option<Arc<TlsFollow>>,
+}
+
+/// The `authorization` value for `token`, marked sensitive so that no
+/// `Debug` of the link or a request prints it.
+fn bearer(token: &str) -> Result<MetadataValue<tonic::metadata::Ascii>, LinkConfigError> {
+    let mut value: MetadataValue<tonic::metadata::Ascii> = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| LinkConfigError::Token)?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// What a link whose TLS came from files needs to follow them.
@@ -405,22 +418,39 @@ impl CoordinatorLink {
     /// keepalive settings are not used, so build the channel from
     /// [`LinkConfig::endpoint`] to keep them.
     pub fn with_channel(channel: Channel, config: &LinkConfig) -> Result<Self, LinkConfigError> {
-        let authorization = match &config.bearer_token {
-            Some(token) => Some(
-                format!("Bearer {token}")
-                    .parse()
-                    .map_err(|_| LinkConfigError::Token)?,
-            ),
-            None => None,
-        };
+        let authorization = config.bearer_token.as_deref().map(bearer).transpose()?;
         Ok(CoordinatorLink {
             client: Arc::new(RwLock::new(BudgetClient::new(channel))),
             worker_id: config.worker_id.as_str().into(),
-            authorization,
+            authorization: Arc::new(RwLock::new(authorization)),
             rpc_timeout: config.rpc_timeout,
             health: Arc::default(),
             tls: None,
         })
+    }
+
+    /// Replaces the bearer token every later call carries, on this link and
+    /// all its clones (`None`: no token): a rotated token file, read again.
+    /// A Watch stream already open stays open; it was authenticated when
+    /// it opened.
+    pub fn set_bearer_token(&self, token: Option<&str>) -> Result<(), LinkConfigError> {
+        let value = token.map(bearer).transpose()?;
+        *self
+            .authorization
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+        Ok(())
+    }
+
+    fn authorize<T>(&self, request: &mut Request<T>) {
+        let value = self
+            .authorization
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(value) = value {
+            request.metadata_mut().insert("authorization", value);
+        }
     }
 
     /// Reads the TLS files again if any changed since they were last read,
@@ -514,11 +544,7 @@ impl CoordinatorLink {
     fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         request.set_timeout(self.rpc_timeout);
-        if let Some(value) = &self.authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
+        self.authorize(&mut request);
         crate::telemetry::inject(request.metadata_mut());
         request
     }
@@ -607,11 +633,7 @@ impl CoordinatorLink {
     ) -> Result<tonic::Streaming<ScopeEvent>, LinkError> {
         message.worker_id = self.worker_id.to_string();
         let mut request = Request::new(message);
-        if let Some(value) = &self.authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
+        self.authorize(&mut request);
         let mut client = self.client();
         let result = tokio::time::timeout(self.rpc_timeout, client.watch(request))
             .await

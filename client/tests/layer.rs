@@ -95,6 +95,30 @@ async fn http_layer_retries_a_429_after_retry_after_and_returns_the_success() {
     assert_eq!(report.attempts.len(), 2);
 }
 
+/// A token in the request's extensions cancels the intent through the
+/// gate: the wait for the retry ends at once, and the call ends with the
+/// outcome `cancelled` (not a dropped future, which records none).
+#[tokio::test(start_paused = true)]
+async fn a_cancellation_token_in_the_extensions_ends_the_intent_cancelled() {
+    let h = harness();
+    let calls = Arc::new(AtomicU32::new(0));
+    let service = ServiceBuilder::new()
+        .layer(http_layer(&h.gate))
+        .service(upstream(vec![(429, Some("5")), (200, None)], calls.clone()));
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut request = get();
+    request.extensions_mut().insert(cancel.clone());
+    let began = tokio::time::Instant::now();
+    let call = tokio::spawn(service.oneshot(request));
+    tokio::time::sleep(secs(1)).await;
+    cancel.cancel();
+    let response = call.await.unwrap().unwrap();
+    assert!(began.elapsed() < secs(5), "the wait ended at cancellation");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "no attempt after it");
+    let report = response.extensions().get::<GateReport>().unwrap();
+    assert_eq!(report.outcome, Outcome::Cancelled);
+}
+
 #[tokio::test(start_paused = true)]
 async fn three_tower_layers_exactly_one_owner_repeats() {
     let h = harness();

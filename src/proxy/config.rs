@@ -64,7 +64,8 @@ pub struct CoordinatorConfig {
     pub endpoint: String,
     /// This proxy's worker id (fair shares are per worker).
     pub worker_id: String,
-    /// A file holding the bearer token; read at start, never logged.
+    /// A file holding the bearer token; read at start and followed (a
+    /// mounted Secret rotates under the process), never logged.
     pub token_file: Option<PathBuf>,
     /// PEM CA for a TLS coordinator; `https://` without it uses the
     /// system roots.

@@ -4,10 +4,14 @@
 //! upstream's final response, streamed, plus the gate's headers — or, when
 //! the gate ends with no response, a `429`/`503`/`502`/`504` that says why.
 //!
-//! Cancellation is the handler's future being dropped: hyper drops it when
-//! the service's connection closes (HTTP/1.1) or it resets the stream
-//! (HTTP/2), and the layer's intent goes with it — no attempt starts after
-//! that, and a wait for a slot or cooldown ends at once.
+//! Cancellation starts with the handler's future being dropped: hyper
+//! drops it when the service's connection closes (HTTP/1.1) or it resets
+//! the stream (HTTP/2). The intent itself runs in a task of its own, and
+//! the handler holds a guard that cancels the intent's token when dropped:
+//! the gate then ends the intent through its own cancellation path — no
+//! attempt starts after that, a wait for a slot or cooldown ends at once —
+//! and records it `cancelled` in metrics and spans, which an intent dropped
+//! mid-flight never is.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -175,10 +179,26 @@ impl Listener {
         parts.headers.remove(PRIORITY_HEADER);
         let scope = intake.scope.clone();
         parts.extensions.insert(intake);
-        let request = Request::from_parts(parts, ProxyBody::Stream(body));
+        let mut request = Request::from_parts(parts, ProxyBody::Stream(body));
         let service = if grpc { &self.grpc } else { &self.http };
         let began = Instant::now();
-        let result = service.clone().oneshot(request).await;
+        let cancel = CancellationToken::new();
+        request.extensions_mut().insert(cancel.clone());
+        // Dropped with this future when the service goes away. The task
+        // outlives the handler only until the gate sees the token, which
+        // ends every wait and attempt at once: it has no owner to outlive.
+        let _leaving = cancel.drop_guard();
+        let result = match tokio::spawn(service.clone().oneshot(request)).await {
+            Ok(result) => result,
+            Err(err) => {
+                tracing::error!(listener = %self.config.name, cause = %err, "intent task failed");
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "tollgate: the proxy failed",
+                    None,
+                );
+            }
+        };
         let elapsed = began.elapsed();
         match result {
             Ok(mut response) => {
@@ -228,32 +248,29 @@ impl Listener {
             return plain(StatusCode::BAD_REQUEST, "request body: read failed", None);
         };
         let report = &gate.report;
-        let last = report.attempts.last().and_then(|a| a.record.status);
-        let (status, retry_after) = match (report.outcome, last) {
-            (Outcome::CapacityUnavailable, _) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Some(Duration::from_secs(1)),
-            ),
-            (_, Some(ResponseStatus::Transport(TransportFailure::Timeout))) => {
-                (StatusCode::GATEWAY_TIMEOUT, None)
-            }
-            (_, Some(ResponseStatus::Transport(_))) => (StatusCode::BAD_GATEWAY, None),
-            // No attempt was made: a cooldown, a slot or the budget held
-            // it. The fleet knows the upstream is limiting: 429, with the
-            // cooldown's end.
-            _ => match self.cooldown_left(scope) {
-                Some(left) => (StatusCode::TOO_MANY_REQUESTS, Some(left)),
-                None => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some(Duration::from_secs(1)),
-                ),
-            },
+        // Why the upstream could not be reached (a refused connection, a
+        // certificate no configured root vouches for): the one thing the
+        // service's developer and the operator need to fix it, so it is
+        // both logged and in the answer's text.
+        let cause = gate.source.as_deref().map(|err| chain(err));
+        let (status, retry_after) = answer(report, tokio::time::Instant::now(), || {
+            self.cooldown_left(scope)
+        });
+        if status == StatusCode::BAD_GATEWAY {
+            tracing::warn!(
+                listener = %self.config.name,
+                upstream = %self.config.upstream,
+                outcome = report.outcome.as_str(),
+                attempts = report.attempts.len(),
+                cause = cause.as_deref().unwrap_or("unknown"),
+                "upstream unreachable"
+            );
+        }
+        let text = match &cause {
+            Some(cause) => format!("tollgate: {}; upstream: {cause}", report.outcome.describe()),
+            None => format!("tollgate: {}", report.outcome.describe()),
         };
-        let mut response = plain(
-            status,
-            &format!("tollgate: {}", report.outcome.describe()),
-            retry_after,
-        );
+        let mut response = plain(status, &text, retry_after);
         self.stamp(&mut response, report, elapsed);
         response
     }
@@ -270,6 +287,53 @@ impl Listener {
     }
 }
 
+/// The status and `Retry-After` of the proxy's own answer when the gate
+/// ended with no upstream response, decided from the gate's report alone
+/// (`now` on the gate's clock): the proxy never judges a second time.
+fn answer(
+    report: &GateReport,
+    now: tokio::time::Instant,
+    cooldown_left: impl FnOnce() -> Option<Duration>,
+) -> (StatusCode, Option<Duration>) {
+    let last = report.attempts.last().and_then(|a| a.record.status);
+    match (report.outcome, last) {
+        // Full here, not upstream: soon is as good a guess as any.
+        (Outcome::CapacityUnavailable, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(Duration::from_secs(1)),
+        ),
+        (_, Some(ResponseStatus::Transport(TransportFailure::Timeout))) => {
+            (StatusCode::GATEWAY_TIMEOUT, None)
+        }
+        (_, Some(ResponseStatus::Transport(_))) => (StatusCode::BAD_GATEWAY, None),
+        // No attempt was made: a cooldown, a slot or the budget held it.
+        // The fleet knows the upstream is limiting: 429, at the instant
+        // the gate would have let the request go, else the cooldown's end.
+        _ => match next_start_in(report, now).or_else(cooldown_left) {
+            Some(left) => (StatusCode::TOO_MANY_REQUESTS, Some(left)),
+            None => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(Duration::from_secs(1)),
+            ),
+        },
+    }
+}
+
+/// How far from `now` the gate's own next start was, when it ended
+/// waiting for one: the coordinator's `Reconsider` slot, else the start
+/// its wait planned, else the scope's cooldown end as the wait saw it.
+/// These are what the gate decided on; the lease cache read later may
+/// have moved on, and knows no slot.
+fn next_start_in(report: &GateReport, now: tokio::time::Instant) -> Option<Duration> {
+    let wait = report
+        .held
+        .as_ref()
+        .or_else(|| report.attempts.last()?.wait.as_ref())?;
+    let planned = Some(wait.planned_start).filter(|d| !d.is_zero());
+    let at = wait.slot.or(planned).or(wait.cooldown)?;
+    Some((report.began + at).saturating_duration_since(now)).filter(|d| !d.is_zero())
+}
+
 /// How long the request waited: its time in the gate less its attempts'.
 fn waited(report: &GateReport, elapsed: Duration) -> Duration {
     let in_attempts: Duration = report
@@ -278,6 +342,24 @@ fn waited(report: &GateReport, elapsed: Duration) -> Duration {
         .filter_map(|a| Some(a.record.receipt?.saturating_sub(a.record.start)))
         .sum();
     elapsed.saturating_sub(in_attempts)
+}
+
+/// An error and its sources on one line, each said once: hyper's client
+/// error says only "client error (Connect)", the cause (a TLS alert, an
+/// unknown issuer, a refused connection) is further down.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut next = err.source();
+    while let Some(err) = next {
+        let part = err.to_string();
+        // An io::Error wrapping another displays as that error.
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        next = err.source();
+    }
+    text
 }
 
 /// The route's rule over the method's.
@@ -308,4 +390,103 @@ fn plain(status: StatusCode, text: &str, retry_after: Option<Duration>) -> Respo
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_client::gate::WaitEvidence;
+
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// A report of an intent that began at `began` and ended `outcome`
+    /// while held, with what the hold knew.
+    fn held(began: tokio::time::Instant, outcome: Outcome, wait: WaitEvidence) -> GateReport {
+        GateReport {
+            outcome,
+            attempts: Vec::new(),
+            held: Some(wait),
+            inner: None,
+            began,
+        }
+    }
+
+    #[test]
+    fn retry_after_is_the_slot_the_gate_was_given_not_the_cooldown() {
+        let began = tokio::time::Instant::now();
+        let now = began + secs(1);
+        // The coordinator's slot is 7 s after the intent began, past the
+        // cooldown's end at 3 s: the service is told 6 s from now.
+        let report = held(
+            began,
+            Outcome::DeadlineInfeasible,
+            WaitEvidence {
+                cooldown: Some(secs(3)),
+                slot: Some(secs(7)),
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&report, now, || Some(secs(2))),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(6)))
+        );
+        // Deciding alone, the start its own wait planned.
+        let report = held(
+            began,
+            Outcome::DeadlineInfeasible,
+            WaitEvidence {
+                cooldown: Some(secs(3)),
+                planned_start: secs(4),
+                degraded: true,
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&report, now, || None),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(3)))
+        );
+    }
+
+    #[test]
+    fn without_a_slot_the_cooldown_then_a_guess_answer() {
+        let began = tokio::time::Instant::now();
+        let now = began + secs(1);
+        let cooling = held(
+            began,
+            Outcome::DeadlineInfeasible,
+            WaitEvidence {
+                cooldown: Some(secs(5)),
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&cooling, now, || None),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(4)))
+        );
+        // A slot already past says nothing about when to come back.
+        let past = held(
+            began,
+            Outcome::BudgetExhausted,
+            WaitEvidence {
+                slot: Some(Duration::from_millis(500)),
+                ..WaitEvidence::default()
+            },
+        );
+        assert_eq!(
+            answer(&past, now, || Some(secs(2))),
+            (StatusCode::TOO_MANY_REQUESTS, Some(secs(2)))
+        );
+        assert_eq!(
+            answer(&past, now, || None),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(secs(1)))
+        );
+        let full = held(began, Outcome::CapacityUnavailable, WaitEvidence::default());
+        assert_eq!(
+            answer(&full, now, || Some(secs(9))),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(secs(1)))
+        );
+    }
 }

@@ -19,6 +19,7 @@
 //! - `listener`: the accept loop, the handler, the gate's response headers
 //!   and the answers when the gate ends with no response.
 //! - `admin`: `/healthz`, `/readyz` and `/metrics`.
+//! - `token`: the coordinator token file, read at start and followed.
 //!
 //! A request flows listener → intake → layer (gate: hold, attempts,
 //! waits) → upstream, and its response back, streamed.
@@ -41,11 +42,10 @@ pub mod config;
 pub mod intake;
 pub mod listener;
 pub mod route;
+pub mod token;
 pub mod upstream;
 
 pub use config::ProxyConfig;
-
-use crate::telemetry::{self, TelemetryConfig};
 
 /// What each listener logs once bound, followed by `listener=NAME
 /// address=IP:PORT`: tests and operators read the bound port from it.
@@ -71,15 +71,7 @@ pub fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if args.check {
         return Ok(());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    let telemetry = {
-        let _runtime = runtime.enter();
-        telemetry::init(&TelemetryConfig::from_env(config.admin_listen.is_some()))
-            .context("starting telemetry")?
-    };
+    let (runtime, telemetry) = crate::serve::start_runtime(config.admin_listen.is_some())?;
     let registry = telemetry.registry().cloned();
     runtime.block_on(async move {
         let mut bound = Vec::with_capacity(config.listeners.len());
@@ -138,7 +130,7 @@ pub async fn run(
         admin,
         registry,
     } = setup;
-    let tollgate = connect(&config).context("coordinator")?;
+    let (tollgate, token) = connect(&config).context("coordinator")?;
     let drain = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     for (listener_config, socket) in config.listeners.iter().zip(listeners) {
@@ -167,7 +159,24 @@ pub async fn run(
         }
         None => None,
     };
-    shutdown.await;
+    // Followed while the proxy serves; a drain needs no new token.
+    let follow_token = async {
+        match (&config.coordinator.token_file, token) {
+            (Some(path), Some(current)) => {
+                token::follow(
+                    path.clone(),
+                    tollgate.gate().cache().link().clone(),
+                    current,
+                )
+                .await;
+            }
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = shutdown => {}
+        () = follow_token => {}
+    }
     tracing::info!(grace = ?config.drain, "draining");
     drain.cancel();
     while tasks.join_next().await.is_some() {}
@@ -182,15 +191,13 @@ pub async fn run(
 }
 
 /// The gate every listener shares: one worker, one lease cache, one
-/// capacity.
-fn connect(config: &ProxyConfig) -> anyhow::Result<Tollgate> {
+/// capacity; and the token it was built with, to follow.
+fn connect(config: &ProxyConfig) -> anyhow::Result<(Tollgate, Option<String>)> {
     let c = &config.coordinator;
     let mut link = LinkConfig::new(c.endpoint.clone(), c.worker_id.clone());
     link.rpc_timeout = c.rpc_timeout;
     if let Some(path) = &c.token_file {
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("coordinator.token_file {}", path.display()))?;
-        link.bearer_token = Some(token.trim().to_owned());
+        link.bearer_token = Some(token::read(path)?);
     }
     if let Some(ca) = &c.ca_file {
         link.tls = Some(LinkTls::from_files(Some(ca), None, None).context("coordinator.ca_file")?);
@@ -199,9 +206,11 @@ fn connect(config: &ProxyConfig) -> anyhow::Result<Tollgate> {
         max_in_flight: config.max_in_flight,
         ..GateConfig::default()
     };
-    Tollgate::connect(c.endpoint.clone(), c.worker_id.clone())
+    let token = link.bearer_token.clone();
+    let tollgate = Tollgate::connect(c.endpoint.clone(), c.worker_id.clone())
         .link_config(link)
         .gate_config(gate)
         .build()
-        .context("building the gate")
+        .context("building the gate")?;
+    Ok((tollgate, token))
 }

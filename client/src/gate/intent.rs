@@ -331,6 +331,10 @@ pub struct IntentResult<T> {
     /// held it (`cooldown` is its end, `slot` the coordinator's slot after
     /// it); also set when the intent ended while held, with no attempt.
     pub held: Option<WaitEvidence>,
+    /// When the intent began: every elapsed time in the evidence (a slot,
+    /// a planned start, an attempt's start) counts from this instant, so a
+    /// caller can tell how far ahead of now the gate's next start was.
+    pub began: Instant,
 }
 
 impl<T> IntentResult<T> {

@@ -392,6 +392,7 @@ impl<'g> Run<'g> {
             last_response,
             attempts: self.attempts,
             held: self.held,
+            began: self.epoch,
         }
     }
 }
