@@ -671,16 +671,36 @@ impl LimiterModel {
     /// ever be given back what it sends. What the limiter served across
     /// the climb, window by window without refusing, is then the rate it
     /// sustained for that long, and the model takes that.
+    ///
+    /// The same holds of a limiter that spends its capacity refusing: a
+    /// climb pressed over its edge is served next to nothing while it
+    /// refuses (a refusal that costs what a request does), and the reading
+    /// is what pressing left, not ρ. A measurement that ends inside the
+    /// window of its first refusal is judged against the climb's windows
+    /// closed so far.
     fn not_an_echo(&self, reading_m: i64) -> i64 {
-        let (None, Some(climb)) = (self.rate_m, &self.unexplained_m) else {
-            return reading_m;
-        };
-        let bank_m = excess_m(&climb.windows, reading_m);
-        if bank_m <= reading_m.saturating_mul(MAX_SPAN as i64) || climb.windows.is_empty() {
+        if self.rate_m.is_some() {
             return reading_m;
         }
-        let served: i64 = climb.windows.iter().sum();
-        reading_m.max(served * MILLI / climb.windows.len() as i64)
+        let climb = match &self.unexplained_m {
+            Some(unexplained) => &unexplained.windows[..],
+            None => self.climb_windows(),
+        };
+        let bank_m = excess_m(climb, reading_m);
+        if bank_m <= reading_m.saturating_mul(MAX_SPAN as i64) || climb.is_empty() {
+            return reading_m;
+        }
+        let served: i64 = climb.iter().sum();
+        reading_m.max(served * MILLI / climb.len() as i64)
+    }
+
+    /// The closed windows of the span that can have drawn on a bank before
+    /// anything was measured: those startup climbed in, and the one before
+    /// them. Before them the fleet's demand fit, and a refusal after a
+    /// steady stretch is a capacity that fell.
+    fn climb_windows(&self) -> &[i64] {
+        let climbed = usize::try_from(self.climbed).unwrap_or(usize::MAX);
+        &self.span[self.span.len().saturating_sub(climbed.saturating_add(1))..]
     }
 
     /// The refusals that began a measurement were not the limiter kept
@@ -757,19 +777,15 @@ impl LimiterModel {
     }
 
     fn on_empty_window(&mut self) {
-        let span = std::mem::take(&mut self.span);
         if self.rate_m.is_none() {
             // The first contact: its last window served ρ and whatever
             // bank the limiter had, which the measurement under way tells
-            // apart. Only the windows startup climbed in can have drawn on
-            // a bank; before them the fleet's demand fit, and a refusal
-            // after a steady stretch is a capacity that fell.
-            let climbed = usize::try_from(self.climbed).unwrap_or(usize::MAX);
-            let from = span.len().saturating_sub(climbed.saturating_add(1));
+            // apart.
             self.unexplained_m = Some(Unexplained {
-                windows: span[from..].to_vec(),
+                windows: self.climb_windows().to_vec(),
             });
         }
+        let span = std::mem::take(&mut self.span);
         if let Some(rate) = self.rate_m {
             // What the span served over ρ̂ came from the bank.
             self.saw_bank(excess_m(&span, rate));

@@ -634,3 +634,20 @@ fn a_probe_due_after_a_measurement_survives_a_fall_measured_meanwhile() {
     close(&mut model, 7_000);
     assert_eq!(model.phase(), Phase::Probe);
 }
+
+#[test]
+fn a_first_reading_that_refusing_starved_is_judged_by_the_climb_before_it() {
+    // An upstream that spends as much refusing as serving: pressed over
+    // its edge it serves next to nothing, and the measurement ends inside
+    // the window of its first refusal, 20/s read over 300 ms.
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    tell(&mut model, 3_900, 2, 40);
+    tell(&mut model, 4_000, 2, 40);
+    tell(&mut model, 4_100, 2, 40);
+    // The climb's closed windows served 800, 850 and 950 without a
+    // refusal: a bank of two minutes of 20/s. Their mean is taken.
+    let climb = [800, 850, 950];
+    let mean = climb.iter().sum::<i64>() * MILLI / climb.len() as i64;
+    assert_eq!(model.rate_m(), Some(mean));
+}
