@@ -27,15 +27,8 @@ pub(crate) async fn deposit(
     now_ms: i64,
 ) -> Result<(), StoreError> {
     let batch = ReportBatch {
-        worker_id: "w",
         first_attempts,
-        successes: 0,
-        rejections: 0,
-        counts_age_ms: 0,
-        hints: &[],
-        now_ms,
-        tokens: 1,
-        stated: None,
+        ..ReportBatch::empty("w", now_ms)
     };
     s.report(key, batch, &crate::policy::Policy::default())
         .await
@@ -53,15 +46,8 @@ pub(crate) async fn deposit_as(
     policy: &crate::policy::Policy,
 ) {
     let batch = ReportBatch {
-        worker_id: worker,
         first_attempts,
-        successes: 0,
-        rejections: 0,
-        counts_age_ms: 0,
-        hints: &[],
-        now_ms,
-        tokens: 1,
-        stated: None,
+        ..ReportBatch::empty(worker, now_ms)
     };
     s.report(key, batch, policy).await.expect("report");
 }

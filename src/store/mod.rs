@@ -204,6 +204,24 @@ pub struct WindowCounts {
     pub rejections: u32,
 }
 
+impl<'a> ReportBatch<'a> {
+    /// `worker_id`'s report at `now_ms` with nothing in it (one caller
+    /// token): the base the counts and hints of a report are set on.
+    pub fn empty(worker_id: &'a str, now_ms: i64) -> Self {
+        Self {
+            worker_id,
+            first_attempts: 0,
+            successes: 0,
+            rejections: 0,
+            counts_age_ms: 0,
+            hints: &[],
+            now_ms,
+            tokens: 1,
+            stated: None,
+        }
+    }
+}
+
 impl ReportBatch<'_> {
     /// The hint ends pacing learns from: those the fleet agreed with. An
     /// outlier's or an uncorroborated claim is one worker's word (pacing

@@ -48,15 +48,9 @@ pub(super) async fn deposit(
     now_ms: i64,
 ) -> Result<(), StoreError> {
     let batch = ReportBatch {
-        worker_id: worker,
         first_attempts,
         successes,
-        rejections: 0,
-        counts_age_ms: 0,
-        hints: &[],
-        now_ms,
-        tokens: 1,
-        stated: None,
+        ..ReportBatch::empty(worker, now_ms)
     };
     s.report(key, batch, p).await.map(drop)
 }

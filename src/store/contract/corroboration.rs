@@ -287,15 +287,9 @@ pub(crate) async fn a_worker_back_after_the_window_counts_among_the_active(s: &d
     let p = Policy::default();
     let long_ago = T0 - 2 * p.window_ms();
     let quiet = |worker, now_ms| ReportBatch {
-        worker_id: worker,
         first_attempts: 1,
         successes: 1,
-        rejections: 0,
-        counts_age_ms: 0,
-        hints: &[],
-        now_ms,
-        tokens: 1,
-        stated: None,
+        ..ReportBatch::empty(worker, now_ms)
     };
     s.report(&key(), quiet("back", long_ago), &p)
         .await

@@ -1012,15 +1012,8 @@ mod tests {
 
     async fn deposit_as(s: &MemoryStore, who: Tenant, key: &ScopeKey, now_ms: i64) {
         let batch = ReportBatch {
-            worker_id: "w",
             first_attempts: 1,
-            successes: 0,
-            rejections: 0,
-            counts_age_ms: 0,
-            hints: &[],
-            now_ms,
-            tokens: 1,
-            stated: None,
+            ..ReportBatch::empty("w", now_ms)
         };
         s.report_as(who, key, batch, &Policy::default())
             .await
