@@ -453,7 +453,13 @@ impl LimiterModel {
         } else if report.now_ms >= until_ms && report.refused > 0 {
             // Empty again: what it served in between is ρ, if the
             // limiter was kept empty in between.
-            if pressed(served, refused) {
+            if refused > served
+                && self
+                    .rate_m
+                    .is_some_and(|rate| reading < CRUISE_GAIN.of(rate))
+            {
+                self.starved(reading, report.now_ms);
+            } else if pressed(served, refused) {
                 self.measured(reading, drew_m, probe);
             } else {
                 self.unpressed(drew_m);
@@ -488,7 +494,9 @@ impl LimiterModel {
         // the edge; in cruise the capacity fell (or ρ̂ is high).
         let mut drew_m = self.target_m(report.now_ms);
         if let Phase::Startup {
-            step_m, from_ms, ..
+            target_m,
+            step_m,
+            from_ms,
         } = self.phase
             && step_m > 0
             && report.now_ms > from_ms
@@ -503,7 +511,11 @@ impl LimiterModel {
             // climb resumes from there.
             let last = self.span.last().copied().unwrap_or(0) * MILLI;
             let now = self.w_served * MILLI * WINDOW_MS / (report.now_ms - from_ms);
-            drew_m = drew_m.min(PROBE_GAIN.of(last.max(now))).max(self.floor_m);
+            // Never under where the climb began, which was served: a
+            // refusal reported before anything was served since (the
+            // stragglers of a pressing) would otherwise hold the floor.
+            let served_m = PROBE_GAIN.of(last.max(now)).max(target_m - step_m);
+            drew_m = drew_m.min(served_m).max(self.floor_m);
         }
         if self.hint_memory_ms > MAX_PRESS_MS {
             // Credit comes back only after a long while (the limiter's own
@@ -658,6 +670,29 @@ impl LimiterModel {
         self.phase = Phase::Drain {
             fresh: true,
             probe: due || first || drew_m > PROBE_GAIN.of(PROBE_GAIN.of(rate_m)),
+        };
+    }
+
+    /// A fall measured while the limiter refused more than it served: a
+    /// limiter that spends as much refusing as serving serves next to
+    /// nothing while pressed, and a capacity that fell serves what it
+    /// serves; the counts cannot tell which. Neither is ρ to cruise at:
+    /// the search starts again from the reading, as startup, whose climb
+    /// doubles its step each window work waits and whose measurement
+    /// presses only a probe's gain over what was served, where refusals
+    /// cost little.
+    fn starved(&mut self, reading_m: i64, now_ms: i64) {
+        self.rate_m = None;
+        self.unexplained_m = None;
+        self.span.clear();
+        self.span_anchored = true;
+        self.climbed = 0;
+        let base = reading_m.max(self.floor_m);
+        let step = FIRST_STEP.of(base).max(MILLI);
+        self.phase = Phase::Startup {
+            target_m: base.saturating_add(step),
+            step_m: step,
+            from_ms: now_ms,
         };
     }
 

@@ -651,3 +651,33 @@ fn a_first_reading_that_refusing_starved_is_judged_by_the_climb_before_it() {
     let mean = climb.iter().sum::<i64>() * MILLI / climb.len() as i64;
     assert_eq!(model.rate_m(), Some(mean));
 }
+
+#[test]
+fn a_fall_read_while_refusals_outnumber_what_was_served_restarts_the_search() {
+    // ρ̂ = 1 000/s measured at first contact, the drain after it refused
+    // through a window: a fall, measured over the limiter's 1 s memory.
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    for now_ms in [3_900, 4_000, 4_100] {
+        tell(&mut model, now_ms, 100, 10);
+    }
+    close(&mut model, 4_000);
+    tell(&mut model, 4_500, 0, 100);
+    // The limiter spends its capacity refusing: 38 served and 1 000
+    // refused in the second pressed.
+    tell(&mut model, 4_600, 2, 100);
+    for now_ms in (4_700..=5_500).step_by(100) {
+        tell(&mut model, now_ms, 4, 100);
+    }
+    // Not cruise at 38/s: startup from it, a step of an eighth climbing
+    // across the window from the instant the measurement ended.
+    assert_eq!(model.rate_m(), None);
+    assert_eq!(
+        model.phase(),
+        Phase::Startup {
+            target_m: 38 * MILLI + 4_750,
+            step_m: 4_750,
+            from_ms: 5_500
+        }
+    );
+}
