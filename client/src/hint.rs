@@ -291,8 +291,9 @@ fn bounded_raw(raw: &str) -> String {
 }
 
 /// Cuts `raw` to at most `max` bytes on a character boundary; the gate uses
-/// it for the proto's tighter limits (64 bytes of pushback text).
-pub(crate) fn bounded_to(raw: &str, max: usize) -> String {
+/// it for the proto's tighter limits (64 bytes of pushback text), the
+/// coordinator for the evidence it keeps.
+pub fn bounded_to(raw: &str, max: usize) -> String {
     if raw.len() <= max {
         return raw.to_owned();
     }

@@ -23,6 +23,7 @@
 use std::time::Duration;
 
 use tollgate_client::clock::from_unix_ms;
+use tollgate_client::hint::bounded_to;
 use tollgate_client::ratelimit::{
     QuotaUnit, RateLimitRules, RateLimitVerdict, StatedField, StatedLimits, read_stated_fields,
 };
@@ -34,15 +35,6 @@ use crate::policy::Policy;
 /// The longest reset believed, as the parser's default: the longest window
 /// APIs commonly state is a day.
 const MAX_RESET: Duration = Duration::from_secs(86_400);
-
-/// `raw` cut to at most `max` bytes on a character boundary.
-fn bounded_to(raw: &str, max: usize) -> String {
-    let mut end = raw.len().min(max);
-    while !raw.is_char_boundary(end) {
-        end -= 1;
-    }
-    raw[..end].to_owned()
-}
 
 /// One statement as a worker reported it, validated.
 #[derive(Debug, Clone, Copy)]
