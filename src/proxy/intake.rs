@@ -101,19 +101,18 @@ fn caller_scope(listener: &ListenerConfig, parts: &Parts) -> Result<String, BadH
     }
 }
 
+/// The header names a class as the file does: one list of names, the
+/// file's.
 fn priority(text: &str) -> Result<Priority, BadHeader> {
-    let name = match text.trim().to_ascii_lowercase().as_str() {
-        "critical" => PriorityName::Critical,
-        "normal" => PriorityName::Normal,
-        "bulk" => PriorityName::Bulk,
-        _ => {
-            return Err(BadHeader {
-                header: PRIORITY_HEADER,
-                reason: "must be critical, normal or bulk",
-            });
-        }
-    };
-    Ok(name.priority())
+    use serde::Deserialize as _;
+    use serde::de::value::{Error, StrDeserializer};
+    let lower = text.trim().to_ascii_lowercase();
+    PriorityName::deserialize(StrDeserializer::<Error>::new(&lower))
+        .map(PriorityName::priority)
+        .map_err(|_| BadHeader {
+            header: PRIORITY_HEADER,
+            reason: "must be critical, normal or bulk",
+        })
 }
 
 fn deadline(listener: &ListenerConfig, parts: &Parts) -> Result<Duration, BadHeader> {
