@@ -14,7 +14,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
-use rustls::pki_types::pem::PemObject as _;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -22,6 +21,7 @@ use tokio_util::either::Either;
 
 use super::body::ProxyBody;
 use super::config::ListenerConfig;
+use crate::server::tls::TlsError;
 
 /// The client one listener forwards with.
 pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
@@ -200,15 +200,15 @@ fn tls_connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, Upst
                 path: path.display().to_string(),
                 reason,
             };
-            let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
-                .map_err(|e| ca_error(e.to_string()))?;
+            let certs = crate::server::tls::certificates_in(path).map_err(|e| {
+                ca_error(match e {
+                    TlsError::Read { source, .. } => source.to_string(),
+                    TlsError::Pem { reason, .. } => reason,
+                    TlsError::Rustls(reason) => reason,
+                })
+            })?;
             for cert in certs {
-                roots
-                    .add(cert.map_err(|e| ca_error(e.to_string()))?)
-                    .map_err(|e| ca_error(e.to_string()))?;
-            }
-            if roots.is_empty() {
-                return Err(ca_error("no certificate in it".into()));
+                roots.add(cert).map_err(|e| ca_error(e.to_string()))?;
             }
         }
         None => {

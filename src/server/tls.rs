@@ -175,6 +175,13 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
+/// The certificates in the PEM file at `path`, at least one: the one reader
+/// of certificate files, for the server's chain and CAs and the proxy's
+/// upstream CA.
+pub(crate) fn certificates_in(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    certificates(path, &read(path)?)
+}
+
 fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
