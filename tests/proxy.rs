@@ -282,6 +282,14 @@ fn coordinator(dir: &Path) -> Served {
     Served::spawn(command, &dir.join("serve.log"))
 }
 
+/// A coordinator on its defaults: one worker's hint holds the others'
+/// retries at once, their first attempts once another worker agrees.
+fn coordinator_on_defaults(dir: &Path) -> Served {
+    let mut command = Command::new(BIN);
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    Served::spawn(command, &dir.join("serve.log"))
+}
+
 /// The caller token of the fleet's scope, and the on-call admin token, in
 /// [`coordinator_with_tokens`].
 const FLEET_TOKEN: &str = "token-of-the-fleet";
@@ -568,6 +576,21 @@ async fn cooldown_at(
         .map_or(0, |r| r.into_inner().cooldown_until_unix_ms)
 }
 
+/// How distinct workers support the route's cooldown (`None`: the
+/// coordinator did not answer).
+async fn evidence(coordinator: &Served, route: &str) -> Option<v1::EvidenceState> {
+    let endpoint = tonic::transport::Endpoint::from_shared(coordinator.url()).expect("endpoint");
+    let channel = endpoint.connect().await.ok()?;
+    let scope = AdminClient::new(channel)
+        .get_scope(v1::GetScopeRequest {
+            caller_scope: "fleet".into(),
+            route: route.into(),
+        })
+        .await
+        .ok()?;
+    scope.into_inner().route_evidence
+}
+
 fn dir(name: &str) -> PathBuf {
     temp_dir(&format!("proxy-{name}"))
 }
@@ -653,6 +676,115 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
     );
     drop((a, b));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The same fleet on the coordinator's defaults, which ask distinct workers
+/// to agree before one worker's hint holds everyone's first attempts: B's
+/// first request during the penalty reaches the upstream once, and its 429
+/// is the agreement — B's next request waits in B's proxy, and the first
+/// one's retry waits out the cooldown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_defaults_the_other_proxy_sends_one_request_into_the_penalty_then_holds() {
+    let Some(world) = World::start("hold-defaults", 2, coordinator_on_defaults).await else {
+        return;
+    };
+    let dir = &world.dir;
+    let coordinator = &world.coordinator;
+    let upstream = &world.upstream;
+    let routes = "[[listener.route]]\nroute = \"GET /limited\"\n";
+    let a = world.proxy("a", ["", "", routes]);
+    let mut b = world.proxy("b", ["", "", routes]);
+    let warm_a = curl(&["-H", "x-from: a", &a.url("/limited")]).await;
+    let (_, warm_b) = python_get(&b.url("/limited"), 10.0, &["x-from: b"]).await;
+    assert_eq!(warm_a.status, 200, "{warm_a:?}");
+    assert_eq!(warm_b.expect("python answered").status, 200);
+    tokio::time::sleep(Duration::from_millis(1100)).await; // a fresh window
+
+    let burst = tokio::spawn({
+        let url = a.url("/limited");
+        async move {
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                answers.push(curl(&["-H", "x-from: a", &url]).await);
+            }
+            answers
+        }
+    });
+    eventually("the upstream's penalty", async || {
+        upstream.tripped.lock().expect("tripped").is_some()
+    })
+    .await;
+    let tripped = upstream.tripped.lock().expect("tripped").expect("tripped");
+    eventually("the fleet's cooldown", async || {
+        cooldown(coordinator, "GET /limited").await > 0
+    })
+    .await;
+
+    // B's first request: one attempt into the penalty, whose 429 agrees
+    // with A's.
+    let first = tokio::spawn(python_get_owned(b.url("/limited"), "x-from: b1"));
+    eventually("B's first attempt answered", async || {
+        upstream.hits().iter().any(|h| h.from == "b1")
+    })
+    .await;
+    eventually("the cooldown corroborated", async || {
+        evidence(coordinator, "GET /limited")
+            .await
+            .is_some_and(|e| e.corroborated)
+    })
+    .await;
+    // Watch pushes the hold to B's proxy well within this.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tripped.elapsed() < PENALTY - Duration::from_millis(500),
+        "the machine is too slow for this test's timing: {:?}",
+        tripped.elapsed()
+    );
+    let (ok, second) = python_get(&b.url("/limited"), 20.0, &["x-from: b2"]).await;
+    let second = second.unwrap_or_else(|| panic!("python failed ({ok}):\n{}", b.log()));
+    let (ok, first) = first.await.expect("join");
+    let first = first.unwrap_or_else(|| panic!("python failed ({ok}):\n{}", b.log()));
+
+    let during = |from: &str| {
+        upstream
+            .hits()
+            .into_iter()
+            .filter(|h| h.from == from && h.at > tripped && h.at < tripped + PENALTY)
+            .count()
+    };
+    assert_eq!(
+        during("b1"),
+        1,
+        "B's first request: one attempt into the penalty"
+    );
+    assert_eq!(
+        during("b2"),
+        0,
+        "B's next request waits in its proxy\n{}",
+        b.log()
+    );
+    for answer in [&first, &second] {
+        assert_eq!(answer.status, 200, "{answer:?}\n{}", b.log());
+        assert_eq!(answer.header("tollgate-outcome"), "succeeded");
+    }
+    // (After the penalty the waiting requests of both services meet the
+    // upstream's 2/s again, so either may be refused once more.)
+    let attempts: u32 = first.header("tollgate-attempts").parse().expect("attempts");
+    assert!(
+        attempts >= 2,
+        "B's first request was refused once: {first:?}"
+    );
+    let burst = burst.await.expect("burst");
+    assert!(
+        burst.iter().all(|a| a.status == 200),
+        "A's requests end well: {burst:?}"
+    );
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn python_get_owned(url: String, header: &'static str) -> (bool, Option<Answer>) {
+    python_get(&url, 20.0, &[header]).await
 }
 
 /// A request's deadline bounds the gate: a hint longer than what is left
@@ -901,6 +1033,19 @@ async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
         .expect("curl");
     let metrics = String::from_utf8_lossy(&metrics.stdout);
     assert!(metrics.contains("tollgate_client_attempts"), "{metrics}");
+
+    // An operator's reload signal, with no token file to read, is logged
+    // and changes nothing (its default action would end the process).
+    let status = Command::new("kill")
+        .args(["-HUP", &proxy.run.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    eventually("the SIGHUP logged", async || {
+        proxy.log().contains(tollgate::proxy::NOTHING_TO_RELOAD)
+    })
+    .await;
+    assert_eq!(curl(&[&proxy.url("/ok")]).await.status, 200);
 
     // A request in flight when SIGTERM comes still gets its answer.
     let slow = tokio::spawn(curl_owned(proxy.url("/slow")));

@@ -52,6 +52,8 @@ pub use config::ProxyConfig;
 pub const LISTENING: &str = "tollgate proxy listening";
 /// The same for the admin listener.
 pub const ADMIN_LISTENING: &str = "tollgate proxy admin listening";
+/// What a SIGHUP logs when there is no `coordinator.token_file` to read.
+pub const NOTHING_TO_RELOAD: &str = "SIGHUP: nothing to reload without coordinator.token_file";
 
 /// `tollgate proxy`: run the sidecar.
 #[derive(Debug, clap::Args)]
@@ -170,7 +172,15 @@ pub async fn run(
                 )
                 .await;
             }
-            _ => std::future::pending().await,
+            // SIGHUP's default action ends a process: an operator's
+            // "reload" must not stop a proxy that has nothing to reload.
+            _ => {
+                let mut hangups = crate::signal::Hangups::listen();
+                loop {
+                    hangups.next().await;
+                    tracing::info!("{NOTHING_TO_RELOAD}");
+                }
+            }
         }
     };
     tokio::select! {
