@@ -134,6 +134,13 @@ pub fn owned_id(entry: usize, id: &str) -> String {
     format!("t{entry}:{id}")
 }
 
+/// Who owns a worker or intent id: the `t<entry>:` prefix of an
+/// [`owned_id`] (one per caller token), or `""` for an id kept as sent.
+pub fn owner_of(id: &str) -> &str {
+    let sent = sent_id(id);
+    &id[..id.len() - sent.len()]
+}
+
 /// The id as its worker sent it: [`owned_id`]'s prefix taken off, or the
 /// id itself when it has none (open dev mode keeps ids as sent).
 pub fn sent_id(id: &str) -> &str {

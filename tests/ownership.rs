@@ -237,3 +237,75 @@ async fn a_huge_report_from_one_token_does_not_raise_another_tokens_budget() {
     assert_eq!(theirs.granted, 10_000);
     coordinator.stop().await;
 }
+
+/// A report by `worker` whose upstream stated 100 requests a second with
+/// `remaining` left, received at the coordinator's now.
+fn stated(s: Option<v1::Scope>, worker: &str, remaining: u32) -> v1::ReportRequest {
+    let field = |name: &str, value: String| v1::StatedField {
+        name: name.into(),
+        value,
+        truncated: false,
+    };
+    v1::ReportRequest {
+        scope: s,
+        worker_id: worker.into(),
+        successes: 1,
+        stated_limit: Some(v1::StatedLimit {
+            fields: vec![
+                field("ratelimit-policy", "\"default\";q=100;w=1".into()),
+                field("ratelimit", format!("\"default\";r={remaining};t=1")),
+            ],
+            receipt_unix_ms: support::T0,
+            http_status: 200,
+        }),
+        ..v1::ReportRequest::default()
+    }
+}
+
+/// How the route's stated limits weigh now, read by the on-call admin.
+async fn stated_state(coordinator: &Coordinator, caller: &str) -> v1::StatedLimitState {
+    let scope = coordinator
+        .admin()
+        .await
+        .get_scope(with_token(
+            v1::GetScopeRequest {
+                caller_scope: caller.into(),
+                route: ROUTE.into(),
+            },
+            "admin-of-the-test",
+        ))
+        .await
+        .expect("get scope")
+        .into_inner();
+    scope.pacing.and_then(|p| p.stated).expect("stated state")
+}
+
+#[tokio::test]
+async fn one_tokens_workers_alone_cannot_set_another_tokens_stated_pace() {
+    let admin = "\n[[admin_token]]\nname = \"oncall\"\ntoken = \"admin-of-the-test\"\n";
+    let coordinator = Coordinator::start(config(&format!("{SHARED}{admin}"))).await;
+    let mut client = coordinator.client().await;
+    let s = scope("shared-x", ROUTE, Priority::Normal);
+    // Five workers of token one say one request is left this second.
+    for w in 0..5 {
+        client
+            .report(with_token(
+                stated(s.clone(), &format!("invented-{w}"), 1),
+                ONE,
+            ))
+            .await
+            .expect("report");
+    }
+    let lie = stated_state(&coordinator, "shared-x").await;
+    assert_eq!(lie.state, "uncorroborated", "{lie:?}");
+    // A worker of token two states what it sees: both tokens' workers now
+    // agree on its pace, the lowest both allow.
+    client
+        .report(with_token(stated(s, "worker-of-two", 60), TWO))
+        .await
+        .expect("report");
+    let agreed = stated_state(&coordinator, "shared-x").await;
+    assert_eq!(agreed.state, "corroborated", "{agreed:?}");
+    assert_eq!(agreed.remaining, 60, "{agreed:?}");
+    coordinator.stop().await;
+}

@@ -172,7 +172,7 @@ pub fn evaluate(
     let live: Vec<(&str, &WorkerEvidence)> = workers
         .iter()
         .filter(|(_, w)| w.claim_until_ms > now_ms)
-        .map(|(id, w)| (owner(id), w))
+        .map(|(id, w)| (crate::scope::owner_of(id), w))
         .collect();
     let mut claims: Vec<(i64, &str)> = live
         .iter()
@@ -214,13 +214,6 @@ pub fn evaluate(
         reporters: count(claims.len()),
         needed: count(needed),
     }
-}
-
-/// Who owns a worker id: the caller token whose entry prefixes it
-/// ([`crate::scope::owned_id`]), or `""` for an id kept as sent.
-fn owner(worker: &str) -> &str {
-    let sent = crate::scope::sent_id(worker);
-    &worker[..worker.len() - sent.len()]
 }
 
 /// Records `worker`'s claim `until_ms` (anchored at `anchor_ms`) at

@@ -101,12 +101,15 @@ pub fn read_statement(
     statement
 }
 
-/// How statements are weighed on a route with `active` workers: as hints
-/// are ([`Rules::needed`], `uncorroborated_cap`).
-pub fn weighing(policy: &Policy, active: usize) -> Weighing {
+/// How statements are weighed on a route with `active` workers, whose
+/// caller scope `tokens` caller tokens may use: as hints are
+/// ([`Rules::needed`], `uncorroborated_cap`, [`Rules::shared_by`]).
+pub fn weighing(policy: &Policy, active: usize, tokens: usize) -> Weighing {
+    let rules = Rules::of(policy).shared_by(tokens);
     Weighing {
-        needed: i64::try_from(Rules::of(policy).needed(active)).unwrap_or(i64::MAX),
-        cap_ms: i64::try_from(policy.uncorroborated_cap_ms).unwrap_or(i64::MAX),
+        needed: i64::try_from(rules.needed(active)).unwrap_or(i64::MAX),
+        cap_ms: rules.cap_ms,
+        min_owners: i64::try_from(rules.min_owners).unwrap_or(i64::MAX),
     }
 }
 

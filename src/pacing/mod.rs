@@ -413,12 +413,16 @@ impl PacingState {
     }
 
     /// Capacity estimate at `now_ms`, milli-attempts per second: the limit
-    /// the policy states, or ρ̂ once measured, or before that the target
-    /// (what the upstream served without refusing, and the climb past it).
+    /// the policy states, or the upstream's corroborated stated pace (less
+    /// the margin: what the fleet may spend, first attempts included), or
+    /// ρ̂ once measured, or before that the target (what the upstream
+    /// served without refusing, and the climb past it).
     fn capacity_m(&self, now_ms: i64) -> i64 {
         match self.rule {
             Rule::Known { limit_m } => limit_m,
-            Rule::Learned if self.stated.in_force() == InForce::Corroborated => self.rate_m,
+            Rule::Learned if self.stated.in_force() == InForce::Corroborated => {
+                self.stated.view_now(now_ms).pace_m
+            }
             _ => self
                 .model
                 .rate_m()

@@ -195,6 +195,11 @@ pub struct Weighing {
     /// How long one worker's uncorroborated statement may lower the pace,
     /// from the start of its streak.
     pub cap_ms: i64,
+    /// Distinct owners (caller tokens) among the workers that corroborate
+    /// a pace: two where several tokens share the caller scope, so one
+    /// token's workers, however many ids it invents, cannot set the others'
+    /// pace ([`crate::hints::corroboration::Rules::min_owners`]).
+    pub min_owners: i64,
 }
 
 /// Whether and how statements pace the route now.
@@ -258,6 +263,34 @@ pub struct StatedState {
     in_force: InForce,
     /// The policy's margin at the last settle, for views between two.
     margin_permille: i64,
+}
+
+/// The claim whose pace corroborates: the `needed`-th lowest live pace,
+/// once the claims at or below it come from `min_owners` owners at least
+/// (the lowest pace that many distinct workers, of that many tokens, each
+/// allow). `None` when the live claims cannot corroborate.
+fn corroborating<'a>(live: &mut [&'a Claim], needed: i64, min_owners: i64) -> Option<&'a Claim> {
+    let needed = usize::try_from(needed).ok()?.max(1);
+    if live.len() < needed {
+        return None;
+    }
+    if min_owners <= 1 {
+        // Without sorting a large fleet's claims on every decision.
+        let (_, nth, _) = live.select_nth_unstable_by_key(needed - 1, |c| c.statement.pace_m);
+        return Some(*nth);
+    }
+    live.sort_unstable_by_key(|c| c.statement.pace_m);
+    let mut owners: Vec<&str> = Vec::new();
+    for (i, c) in live.iter().enumerate() {
+        let who = crate::scope::owner_of(&c.statement.worker);
+        if !owners.contains(&who) {
+            owners.push(who);
+        }
+        if i + 1 >= needed && owners.len() as i64 >= min_owners {
+            return Some(*c);
+        }
+    }
+    None
 }
 
 impl StatedState {
@@ -346,19 +379,15 @@ impl StatedState {
             .collect();
         let needed = self.weighing.needed.max(1);
         let workers = live.len() as i64;
-        let chosen = if workers >= needed {
-            // The needed-th lowest, without sorting a large fleet's claims
-            // on every decision.
-            let at = usize::try_from(needed - 1).unwrap_or(0);
-            let (_, nth, _) = live.select_nth_unstable_by_key(at, |c| c.statement.pace_m);
-            Some((InForce::Corroborated, *nth))
-        } else {
+        let chosen = match corroborating(&mut live, needed, self.weighing.min_owners) {
+            Some(c) => Some((InForce::Corroborated, c)),
             // Only the claims still within the cap of their streak's start
             // may slow the fleet; the lowest of them does.
-            live.iter()
+            None => live
+                .iter()
                 .filter(|c| c.since_ms.saturating_add(self.weighing.cap_ms) > now_ms)
                 .min_by_key(|c| c.statement.pace_m)
-                .map(|c| (InForce::Uncorroborated, *c))
+                .map(|c| (InForce::Uncorroborated, *c)),
         };
         let keep = MILLI - margin_permille.clamp(0, MILLI);
         match chosen {
@@ -396,6 +425,7 @@ impl StatedState {
     pub(super) fn write(&self, w: &mut Writer) {
         w.int(self.weighing.needed)
             .int(self.weighing.cap_ms)
+            .int(self.weighing.min_owners)
             .int(self.in_force as i64)
             .int(self.margin_permille);
         w.int(self.claims.len() as i64);
@@ -415,6 +445,7 @@ impl StatedState {
             weighing: Weighing {
                 needed: r.int()?,
                 cap_ms: r.int()?,
+                min_owners: r.int()?,
             },
             in_force: match r.int()? {
                 0 => InForce::None,

@@ -26,6 +26,7 @@ fn weighing(needed: i64) -> Weighing {
     Weighing {
         needed,
         cap_ms: 10_000,
+        min_owners: 1,
     }
 }
 
@@ -182,6 +183,11 @@ fn a_corroborated_statement_paces_every_attempt_from_the_start() {
                 570_000,
                 "the pace less 400/s of first attempts"
             );
+            // What an operator reads: the stated pace is the capacity, and
+            // the first attempts leave the rest of it spare.
+            let view = st.view(0, at + 999);
+            assert_eq!(view.capacity_m, 970_000, "the stated pace");
+            assert_eq!(view.spare_m, 570_000);
         }
     }
     st.advance(T0 + 16_000, &p);
@@ -210,4 +216,51 @@ fn the_state_round_trips_through_the_store_encoding() {
         st.observe_statement(said(w, T0, 1000, 400, 700), weighing(2), T0, &p);
     }
     assert_eq!(PacingState::decode(&st.encode()), Ok(st));
+}
+
+#[test]
+fn where_tokens_share_the_scope_one_tokens_workers_cannot_set_the_pace_alone() {
+    let weighing = |min_owners| Weighing {
+        needed: 2,
+        cap_ms: 1000,
+        min_owners,
+    };
+    let record = |st: &mut StatedState, min_owners| {
+        // One token's invented workers state one request left.
+        for w in ["t1:a", "t1:b", "t1:c"] {
+            st.record(said(w, T0, 1000, 1, 1000), weighing(min_owners), T0);
+        }
+    };
+    let lie = Statement::pace_of(1000, 1000, 1, 1000).expect("a pace");
+
+    // Inside one token, its workers corroborate each other.
+    let mut alone = StatedState::default();
+    record(&mut alone, 1);
+    let (_, view) = alone.target(50_000, 0, T0 + 10);
+    assert_eq!(view.in_force, InForce::Corroborated);
+    assert_eq!(view.pace_m, lie);
+
+    // Shared by tokens: uncorroborated, so the lie lowers the pace for the
+    // cap at most, then changes nothing.
+    let mut shared = StatedState::default();
+    record(&mut shared, 2);
+    let (target, view) = shared.target(50_000, 0, T0 + 10);
+    assert_eq!(view.in_force, InForce::Uncorroborated);
+    assert_eq!(target, lie.min(50_000));
+    let (target, _) = shared.target(50_000, 0, T0 + 1500);
+    assert_eq!(target, 50_000, "past the cap the learned target stands");
+
+    // Another token's worker states what it sees: the lowest pace both
+    // tokens allow is its own.
+    shared.record(
+        said("t2:d", T0 + 1500, 1000, 500, 1000),
+        weighing(2),
+        T0 + 1500,
+    );
+    let (_, view) = shared.target(50_000, 0, T0 + 1600);
+    assert_eq!(view.in_force, InForce::Corroborated);
+    assert_eq!(
+        view.pace_m,
+        Statement::pace_of(1000, 1000, 500, 1000).expect("a pace")
+    );
 }

@@ -95,7 +95,7 @@ impl MemoryStore {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);
             let was = pacing.mode();
             if let Some(statement) = report.stated {
-                let weighing = crate::hints::stated::weighing(policy, active);
+                let weighing = crate::hints::stated::weighing(policy, active, report.tokens);
                 pacing.observe_statement(statement.clone(), weighing, now_ms, &policy.pacing);
             }
             pacing.observe(&observation, &policy.pacing);

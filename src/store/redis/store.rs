@@ -456,9 +456,14 @@ impl RedisStore {
                 &route_key,
                 PacingInput {
                     observation: &observation,
-                    stated: report
-                        .stated
-                        .map(|s| (s, crate::hints::stated::weighing(policy, reporter.active))),
+                    stated: report.stated.map(|s| {
+                        let weighing = crate::hints::stated::weighing(
+                            policy,
+                            reporter.active,
+                            reporter.tokens,
+                        );
+                        (s, weighing)
+                    }),
                 },
                 route.pacing_version,
                 route.pacing,
