@@ -418,16 +418,18 @@ impl PacingState {
     /// ρ̂ once measured, or before that the target (what the upstream
     /// served without refusing, and the climb past it).
     fn capacity_m(&self, now_ms: i64) -> i64 {
-        match self.rule {
-            Rule::Known { limit_m } => limit_m,
-            Rule::Learned if self.stated.in_force() == InForce::Corroborated => {
-                self.stated.view_now(now_ms).pace_m
-            }
-            _ => self
-                .model
-                .rate_m()
-                .unwrap_or_else(|| self.model.target_m(now_ms)),
+        if let Rule::Known { limit_m } = self.rule {
+            return limit_m;
         }
+        // Read at `now_ms`: statements may have expired since the last
+        // settle (an outage sends no reports to settle on).
+        let stated = self.stated.view_now(now_ms);
+        if self.rule == Rule::Learned && stated.in_force == InForce::Corroborated {
+            return stated.pace_m;
+        }
+        self.model
+            .rate_m()
+            .unwrap_or_else(|| self.model.target_m(now_ms))
     }
 
     /// What an operator sees at `now_ms`, with `asking` intents waiting to
@@ -590,9 +592,16 @@ impl PacingState {
         // lack of it, or nearly every slot it could give was taken.
         let demand = self.w_short > 0 || 8 * self.w_granted * MILLI >= 7 * self.rate_m.max(1);
         if self.rule == Rule::Learned {
+            // While a corroborated statement sets the pace, work waiting
+            // for it says nothing of the model's own target: startup would
+            // climb from the stated pace by ever larger steps it never
+            // tried, and a statement that stops arriving would hand the
+            // route over at that untried top. The model holds at what was
+            // served, so learned pacing takes over at the stated pace.
+            let stated = self.stated.in_force() == InForce::Corroborated;
             self.model.on_window(&model::WindowEnd {
                 at_ms: (self.win + 1) * WINDOW_MS,
-                demand,
+                demand: demand && !stated,
                 closed,
             });
             if self.saturated && !demand && !closed {

@@ -65,6 +65,13 @@ struct Run {
 
 /// Runs the loop for `secs`.
 fn run(shape: Shape, secs: i64) -> Run {
+    run_stating(shape, secs, 0)
+}
+
+/// [`run`], with the upstream stating its quota (the capacity in force a
+/// second, all of it left, resetting in a second) on every answer before
+/// second `stating_until`, and three workers reporting it each tick.
+fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
     let p = PacingPolicy::default();
     let mut st = PacingState::new(T0, &p);
     let mut cursor = 0;
@@ -157,6 +164,27 @@ fn run(shape: Shape, secs: i64) -> Run {
         let (first, served, rejected, until) =
             std::mem::replace(&mut heard_late, (first, served, rejected, until));
         let hints = vec![until; rejected.min(64) as usize];
+        if sec < stating_until && served > 0 {
+            for worker in ["a", "b", "c"] {
+                let statement = stated::Statement {
+                    worker: worker.into(),
+                    received_ms: now,
+                    verdict: stated::StatedVerdict::Usable,
+                    raw: String::new(),
+                    quota: cap,
+                    window_ms: 1000,
+                    remaining: cap,
+                    reset_ms: 1000,
+                    pace_m: stated::Statement::pace_of(cap, 1000, cap, 1000),
+                };
+                let weighing = stated::Weighing {
+                    needed: 2,
+                    cap_ms: 5000,
+                    min_owners: 1,
+                };
+                st.observe_statement(statement, weighing, now, &p);
+            }
+        }
         st.observe(
             &Observation {
                 now_ms: now,
@@ -362,4 +390,37 @@ fn an_outage_answering_with_short_hints_teaches_no_rate() {
         "{:?}",
         run.served_permille
     );
+}
+
+/// A stated quota that stops arriving, with a backlog still waiting, hands
+/// the route to learned pacing at the pace it set: the statements paced the
+/// fleet under the edge, so nothing was measured, and startup had held at
+/// what was served rather than climbing by steps nobody tried. The fleet
+/// goes on at about that pace, finds the edge with one startup step and
+/// cruises under it: no second over 1.1 × the capacity, none under 0.85
+/// of it while a backlog waits. (Before, startup had doubled its step every
+/// window the statement paced, and the hand-off released the backlog at
+/// that untried top.)
+#[test]
+fn learned_pacing_takes_over_at_the_pace_a_statement_set() {
+    let run = run_stating(STORM, 40, 25);
+    for s in 16..40 {
+        assert!(
+            run.load_permille[s] <= 1100,
+            "{}‰ offered at {s} s: {:?}",
+            run.load_permille[s],
+            run.load_permille
+        );
+        assert!(
+            run.waiting[s] >= STORM.cap,
+            "the backlog went at once at {s} s: {:?}",
+            run.waiting
+        );
+        assert!(
+            run.served_permille[s] >= 850,
+            "{}‰ served at {s} s: {:?}",
+            run.served_permille[s],
+            run.served_permille
+        );
+    }
 }

@@ -203,6 +203,10 @@ fn a_corroborated_statement_paces_every_attempt_from_the_start() {
     assert_eq!(st.wake_rate_m(), 970_000, "every attempt at the pace");
     // It stops arriving: learned pacing again.
     let gone = T0 + 15_000 + STATED_HOLD_MS;
+    // Read before anything settles the route (no report comes in an
+    // outage): the expired statement no longer sets the capacity, which
+    // read 0 when it still did.
+    assert!(st.view(0, gone).capacity_m > 0);
     st.advance(gone, &p);
     assert_ne!(st.mode(), Mode::Stated);
     assert_eq!(st.view(0, gone).stated.in_force, InForce::Expired);
