@@ -106,25 +106,15 @@ impl LastRead {
         (entry.tag == tag).then_some(entry)
     }
 
-    fn put(&self, route_key: &str, first_attempts: u64, tracked: Option<[u32; 3]>) {
+    /// Remembers what a script read of a route: its first attempts and
+    /// the workers each class tracks.
+    pub(super) fn put(&self, route_key: &str, first_attempts: u64, tracked: [u32; 3]) {
         let (slot, tag) = self.slot(route_key);
-        let mut entry = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let tracked = match tracked {
-            Some(tracked) => tracked,
-            None if entry.tag == tag => entry.tracked,
-            // Unknown: the most a class tracks, which never understates.
-            None => [MAX_WORKERS_PER_CLASS as u32; 3],
-        };
-        *entry = Entry {
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Entry {
             tag,
             first_attempts,
             tracked,
         };
-    }
-
-    /// Remembers a route's first attempts, read by a Report.
-    pub(super) fn first_attempts(&self, route_key: &str, first_attempts: u64) {
-        self.put(route_key, first_attempts, None);
     }
 }
 
@@ -240,9 +230,13 @@ impl RedisStore {
         let want_milli = u64::from(ask.want).saturating_mul(cost);
         let last = self.last_read.get(&keys[0]);
         let mut first_attempts = last.map_or(0, |e| e.first_attempts);
-        // The asking worker may be new to the class: one more.
+        // A route not read yet is guessed to be the worker's alone. A
+        // worker count short of the class's (the guess, a worker new to the
+        // class) is refused by the script before it reads anyone else: a
+        // cheap round, where one more worker "to be safe" would send a
+        // demand near the equal share to the fleet-reading path instead.
         let mut fairness = Fairness::Within {
-            tracked: last.map_or(MAX_WORKERS_PER_CLASS, |e| e.tracked[class] as usize + 1),
+            tracked: last.map_or(1, |e| e.tracked[class] as usize),
         };
         for _ in 0..MAX_ROUNDS {
             let limits = ClassLimits::of(policy, allowance_of(policy, first_attempts), class);
@@ -284,7 +278,7 @@ impl RedisStore {
             let packed: Vec<u8> = numbers.iter().flat_map(|n| n.to_le_bytes()).collect();
             let read = Read::of(self.take(&keys, packed, ask.worker_id, &id).await?)?;
             self.last_read
-                .put(&keys[0], read.first_attempts, Some(read.tracked));
+                .put(&keys[0], read.first_attempts, read.tracked);
             let now_limits =
                 ClassLimits::of(policy, allowance_of(policy, read.first_attempts), class);
             let available = now_limits.available(&read.spent);
@@ -343,7 +337,7 @@ impl RedisStore {
                 }
                 STALE => {
                     fairness = Fairness::Within {
-                        tracked: read.tracked[class] as usize + 1,
+                        tracked: read.tracked[class] as usize,
                     };
                 }
                 other => {
@@ -392,5 +386,281 @@ impl RedisStore {
                 self.op_timeout
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::budget::{GrantAsk, GrantLimit};
+    use crate::policy::Policy;
+    use crate::scope::{Priority, RetryClass, ScopeKey};
+    use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+    use crate::store::{MemoryStore, ReportBatch, Store};
+    use tollgate_testkit::RedisServer;
+
+    const T0: i64 = 1_700_000_000_000;
+
+    /// One step of a scenario, through replica `via` (the memory store,
+    /// the oracle, has one).
+    enum Step {
+        Lease {
+            via: usize,
+            worker: &'static str,
+            priority: Priority,
+            want: u32,
+            at: i64,
+            /// `lease.lua` calls the Lease may take at most.
+            calls: u64,
+        },
+        Report {
+            via: usize,
+            worker: &'static str,
+            priority: Priority,
+            first_attempts: u32,
+            at: i64,
+        },
+    }
+
+    async fn fcalls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .expect("info");
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+            .and_then(|l| l.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Runs `steps` on the memory store and on two Redis replicas of one
+    /// server; every Lease must answer alike on both, within its calls.
+    async fn alike(route: &str, steps: &[Step]) {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let mut replicas = Vec::new();
+        for _ in 0..2 {
+            replicas.push(
+                RedisStore::connect(
+                    RedisTarget::parse(&server.url()).expect("url"),
+                    RedisOptions::default(),
+                )
+                .await
+                .expect("connect"),
+            );
+        }
+        let mut conn = redis::Client::open(server.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let memory = MemoryStore::new(1000);
+        let policy = Policy::default();
+        for (i, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Report {
+                    via,
+                    worker,
+                    priority,
+                    first_attempts,
+                    at,
+                } => {
+                    let key = ScopeKey::new("c", route, priority);
+                    let batch = ReportBatch {
+                        first_attempts,
+                        ..ReportBatch::empty(worker, at)
+                    };
+                    memory.report(&key, batch, &policy).await.expect("report");
+                    replicas[via]
+                        .report(&key, batch, &policy)
+                        .await
+                        .expect("report");
+                }
+                Step::Lease {
+                    via,
+                    worker,
+                    priority,
+                    want,
+                    at,
+                    calls,
+                } => {
+                    let key = ScopeKey::new("c", route, priority);
+                    let ask = GrantAsk {
+                        worker_id: worker,
+                        priority,
+                        retry_class: RetryClass::Transient,
+                        want,
+                        now_ms: at,
+                    };
+                    let expected = memory.lease(&key, ask, &policy).await.expect("lease");
+                    let before = fcalls(&mut conn).await;
+                    let got = replicas[via]
+                        .lease(&key, ask, &policy)
+                        .await
+                        .expect("lease");
+                    let made = fcalls(&mut conn).await - before;
+                    assert_eq!(got.grant, expected.grant, "step {i}");
+                    assert!(made <= calls, "step {i}: {made} calls");
+                }
+            }
+        }
+    }
+
+    /// A report through another replica raised the first attempts since
+    /// this one last read them: its limits are too low, and the take they
+    /// held back is decided again, once, with the count as it is.
+    #[tokio::test]
+    async fn more_first_attempts_than_last_read_still_grant_exactly() {
+        alike(
+            "more",
+            &[
+                // Replica 0 reads the route: no first attempts, worker "c".
+                Step::Report {
+                    via: 0,
+                    worker: "c",
+                    priority: Priority::Critical,
+                    first_attempts: 0,
+                    at: T0,
+                },
+                // Normal reaches its 80 % of the floor's 100 tokens.
+                Step::Lease {
+                    via: 0,
+                    worker: "n",
+                    priority: Priority::Normal,
+                    want: 80,
+                    at: T0,
+                    calls: 2,
+                },
+                // 500 first attempts double the allowance: replica 0 does
+                // not know.
+                Step::Report {
+                    via: 1,
+                    worker: "x",
+                    priority: Priority::Normal,
+                    first_attempts: 500,
+                    at: T0,
+                },
+                // Critical's 100 with the floor alone would leave 20.
+                Step::Lease {
+                    via: 0,
+                    worker: "c",
+                    priority: Priority::Critical,
+                    want: 100,
+                    at: T0,
+                    calls: 2,
+                },
+                // Now replica 0 knows: the common case, one call.
+                Step::Lease {
+                    via: 0,
+                    worker: "c",
+                    priority: Priority::Critical,
+                    want: 1,
+                    at: T0,
+                    calls: 1,
+                },
+            ],
+        )
+        .await;
+    }
+
+    /// The first attempts this replica last read slid out of the window:
+    /// its limits are too high, and the script refuses them rather than
+    /// grant past the formula.
+    #[tokio::test]
+    async fn first_attempts_that_slid_out_are_not_granted_on() {
+        alike(
+            "slid",
+            &[
+                Step::Report {
+                    via: 0,
+                    worker: "w",
+                    priority: Priority::Critical,
+                    first_attempts: 500,
+                    at: T0,
+                },
+                Step::Lease {
+                    via: 0,
+                    worker: "w",
+                    priority: Priority::Critical,
+                    want: 150,
+                    at: T0,
+                    calls: 1,
+                },
+                // Past the 10 s window only the floor's 100 tokens remain,
+                // and the 150 leased at T0 slid out with them.
+                Step::Lease {
+                    via: 0,
+                    worker: "w",
+                    priority: Priority::Critical,
+                    want: 150,
+                    at: T0 + 11_000,
+                    calls: 3,
+                },
+                Step::Lease {
+                    via: 1,
+                    worker: "v",
+                    priority: Priority::Critical,
+                    want: 5,
+                    at: T0 + 11_000,
+                    calls: 2,
+                },
+            ],
+        )
+        .await;
+    }
+
+    /// A grant past an equal share weighs the fleet as the memory store
+    /// does, whichever replica each worker asks through.
+    #[tokio::test]
+    async fn fair_shares_past_an_equal_share_match_the_memory_store() {
+        let mut steps = Vec::new();
+        for (i, worker) in ["a", "b", "c"].into_iter().enumerate() {
+            steps.push(Step::Report {
+                via: i % 2,
+                worker,
+                priority: Priority::Normal,
+                first_attempts: 100,
+                at: T0,
+            });
+        }
+        for (i, (worker, want)) in [
+            ("a", 10),
+            ("b", 40),
+            ("a", 30),
+            ("c", 5),
+            ("b", 40),
+            ("c", 50),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            steps.push(Step::Lease {
+                via: i % 2,
+                worker,
+                priority: Priority::Normal,
+                want,
+                at: T0 + 10,
+                calls: 4,
+            });
+        }
+        alike("fair", &steps).await;
+    }
+
+    /// What a grant limited by the budget or by fairness says, and what is
+    /// left, are the rules' answer too (not only the count).
+    #[test]
+    fn limits_are_named_by_the_shared_rule() {
+        let d = crate::budget::decide(10, 4, 20_000, 1000);
+        assert_eq!(
+            (d.granted, d.limit, d.remaining),
+            (4, GrantLimit::FairShare, 16)
+        );
+        let d = crate::budget::decide(10, 40, 3_500, 1000);
+        assert_eq!(
+            (d.granted, d.limit, d.remaining),
+            (3, GrantLimit::BudgetExhausted, 0)
+        );
     }
 }

@@ -275,8 +275,16 @@ impl RedisStore {
                 !report.hints.is_empty() || report.stated.is_some(),
             ));
         let reply = Reply::ok(self.run(&inv).await?)?;
-        self.last_read
-            .first_attempts(&route_key, unsigned(reply.int(10)?));
+        let tracked = |i| {
+            u32::try_from(reply.int(i)?).map_err(|_| {
+                StoreError::Unavailable("redis report reply: a worker count out of range".into())
+            })
+        };
+        self.last_read.put(
+            &route_key,
+            unsigned(reply.int(10)?),
+            [tracked(11)?, tracked(12)?, tracked(13)?],
+        );
         let reporter = Reporter {
             worker_id: report.worker_id,
             active: count(reply.int(1)?),
