@@ -230,13 +230,14 @@ impl RedisStore {
         let want_milli = u64::from(ask.want).saturating_mul(cost);
         let last = self.last_read.get(&keys[0]);
         let mut first_attempts = last.map_or(0, |e| e.first_attempts);
-        // A route not read yet is guessed to be the worker's alone. A
-        // worker count short of the class's (the guess, a worker new to the
-        // class) is refused by the script before it reads anyone else: a
-        // cheap round, where one more worker "to be safe" would send a
-        // demand near the equal share to the fleet-reading path instead.
+        // A route not read yet is guessed to be the worker's alone (the
+        // class holds at least the asker). A worker count short of the
+        // class's (the guess, a worker new to the class) is refused by the
+        // script before it reads anyone else: a cheap round, where one more
+        // worker "to be safe" would send a demand near the equal share to
+        // the fleet-reading path instead.
         let mut fairness = Fairness::Within {
-            tracked: last.map_or(1, |e| e.tracked[class] as usize),
+            tracked: last.map_or(1, |e| e.tracked[class].max(1) as usize),
         };
         for _ in 0..MAX_ROUNDS {
             let limits = ClassLimits::of(policy, allowance_of(policy, first_attempts), class);
@@ -337,7 +338,7 @@ impl RedisStore {
                 }
                 STALE => {
                     fairness = Fairness::Within {
-                        tracked: read.tracked[class] as usize,
+                        tracked: read.tracked[class].max(1) as usize,
                     };
                 }
                 other => {
