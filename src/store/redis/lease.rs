@@ -33,9 +33,11 @@
 //! A worker asking within an equal share of the class among its workers
 //! gets its demand in full ([`within_equal_share`]), whatever the others
 //! ask: the common case needs only what the worker holds, which the script
-//! reads. This replica passes the most it may hold for that, computed for
-//! a worker count no smaller than the class's (the script answers `stale`
-//! if the class tracks more). Past it, the script answers `fleet` with the
+//! reads. This replica passes the most it may hold for that, for each of
+//! a few worker counts from the one it last read (a smaller count takes
+//! the first: [`within_equal_share`] is exact for any count no smaller
+//! than the fleet); the script answers `stale` if the class tracks more
+//! than those. Past it, the script answers `fleet` with the
 //! other workers' records instead of taking; the fair share is computed
 //! here ([`fair_tokens`]) and passed as a token count, valid while the
 //! worker holds what it held. That path costs a second round trip, and its
@@ -118,11 +120,19 @@ impl LastRead {
     }
 }
 
+/// Worker counts a Lease gives the script a bound on the worker's holding
+/// for, from the count last read: a class that grows by fewer between the
+/// read and the take (a fleet starting up) costs no round, and a bound
+/// for each count keeps the equal-share shortcut exact for the count the
+/// script finds.
+const COUNTS: usize = 8;
+
 /// How the worker's fair share is passed to the script.
 #[derive(Debug, Clone, Copy)]
 enum Fairness {
-    /// Within an equal share among at most `tracked` workers: no limit
-    /// beyond the demand, if the worker holds little enough.
+    /// Within an equal share among the workers the class tracks, at least
+    /// `tracked` of them: no limit beyond the demand, if the worker holds
+    /// little enough.
     Within { tracked: usize },
     /// `tokens` at most, computed for a worker holding `held`.
     Tokens { tokens: u64, held: u64 },
@@ -231,27 +241,31 @@ impl RedisStore {
         let last = self.last_read.get(&keys[0]);
         let mut first_attempts = last.map_or(0, |e| e.first_attempts);
         // A route not read yet is guessed to be the worker's alone (the
-        // class holds at least the asker). A worker count short of the
-        // class's (the guess, a worker new to the class) is refused by the
-        // script before it reads anyone else: a cheap round, where one more
-        // worker "to be safe" would send a demand near the equal share to
-        // the fleet-reading path instead.
+        // class holds at least the asker), and the bounds cover [`COUNTS`]
+        // more: a fleet larger still is refused by the script before it
+        // reads anyone else, a cheap round.
         let mut fairness = Fairness::Within {
             tracked: last.map_or(1, |e| e.tracked[class].max(1) as usize),
         };
         for _ in 0..MAX_ROUNDS {
             let limits = ClassLimits::of(policy, allowance_of(policy, first_attempts), class);
-            let (fair, held_range, tracked) = match fairness {
+            // The fair tokens, the least the worker may hold for them, the
+            // first worker count a bound on its holding is given for, and
+            // the bounds for that count and the next ones.
+            let (fair, least, from_count, bounds) = match fairness {
                 Fairness::Within { tracked } => (
                     u64::from(ask.want),
-                    match within_equal_share(limits.capacity, tracked, want_milli) {
-                        Some(most) => (0.0, most as f64),
-                        None => (0.0, -1.0),
-                    },
+                    0,
                     tracked,
+                    (tracked..tracked + COUNTS)
+                        .map(|n| {
+                            within_equal_share(limits.capacity, n, want_milli)
+                                .map_or(-1.0, |most| most as f64)
+                        })
+                        .collect(),
                 ),
                 Fairness::Tokens { tokens, held } => {
-                    (tokens, (held as f64, held as f64), MAX_WORKERS_PER_CLASS)
+                    (tokens, held, MAX_WORKERS_PER_CLASS, vec![held as f64])
                 }
             };
             // The numbers as one string of little-endian doubles, which the
@@ -269,10 +283,11 @@ impl RedisStore {
                 policy.lease_ttl_ms as f64,
                 first_attempts as f64,
                 fair as f64,
-                held_range.0,
-                held_range.1,
-                tracked as f64,
+                least as f64,
+                from_count as f64,
+                bounds.len() as f64,
             ];
+            numbers.extend(bounds);
             for (cap, from) in limits.caps() {
                 numbers.extend([cap as f64, (from + 1) as f64]);
             }
@@ -532,7 +547,7 @@ mod tests {
                     priority: Priority::Normal,
                     want: 80,
                     at: T0,
-                    calls: 2,
+                    calls: 1,
                 },
                 // 500 first attempts double the allowance: replica 0 does
                 // not know.
@@ -605,7 +620,7 @@ mod tests {
                     priority: Priority::Critical,
                     want: 5,
                     at: T0 + 11_000,
-                    calls: 2,
+                    calls: 1,
                 },
             ],
         )

@@ -6,18 +6,20 @@
 -- KEYS: route [, caller]. ARGV: the numbers packed as doubles — caller
 -- cooldown, caller floor, now, idle_ms, class (1..3), want, window, cost,
 -- lease ttl; the first attempts the limits assumed; the most tokens the
--- worker's fair share allows, if what it holds is in [lo, hi] and the
--- class tracks at most `tracked` workers; then (cap, from) pairs: classes
--- `from` (1..3) and below may have spent at most `cap` together — then the
--- worker, the lease id's prefix.
+-- worker's fair share allows, if what it holds is at least `lo` and at
+-- most the bound given for the count of workers the class tracks: `n`
+-- bounds, for counts c .. c + n - 1 (a smaller count takes the first);
+-- then (cap, from) pairs: classes `from` (1..3) and below may have spent
+-- at most `cap` together — then the worker, the lease id's prefix.
 -- Reply: one string of doubles: what happened (0 taken; 1 stale: the
 -- first attempts are fewer than assumed, or more and a limit held the
--- take back, or the class tracks more workers; 2 fleet: what the worker
--- holds is outside [lo, hi]; 3 frozen), granted, expiry, cooldown, floor,
--- what was read (first attempts, classes 1..3's spend, what the worker
--- holds, workers classes 1..3 track), then the lease id (0), the
--- freeze's reason (3), or each other worker's seen, last lease, holding
--- and unmet demand (2); or {'err', reason}.
+-- take back, or the class tracks more workers than bounds were given for;
+-- 2 fleet: what the worker holds is outside its bounds; 3 frozen),
+-- granted, expiry, cooldown, floor, what was read (first attempts,
+-- classes 1..3's spend, what the worker holds, workers classes 1..3
+-- track), then the lease id (0), the freeze's reason (3), or each other
+-- worker's seen, last lease, holding and unmet demand (2); or
+-- {'err', reason}.
 local a = doubles(ARGV[1])
 local now, idle_ms, p, want = a[3], a[4], a[5], a[6]
 local window, cost, ttl, first0 = a[7], a[8], a[9], a[10]
@@ -46,8 +48,9 @@ if first < first0 then return reply(1, 0, now, '') end
 if leases_live(st, now) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
 local me = touch(st, p, wid, now, window * 1000)
 own = held(me, sec, window)
-if k[20 + p] > a[14] then return reply(1, 0, now, '') end
-if own < a[12] or own > a[13] then
+local by_count = math.max(0, k[20 + p] - a[13])
+if by_count >= a[14] then return reply(1, 0, now, '') end
+if own < a[12] or own > a[15 + by_count] then
   local fleet = {}
   for other in pairs(class_workers(st, p)) do
     if other ~= wid then
@@ -59,7 +62,7 @@ if own < a[12] or own > a[13] then
 end
 
 local room = math.huge
-for i = 15, #a - 1, 2 do
+for i = 15 + a[14], #a - 1, 2 do
   local used = 0
   for j = a[i + 1], 3 do used = used + spent[j] end
   room = math.min(room, math.max(0, a[i] - used))
