@@ -33,11 +33,12 @@
 //! A worker asking within an equal share of the class among its workers
 //! gets its demand in full ([`within_equal_share`]), whatever the others
 //! ask: the common case needs only what the worker holds, which the script
-//! reads. This replica passes the most it may hold for that, for each of
-//! a few worker counts from the one it last read (a smaller count takes
-//! the first: [`within_equal_share`] is exact for any count no smaller
-//! than the fleet); the script answers `stale` if the class tracks more
-//! than those. Past it, the script answers `fleet` with the
+//! reads. This replica passes the most it may hold for that for a few
+//! worker counts from the one it last read, and for the most workers a
+//! class tracks ([`COUNTS`]); the script takes the bound for the count it
+//! finds, or the nearest conservative one ([`within_equal_share`] is
+//! exact for any count no smaller than the fleet). Past it, the script
+//! answers `fleet` with the
 //! other workers' records instead of taking; the fair share is computed
 //! here ([`fair_tokens`]) and passed as a token count, valid while the
 //! worker holds what it held. That path costs a second round trip, and its
@@ -121,10 +122,12 @@ impl LastRead {
 }
 
 /// Worker counts a Lease gives the script a bound on the worker's holding
-/// for, from the count last read: a class that grows by fewer between the
-/// read and the take (a fleet starting up) costs no round, and a bound
-/// for each count keeps the equal-share shortcut exact for the count the
-/// script finds.
+/// for: the count last read and the next ones, then the most workers a
+/// class tracks, whose bound the script takes for any larger count. A
+/// bound for the exact count keeps the equal-share shortcut for a demand
+/// near the equal share; the last one is valid for any count (the
+/// smallest of them all), so a class that grew under the Lease (a fleet
+/// starting up) never makes it a round of its own.
 const COUNTS: usize = 8;
 
 /// How the worker's fair share is passed to the script.
@@ -241,9 +244,8 @@ impl RedisStore {
         let last = self.last_read.get(&keys[0]);
         let mut first_attempts = last.map_or(0, |e| e.first_attempts);
         // A route not read yet is guessed to be the worker's alone (the
-        // class holds at least the asker), and the bounds cover [`COUNTS`]
-        // more: a fleet larger still is refused by the script before it
-        // reads anyone else, a cheap round.
+        // class holds at least the asker); a larger fleet takes a bound
+        // for a larger count ([`COUNTS`]).
         let mut fairness = Fairness::Within {
             tracked: last.map_or(1, |e| e.tracked[class].max(1) as usize),
         };
@@ -257,7 +259,8 @@ impl RedisStore {
                     u64::from(ask.want),
                     0,
                     tracked,
-                    (tracked..tracked + COUNTS)
+                    (tracked..tracked + COUNTS - 1)
+                        .chain([MAX_WORKERS_PER_CLASS])
                         .map(|n| {
                             within_equal_share(limits.capacity, n, want_milli)
                                 .map_or(-1.0, |most| most as f64)

@@ -8,13 +8,13 @@
 -- lease ttl; the first attempts the limits assumed; the most tokens the
 -- worker's fair share allows, if what it holds is at least `lo` and at
 -- most the bound given for the count of workers the class tracks: `n`
--- bounds, for counts c .. c + n - 1 (a smaller count takes the first);
--- then (cap, from) pairs: classes `from` (1..3) and below may have spent
--- at most `cap` together — then the worker, the lease id's prefix.
+-- bounds, for counts c .. c + n - 1 (a smaller count takes the first, a
+-- larger one the last); then (cap, from) pairs: classes `from` (1..3) and
+-- below may have spent at most `cap` together — then the worker, the
+-- lease id's prefix.
 -- Reply: one string of doubles: what happened (0 taken; 1 stale: the
 -- first attempts are fewer than assumed, or more and a limit held the
--- take back, or the class tracks more workers than bounds were given for;
--- 2 fleet: what the worker holds is outside its bounds; 3 frozen),
+-- take back; 2 fleet: what the worker holds is outside its bounds; 3 frozen),
 -- granted, expiry, cooldown, floor, what was read (first attempts,
 -- classes 1..3's spend, what the worker holds, workers classes 1..3
 -- track), then the lease id (0), the freeze's reason (3), or each other
@@ -48,9 +48,8 @@ if first < first0 then return reply(1, 0, now, '') end
 if leases_live(st, now) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
 local me = touch(st, p, wid, now, window * 1000)
 own = held(me, sec, window)
-local by_count = math.max(0, k[20 + p] - a[13])
-if by_count >= a[14] then return reply(1, 0, now, '') end
-if own < a[12] or own > a[15 + by_count] then
+local bound = a[15 + math.min(math.max(0, k[20 + p] - a[13]), a[14] - 1)]
+if own < a[12] or own > bound then
   local fleet = {}
   for other in pairs(class_workers(st, p)) do
     if other ~= wid then
