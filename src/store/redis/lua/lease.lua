@@ -10,7 +10,8 @@
 -- most the bound given for the count of workers the class tracks: `n`
 -- bounds, for counts c .. c + n - 1 (a smaller count takes the first, a
 -- larger one the last); then (cap, from) pairs: classes `from` (1..3) and
--- below may have spent at most `cap` together — then the worker, the
+-- below may have spent at most `cap` together (another counter, such as a
+-- token's own spend, would be another `from`) — then the worker, the
 -- lease id's prefix.
 -- Reply: one string of doubles: what happened (0 taken; 1 stale: the
 -- first attempts are fewer than assumed, or more and a limit held the

@@ -296,11 +296,6 @@ local function route_state_out(out, st, now)
   out[#out + 1] = (slots_waiting(st.key, now))
 end
 
--- Lets `key` expire no sooner than `ms` from now.
-local function keep_for(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-end
-
 ---------------------------------------------------------------- route
 -- A route is one hash (its `…:r` key), so a call reads and writes only the
 -- fields it needs, not a blob of the whole route:
