@@ -434,3 +434,19 @@ fn another_tokens_counts_never_raise_a_tokens_budget_in_a_shared_scope() {
     assert_eq!(granted.granted, 300);
     assert!(ledger.tokens.is_empty());
 }
+
+/// What a grant limited by the budget or by fairness says, and what is
+/// left, are the rules' answer too (not only the count).
+#[test]
+fn limits_are_named_by_the_shared_rule() {
+    let d = decide(10, 4, 20_000, 1000);
+    assert_eq!(
+        (d.granted, d.limit, d.remaining),
+        (4, GrantLimit::FairShare, 16)
+    );
+    let d = decide(10, 40, 3_500, 1000);
+    assert_eq!(
+        (d.granted, d.limit, d.remaining),
+        (3, GrantLimit::BudgetExhausted, 0)
+    );
+}
