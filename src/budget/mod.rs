@@ -1,6 +1,11 @@
 //! The retry budget of one route: a sliding window, priority shares, leases
 //! and max-min fair shares. Pure: no I/O, time comes in as `now_ms`.
 //!
+//! The rules of a grant are functions of plain numbers (`grant`): this
+//! module's [`BudgetLedger`] reads those numbers from its own window and
+//! workers, the Redis store from a script's reply, and both apply the same
+//! functions, so the rules exist once.
+//!
 //! # Why a window of first attempts and not a token bucket per worker?
 //! Every retry library already budgets per process; a fleet of 500 workers
 //! with 10% each still retries at 500 × 10%. Here the allowance is computed
@@ -80,12 +85,18 @@
 //! that holds less than one: with more workers than tokens every equal
 //! share would round down to nothing, and a large fleet could never retry.
 
+mod grant;
 mod window;
+
+pub use grant::{
+    ClassLimits, Decided, FairAsk, allowance_of, available_of, decide, demand_of, fair_tokens,
+    max_min_share, shares_from, tokens_of_share, within_equal_share,
+};
 
 use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 
-use crate::policy::{MILLI, Policy};
+use crate::policy::Policy;
 use crate::scope::{Priority, RetryClass};
 use crate::tenancy::{Owner, Tenant};
 
@@ -430,32 +441,36 @@ pub struct BudgetSnapshot {
     pub tokens_outstanding: u64,
 }
 
-/// The share, in permille, of `class` and every class below it: the most
-/// they may spend together.
-pub fn shares_from(policy: &Policy, class: usize) -> u64 {
-    Priority::ALL[class..]
-        .iter()
-        .map(|&p| policy.share(p))
-        .sum()
-}
-
-/// `allowance × permille / 1000`, saturating.
-fn part(allowance: u64, permille: u64) -> u64 {
-    // allowance ≤ ~1e17 (validated inputs), × 1000 stays inside u64 for
-    // any realistic count; saturate rather than wrap for the rest.
-    allowance.saturating_mul(permille) / 1000
-}
-
-/// What `class` may still spend given each class's spend: the tightest of
-/// the "never up" bounds of the class and every class above it.
-pub fn available_of(policy: &Policy, allowance: u64, spent: &[u64; 3], class: usize) -> u64 {
-    (0..=class)
-        .map(|k| {
-            let used = spent[k..].iter().fold(0, |a: u64, &s| a.saturating_add(s));
-            part(allowance, shares_from(policy, k)).saturating_sub(used)
-        })
-        .min()
-        .unwrap_or(0)
+impl BudgetSnapshot {
+    /// The snapshot of a window with `first_attempts` first attempts,
+    /// `spent` by each class, `active` workers in each, and `outstanding`
+    /// leases holding that many tokens: every store reads these and leaves
+    /// the arithmetic to this.
+    pub fn of(
+        policy: &Policy,
+        first_attempts: u64,
+        spent: [u64; 3],
+        active: [usize; 3],
+        outstanding: (usize, u64),
+    ) -> Self {
+        let allowance_milli = allowance_of(policy, first_attempts);
+        let classes = [0, 1, 2].map(|c| {
+            let limits = ClassLimits::of(policy, allowance_milli, c);
+            ClassSnapshot {
+                allowance_milli: limits.capacity,
+                spent_milli: spent[c],
+                available_milli: limits.available(&spent),
+                active_workers: active[c],
+            }
+        });
+        BudgetSnapshot {
+            first_attempts,
+            allowance_milli,
+            classes,
+            leases_outstanding: outstanding.0,
+            tokens_outstanding: outstanding.1,
+        }
+    }
 }
 
 /// One token's own first attempts and spend in a scope several tokens
@@ -639,14 +654,8 @@ impl BudgetLedger {
 
         let class_index = ask.priority.index();
         let allowance = self.allowance_milli(policy, ask.now_ms);
-        // Fair shares split what the class could reach, borrowing included.
-        let capacity = part(allowance, shares_from(policy, class_index));
-        let shared = available_of(
-            policy,
-            allowance,
-            &self.spent(policy, ask.now_ms),
-            class_index,
-        );
+        let limits = ClassLimits::of(policy, allowance, class_index);
+        let shared = limits.available(&self.spent(policy, ask.now_ms));
         let own = self.own_available(policy, tenant, class_index, ask.now_ms);
         let available = own.map_or(shared, |own| own.min(shared));
         let window_ms = policy.window_ms();
@@ -655,53 +664,37 @@ impl BudgetLedger {
 
         let want_milli = u64::from(ask.want).saturating_mul(cost);
         let own_held = class.workers[me].held(now_sec, policy.window_secs);
-        let own_demand = own_held.saturating_add(want_milli);
-        // The water-filling meets in full every demand within an equal
-        // share (what is left per worker never falls below it), so a worker
-        // asking for no more than its equal share among every worker the
-        // class tracks gets it without weighing the others: the common
-        // case, where the loop is linear in the fleet and sorts it.
-        let equal_share = capacity / class.workers.len() as u64;
-        let fair = if own_demand <= equal_share {
-            own_demand
-        } else {
-            // Everyone else's demand.
+        let fair = FairAsk {
+            capacity: limits.capacity,
+            tracked: class.workers.len(),
+            own_held,
+            want_milli,
+            cost,
+        };
+        // Everyone else's demand, weighed only past an equal share.
+        let by_fairness = fair_tokens(fair, || {
             let mut demands = Vec::with_capacity(class.workers.len());
             for (i, worker) in class.workers.iter_mut().enumerate() {
-                if i == me || worker.last_seen_ms <= ask.now_ms - window_ms {
+                if i == me {
                     continue;
                 }
                 let held = worker.held(now_sec, policy.window_secs);
-                demands.push(match worker.last_lease_ms {
-                    Some(at) if at > ask.now_ms - window_ms => {
-                        held.saturating_add(worker.unmet_milli)
-                    }
-                    _ => u64::MAX,
-                });
+                demands.extend(demand_of(
+                    ask.now_ms,
+                    window_ms,
+                    worker.last_seen_ms,
+                    worker.last_lease_ms,
+                    held,
+                    worker.unmet_milli,
+                ));
             }
-            max_min_share(capacity, own_demand, &mut demands)
-        };
-        let fair_room = fair.saturating_sub(own_held);
-
-        // A fleet with more workers than the class has tokens would round
-        // every equal share down to nothing, and no worker could retry at
-        // all: a worker holding less than one token's cost may take one,
-        // within the budget.
-        let by_fairness = if fair_room < cost && own_held < cost {
-            1
-        } else {
-            fair_room / cost
-        };
-        let by_budget = available / cost;
-        let granted_u64 = u64::from(ask.want).min(by_fairness).min(by_budget);
-        let granted = u32::try_from(granted_u64).unwrap_or(ask.want);
-        let limit = if granted == ask.want {
-            GrantLimit::None
-        } else if by_budget <= by_fairness {
-            GrantLimit::BudgetExhausted
-        } else {
-            GrantLimit::FairShare
-        };
+            demands
+        });
+        let Decided {
+            granted,
+            limit,
+            remaining,
+        } = decide(ask.want, by_fairness, available, cost);
 
         let charge = u64::from(granted) * cost;
         let worker = &mut class.workers[me];
@@ -739,7 +732,7 @@ impl BudgetLedger {
         Ok(Grant {
             granted,
             limit,
-            remaining: (available - charge) / cost,
+            remaining,
             expires_at_ms,
         })
     }
@@ -793,24 +786,12 @@ impl BudgetLedger {
     pub fn snapshot(&mut self, policy: &Policy, now_ms: i64) -> BudgetSnapshot {
         let now_sec = now_ms.div_euclid(1000);
         let first_attempts = self.window.sum(now_sec, policy.window_secs, FIRST_ATTEMPTS);
-        let allowance_milli = self.allowance_milli(policy, now_ms);
         let spent = self.spent(policy, now_ms);
         let window_ms = policy.window_ms();
-        let classes = [0, 1, 2].map(|c| ClassSnapshot {
-            allowance_milli: part(allowance_milli, shares_from(policy, c)),
-            spent_milli: spent[c],
-            available_milli: available_of(policy, allowance_milli, &spent, c),
-            active_workers: self.classes[c].active(now_ms, window_ms),
-        });
+        let active = [0, 1, 2].map(|c| self.classes[c].active(now_ms, window_ms));
         let live = self.leases.iter().filter(|l| l.expires_at_ms > now_ms);
         let (leases, tokens) = live.fold((0, 0u64), |(n, t), l| (n + 1, t + u64::from(l.granted)));
-        BudgetSnapshot {
-            first_attempts,
-            allowance_milli,
-            classes,
-            leases_outstanding: leases,
-            tokens_outstanding: tokens,
-        }
+        BudgetSnapshot::of(policy, first_attempts, spent, active, (leases, tokens))
     }
 
     /// Workers seen in the window, over every class: how many must agree
@@ -850,47 +831,6 @@ impl BudgetLedger {
                 .iter()
                 .all(|c| c.active(now_ms, longest_ms) == 0)
     }
-}
-
-/// The allowance, in milli-tokens before shares, of a window with `first`
-/// first attempts: `min_retries_per_sec × window + retry_ratio × first`,
-/// at most the ceiling.
-fn allowance_of(policy: &Policy, first: u64) -> u64 {
-    let formula = policy
-        .floor_milli_per_sec
-        .saturating_mul(u64::from(policy.window_secs))
-        .saturating_add(policy.ratio_milli.saturating_mul(first));
-    match policy.ceiling_per_window {
-        Some(ceiling) => formula.min(ceiling.saturating_mul(MILLI)),
-        None => formula,
-    }
-}
-
-/// The max-min fair allocation of `capacity` to the requester, whose demand
-/// is `own`, among `others` (water-filling: the smallest demands are met in
-/// full and what is left is split evenly among the rest).
-pub fn max_min_share(capacity: u64, own: u64, others: &mut [u64]) -> u64 {
-    // Only the demands below the requester's are met before its turn, in
-    // ascending order: sort those alone (a fleet's unknown demands, which
-    // claim everything, never are).
-    let mut smaller = 0;
-    for i in 0..others.len() {
-        if others[i] < own {
-            others.swap(i, smaller);
-            smaller += 1;
-        }
-    }
-    let mut n = others.len() as u64 + 1;
-    let below = &mut others[..smaller];
-    below.sort_unstable();
-    let mut left = capacity;
-    for &demand in &*below {
-        left -= demand.min(left / n);
-        n -= 1;
-    }
-    // Everyone left wants at least as much as the requester, so the
-    // requester gets its demand or an even split of what is left.
-    own.min(left / n)
 }
 
 #[cfg(test)]

@@ -297,6 +297,37 @@ proptest::proptest! {
         let own = equal * fraction / 1000;
         proptest::prop_assert_eq!(max_min_share(capacity, own, &mut others), own);
     }
+
+    /// What the Redis store relies on to pass a worker count it last read
+    /// rather than the class's own: for any count no smaller than the
+    /// active workers, the equal-share shortcut gives what weighing the
+    /// whole fleet gives.
+    #[test]
+    fn any_count_of_at_least_the_fleet_gives_the_fair_share(
+        capacity in 0u64..1_000_000_000,
+        others in proptest::collection::vec(
+            proptest::prop_oneof![0u64..2_000_000, proptest::strategy::Just(u64::MAX)],
+            0..64,
+        ),
+        extra in 0usize..2000,
+        own_held in 0u64..2_000_000,
+        want in 0u64..2000,
+        cost in 1u64..5000,
+    ) {
+        let ask = FairAsk {
+            capacity,
+            tracked: others.len() + 1 + extra,
+            own_held,
+            want_milli: want * cost,
+            cost,
+        };
+        let weighed = tokens_of_share(
+            max_min_share(capacity, own_held + want * cost, &mut others.clone()),
+            own_held,
+            cost,
+        );
+        proptest::prop_assert_eq!(fair_tokens(ask, || others), weighed);
+    }
 }
 
 #[test]
@@ -402,4 +433,20 @@ fn another_tokens_counts_never_raise_a_tokens_budget_in_a_shared_scope() {
         .expect("grant");
     assert_eq!(granted.granted, 300);
     assert!(ledger.tokens.is_empty());
+}
+
+/// What a grant limited by the budget or by fairness says, and what is
+/// left, are the rules' answer too (not only the count).
+#[test]
+fn limits_are_named_by_the_shared_rule() {
+    let d = decide(10, 4, 20_000, 1000);
+    assert_eq!(
+        (d.granted, d.limit, d.remaining),
+        (4, GrantLimit::FairShare, 16)
+    );
+    let d = decide(10, 40, 3_500, 1000);
+    assert_eq!(
+        (d.granted, d.limit, d.remaining),
+        (3, GrantLimit::BudgetExhausted, 0)
+    );
 }

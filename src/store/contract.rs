@@ -1,9 +1,9 @@
 //! The contract every [`Store`] backend honours, as one test suite that
 //! each backend instantiates (`contract_tests!`): the in-memory store, Redis
-//! and Redis Cluster run the same cases, which is what proves the Lua port
-//! of the budget rules agrees with the Rust module, and that the decisions
-//! made in Rust alone (hints, slots, pacing) read and write the same state
-//! on every backend. The cases live in submodules grouped by what
+//! and Redis Cluster run the same cases, which is what proves that the
+//! decisions made in Rust (the budget, hints, slots, pacing) read and write
+//! the same state on every backend, and that the Redis scripts take and
+//! count atomically what those decisions allow. The cases live in submodules grouped by what
 //! they exercise (`budget`, `cooldowns`, `admin`, `corroboration`,
 //! `pacing`, `stated`); `common` holds the helpers the first three share.
 

@@ -184,6 +184,7 @@ impl RedisStore {
             op_timeout: options.op_timeout,
             queue: OnceLock::new(),
             turns: Default::default(),
+            last_read: Default::default(),
             format_checked: AtomicBool::new(false),
             refused: OnceLock::new(),
         })

@@ -31,7 +31,7 @@ use super::store::RedisStore;
 /// the route under it, before the call gives up as unavailable. Each
 /// round is won by some replica, so this many losses in a row means a
 /// route contended far past what any fleet sends.
-const MAX_ROUNDS: usize = 32;
+pub(super) const MAX_ROUNDS: usize = 32;
 
 /// One lock per stripe of routes: a route's decisions in this process
 /// take turns, without a map of locks that grows with the routes.

@@ -2,21 +2,25 @@
 //! replicas are stateless and share one budget exactly.
 //!
 //! # Scripts, and decisions made in Rust
-//! Lease, Release, a Report's deposit of first attempts, freeze and the
-//! idle sweep are each one server-side Lua function (`FCALL`), atomic
-//! without locks or WATCH loops. Those scripts (`lua/*.lua`, after
-//! `lua/prelude.lua`) are one Redis Functions library, loaded on a node the
-//! first time a call finds it missing (`scripts`), and still carry a port
-//! of the budget rules ([`crate::budget`]); the store contract suite
-//! (`contract_tests!`), run against this store and the in-memory one, is
-//! the proof they agree. The bounds both use are written into the scripts
-//! from the Rust constants, so those cannot drift.
+//! Every decision exists once, in Rust, made by the code the memory store
+//! runs; the scripts (`lua/*.lua`, after `lua/prelude.lua`, one Redis
+//! Functions library loaded on a node the first time a call finds it
+//! missing: `scripts`) keep the state and do only what must be atomic.
+//! The bounds both use are written into the scripts from the Rust
+//! constants, so those cannot drift.
 //!
-//! The hints ([`crate::hints`]: cooldowns, corroboration, backoff, mutes),
-//! the slots and the pacing controller have no port: a call reads what the
-//! decision needs, decides in Rust with the code the memory store runs,
-//! and writes the outcome with a compare-and-set that fails if anything
-//! read moved meanwhile (`decide`). Their scripts only read and write.
+//! - The budget ([`crate::budget`]): a Lease computes its class's caps and
+//!   the worker's fair share from the counts this replica last read, and
+//!   `lease.lua` takes up to that many tokens against the spend as it is
+//!   now, or answers that the counts moved and the Lease is decided again
+//!   (`lease`). Release refunds, a Report adds first attempts: counters.
+//! - The hints ([`crate::hints`]: cooldowns, corroboration, backoff,
+//!   mutes), the slots and the pacing controller: a call reads what the
+//!   decision needs, decides, and writes the outcome with a compare-and-set
+//!   that fails if anything read moved meanwhile (`decide`).
+//!
+//! The store contract suite (`contract_tests!`), run against this store
+//! and the in-memory one, checks that the two answer alike.
 //!
 //! # Keys
 //! - `PREFIX:{CALLER|ROUTE}:r` — a route, as one hash: a small core
@@ -72,6 +76,8 @@
 //! - `keys`: the key layout and its percent-encoding.
 //! - `scripts`: the Lua scripts as one Functions library, with the bounds
 //!   they share with the Rust modules injected from the Rust constants.
+//! - `lease`: a Lease decided in Rust and taken by `lua/lease.lua` under
+//!   the limits it computed.
 //! - `decide`: Reconsider and a Report's pacing, decided in Rust and
 //!   written by compare-and-set.
 //! - `format`: the prefix's layout, claimed or refused at start.
@@ -91,6 +97,7 @@ mod connection;
 mod decide;
 mod format;
 mod keys;
+mod lease;
 mod queue;
 mod relay;
 mod reply;

@@ -10,6 +10,10 @@
 //! A Lease never waits for company: one that finds fewer than
 //! [`IN_FLIGHT`] batches in flight leaves at once, alone if it is alone.
 //! On a Redis Cluster each Lease goes alone (its keys' slot is its own).
+//!
+//! A Lease whose script answers that the counts moved (`lease`) comes
+//! back through the queue like any other: a batch holds no state between
+//! its Leases.
 
 use std::sync::Arc;
 use std::time::Duration;

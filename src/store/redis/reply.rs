@@ -3,10 +3,10 @@
 
 use redis::Value;
 
-use crate::budget::{BudgetError, Grant, GrantLimit};
+use crate::budget::BudgetError;
 use crate::scope::RouteKey;
 use crate::slots::SlotError;
-use crate::store::{LeaseOutcome, RouteView, ScopeSummary, StoreError};
+use crate::store::{RouteView, ScopeSummary, StoreError};
 
 pub(super) fn unsigned(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
@@ -39,59 +39,6 @@ pub(super) fn view_at(r: &Reply, at: usize) -> Result<RouteView, StoreError> {
         cooldown_until_ms: r.int(at)?,
         floor_ms: r.int(at + 1)?,
         frozen: r.text(at + 2),
-    })
-}
-
-/// A `lease.lua` reply: one string — granted, limit, remaining, expiry,
-/// cooldown and floor as little-endian doubles, then the lease id, or for
-/// a frozen route the freeze's reason — or `{'err', reason}`.
-pub(super) fn lease_outcome(reply: Value) -> Result<LeaseOutcome, StoreError> {
-    let bytes = match reply {
-        Value::BulkString(bytes) if bytes.len() >= 48 => bytes,
-        Value::Array(values) => {
-            Reply::ok(values)?;
-            return Err(StoreError::Unavailable(
-                "redis lease reply: a list where a string was due".into(),
-            ));
-        }
-        _ => {
-            return Err(StoreError::Unavailable(
-                "redis script gave an unexpected reply".into(),
-            ));
-        }
-    };
-    // Every number is an integer the script computed; `as` truncates as
-    // Redis does when it answers a Lua number.
-    let number = |i: usize| {
-        let mut at = [0u8; 8];
-        at.copy_from_slice(&bytes[8 * i..8 * i + 8]);
-        f64::from_le_bytes(at) as i64
-    };
-    let text = String::from_utf8_lossy(&bytes[48..]).into_owned();
-    let limit = match number(1) {
-        0 => GrantLimit::None,
-        1 => GrantLimit::BudgetExhausted,
-        2 => GrantLimit::FairShare,
-        _ => GrantLimit::Frozen,
-    };
-    let (lease_id, frozen) = if limit == GrantLimit::Frozen {
-        (None, Some(text))
-    } else {
-        (Some(text).filter(|id| !id.is_empty()), None)
-    };
-    Ok(LeaseOutcome {
-        lease_id,
-        grant: Grant {
-            granted: u32::try_from(number(0)).unwrap_or(0),
-            limit,
-            remaining: u64::try_from(number(2)).unwrap_or(0),
-            expires_at_ms: number(3),
-        },
-        view: RouteView {
-            cooldown_until_ms: number(4),
-            floor_ms: number(5),
-            frozen,
-        },
     })
 }
 

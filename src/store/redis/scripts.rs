@@ -1,10 +1,10 @@
 //! The Lua scripts as one Redis Functions library, loaded once per node:
-//! `lua/prelude.lua` (the state codec and the budget math) behind a header
-//! of the bounds it shares with the Rust modules — written here from the
-//! Rust constants, so the port cannot drift from them — then each script's
-//! body registered as a function. The hints, the slots and the pacing
-//! controller have no Lua at all: their scripts read and write what Rust
-//! decides.
+//! `lua/prelude.lua` (the state codec and its atomic primitives) behind a
+//! header of the bounds it shares with the Rust modules — written here
+//! from the Rust constants, so the two cannot drift — then each script's
+//! body registered as a function. No script decides anything: the budget,
+//! the hints, the slots and the pacing controller are decided in Rust, and
+//! their scripts read, write, add or take under limits Rust computed.
 //!
 //! Why a library and not `EVALSHA`: a script runs its whole text on every
 //! call, so each call re-created the prelude's hundred-odd functions before

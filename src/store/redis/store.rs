@@ -7,24 +7,23 @@ use std::sync::OnceLock;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
-use crate::budget::{BudgetError, BudgetSnapshot, ClassSnapshot, GrantAsk, LeaseEnd};
+use crate::budget::{BudgetError, BudgetSnapshot, GrantAsk, LeaseEnd};
 use crate::hints::{HintState, Merge, Reporter};
 use crate::policy::Policy;
-use crate::scope::{Priority, RouteKey, ScopeKey};
+use crate::scope::{RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
 use crate::store::{
     LeaseOutcome, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter, ScopePage,
     ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
 
-use super::connection::{Conn, RedisTarget, run_on};
+use super::connection::{Conn, RedisTarget};
 use super::decide::{
     Level, PacingInput, RouteRead, Turns, pacing_view, stored_hints, stored_pacing,
 };
-use super::queue::{LeaseQueue, Queued};
-use super::reply::{Reply, count, lease_outcome, summary_of, unsigned, view_at};
+use super::lease::LastRead;
+use super::queue::LeaseQueue;
+use super::reply::{Reply, count, summary_of, unsigned, view_at};
 use super::scripts::SCRIPTS;
 
 /// The Redis [`Store`].
@@ -39,6 +38,8 @@ pub struct RedisStore {
     pub(super) queue: OnceLock<LeaseQueue>,
     /// A route's decisions in this process take turns (`decide`).
     pub(super) turns: Turns,
+    /// The counts each route's Lease limits are computed from (`lease`).
+    pub(super) last_read: LastRead,
     /// Whether the prefix's store format was checked (`format`), and why
     /// it was refused if it was.
     pub(super) format_checked: AtomicBool,
@@ -86,17 +87,7 @@ impl RedisStore {
             .arg(now_ms)
             .arg(u8::from(policy.is_some()));
         if let Some(policy) = policy {
-            inv.arg(policy.window_secs)
-                .arg(policy.floor_milli_per_sec)
-                .arg(policy.ratio_milli)
-                .arg(
-                    policy
-                        .ceiling_per_window
-                        .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)),
-                );
-            for priority in Priority::ALL {
-                inv.arg(policy.share(priority));
-            }
+            inv.arg(policy.window_secs);
         }
         let reply = Reply::ok(self.run(&inv).await?)?;
         Ok((reply.int(1)? == 1).then_some(reply))
@@ -180,25 +171,22 @@ impl RedisStore {
         else {
             return Ok(None);
         };
-        let hints = stored_hints(r.bytes(25))?;
+        let hints = stored_hints(r.bytes(18))?;
         let summary = summary_of(route, &r)?;
-        let class = |p: usize| -> Result<ClassSnapshot, StoreError> {
-            let at = 10 + 4 * p;
-            Ok(ClassSnapshot {
-                allowance_milli: unsigned(r.int(at)?),
-                spent_milli: unsigned(r.int(at + 1)?),
-                available_milli: unsigned(r.int(at + 2)?),
-                active_workers: count(r.int(at + 3)?),
-            })
-        };
-        let budget = BudgetSnapshot {
-            first_attempts: unsigned(r.int(8)?),
-            allowance_milli: unsigned(r.int(9)?),
-            classes: [class(0)?, class(1)?, class(2)?],
-            leases_outstanding: summary.leases_outstanding,
-            tokens_outstanding: unsigned(r.int(22)?),
-        };
-        let stored = stored_pacing(r.bytes(24), now_ms, &policy.pacing)?;
+        let spent = [
+            unsigned(r.int(9)?),
+            unsigned(r.int(11)?),
+            unsigned(r.int(13)?),
+        ];
+        let active = [count(r.int(10)?), count(r.int(12)?), count(r.int(14)?)];
+        let budget = BudgetSnapshot::of(
+            policy,
+            unsigned(r.int(8)?),
+            spent,
+            active,
+            (summary.leases_outstanding, unsigned(r.int(15)?)),
+        );
+        let stored = stored_pacing(r.bytes(17), now_ms, &policy.pacing)?;
         Ok(Some(ScopeDetail {
             summary,
             budget,
@@ -210,7 +198,7 @@ impl RedisStore {
             route_evidence: hints.evidence(now_ms),
             caller_evidence: caller.evidence(now_ms),
             stated_recent: stored.stated_recent().cloned().collect(),
-            pacing: pacing_view(stored, count(r.int(23)?), now_ms, &policy.pacing),
+            pacing: pacing_view(stored, count(r.int(16)?), now_ms, &policy.pacing),
         }))
     }
 
@@ -237,74 +225,6 @@ impl RedisStore {
             .arg(&bytes[..])
             .arg(kept.live_until_ms());
         Ok(Reply::ok(self.run(&inv).await?)?.int(1)? == 1)
-    }
-
-    async fn lease_now(
-        &self,
-        scope: &ScopeKey,
-        ask: GrantAsk<'_>,
-        policy: &Policy,
-    ) -> Result<LeaseOutcome, StoreError> {
-        let (keys, ccd, cfloor) = self.route_keys(&scope.route).await?;
-        let id = crate::budget::new_lease_id();
-        // The numbers as one string of little-endian doubles, which the
-        // script decodes in one step (lease.lua). Each is an integer: a
-        // double holds it exactly below 2^53, and rounds a larger one (a
-        // ceiling) as the script's `tonumber` of its decimal did.
-        let ceiling = policy
-            .ceiling_per_window
-            .map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
-        let numbers = [
-            ccd as f64,
-            cfloor as f64,
-            ask.now_ms as f64,
-            self.idle_ms as f64,
-            (ask.priority.index() + 1) as f64,
-            f64::from(ask.want),
-            f64::from(policy.window_secs),
-            policy.floor_milli_per_sec as f64,
-            policy.ratio_milli as f64,
-            ceiling as f64,
-            policy.cost(ask.retry_class).max(1) as f64,
-            policy.share(Priority::Critical) as f64,
-            policy.share(Priority::Normal) as f64,
-            policy.share(Priority::Bulk) as f64,
-            policy.lease_ttl_ms as f64,
-        ];
-        let mut packed = [0u8; 8 * 15];
-        for (at, n) in packed.chunks_exact_mut(8).zip(numbers) {
-            at.copy_from_slice(&n.to_le_bytes());
-        }
-        let reply = if self.clustered() {
-            let mut inv = SCRIPTS.lease.call(&keys);
-            inv.arg(&packed[..]).arg(ask.worker_id).arg(&id);
-            run_on(&self.conn, &inv, self.op_timeout).await?
-        } else {
-            let queue = self
-                .queue
-                .get_or_init(|| LeaseQueue::start(self.conn.clone(), self.op_timeout));
-            let (reply, replied) = oneshot::channel();
-            queue.push(Queued {
-                keys,
-                numbers: packed.to_vec(),
-                worker: ask.worker_id.to_owned(),
-                id,
-                reply,
-            })?;
-            match tokio::time::timeout(self.op_timeout, replied).await {
-                Ok(Ok(reply)) => reply?,
-                Ok(Err(_)) => {
-                    return Err(StoreError::Unavailable("redis lease queue stopped".into()));
-                }
-                Err(_) => {
-                    return Err(StoreError::Unavailable(format!(
-                        "redis did not answer within {:?}",
-                        self.op_timeout
-                    )));
-                }
-            }
-        };
-        lease_outcome(reply)
     }
 
     async fn release_now(&self, scope: &ScopeKey, end: LeaseEnd<'_>) -> Result<u32, StoreError> {
@@ -355,6 +275,16 @@ impl RedisStore {
                 !report.hints.is_empty() || report.stated.is_some(),
             ));
         let reply = Reply::ok(self.run(&inv).await?)?;
+        let tracked = |i| {
+            u32::try_from(reply.int(i)?).map_err(|_| {
+                StoreError::Unavailable("redis report reply: a worker count out of range".into())
+            })
+        };
+        self.last_read.put(
+            &route_key,
+            unsigned(reply.int(10)?),
+            [tracked(11)?, tracked(12)?, tracked(13)?],
+        );
         let reporter = Reporter {
             worker_id: report.worker_id,
             active: count(reply.int(1)?),
@@ -642,9 +572,9 @@ impl Store for RedisStore {
     }
 
     /// Two read-only scripts: the caller scope's hints, then the route's
-    /// state with its budget at `policy` (computed by the prelude's budget
-    /// code on the decoded copy; nothing is written, so looking does not
-    /// keep a route alive). Each is atomic; the pair is not — a caller-wide
+    /// state with its window's counts, from which the budget at `policy`
+    /// is computed here ([`BudgetSnapshot::of`]; nothing is written, so
+    /// looking does not keep a route alive). Each is atomic; the pair is not — a caller-wide
     /// cooldown merged between them shows in one read and not the other.
     fn scope_detail<'a>(
         &'a self,

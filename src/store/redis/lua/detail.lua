@@ -2,9 +2,11 @@
 -- ScopeDetail), read-only: creates nothing and saves nothing (the series
 -- advance in the decoded copy only), so looking never keeps a scope alive.
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
--- with_budget (1/0), then window, floor, ratio, ceiling, share 1..3.
--- With the budget, the reply goes on with the intents asking, then the
--- pacing state and the hints (false: none; Rust reads both).
+-- with_budget (1/0), then the window's seconds.
+-- With the budget, the reply goes on with the window's first attempts,
+-- each class's spend and active workers, the tokens leases hold, the
+-- intents asking, then the pacing state and the hints (false: none; Rust
+-- reads both, and computes the budget from the counts: budget::BudgetSnapshot).
 local ccd, cfloor = caller_floor(tonumber(ARGV[1]), tonumber(ARGV[2]))
 local now = tonumber(ARGV[3])
 local st = route_open(KEYS[1], now, { 'h', 'p' })
@@ -18,27 +20,15 @@ local out = {
 }
 if ARGV[4] ~= '1' then return out end
 
-local P = {
-  window = tonumber(ARGV[5]), floor = tonumber(ARGV[6]),
-  ratio = tonumber(ARGV[7]), ceiling = tonumber(ARGV[8]),
-  shares = { tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]) },
-}
 local sec = sec_of(now)
-local window_ms = P.window * 1000
-out[#out + 1] = s_sum(st, 0, sec, P.window)
-local total = allowance(st, P, now)
-out[#out + 1] = total
-local spent_by = class_spent(st, P, now)
+local window = tonumber(ARGV[5])
+out[#out + 1] = s_sum(st, 0, sec, window)
 for p = 1, 3 do
-  local a = idiv(total * shares_from(P, p), 1000)
-  local spent = spent_by[p]
   local active = 0
   for wid in pairs(class_workers(st, p)) do
-    if worker_seen(st, p, wid) > now - window_ms then active = active + 1 end
+    if worker_seen(st, p, wid) > now - window * 1000 then active = active + 1 end
   end
-  out[#out + 1] = a
-  out[#out + 1] = spent
-  out[#out + 1] = available_of(P, total, spent_by, p)
+  out[#out + 1] = s_sum(st, p, sec, window)
   out[#out + 1] = active
 end
 out[#out + 1] = tokens

@@ -1,92 +1,88 @@
--- Grants up to `want` tokens of one class (BudgetLedger::grant) and records
--- the lease (lease_put: beside the route). KEYS: route [, caller]. ARGV:
--- the numbers packed as doubles (one string to decode instead of fifteen
--- to parse: caller cooldown, caller floor, now, idle_ms, class (1..3),
--- want, then the policy, policy_of), the worker, the lease id's prefix.
--- Reply: one string (RedisStore::lease_now reads it without a list of
--- values to parse): granted, limit, remaining, expiry, cooldown and floor
--- as doubles, then the lease id, or for a frozen route (limit 3) the
--- freeze's reason; or {'err', reason}.
+-- Takes up to `want` tokens of class p under limits the caller computed,
+-- and records the lease (lease_put: beside the route). Decides nothing:
+-- RedisStore (`lease`) computes every limit with the budget's rules
+-- (budget::grant) from counters it read before; this reads them now and
+-- takes only if what the limits assumed still holds.
+-- KEYS: route [, caller]. ARGV: the numbers packed as doubles — caller
+-- cooldown, caller floor, now, idle_ms, class (1..3), want, window, cost,
+-- lease ttl; the first attempts the limits assumed; the most tokens the
+-- worker's fair share allows, if what it holds is at least `lo` and at
+-- most the bound given for the count of workers the class tracks: `n`
+-- bounds, for counts c .. c + n - 1 (a smaller count takes the first, a
+-- larger one the last); then (cap, from) pairs: classes `from` (1..3) and
+-- below may have spent at most `cap` together (another counter, such as a
+-- token's own spend, would be another `from`) — then the worker, the
+-- lease id's prefix.
+-- Reply: one string of doubles: what happened (0 taken; 1 stale: the
+-- first attempts are fewer than assumed, or more and a limit held the
+-- take back; 2 fleet: what the worker holds is outside its bounds; 3 frozen),
+-- granted, expiry, cooldown, floor, what was read (first attempts,
+-- classes 1..3's spend, what the worker holds, workers classes 1..3
+-- track), then the lease id (0), the freeze's reason (3), or each other
+-- worker's seen, last lease, holding and unmet demand (2); or
+-- {'err', reason}.
 local a = doubles(ARGV[1])
 local now, idle_ms, p, want = a[3], a[4], a[5], a[6]
-local P = policy_of(a, 7)
+local window, cost, ttl, first0 = a[7], a[8], a[9], a[10]
 local wid, prefix = ARGV[2], ARGV[3]
 local ccd, cfloor = caller_floor(a[1], a[2])
 -- The core holds the window sums; the class's spend is read to add to
 -- it, the worker's record to charge it: one HMGET.
 local st = route_get(KEYS[1], now, { SERIES_FIELD[p], CLASS_KEY[p] .. wid })
 local k = st.k
-local cd = math.max(k.cd, ccd)
-local floor = math.max(k.cd, k.bo, cfloor)
+local sec = sec_of(now)
+local first = s_sum(st, 0, sec, window)
+local spent = { s_sum(st, 1, sec, window), s_sum(st, 2, sec, window), s_sum(st, 3, sec, window) }
+local own = 0
 
--- What class p could reach in the window, borrowing included (the fair
--- shares split it), and what it may still spend.
-local total = allowance(st, P, now)
-local capacity = idiv(total * shares_from(P, p), 1000)
-local avail = available_of(P, total, class_spent(st, P, now), p)
+local function reply(what, granted, expires, tail)
+  return struct.pack('<ddddddddddddd', what, granted, expires, math.max(k.cd, ccd),
+    math.max(k.cd, k.bo, cfloor), first, spent[1], spent[2], spent[3], own,
+    k[21], k[22], k[23]) .. tail
+end
 
 if st.frozen then
-  -- A frozen route grants nothing but still says what is left.
   route_save(st, idle_ms)
-  return struct.pack('<dddddd', 0, 3, idiv(avail, P.cost), now, cd, floor) .. st.frozen
+  return reply(3, 0, now, st.frozen)
 end
-
-local sec = sec_of(now)
-local window_ms = P.window * 1000
-local expires = now + P.ttl
+if first < first0 then return reply(1, 0, now, '') end
 if leases_live(st, now) >= MAX_LEASES then return { 'err', 'too_many_leases' } end
-
-local me = touch(st, p, wid, now, window_ms)
-
-local want_milli = want * P.cost
-local own_held = held(me, sec, P.window)
-local own_demand = own_held + want_milli
--- A demand within an equal share among every worker the class tracks is
--- met in full by the water-filling: granted without reading (and
--- unpacking) the rest of the fleet (BudgetLedger::grant).
-local fair
-if own_demand <= idiv(capacity, k[20 + p]) then
-  fair = own_demand
-else
-  -- Everyone else's demand.
-  local demands = {}
+local me = touch(st, p, wid, now, window * 1000)
+own = held(me, sec, window)
+local bound = a[15 + math.min(math.max(0, k[20 + p] - a[13]), a[14] - 1)]
+if own < a[12] or own > bound then
+  local fleet = {}
   for other in pairs(class_workers(st, p)) do
-    if other ~= wid and worker_seen(st, p, other) > now - window_ms then
+    if other ~= wid then
       local w = worker(st, p, other)
-      local h = held(w, sec, P.window)
-      -- (A worker that never leased holds -1.)
-      if w.lease > now - window_ms then
-        demands[#demands + 1] = h + w.unmet
-      else
-        -- Seen only through reports: unknown demand, claims an equal share.
-        demands[#demands + 1] = math.huge
-      end
+      fleet[#fleet + 1] = struct.pack('<dddd', w.seen, w.lease, held(w, sec, window), w.unmet)
     end
   end
-  fair = max_min_share(capacity, own_demand, demands)
-end
-local fair_room = math.max(0, fair - own_held)
-local by_fairness = idiv(fair_room, P.cost)
--- A fleet with more workers than tokens rounds every share to nothing: a
--- worker holding less than one token's cost may take one (BudgetLedger::grant).
-if by_fairness == 0 and own_held < P.cost then by_fairness = 1 end
-local by_budget = idiv(avail, P.cost)
-local granted = math.min(want, by_fairness, by_budget)
-local limit = 0
-if granted ~= want then
-  if by_budget <= by_fairness then limit = 1 else limit = 2 end
+  return reply(2, 0, now, table.concat(fleet))
 end
 
-local cost = granted * P.cost
+local room = math.huge
+for i = 15 + a[14], #a - 1, 2 do
+  local used = 0
+  for j = a[i + 1], 3 do used = used + spent[j] end
+  room = math.min(room, math.max(0, a[i] - used))
+end
+local granted = math.min(want, a[11], idiv(room, cost))
+-- Limits from fewer first attempts than there are now are safe but may
+-- be short: only a take they did not hold back is the rules' answer.
+if first > first0 and granted < want then return reply(1, 0, now, '') end
+
+local expires = now + ttl
+local taken = granted * cost
 me.lease = now
-me.unmet = want_milli - cost
+me.unmet = want * cost - taken
 local id = ''
 if granted > 0 then
-  local charged = s_add(st, p, sec, cost)
-  charge(me, charged, cost)
-  id = lease_id(prefix, p, granted, P.cost, charged)
+  local charged = s_add(st, p, sec, taken)
+  charge(me, charged, taken)
+  id = lease_id(prefix, p, granted, cost, charged)
   lease_put(st, id, wid, expires, now)
   if expires > k.x then k.x = expires end
 end
 route_save(st, idle_ms)
-return struct.pack('<dddddd', granted, limit, idiv(avail - cost, P.cost), expires, cd, floor) .. id
+return reply(0, granted, expires, id)

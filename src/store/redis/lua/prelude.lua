@@ -1,10 +1,9 @@
--- Shared by every Tollgate script: the state codec and the budget math.
--- This is a port of src/budget.rs, line for line where possible: the Rust
--- module is the reference and the store contract suite (run against both
--- stores) is what proves the two agree. Change one, change the other. The
--- hints and cooldowns, the slots and the pacing controller are decided in
--- Rust alone: scripts only read and write what Rust keeps (`hints`,
--- `slots` below), never deciding anything from it.
+-- Shared by every Tollgate script: the state codec and the atomic
+-- primitives on it (add to a window, take tokens under limits passed in,
+-- refund, read a route). No script decides anything: the budget, the hints
+-- and cooldowns, the slots and the pacing controller are decided in Rust,
+-- by the code the memory store runs, and scripts only read and write what
+-- Rust keeps or take under limits Rust computed.
 --
 -- Numbers: Lua numbers are doubles, exact for integers below 2^53. Times are
 -- Unix milliseconds (~2^41), the slot cursor is in microseconds (~2^51) and
@@ -295,11 +294,6 @@ local function route_state_out(out, st, now)
   out[#out + 1] = tonumber(st.raw.pv or 0)
   out[#out + 1] = st.raw.p or false
   out[#out + 1] = (slots_waiting(st.key, now))
-end
-
--- Lets `key` expire no sooner than `ms` from now.
-local function keep_for(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
 
 ---------------------------------------------------------------- route
@@ -741,62 +735,4 @@ end
 -- Takes `milli` back from second `sec`.
 local function record_refund(w, sec, milli)
   w.t = w.t - flat_refund(record_pairs(w), sec, milli)
-end
-
----------------------------------------------------------------- budget
--- The policy from a Lease's numbers `a` at `i`, in the order RedisStore
--- packs them: window, floor, ratio, ceiling, cost, the three classes'
--- shares, lease ttl.
-local function policy_of(a, i)
-  return {
-    window = a[i], floor = a[i + 1], ratio = a[i + 2], ceiling = a[i + 3],
-    cost = math.max(1, a[i + 4]), shares = { a[i + 5], a[i + 6], a[i + 7] }, ttl = a[i + 8],
-  }
-end
-
-local function allowance(st, P, now)
-  local first = s_sum(st, 0, sec_of(now), P.window)
-  local formula = P.floor * P.window + P.ratio * first
-  if P.ceiling >= 0 then formula = math.min(formula, P.ceiling * 1000) end
-  return formula
-end
-
--- The shares (permille) of class p and every class below it: the most
--- they may spend together (budget::shares_from).
-local function shares_from(P, p)
-  local s = 0
-  for j = p, 3 do s = s + P.shares[j] end
-  return s
-end
-
--- Borrowing down, never up (budget::available_of): class p may spend what
--- the tightest "class k and below stay within their shares" bound, for k
--- from critical down to p, leaves.
-local function available_of(P, total, spent, p)
-  local best = math.huge
-  for k = 1, p do
-    local used = 0
-    for j = k, 3 do used = used + spent[j] end
-    best = math.min(best, math.max(0, idiv(total * shares_from(P, k), 1000) - used))
-  end
-  return best
-end
-
-local function class_spent(st, P, now)
-  local sec = sec_of(now)
-  return { s_sum(st, 1, sec, P.window), s_sum(st, 2, sec, P.window), s_sum(st, 3, sec, P.window) }
-end
-
--- Water-filling: the smallest demands are met in full and what is left is
--- split evenly among the rest (budget::max_min_share). An unknown demand is
--- math.huge.
-local function max_min_share(capacity, own, others)
-  table.sort(others)
-  local left, n = capacity, #others + 1
-  for _, d in ipairs(others) do
-    if own <= d then return math.min(own, idiv(left, n)) end
-    left = left - math.min(d, idiv(left, n))
-    n = n - 1
-  end
-  return math.min(own, idiv(left, n))
 end

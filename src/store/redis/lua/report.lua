@@ -7,7 +7,9 @@
 -- attempts, window seconds, 1 to count the route's active workers (a hint
 -- or a stated limit is judged against them).
 -- Reply: 'ok', active workers, then route_state_out, then the caller
--- scope's hints version and bytes (0, false: none or not given).
+-- scope's hints version and bytes (0, false: none or not given), then the
+-- window's first attempts and the workers each class tracks (what a
+-- Lease's limits are computed from).
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local wid, p = ARGV[3], tonumber(ARGV[4])
 local first, window = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -27,4 +29,6 @@ else
   out[#out + 1] = 0
   out[#out + 1] = false
 end
+out[#out + 1] = s_sum(st, 0, sec_of(now), window)
+for c = 1, 3 do out[#out + 1] = st.k[20 + c] end
 return out
