@@ -14,15 +14,24 @@
 //! two differ by where the coordinator's windows (whole Unix seconds) fall
 //! in the upstream's seconds, which no run chooses.
 //!
-//! Two tests. The default suite (and so `.ci/run`) runs the SIGKILL and
-//! SIGSTOP storms. The no-fault control is `#[ignore]`d, with both faults
-//! after it: its fleet is under capacity before the outage, so its
-//! busiest second after it is slow start's first contact with the
-//! upstream's limit, a token bucket whose 100 ms bank hides the edge until
-//! it is spent: that second carries C, the bank (0.1 × C) and what the
-//! climb offered in the report round trip before the first refusal was
-//! counted, 1.09–1.17 × C (`docs/pacing.md`, bound 3), against the same
-//! 1.1 × C bound.
+//! Two tests. The default suite (and so `.ci/run`) runs the SIGKILL storm
+//! (about 25 s). The long version, `#[ignore]`d, runs the no-fault control,
+//! the SIGKILL storm and the SIGSTOP storm; two of them do not hold the
+//! bound yet, each for a reason of the product's pacing, not of this test:
+//!
+//! - The control's fleet is under capacity before the outage, so the
+//!   coordinator has never met the upstream's limit when it ends and finds
+//!   it by slow start. The token bucket's 100 ms bank hides the edge until
+//!   it is spent, so the second the climb crosses it carries C, the bank
+//!   (0.1 × C) and what the climb offered in the report round trip before
+//!   the first refusal was counted (`docs/pacing.md`, bound 3): 1.08–1.17
+//!   × C in whole seconds in four runs (`docs/operating.md`).
+//! - The SIGSTOPped coordinator, when it resumes, reads the reports that
+//!   queued on its socket while it was stopped (each a second of counts or
+//!   less, so taken whole) as traffic of the window it resumes in, and its
+//!   measurement of the upstream's rate reads high (213.9/s for C = 200 in
+//!   one run); paced at that, the fleet offered up to 1.45 × C for one or
+//!   two seconds after SIGCONT (`docs/operating.md`).
 
 #[path = "../../tests/support/process.rs"]
 mod process;
@@ -487,19 +496,18 @@ async fn chaos(storms: &[Fault]) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The gated version, in the default suite (about 50 s): the two faults,
-/// each in its own storm. The no-fault control is the long version's (the
-/// module doc says why).
+/// The gated version, in the default suite: the SIGKILL storm, the
+/// coordinator restarted without its memory into the outage.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "the SIGSTOP storm's resumed coordinator still overshoots: cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
-async fn chaos_fleet_upstream_peak_stays_near_capacity_across_kill_and_stop() {
-    chaos(&[Fault::Kill, Fault::Stop]).await;
+async fn chaos_fleet_upstream_peak_stays_near_capacity_across_a_kill() {
+    chaos(&[Fault::Kill]).await;
 }
 
-/// The long version: the no-fault control first, then the same two
-/// faults.
+/// The long version: the no-fault control, then the SIGKILL and the
+/// SIGSTOP storms (the module doc says which of them miss the bound, and
+/// why).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "about 70 s more of real processes: cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
-async fn chaos_fleet_with_the_no_fault_control() {
+#[ignore = "about 70 s of real processes; the control and SIGSTOP storms miss the bound (module doc): cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
+async fn chaos_fleet_upstream_peak_across_kill_and_stop_after_a_control() {
     chaos(&[Fault::None, Fault::Kill, Fault::Stop]).await;
 }
