@@ -9,11 +9,28 @@
 //! local budget within one RPC timeout and kept sending.
 //!
 //! The busiest second is counted as the storm benchmark counts it, in whole
-//! seconds of the upstream's clock. The busiest 1 s sliding in 100 ms steps
-//! is printed too: it reads 1.08–1.16 × C in the no-fault control as well as
-//! under the faults (slow start's overshoot at C = 200, the coordinator's or
-//! the workers' local pacer's, `docs/pacing.md`), so it measures the
-//! pacing, not what a fault adds.
+//! seconds of the upstream's clock (its second 0 is when it logs its
+//! address). The busiest 1 s sliding in 100 ms steps is printed too; the
+//! two differ by where the coordinator's windows (whole Unix seconds) fall
+//! in the upstream's seconds, which no run chooses.
+//!
+//! Two tests. The default suite (and so `.ci/run`) runs the SIGKILL storm
+//! (about 25 s). The long version, `#[ignore]`d, runs the no-fault
+//! control, the SIGKILL storm and the SIGSTOP storm; two of them miss the
+//! bound in some runs, for reasons of the coordinator's pacing rather than
+//! of this test (`docs/operating.md` has the runs):
+//!
+//! - The control's fleet is under capacity before the outage, so the
+//!   coordinator has never met the upstream's limit when it ends and finds
+//!   it by slow start. The token bucket's 100 ms bank hides the edge until
+//!   it is spent, so the second the climb crosses it carries C, the bank
+//!   (0.1 × C) and what the climb offered in the report round trip before
+//!   the first refusal was counted (`docs/pacing.md`, bound 3).
+//! - The SIGSTOPped coordinator, once it resumes, paces the saturated
+//!   route over C for one to three seconds in some runs. It no longer
+//!   reads the reports its workers sent while it was stopped (they hold
+//!   them until it answers), which had it pace at up to 1.45 × C; what is
+//!   left is not explained yet.
 
 #[path = "../../tests/support/process.rs"]
 mod process;
@@ -26,6 +43,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use process::{Front, Served};
+use tollgate_bench::fleet::upstream;
 
 /// The upstream and worker processes.
 const BENCH: &str = env!("CARGO_BIN_EXE_tollgate-bench");
@@ -50,17 +68,6 @@ const RPC_TIMEOUT: Duration = Duration::from_millis(500);
 /// × C.
 const PEAK_BOUND: f64 = 1.1;
 
-/// A port for the upstream stand-in, bound and released: `tollgate-bench
-/// upstream` (bench/src) does not log the port it binds, so it cannot be
-/// given port 0 as `tollgate serve` is. Another process may take the port
-/// in between; the upstream then fails to start and the test says so.
-fn upstream_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
 fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -84,6 +91,32 @@ impl Lines {
             .spawn()
             .expect("spawn tollgate-bench");
         Lines { child, out }
+    }
+
+    /// Waits (bounded) for the line `message` with its bound address in
+    /// the process's stderr log; panics with the log if the process exits
+    /// first or never says.
+    async fn logged_address(&mut self, message: &str) -> std::net::SocketAddr {
+        let log = self.out.with_extension("log");
+        let give_up = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(addr) = process::logged_address(&text, message) {
+                return addr;
+            }
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                panic!(
+                    "{} exited ({status}) before logging `{message}`:\n{text}",
+                    log.display()
+                );
+            }
+            assert!(
+                Instant::now() < give_up,
+                "{} did not log `{message} address=…`:\n{text}",
+                log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Waits (bounded) for the process to exit on its own; its lines.
@@ -126,13 +159,12 @@ struct Storm {
 
 impl Storm {
     async fn start(dir: &Path, name: &str, coordinator: &str) -> Storm {
-        let port = upstream_port();
         let upstream_for = INTENTS_FOR + DEADLINE + Duration::from_secs(2);
-        let upstream = Lines::spawn(
+        let mut upstream = Lines::spawn(
             &[
                 "upstream".into(),
                 "--listen".into(),
-                format!("127.0.0.1:{port}"),
+                "127.0.0.1:0".into(),
                 "--capacity".into(),
                 CAPACITY.to_string(),
                 "--outage-start-s".into(),
@@ -144,16 +176,10 @@ impl Storm {
             ],
             dir.join(format!("{name}-upstream.jsonl")),
         );
-        let bound = Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < bound, "the upstream never listened");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        // The upstream's clock started a few ms before it listened: close
-        // enough for faults scheduled in whole seconds.
+        let address = upstream.logged_address(upstream::LISTENING).await;
+        // The upstream's clock starts as it logs its address: the faults,
+        // scheduled in whole seconds, are on its clock to within the 5 ms
+        // this waits between reads of its log.
         let started = Instant::now();
         let workers = (0..WORKERS)
             .map(|i| {
@@ -163,7 +189,7 @@ impl Storm {
                         "--coordinator".into(),
                         coordinator.into(),
                         "--upstream".into(),
-                        format!("127.0.0.1:{port}"),
+                        address.to_string(),
                         "--worker-id".into(),
                         format!("{name}-worker-{i}"),
                         "--rate".into(),
@@ -389,14 +415,30 @@ impl Measured {
     }
 }
 
-/// First the storm with no fault (the control); then a SIGKILL one second into the outage and a restart a second later (the
-/// coordinator comes back without its memory, into the storm); then a
-/// fresh storm with a SIGSTOP one second into the outage, held 5 s, so the
-/// coordinator returns to a fleet recovering on its local budgets.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "real processes and about a minute of real time: cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
-async fn chaos_fleet_upstream_peak_stays_near_capacity_across_kill_and_stop() {
+/// The storms one test runs, in order, all against one coordinator front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The coordinator untouched: what the faults are measured against.
+    None,
+    /// SIGKILL one second into the outage and a restart a second later:
+    /// the coordinator comes back without its memory, into the storm.
+    Kill,
+    /// SIGSTOP one second into the outage, held 5 s: the coordinator
+    /// returns to a fleet recovering on its local budgets.
+    Stop,
+}
+
+/// One fleet at a time: two tests of this file run together
+/// (`--include-ignored`) would share two cores between two fleets and
+/// measure each other.
+static ONE_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `storms` in order against one `tollgate serve` (restarted by the
+/// SIGKILL storm) and fails with every bound any of them missed.
+async fn chaos(storms: &[Fault]) {
+    let _alone = ONE_FLEET.lock().await;
     let dir = process::temp_dir("chaos-fleet");
+    eprintln!("chaos fleet files: {}", dir.display());
     let serve = |log: &str| {
         let mut command = Command::new(process::coordinator_bin(BENCH));
         command
@@ -405,6 +447,7 @@ async fn chaos_fleet_upstream_peak_stays_near_capacity_across_kill_and_stop() {
             .env_remove("TOLLGATE_LISTEN");
         Served::spawn(command, &dir.join(log))
     };
+    let mut restarts = 1;
     let mut served = serve("serve-1.log");
     served.until_serving().await;
     // The workers' one address across the restart, as a Service's.
@@ -412,34 +455,60 @@ async fn chaos_fleet_upstream_peak_stays_near_capacity_across_kill_and_stop() {
     let coordinator = front.url();
     let mut failures = Vec::new();
 
-    // The same storm with the coordinator untouched: what the faults below
-    // are measured against.
-    let storm = Storm::start(&dir, "none", &coordinator).await;
-    failures.extend(storm.finish().await.check("none", None));
-
-    // SIGKILL: connections reset; the next RPC of each worker fails.
-    let storm = Storm::start(&dir, "kill", &coordinator).await;
-    storm.at(FAULT_AT).await;
-    served.kill();
-    let fault = unix_ms(SystemTime::now());
-    storm.at(FAULT_AT + Duration::from_secs(1)).await;
-    let mut served = serve("serve-2.log");
-    served.until_serving().await;
-    front.point_at(served.addr);
-    let back = unix_ms(SystemTime::now());
-    let measured = storm.finish().await;
-    failures.extend(measured.check("kill", Some((fault, back))));
-
-    // SIGSTOP: RPCs hang until the link's timeout.
-    let storm = Storm::start(&dir, "stop", &coordinator).await;
-    storm.at(FAULT_AT).await;
-    served.signal("STOP");
-    let fault = unix_ms(SystemTime::now());
-    storm.at(FAULT_AT + Duration::from_secs(5)).await;
-    served.signal("CONT");
-    let back = unix_ms(SystemTime::now());
-    let measured = storm.finish().await;
-    failures.extend(measured.check("stop", Some((fault, back))));
+    for &fault in storms {
+        match fault {
+            Fault::None => {
+                let storm = Storm::start(&dir, "none", &coordinator).await;
+                failures.extend(storm.finish().await.check("none", None));
+            }
+            Fault::Kill => {
+                // SIGKILL: connections reset; the next RPC of each worker
+                // fails.
+                let storm = Storm::start(&dir, "kill", &coordinator).await;
+                storm.at(FAULT_AT).await;
+                // Stamped before the signal: a worker may see the reset
+                // before this process has reaped the coordinator.
+                let fault = unix_ms(SystemTime::now());
+                served.kill();
+                storm.at(FAULT_AT + Duration::from_secs(1)).await;
+                restarts += 1;
+                served = serve(&format!("serve-{restarts}.log"));
+                served.until_serving().await;
+                let back = unix_ms(SystemTime::now());
+                front.point_at(served.addr);
+                let measured = storm.finish().await;
+                failures.extend(measured.check("kill", Some((fault, back))));
+            }
+            Fault::Stop => {
+                // SIGSTOP: RPCs hang until the link's timeout.
+                let storm = Storm::start(&dir, "stop", &coordinator).await;
+                storm.at(FAULT_AT).await;
+                let fault = unix_ms(SystemTime::now());
+                served.signal("STOP");
+                storm.at(FAULT_AT + Duration::from_secs(5)).await;
+                let back = unix_ms(SystemTime::now());
+                served.signal("CONT");
+                let measured = storm.finish().await;
+                failures.extend(measured.check("stop", Some((fault, back))));
+            }
+        }
+    }
 
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The gated version, in the default suite (about 25 s): the SIGKILL
+/// storm, the coordinator restarted without its memory into the outage.
+#[tokio::test(flavor = "multi_thread")]
+async fn chaos_fleet_upstream_peak_stays_near_capacity_across_a_kill() {
+    chaos(&[Fault::Kill]).await;
+}
+
+/// The long version: the no-fault control, then the SIGKILL and the
+/// SIGSTOP storms (the module doc says why the control and the SIGSTOP
+/// storm are not gated).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "about 70 s of real processes; the control and SIGSTOP storms miss the bound in some runs (module doc): cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
+async fn chaos_fleet_upstream_peak_across_kill_and_stop_after_a_control() {
+    chaos(&[Fault::None, Fault::Kill, Fault::Stop]).await;
 }

@@ -15,6 +15,12 @@
 //! `{"summary":true,"offered":n,"served":n,"refused":n,"after_deadline":n}`,
 //! then exits. An attempt carrying `x-tollgate-deadline-unix-ms` that
 //! arrives at or after that instant counts as after its deadline.
+//!
+//! Once its listener is bound it writes one line to stderr,
+//! `tollgate-bench upstream listening address=IP:PORT` ([`LISTENING`]), as
+//! `tollgate serve` logs its own: given `--listen 127.0.0.1:0`, that line is
+//! the only way a caller learns the port, and a port picked by binding and
+//! releasing it first could be taken by another process in between.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -39,10 +45,16 @@ use crate::storm::{
     BUCKET, HintStyle, Mode, StormArgs, StormConfig, StrategyKind, Truth, Upstream, VirtualWall,
 };
 
+/// What the upstream writes to stderr once bound, followed by
+/// ` address=IP:PORT`, the same shape as `tollgate serve`'s line (so
+/// `tests/support/process.rs` reads both).
+pub const LISTENING: &str = "tollgate-bench upstream listening";
+
 /// `tollgate-bench upstream` arguments. Seconds are decimals.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpstreamArgs {
-    /// Where to listen (HTTP/1, plain).
+    /// Where to listen (HTTP/1, plain); port 0 picks a free one, logged to
+    /// stderr.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Capacity C, in requests per second.
@@ -111,7 +123,14 @@ async fn serve(
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
+    let address = listener.local_addr().context("reading the bound address")?;
+    // The clock starts as the address is told: a caller that waits for this
+    // line knows the upstream's second 0 to within its own reading of it.
     let start = Instant::now();
+    let mut stderr = std::io::stderr().lock();
+    writeln!(stderr, "{LISTENING} address={address}")?;
+    stderr.flush()?;
+    drop(stderr);
     // Real time here: the wall clock only ever matters for HTTP-date hints,
     // which this stand-in does not send.
     let wall = Arc::new(VirtualWall::new(SystemTime::now(), start));

@@ -335,10 +335,14 @@ pub(super) async fn background(
             _ = tick.tick() => {
                 let degraded = shared.link.state() == LinkState::Degraded;
                 let probe = degraded && last_probe.elapsed() >= PROBE_INTERVAL;
-                // Degraded, reports wait for the probe: each would only time
-                // out, and a hung coordinator would read them all when it
-                // resumes.
-                if !degraded || probe {
+                // Degraded, reports wait until the coordinator answers
+                // again (the probe below): each would only time out, and a
+                // hung coordinator reads every one it was sent when it
+                // resumes, all as counts made then, so the seconds of
+                // recovery it missed land in its first window back and
+                // read as capacity. Held, the counts go in one report once
+                // it answers, whose `counts_age_ms` says how long they span.
+                if !degraded {
                     flush_reports(&shared, Flush::Due).await;
                 }
                 tend_leases(&shared).await;
@@ -346,10 +350,12 @@ pub(super) async fn background(
                     // Takes answer from the fallback without RPCs, so
                     // something must notice the coordinator coming back:
                     // one lease attempt per probe interval, never a loop.
-                    // On a scope the worker leased on, or else one it only
-                    // reported on: a worker whose first attempts never
-                    // failed holds no tokens, and while its intents wait
-                    // out a cooldown alone nothing else would call.
+                    // On a scope the worker leased on, or else one it
+                    // reported on or holds a report for: a worker whose
+                    // first attempts never failed holds no tokens, one
+                    // whose first report failed has no view either, and
+                    // while its intents wait out a cooldown alone nothing
+                    // else would call.
                     if probe {
                         last_probe = Instant::now();
                         let key = shared
@@ -358,6 +364,7 @@ pub(super) async fn background(
                             .next()
                             .map(|e| e.key().clone())
                             .or_else(|| shared.views.iter().next().map(|e| e.key().clone()))
+                            .or_else(|| lock(&shared.reports).keys().next().cloned())
                             .map(|scope| (scope, RetryClass::Transient));
                         if let Some(key) = key {
                             let shared = shared.clone();
