@@ -350,6 +350,57 @@ impl World {
         let (coordinator, upstream) = (self.coordinator.url(), self.upstream.url());
         Proxy::start_with(&self.dir, name, &coordinator, &upstream, parts)
     }
+
+    /// Two proxies, A and B, in front of `GET /limited`, both warmed (each
+    /// knows the scope and watches it); then A bursts past the limit in a
+    /// fresh window and its last request draws the penalty, which becomes
+    /// the fleet's cooldown.
+    async fn tripped_by_a(&self) -> Tripped {
+        let routes = "[[listener.route]]\nroute = \"GET /limited\"\n";
+        let a = self.proxy("a", ["", "", routes]);
+        let b = self.proxy("b", ["", "", routes]);
+        let warm_a = curl(&["-H", "x-from: a", &a.url("/limited")]).await;
+        let (_, warm_b) = python_get(&b.url("/limited"), 10.0, &["x-from: b"]).await;
+        assert_eq!(warm_a.status, 200, "{warm_a:?}");
+        assert_eq!(warm_b.expect("python answered").status, 200);
+        tokio::time::sleep(Duration::from_millis(1100)).await; // a fresh window
+
+        let burst = tokio::spawn({
+            let url = a.url("/limited");
+            async move {
+                let mut answers = Vec::new();
+                for _ in 0..3 {
+                    answers.push(curl(&["-H", "x-from: a", &url]).await);
+                }
+                answers
+            }
+        });
+        let upstream = &self.upstream;
+        eventually("the upstream's penalty", async || {
+            upstream.tripped.lock().expect("tripped").is_some()
+        })
+        .await;
+        let tripped = upstream.tripped.lock().expect("tripped").expect("tripped");
+        eventually("the fleet's cooldown", async || {
+            cooldown(&self.coordinator, "GET /limited").await > 0
+        })
+        .await;
+        Tripped {
+            a,
+            b,
+            tripped,
+            burst,
+        }
+    }
+}
+
+/// What [`World::tripped_by_a`] leaves: the two proxies, when the
+/// upstream's penalty began, and A's burst (its answers once it ends).
+struct Tripped {
+    a: Proxy,
+    b: Proxy,
+    tripped: Instant,
+    burst: tokio::task::JoinHandle<Vec<Answer>>,
 }
 
 /// A running `tollgate proxy` and the address of its one listener.
@@ -607,40 +658,13 @@ async fn a_retry_after_one_proxy_draws_holds_the_other_proxys_requests() {
         return;
     };
     let dir = &world.dir;
-    let coordinator = &world.coordinator;
     let upstream = &world.upstream;
-    let routes = "[[listener.route]]\nroute = \"GET /limited\"\n";
-    let a = world.proxy("a", ["", "", routes]);
-    let mut b = world.proxy("b", ["", "", routes]);
-
-    // Both services have used the route: each proxy knows the scope and
-    // watches it.
-    let warm_a = curl(&["-H", "x-from: a", &a.url("/limited")]).await;
-    let (_, warm_b) = python_get(&b.url("/limited"), 10.0, &["x-from: b"]).await;
-    assert_eq!(warm_a.status, 200, "{warm_a:?}");
-    assert_eq!(warm_b.expect("python answered").status, 200);
-    tokio::time::sleep(Duration::from_millis(1100)).await; // a fresh window
-
-    // Service A bursts past the limit; its last request draws the 429.
-    let burst = tokio::spawn({
-        let url = a.url("/limited");
-        async move {
-            let mut answers = Vec::new();
-            for _ in 0..3 {
-                answers.push(curl(&["-H", "x-from: a", &url]).await);
-            }
-            answers
-        }
-    });
-    eventually("the upstream's penalty", async || {
-        upstream.tripped.lock().expect("tripped").is_some()
-    })
-    .await;
-    let tripped = upstream.tripped.lock().expect("tripped").expect("tripped");
-    eventually("the fleet's cooldown", async || {
-        cooldown(coordinator, "GET /limited").await > 0
-    })
-    .await;
+    let Tripped {
+        a,
+        mut b,
+        tripped,
+        burst,
+    } = world.tripped_by_a().await;
     // Watch pushes the cooldown to B's proxy well within this.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -691,34 +715,12 @@ async fn on_the_defaults_the_other_proxy_sends_one_request_into_the_penalty_then
     let dir = &world.dir;
     let coordinator = &world.coordinator;
     let upstream = &world.upstream;
-    let routes = "[[listener.route]]\nroute = \"GET /limited\"\n";
-    let a = world.proxy("a", ["", "", routes]);
-    let mut b = world.proxy("b", ["", "", routes]);
-    let warm_a = curl(&["-H", "x-from: a", &a.url("/limited")]).await;
-    let (_, warm_b) = python_get(&b.url("/limited"), 10.0, &["x-from: b"]).await;
-    assert_eq!(warm_a.status, 200, "{warm_a:?}");
-    assert_eq!(warm_b.expect("python answered").status, 200);
-    tokio::time::sleep(Duration::from_millis(1100)).await; // a fresh window
-
-    let burst = tokio::spawn({
-        let url = a.url("/limited");
-        async move {
-            let mut answers = Vec::new();
-            for _ in 0..3 {
-                answers.push(curl(&["-H", "x-from: a", &url]).await);
-            }
-            answers
-        }
-    });
-    eventually("the upstream's penalty", async || {
-        upstream.tripped.lock().expect("tripped").is_some()
-    })
-    .await;
-    let tripped = upstream.tripped.lock().expect("tripped").expect("tripped");
-    eventually("the fleet's cooldown", async || {
-        cooldown(coordinator, "GET /limited").await > 0
-    })
-    .await;
+    let Tripped {
+        a,
+        mut b,
+        tripped,
+        burst,
+    } = world.tripped_by_a().await;
 
     // B's first request: one attempt into the penalty, whose 429 agrees
     // with A's.
