@@ -474,6 +474,24 @@ caller_scope = "fleet"
         format!("http://{}{path}", self.addr)
     }
 
+    /// The admin listener's address, from the log: it is logged after the
+    /// listeners [`Proxy::start_with`] waits for, so it may come a moment
+    /// later.
+    fn admin_address(&mut self) -> SocketAddr {
+        let give_up = Instant::now() + BOUND;
+        loop {
+            if let Some(addr) = logged_address(&self.log(), tollgate::proxy::ADMIN_LISTENING) {
+                return addr;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "proxy did not log its admin address:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn log(&mut self) -> String {
         self.run.whole_log()
     }
@@ -1023,8 +1041,7 @@ async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
         "p",
         ["drain = \"5s\"\n[admin]\nlisten = \"127.0.0.1:0\"", "", ""],
     );
-    let admin =
-        logged_address(&proxy.log(), tollgate::proxy::ADMIN_LISTENING).expect("admin address");
+    let admin = proxy.admin_address();
     let health = curl(&[&format!("http://{admin}/healthz")]).await;
     assert_eq!(health.status, 200, "{health:?}");
     assert_eq!(curl(&[&proxy.url("/ok")]).await.status, 200);
@@ -1316,8 +1333,7 @@ async fn a_client_that_leaves_is_recorded_as_cancelled() {
     };
     let upstream = &world.upstream;
     let mut proxy = world.proxy("p", ["[admin]\nlisten = \"127.0.0.1:0\"", "", ""]);
-    let admin =
-        logged_address(&proxy.log(), tollgate::proxy::ADMIN_LISTENING).expect("admin address");
+    let admin = proxy.admin_address();
     let cancelled = async || {
         let output = tokio::process::Command::new("curl")
             .args(["-sS", &format!("http://{admin}/metrics")])
