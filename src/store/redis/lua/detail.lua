@@ -24,12 +24,8 @@ local sec = sec_of(now)
 local window = tonumber(ARGV[5])
 out[#out + 1] = s_sum(st, 0, sec, window)
 for p = 1, 3 do
-  local active = 0
-  for wid in pairs(class_workers(st, p)) do
-    if worker_seen(st, p, wid) > now - window * 1000 then active = active + 1 end
-  end
   out[#out + 1] = s_sum(st, p, sec, window)
-  out[#out + 1] = active
+  out[#out + 1] = class_active(st, p, now, window * 1000)
 end
 out[#out + 1] = tokens
 out[#out + 1] = asking

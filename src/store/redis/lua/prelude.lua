@@ -668,15 +668,19 @@ local function worker_forget(st, p, wid)
   st.k[20 + p] = st.k[20 + p] - 1
 end
 
--- Workers seen in the window over every class (BudgetLedger::active_workers).
-local function active_workers(st, now, window_ms)
+-- Workers class p has seen in the window.
+local function class_active(st, p, now, window_ms)
   local n = 0
-  for p = 1, 3 do
-    for wid in pairs(class_workers(st, p)) do
-      if worker_seen(st, p, wid) > now - window_ms then n = n + 1 end
-    end
+  for wid in pairs(class_workers(st, p)) do
+    if worker_seen(st, p, wid) > now - window_ms then n = n + 1 end
   end
   return n
+end
+
+-- Workers seen in the window over every class (BudgetLedger::active_workers).
+local function active_workers(st, now, window_ms)
+  return class_active(st, 1, now, window_ms) + class_active(st, 2, now, window_ms)
+    + class_active(st, 3, now, window_ms)
 end
 
 -- Marks a worker active in class p; beyond MAX_WORKERS the least recently
