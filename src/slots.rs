@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::pacing::{PacingPolicy, PacingState, SlotDecision, WINDOW_MS, WakeAsk};
+use crate::pacing::{Asker, PacingPolicy, PacingState, SlotDecision, WINDOW_MS, WakeAsk};
 
 /// Intents waiting per route; beyond it (after dropping those whose slot has
 /// passed) a new intent is refused rather than growing memory.
@@ -61,8 +61,8 @@ pub struct SlotAsk<'a> {
     /// Where inside its interval the slot falls, `0..JITTER_SCALE`; drawn by
     /// the caller from an injected RNG so runs can be replayed.
     pub jitter_ppm: u32,
-    /// A first attempt held for a slot, not a retry.
-    pub first_attempt: bool,
+    /// A retry, or a first attempt held for a slot.
+    pub asker: Asker,
 }
 
 /// The answer to a [`SlotAsk`].
@@ -161,7 +161,7 @@ pub fn plan(
     let pacing_was = pacing.mode();
     let floor_ms = ask
         .floor_ms
-        .max(pacing.floor_for(route_floor_ms, ask.first_attempt, ask.now_ms))
+        .max(pacing.floor_for(route_floor_ms, ask.asker.is_first_attempt(), ask.now_ms))
         .max(ask.now_ms);
     if let Some(slot) = book.pending_ms {
         // Still pending and still after the floor: the same answer. A
@@ -182,7 +182,7 @@ pub fn plan(
         jitter_ppm: ask.jitter_ppm,
         waiting: i64::from(book.ahead),
         cursor_us: book.cursor_us,
-        first_attempt: ask.first_attempt,
+        asker: ask.asker,
     };
     let (outcome, change) = match pacing.decide(&wake, policy) {
         SlotDecision::Slot { at_ms, cursor_us } => (
@@ -363,7 +363,7 @@ mod tests {
             reserve_ms: 1000,
             now_ms: NOW,
             jitter_ppm,
-            first_attempt: false,
+            asker: Asker::Retry,
         }
     }
 

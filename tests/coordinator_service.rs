@@ -89,6 +89,12 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
     let mut no_intent = reconsider(good.clone(), "");
     no_intent.deadline_unix_ms = T0 + 1000;
     expect_field(client.reconsider(no_intent).await.map(|_| ()), "intent_id");
+    let mut retry_arriving = reconsider(good.clone(), "i");
+    retry_arriving.arriving = true;
+    expect_field(
+        client.reconsider(retry_arriving).await.map(|_| ()),
+        "arriving",
+    );
 
     let watch = v1::WatchRequest {
         scopes: vec![],

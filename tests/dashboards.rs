@@ -354,6 +354,7 @@ async fn storm(channel: Channel) {
             deadline_unix_ms: receipt + 60_000,
             attempt_reserve_ms: 100,
             first_attempt: false,
+            arriving: false,
         })
         .await
         .expect("reconsider");

@@ -128,6 +128,7 @@ fn budget_call() -> impl Strategy<Value = BudgetCall> {
                         attempt_reserve_ms: reserve,
                         // Either kind of ask, from the fuzzed bits.
                         first_attempt: reserve % 2 == 1,
+                        arriving: reserve % 4 == 1,
                     })
                 }
             ),

@@ -567,6 +567,7 @@ async fn call(
                     deadline_unix_ms: now + 30_000,
                     attempt_reserve_ms: 100,
                     first_attempt: false,
+                    arriving: false,
                 })
                 .await
                 .is_ok()

@@ -356,6 +356,7 @@ async fn call(client: &mut BudgetClient<Channel>, n: u64, scope: u64) -> Result<
                     deadline_unix_ms: now + 30_000,
                     attempt_reserve_ms: 100,
                     first_attempt: false,
+                    arriving: false,
                 })
                 .await
                 .map(drop)

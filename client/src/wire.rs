@@ -105,7 +105,7 @@ pub(crate) fn watch_request(scopes: &[Scope]) -> WatchRequest {
 
 /// Asks for a slot no earlier than `not_before` that still leaves
 /// `attempt_reserve` before `deadline`, for a retry or a held
-/// `first_attempt`.
+/// `first_attempt` (`arriving` on the held first attempt's first ask).
 pub(crate) fn reconsider_request(
     scope: &Scope,
     intent_id: &str,
@@ -113,6 +113,7 @@ pub(crate) fn reconsider_request(
     deadline: SystemTime,
     attempt_reserve: Duration,
     first_attempt: bool,
+    arriving: bool,
 ) -> ReconsiderRequest {
     ReconsiderRequest {
         scope: Some(scope.to_wire()),
@@ -122,6 +123,7 @@ pub(crate) fn reconsider_request(
         deadline_unix_ms: to_unix_ms(deadline),
         attempt_reserve_ms: u64::try_from(attempt_reserve.as_millis()).unwrap_or(u64::MAX),
         first_attempt,
+        arriving,
     }
 }
 

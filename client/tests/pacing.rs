@@ -42,6 +42,8 @@ struct Wire {
     releases: Vec<(ReleaseRequest, ReleaseResponse)>,
     /// Each `Reconsider`: when it arrived (Unix ms) and the answer.
     reconsiders: Vec<(i64, ReconsiderResponse)>,
+    /// Each `Reconsider`'s kind: `(first_attempt, arriving)`.
+    asks: Vec<(bool, bool)>,
 }
 
 /// Forwards every `Budget` call to the real coordinator and keeps a copy.
@@ -89,17 +91,17 @@ impl Budget for Recorder {
         r: Request<ReconsiderRequest>,
     ) -> Result<Response<ReconsiderResponse>, Status> {
         let asked_at = to_unix_ms(self.clock.now());
+        let request = r.into_inner();
+        let kind = (request.first_attempt, request.arriving);
         let answer = self
             .coordinator
             .clone()
-            .reconsider(Request::new(r.into_inner()))
+            .reconsider(Request::new(request))
             .await?;
         let reply = *answer.get_ref();
-        self.wire
-            .lock()
-            .unwrap()
-            .reconsiders
-            .push((asked_at, reply));
+        let mut wire = self.wire.lock().unwrap();
+        wire.reconsiders.push((asked_at, reply));
+        wire.asks.push(kind);
         Ok(answer)
     }
     type WatchStream = tonic::Streaming<ScopeEvent>;
@@ -284,6 +286,11 @@ async fn a_first_attempt_inside_a_known_cooldown_is_held_until_its_slot() {
     assert!(slot >= cooldown_ends - began);
     assert!(first.record.start >= slot && first.record.start <= slot + ms(20));
     assert!(!held.degraded);
+    // Its first ask says it arrived, so the coordinator counts it once
+    // among the first attempts arriving; any later ask does not.
+    let asks = r.wire.lock().unwrap().asks.clone();
+    assert_eq!(asks.first(), Some(&(true, true)), "{asks:?}");
+    assert!(asks[1..].iter().all(|&a| a == (true, false)), "{asks:?}");
 
     // It still counts as a first attempt for the fleet's budget.
     r.gate.cache().flush().await;
@@ -411,6 +418,11 @@ async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
     let slot = held.slot.expect("it went at the coordinator's slot");
     assert!(first.record.start >= slot && first.record.start <= slot + ms(20));
     assert_eq!(r.wire.lock().unwrap().reconsiders.len(), 1, "one ask");
+    assert_eq!(
+        r.wire.lock().unwrap().asks,
+        [(true, true)],
+        "a first attempt's first ask, as it arrived"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -29,7 +29,7 @@ use tollgate_client::clock::{Clock, to_unix_ms};
 use crate::admin::Control;
 use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
 use crate::events::{EventHub, ScopeSnapshot, StateChange};
-use crate::pacing::PacingView;
+use crate::pacing::{Asker, PacingView};
 use crate::policy::SharedPolicies;
 use crate::scope::{RetryClass, RouteKey, ScopeKey};
 use crate::slots::{JITTER_SCALE, SlotAsk};
@@ -127,8 +127,8 @@ pub struct SlotRequest<'a> {
     pub deadline_ms: i64,
     /// Time the intent needs after its slot for one attempt.
     pub reserve_ms: i64,
-    /// A first attempt held for a slot, not a retry.
-    pub first_attempt: bool,
+    /// A retry, or a first attempt held for a slot.
+    pub asker: Asker,
     /// Whom a new scope is charged to.
     pub tenant: Tenant,
 }
@@ -320,7 +320,7 @@ impl Coordinator {
             reserve_ms: request.reserve_ms,
             now_ms,
             jitter_ppm: self.jitter(),
-            first_attempt: request.first_attempt,
+            asker: request.asker,
         };
         let Slotted {
             decided,

@@ -11,13 +11,13 @@ use crate::codec::{DecodeError, Reader, Writer};
 
 /// The format [`PacingState::encode`] writes and [`PacingState::decode`]
 /// reads.
-const FORMAT: u8 = 5;
+const FORMAT: u8 = 6;
 const WHAT: &str = "pacing state";
 
 impl PacingState {
     /// Every number of the state outside its rule and model, in the
     /// encoding's order.
-    fn numbers(&mut self) -> [&mut i64; 12] {
+    fn numbers(&mut self) -> [&mut i64; 13] {
         [
             &mut self.win,
             &mut self.w_first,
@@ -25,6 +25,7 @@ impl PacingState {
             &mut self.w_refused,
             &mut self.w_granted,
             &mut self.w_held,
+            &mut self.w_arrived,
             &mut self.w_short,
             &mut self.w_late,
             &mut self.rate_m,

@@ -38,7 +38,7 @@ pub mod model;
 mod slot;
 pub mod stated;
 
-pub use slot::{SlotDecision, WakeAsk};
+pub use slot::{Asker, SlotDecision, WakeAsk};
 
 use model::{LimiterModel, Phase};
 use stated::{InForce, StatedState, StatedView, Statement, Weighing};
@@ -309,6 +309,9 @@ pub struct PacingState {
     /// Of those, slots for first attempts held for one: a backlog
     /// released, not first attempts arriving.
     pub(super) w_held: i64,
+    /// First attempts held as they arrived (their first ask): the rate
+    /// intents arrive at while their first attempts wait for slots.
+    pub(super) w_arrived: i64,
     /// Intents it told to ask again because the rate, not a cooldown, put
     /// their slot past the horizon: demand the rate fell short of.
     pub(super) w_short: i64,
@@ -318,8 +321,9 @@ pub struct PacingState {
     /// The wake rate in force, milli-slots per second (derived: see
     /// [`settle`](Self::settle)).
     pub(super) rate_m: i64,
-    /// First attempts sent straight, moving average, milli-attempts per
-    /// second (all first attempts while saturated).
+    /// First attempts arriving, moving average, milli-attempts per second:
+    /// those sent straight (and, while saturated, those held as they
+    /// arrived).
     pub(super) lam_m: i64,
     /// Every attempt waits for a slot at the target.
     pub(super) saturated: bool,
@@ -350,6 +354,7 @@ impl PacingState {
             w_refused: 0,
             w_granted: 0,
             w_held: 0,
+            w_arrived: 0,
             w_short: 0,
             w_late: 0,
             rate_m: policy.floor_m,
@@ -574,11 +579,19 @@ impl PacingState {
         let closed =
             self.win * WINDOW_MS < self.closed_until || self.w_ok == 0 && self.w_refused > 0;
         if !closed && !matches!(self.rule, Rule::Penalty { .. }) {
-            // First attempts arriving: a backlog released by slots is not a
-            // rate first attempts keep up, except while every attempt is
-            // held (then all of them arrive through slots).
+            // First attempts arriving. Split, the rate is what first
+            // attempts sent straight use: one held for a short cooldown
+            // takes a wake slot like a retry, so it is not counted twice.
+            // Saturated, every attempt is paced at the whole target and the
+            // rate says whether first attempts alone reach it: those held
+            // as they arrived count, not what the slots release. A backlog
+            // released by slots is not a rate first attempts keep up: once
+            // arrivals stop, a saturated route's slots release held first
+            // attempts for as long as the backlog lasts, and counting them
+            // left the split waking retries at the floor when saturation
+            // ended.
             let arrived_m = if self.saturated {
-                self.w_first
+                self.straight_first() + self.w_arrived
             } else {
                 self.straight_first()
             } * MILLI;
@@ -712,6 +725,7 @@ impl PacingState {
         self.w_refused = 0;
         self.w_granted = 0;
         self.w_held = 0;
+        self.w_arrived = 0;
         self.w_short = 0;
         self.w_late = 0;
     }

@@ -79,6 +79,8 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
     // Retries waiting for a slot, and first attempts held for one.
     let mut backlog = 0i64;
     let mut held_first = 0i64;
+    // First attempts held as they arrived, before their first ask.
+    let mut fresh_first = 0i64;
     // Slots given: when, and whether a held first attempt takes it.
     let mut slots: VecDeque<(i64, bool)> = VecDeque::new();
     let mut tokens = 0i64;
@@ -94,7 +96,9 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
         tokens = (tokens + cap / TICKS_PER_SEC).min(cap / TICKS_PER_SEC);
         // Waiting intents ask until the coordinator says "ask again": the
         // retries after the cooldown, held first attempts after one that
-        // closes the route only (as the coordinator floors them).
+        // closes the route only (as the coordinator floors them). First
+        // attempts held as they arrived ask once each, as arriving, before
+        // those already waiting.
         for first in [false, true] {
             let (waiting, floor) = if first {
                 let closing = cooldown - now > CLOSING_MS;
@@ -102,7 +106,15 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
             } else {
                 (&mut backlog, cooldown)
             };
+            let mut fresh = if first {
+                std::mem::take(&mut fresh_first)
+            } else {
+                0
+            };
+            *waiting += fresh;
             while *waiting > 0 {
+                let arriving = fresh > 0;
+                fresh = (fresh - 1).max(0);
                 seed = seed
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
@@ -115,7 +127,11 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
                     // One deadline for all: none is ahead of another.
                     waiting: 0,
                     cursor_us: cursor,
-                    first_attempt: first,
+                    asker: if first {
+                        Asker::FirstAttempt { arriving }
+                    } else {
+                        Asker::Retry
+                    },
                 };
                 match st.decide(&ask, &p) {
                     SlotDecision::Slot { at_ms, cursor_us } => {
@@ -123,6 +139,9 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
                         slots.push_back((at_ms, first));
                         *waiting -= 1;
                     }
+                    // The rest of the fresh ones still ask once, as the
+                    // arriving; they wait with the others after.
+                    _ if fresh > 0 => {}
                     _ => break,
                 }
             }
@@ -139,7 +158,7 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
         let arriving = shape.lam / TICKS_PER_SEC;
         let direct = if holds_first_attempts(true, st.mode(), true, cooldown, st.closed_until, now)
         {
-            held_first += arriving;
+            fresh_first += arriving;
             0
         } else {
             arriving

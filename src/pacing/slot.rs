@@ -39,8 +39,30 @@ pub struct WakeAsk {
     pub waiting: i64,
     /// The route's slot cursor (start of the next free interval, Unix µs).
     pub cursor_us: i64,
-    /// A first attempt held for a slot, not a retry.
-    pub first_attempt: bool,
+    /// Who asks: a retry, or a first attempt held for a slot.
+    pub asker: Asker,
+}
+
+/// Who asks for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asker {
+    /// A retry: it waits out every cooldown.
+    Retry,
+    /// A first attempt held for a slot (saturated pacing, or a cooldown
+    /// that closes the route).
+    FirstAttempt {
+        /// Its first ask: its intent arrived just now. While first
+        /// attempts are held, what the fleet sends is a backlog the slots
+        /// release, not the rate intents arrive at; these asks are.
+        arriving: bool,
+    },
+}
+
+impl Asker {
+    /// A first attempt, held or arriving.
+    pub fn is_first_attempt(self) -> bool {
+        matches!(self, Asker::FirstAttempt { .. })
+    }
 }
 
 /// The answer to a [`WakeAsk`].
@@ -93,6 +115,9 @@ impl PacingState {
     /// refusal. Brings the state to `ask.now_ms` first.
     pub fn decide(&mut self, ask: &WakeAsk, policy: &PacingPolicy) -> SlotDecision {
         self.advance(ask.now_ms, policy);
+        if ask.asker == (Asker::FirstAttempt { arriving: true }) {
+            self.w_arrived += 1;
+        }
         let now = ask.now_ms;
         let floor = ask.floor_ms.max(now);
         let jitter = i64::from(ask.jitter_ppm.min(JITTER_SCALE - 1));
@@ -136,7 +161,7 @@ impl PacingState {
                 return SlotDecision::Infeasible { at_ms: slot };
             }
             self.w_granted += 1;
-            self.w_held += i64::from(ask.first_attempt);
+            self.w_held += i64::from(ask.asker.is_first_attempt());
             return SlotDecision::Slot {
                 at_ms: slot,
                 cursor_us: start_us + interval_us,
@@ -263,7 +288,7 @@ impl PacingState {
                 probe_at_ms: now,
             };
             self.w_granted += 1;
-            self.w_held += i64::from(ask.first_attempt);
+            self.w_held += i64::from(ask.asker.is_first_attempt());
             return SlotDecision::Slot {
                 at_ms: now,
                 cursor_us: ask.cursor_us.max(now.saturating_mul(1000)),

@@ -36,7 +36,7 @@ fn report(
 
 fn ask(now_ms: i64, cursor_us: i64) -> WakeAsk {
     WakeAsk {
-        first_attempt: false,
+        asker: Asker::Retry,
         now_ms,
         floor_ms: now_ms,
         deadline_ms: now_ms + 60_000,
@@ -209,6 +209,56 @@ fn first_attempts_that_reach_the_target_are_paced_with_everything_else() {
     }
     assert_eq!(s, 25, "released by the first window that fit");
     assert_eq!(st.wake_rate_m(), 562_500 - st.lam_m);
+}
+
+/// Saturated, the first-attempt rate is what arrives, not what the slots
+/// release: once arrivals stop, a backlog of held first attempts goes on
+/// being released for as long as it lasts, and when it is gone the split
+/// must wake retries at the target, not at the target less the backlog's
+/// release rate (which left them at the floor).
+#[test]
+fn a_backlog_of_held_first_attempts_released_is_not_an_arrival_rate() {
+    let p = policy();
+    let mut st = learned();
+    let at = T0 + 20_000;
+    report(&mut st, &p, at + 100, (80, 60, 20), &[], 0);
+    report(&mut st, &p, at + 600, (400, 300, 100), &[], 0);
+    assert_eq!(st.mode(), Mode::Saturated);
+    // Nothing arrives any more; the slots release the first attempts held
+    // before, as fast as they go, then the last few.
+    for (s, released) in [(21, 560), (22, 560), (23, 560), (24, 100)] {
+        let t = T0 + s * 1000;
+        let mut cursor = 0;
+        for i in 0..released {
+            let held = WakeAsk {
+                asker: Asker::FirstAttempt { arriving: false },
+                ..ask(t + i, cursor)
+            };
+            if let SlotDecision::Slot { cursor_us, .. } = st.decide(&held, &p) {
+                cursor = cursor_us;
+            }
+        }
+        report(
+            &mut st,
+            &p,
+            t,
+            (released as u32, released as u32, 0),
+            &[],
+            0,
+        );
+        st.advance(t + 1000, &p);
+    }
+    assert_ne!(st.mode(), Mode::Saturated, "the backlog is gone");
+    assert!(
+        st.lam_m < 300_000,
+        "first attempts stopped arriving four windows ago: {}",
+        st.lam_m
+    );
+    assert!(
+        st.wake_rate_m() > 562_500 / 2,
+        "retries are woken at most of the target: {}",
+        st.wake_rate_m()
+    );
 }
 
 #[test]

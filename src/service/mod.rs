@@ -387,13 +387,14 @@ impl Budget for BudgetService {
         let not_before = validate::unix_ms("not_before_unix_ms", req.not_before_unix_ms, false)?;
         let deadline = validate::unix_ms("deadline_unix_ms", req.deadline_unix_ms, true)?;
         let reserve = validate::attempt_reserve(req.attempt_reserve_ms)?;
+        let asker = validate::asker(req.first_attempt, req.arriving)?;
         let intent_id = identity.own(&req.intent_id);
         let request = SlotRequest {
             intent_id: &intent_id,
             not_before_ms: not_before,
             deadline_ms: deadline,
             reserve_ms: reserve,
-            first_attempt: req.first_attempt,
+            asker,
             tenant: Tenant {
                 owner: identity.owner(),
                 tokens: 1,

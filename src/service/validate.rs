@@ -4,6 +4,7 @@
 use tollgate_client::ratelimit::{self, StatedField};
 use tollgate_proto::v1;
 
+use crate::pacing::Asker;
 use crate::scope::{Priority, RetryClass, RouteKey, ScopeKey};
 
 use super::error::ServiceError;
@@ -151,6 +152,19 @@ pub fn unix_ms(field: &str, value: i64, required: bool) -> Result<i64> {
         return Err(ServiceError::invalid(field, reason));
     }
     Ok(value)
+}
+
+/// Who asks for a slot: `arriving` marks a held first attempt's first ask,
+/// so it is refused on a retry's.
+pub fn asker(first_attempt: bool, arriving: bool) -> Result<Asker> {
+    match (first_attempt, arriving) {
+        (false, false) => Ok(Asker::Retry),
+        (true, arriving) => Ok(Asker::FirstAttempt { arriving }),
+        (false, true) => Err(ServiceError::invalid(
+            "arriving",
+            "only a held first attempt arrives (set first_attempt)",
+        )),
+    }
 }
 
 /// An attempt reserve.

@@ -204,6 +204,7 @@ pub(crate) fn reconsider(scope: Option<v1::Scope>, intent: &str) -> v1::Reconsid
         deadline_unix_ms: T0 + 3_600_000,
         attempt_reserve_ms: 2_000,
         first_attempt: false,
+        arriving: false,
     }
 }
 

@@ -227,6 +227,7 @@ async fn policy_rotated_while_waiting_is_re_evaluated_under_the_new_version() {
                     deadline_unix_ms: to_unix_ms(noon() + secs(60)),
                     attempt_reserve_ms: 5_000,
                     first_attempt: false,
+                    arriving: false,
                 })
                 .await
                 .expect("reconsider")

@@ -4,6 +4,7 @@
 
 use crate::budget::{GrantAsk, LeaseEnd};
 use crate::hints::{Assessment, EvidenceInput, Merge, assess};
+use crate::pacing::Asker;
 use crate::policy::Policy;
 use crate::scope::{EvidenceLevel, Priority, RetryClass, ScopeKey};
 use crate::slots::SlotAsk;
@@ -113,6 +114,6 @@ pub(super) fn slot_ask(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         reserve_ms: 0,
         now_ms,
         jitter_ppm: 0,
-        first_attempt: false,
+        asker: Asker::Retry,
     }
 }

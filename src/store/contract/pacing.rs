@@ -4,7 +4,7 @@
 
 use super::common::{T0, scope};
 use crate::hints::{EvidenceInput, assess};
-use crate::pacing::{Mode, PacingView};
+use crate::pacing::{Asker, Mode, PacingView};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::slots::SlotAsk;
@@ -70,7 +70,7 @@ fn asking(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         reserve_ms: 100,
         now_ms,
         jitter_ppm: 0,
-        first_attempt: false,
+        asker: Asker::Retry,
     }
 }
 
@@ -222,7 +222,7 @@ pub(crate) async fn first_attempts_that_overflow_the_upstream_are_paced_too(s: &
         "a retry waits for the cooldown: {retry:?}"
     );
     let first = SlotAsk {
-        first_attempt: true,
+        asker: Asker::FirstAttempt { arriving: true },
         ..asking("first", T0 + 2_100)
     };
     let held = s.reconsider(&key().route, first, &p).await.expect("answer");

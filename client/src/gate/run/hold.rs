@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Run;
-use super::wait::{Slot, still_waiting};
+use super::wait::{Asking, Slot, still_waiting};
 use crate::engine::GateRefusal;
 use crate::gate::intent::{Shadowed, WaitEvidence};
 use crate::link::LinkState;
@@ -83,12 +83,19 @@ impl Run<'_> {
         // for), so the hold starts from now; deciding alone, from the end of
         // the cooldown.
         let mut until = now;
+        // Only the first ask says the intent arrived, so the coordinator
+        // counts each held first attempt once however often it asks.
+        let mut arriving = true;
         loop {
             if !self.hold_until(self.now(), until) {
                 return self.end_hold(evidence);
             }
             let reconsidered = if self.gate.link_state() == LinkState::Connected {
-                self.reconsider(until, true).await
+                let asked = self
+                    .reconsider(until, Asking::FirstAttempt { arriving })
+                    .await;
+                arriving = false;
+                asked
             } else {
                 None
             };

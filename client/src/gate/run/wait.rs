@@ -39,6 +39,23 @@ pub(super) enum Admitted {
     Ended,
 }
 
+/// Who asks the coordinator for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asking {
+    /// A retry.
+    Retry,
+    /// A first attempt held for a slot; `arriving` on its first ask, which
+    /// the coordinator counts as a first attempt arriving (what its slots
+    /// release later is a backlog, not an arrival rate).
+    FirstAttempt { arriving: bool },
+}
+
+impl Asking {
+    fn is_first_attempt(self) -> bool {
+        matches!(self, Asking::FirstAttempt { .. })
+    }
+}
+
 /// The coordinator's answer to `Reconsider`.
 pub(super) enum Slot {
     /// A slot at this elapsed instant; under a shadow policy, what
@@ -191,7 +208,7 @@ impl Run<'_> {
         }
         until = until.max(now);
         let reconsidered = if self.gate.link_state() == LinkState::Connected {
-            self.reconsider(until, false).await
+            self.reconsider(until, Asking::Retry).await
         } else {
             None
         };
@@ -316,13 +333,9 @@ impl Run<'_> {
     }
 
     /// `Reconsider`: asks the coordinator for a slot, for a retry or a held
-    /// `first_attempt`. `None` when it could not be asked or gave no usable
+    /// first attempt. `None` when it could not be asked or gave no usable
     /// answer.
-    pub(super) async fn reconsider(
-        &self,
-        not_before: Duration,
-        first_attempt: bool,
-    ) -> Option<Slot> {
+    pub(super) async fn reconsider(&self, not_before: Duration, asking: Asking) -> Option<Slot> {
         let policy = self.engine.policy();
         let request = wire::reconsider_request(
             &self.scope,
@@ -330,7 +343,8 @@ impl Run<'_> {
             self.wall_at(not_before),
             self.wall_at(policy.total_budget()),
             policy.attempt_cap(),
-            first_attempt,
+            asking.is_first_attempt(),
+            asking == Asking::FirstAttempt { arriving: true },
         );
         let answer = match self.gate.inner.cache.link().reconsider(request).await {
             Ok(answer) => answer,
