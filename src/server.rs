@@ -42,10 +42,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
-use tollgate_client::clock::{Clock, SystemClock, to_unix_ms};
 use tollgate_proto::v1::{
     FILE_DESCRIPTOR_SET, admin_server::AdminServer, budget_server::BudgetServer,
 };
+use tollgate_vocab::clock::{Clock, SystemClock, to_unix_ms};
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
 use tower::ServiceBuilder;

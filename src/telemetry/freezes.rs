@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
-use tollgate_client::telemetry::caller_scope_attr;
+use tollgate_vocab::telemetry::caller_scope_attr;
 
 use crate::admin::persist::FreezeRecord;
 use crate::scope::RouteKey;

@@ -33,8 +33,8 @@ use std::sync::{Arc, Mutex};
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
-use tollgate_client::clock::{Clock, to_unix_ms};
-use tollgate_client::telemetry::caller_scope_attr;
+use tollgate_vocab::clock::{Clock, to_unix_ms};
+use tollgate_vocab::telemetry::caller_scope_attr;
 
 use crate::budget::{Grant, GrantLimit};
 use crate::pacing::PacingView;
