@@ -71,10 +71,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ("src/", "store::redis::decide", "store::redis::store"),
     ("src/", "store::redis::format", "store::redis::store"),
     ("src/", "store::redis::lease", "store::redis::store"),
-    // The worker: the lease cache's background task builds its messages in
-    // `wire`, which reads a lease-cache type back.
-    ("client/src/", "wire", "lease"),
-    ("client/src/", "lease::background", "gate"),
 ];
 
 // ---- reading the page ------------------------------------------------------
