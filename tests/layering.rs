@@ -36,9 +36,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     // The operator CLI converts policies to and from the Admin service's
     // messages with the service's own functions.
     ("src/", "ops::policy", "service::admin"),
-    // The Redis store persists the audit log in the format the runtime
-    // control layer defines; the entry type should live with the store.
-    ("src/", "store::redis::admin_state", "admin::audit"),
     // The replica relay carries the core's events over Redis pub/sub.
     ("src/", "store::redis::relay", "events"),
     // The freeze gauges read the persisted freeze set; and the control

@@ -32,7 +32,7 @@ use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError, SlotOutcome};
 
 pub use crate::tenancy::{Owner, Tenant};
-pub use admin_state::{AdminSnapshot, AdminStateStore, Committed};
+pub use admin_state::{AdminSnapshot, AdminStateStore, Committed, MEMORY_RECORDS};
 pub use memory::MemoryStore;
 pub use redis::{RedisOptions, RedisStore, RedisTarget};
 
