@@ -41,8 +41,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     // The freeze gauges read the persisted freeze set; and the control
     // layer's sync calls back into them (the other half of that circle).
     ("src/", "telemetry::freezes", "admin::persist"),
-    // The metrics take the coordinator's answer types to count them.
-    ("src/", "telemetry::metrics", "coordinator"),
     // The /metrics listener is a listener: it reuses the server's binding.
     ("src/", "telemetry::metrics_http", "server::listen"),
     // The per-scope gauges read the store's scope snapshots.

@@ -425,7 +425,7 @@ impl CoordinatorMetrics {
 
     /// A decision a shadow policy let through; `rpc` is `lease` or
     /// `reconsider`.
-    pub fn shadow(&self, rpc: &'static str, shadowed: crate::coordinator::Shadowed) {
+    pub fn shadow(&self, rpc: &'static str, shadowed: tollgate_vocab::outcome::Shadowed) {
         self.shadow.add(
             1,
             &[
