@@ -45,9 +45,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ("src/", "telemetry::metrics_http", "server::listen"),
     // The per-scope gauges read the store's scope snapshots.
     ("src/", "telemetry::scopes", "store"),
-    // The policy file's `[layers]` section is parsed into the control
-    // layer's type.
-    ("src/", "config", "admin::layers"),
     // ---- circles ----
     // Pure logic: pacing's stated-limit learning reads hint corroboration,
     // and the slot cursor sits outside pacing (hints, policy and slots
