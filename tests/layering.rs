@@ -52,8 +52,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ("src/", "tenancy", "auth"),
     // The proxy's route table and its file format name each other's types.
     ("src/", "proxy::route", "proxy::config"),
-    // The pacing gauges and the metrics registry they register in.
-    ("src/", "telemetry::pacing", "telemetry::metrics"),
     // The Redis store's files below `store.rs` name its `RedisStore`
     // state, the top of the folder they serve.
     ("src/", "store::redis::connection", "store::redis::store"),

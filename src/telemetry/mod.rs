@@ -26,9 +26,12 @@
 //!   budgets, hints, slots), [`freezes`]: the freeze gauges, and
 //!   [`scopes`]: the scope table's occupancy, evictions and refusals.
 //! - [`metrics_http`]: the Prometheus `/metrics` HTTP endpoint (hyper).
+//! - `book` (private): the bounded books the gauges read, shared by
+//!   [`metrics`] and [`pacing`].
 //!
 //! The span and attribute table is in `docs/telemetry.md`.
 
+mod book;
 pub mod freezes;
 pub mod metrics;
 pub mod metrics_http;

@@ -13,7 +13,7 @@ use tollgate_vocab::telemetry::caller_scope_attr;
 use crate::pacing::{Mode, PacingView};
 use crate::scope::RouteKey;
 
-use super::metrics::{Book, lock};
+use super::book::{Book, lock};
 
 /// Routes whose rates are exported, most intents waiting first.
 pub const BUSIEST: usize = 5;
