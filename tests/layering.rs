@@ -38,8 +38,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ("src/", "ops::policy", "service::admin"),
     // The replica relay carries the core's events over Redis pub/sub.
     ("src/", "store::redis::relay", "events"),
-    // The /metrics listener is a listener: it reuses the server's binding.
-    ("src/", "telemetry::metrics_http", "server::listen"),
     // The per-scope gauges read the store's scope snapshots.
     ("src/", "telemetry::scopes", "store"),
     // ---- circles ----
