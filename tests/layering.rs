@@ -38,8 +38,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ("src/", "ops::policy", "service::admin"),
     // The replica relay carries the core's events over Redis pub/sub.
     ("src/", "store::redis::relay", "events"),
-    // The per-scope gauges read the store's scope snapshots.
-    ("src/", "telemetry::scopes", "store"),
     // ---- circles ----
     // Pure logic: pacing's stated-limit learning reads hint corroboration,
     // and the slot cursor sits outside pacing (hints, policy and slots
