@@ -439,7 +439,7 @@ impl Config {
     /// (`max_scopes`, `max_concurrent_requests`).
     pub fn tenant_limits(&self) -> crate::tenancy::TenantLimits {
         crate::tenancy::TenantLimits::of(
-            &self.auth,
+            &self.auth.tenants(),
             self.limits.max_scopes,
             self.limits.max_concurrent_requests,
         )
