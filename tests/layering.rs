@@ -44,8 +44,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     // otherwise all build on pacing).
     ("src/", "pacing::stated", "hints::corroboration"),
     ("src/", "pacing::slot", "slots"),
-    // The proxy's route table and its file format name each other's types.
-    ("src/", "proxy::route", "proxy::config"),
     // The Redis store's files below `store.rs` name its `RedisStore`
     // state, the top of the folder they serve.
     ("src/", "store::redis::connection", "store::redis::store"),
