@@ -146,17 +146,7 @@ pub struct TokenEntry {
     max_concurrent_requests: Option<usize>,
 }
 
-/// A caller token entry as [`crate::tenancy`] sees it: its name and its
-/// own quotas, if it sets any.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TenantSpec {
-    /// The entry's `name`, or `token-<N>` (1-based, in file order).
-    pub name: String,
-    /// `max_scopes` of the entry.
-    pub max_scopes: Option<usize>,
-    /// `max_concurrent_requests` of the entry.
-    pub max_concurrent_requests: Option<usize>,
-}
+pub use crate::tenancy::TenantSpec;
 
 impl TokenEntry {
     /// A token allowed the given caller-scope patterns (`exact`, `prefix*`, `*`).

@@ -210,7 +210,7 @@ impl PolicyDoc {
             // `[defaults]` names the defaults wherever a rule is named (the
             // Admin API, `policy set`): a rule of that route could never be
             // told apart from them.
-            if route == crate::admin::layers::DEFAULTS {
+            if route == crate::policy::DEFAULTS {
                 return Err(ConfigError::Invalid {
                     place,
                     reason: format!("route {route:?} is the name of the defaults, not a route"),
@@ -439,7 +439,7 @@ impl Config {
     /// (`max_scopes`, `max_concurrent_requests`).
     pub fn tenant_limits(&self) -> crate::tenancy::TenantLimits {
         crate::tenancy::TenantLimits::of(
-            &self.auth,
+            &self.auth.tenants(),
             self.limits.max_scopes,
             self.limits.max_concurrent_requests,
         )

@@ -2,7 +2,7 @@
 //! per-scope hint state (cooldown, backoff step, recent hints). Pure.
 //!
 //! Hints are read with the client crate's parser
-//! ([`tollgate_client::hint`]), the one parser of the project, so a worker
+//! ([`tollgate_vocab::hint`]), the one parser of the project, so a worker
 //! and the coordinator never disagree on what a header meant.
 //!
 //! # Placing a hint on the coordinator's clock
@@ -31,9 +31,9 @@ pub mod stated;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use tollgate_client::classify::{GrpcCode, Sent, classify_grpc, classify_http};
-use tollgate_client::clock::from_unix_ms;
-use tollgate_client::hint::{
+use tollgate_vocab::classify::{GrpcCode, Sent, classify_grpc, classify_http};
+use tollgate_vocab::clock::from_unix_ms;
+use tollgate_vocab::hint::{
     HintForm, HintReading, HintRules, HintVerdict, read_pushback_ms, read_retry_after,
 };
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tollgate_client::clock::{Clock, SystemClock};
+use tollgate_vocab::clock::{Clock, SystemClock};
 
 use crate::config::Config;
 use crate::store::redis::{EventRelay, RedisClock, RedisOptions, RedisStore, RedisTarget};

@@ -27,11 +27,13 @@
 //! without a token bounded per connection and peer, the body timeout),
 //! the HTTP/2 stream and header limits, a decoding limit per service and
 //! the Watch stream quota; the numbers are in
-//! [`crate::config::Transport`].
+//! [`crate::config::Transport`]. The Prometheus endpoint
+//! ([`metrics_http`]) is a listener of its own, accepting through [`listen`].
 
 pub mod gate;
 pub mod guard;
 pub mod listen;
+pub mod metrics_http;
 pub mod tls;
 
 use std::future::Future;
@@ -42,10 +44,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
-use tollgate_client::clock::{Clock, SystemClock, to_unix_ms};
 use tollgate_proto::v1::{
     FILE_DESCRIPTOR_SET, admin_server::AdminServer, budget_server::BudgetServer,
 };
+use tollgate_vocab::clock::{Clock, SystemClock, to_unix_ms};
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
 use tower::ServiceBuilder;
@@ -295,7 +297,7 @@ fn serve_metrics(
                 info!(%address, scheme, "serving Prometheus metrics on /metrics");
             }
             let incoming = listen::incoming(listener, limits, tls);
-            crate::telemetry::metrics_http::serve_incoming(
+            metrics_http::serve_incoming(
                 incoming,
                 registry,
                 header_timeout,

@@ -11,8 +11,6 @@
 //! Who holds what is an [`Owner`]: the `[[token]]` entry, never the token's
 //! value, named in metrics and the Admin API by the entry's `name`.
 
-use crate::auth::Authenticator;
-
 /// The caller token entry a scope is charged to: 1-based in file order,
 /// as errors name entries; 0 is nobody's (open dev mode, or a scope an
 /// operator made by freezing or muting it). Sixteen bits so the memory
@@ -44,6 +42,18 @@ impl Owner {
     pub fn index(self) -> Option<usize> {
         usize::from(self.0).checked_sub(1)
     }
+}
+
+/// A caller token entry as tenancy sees it: its name and its own quotas,
+/// if it sets any ([`crate::auth::Authenticator::tenants`] lists them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    /// The entry's `name`, or `token-<N>` (1-based, in file order).
+    pub name: String,
+    /// `max_scopes` of the entry.
+    pub max_scopes: Option<usize>,
+    /// `max_concurrent_requests` of the entry.
+    pub max_concurrent_requests: Option<usize>,
 }
 
 /// Whom one Budget operation is made for: the owner new scopes are charged
@@ -98,11 +108,11 @@ pub struct TenantLimits {
 }
 
 impl TenantLimits {
-    /// The limits of `auth`'s entries in pools of `max_scopes` scopes and
-    /// `max_requests` request slots: each entry's own setting, else its
-    /// [`fair_share`]. Empty in open dev mode.
-    pub fn of(auth: &Authenticator, max_scopes: usize, max_requests: usize) -> TenantLimits {
-        let tenants = auth.tenants();
+    /// The limits of the caller token entries `tenants` in pools of
+    /// `max_scopes` scopes and `max_requests` request slots: each entry's
+    /// own setting, else its [`fair_share`]. Empty in open dev mode (no
+    /// entries).
+    pub fn of(tenants: &[TenantSpec], max_scopes: usize, max_requests: usize) -> TenantLimits {
         let n = tenants.len();
         TenantLimits {
             names: tenants.iter().map(|t| t.name.clone()).collect(),

@@ -560,7 +560,7 @@ pub fn run_and_write(
     std::fs::create_dir_all(out).map_err(write_err(out))?;
     let files = [
         (out.join("storm.md"), table),
-        (out.join("storm.svg"), report.svg()?),
+        (out.join("storm.svg"), chart::svg(&report)?),
         (out.join("storm.json"), report.json()),
     ];
     let mut written = Vec::with_capacity(files.len());

@@ -4,20 +4,24 @@
 //! The types a worker needs are re-exported at the crate root; the modules
 //! hold the rest.
 //!
-//! Pure decision logic, no I/O:
+//! The vocabulary shared with the coordinator, re-exported from
+//! `tollgate-vocab` (pure, no I/O):
 //! - [`classify`]: what a response or transport failure means for retrying
 //!   (retryable or not; the effect known absent or unknown).
 //! - [`hint`]: the one `Retry-After` / `grpc-retry-pushback-ms` parser.
 //! - [`ratelimit`]: the one parser of stated limits (`RateLimit-Policy`,
 //!   `RateLimit`, `X-RateLimit-*`), in the same two steps as [`hint`].
+//! - [`outcome`]: the outcome vocabulary and one record per attempt.
+//! - [`clock`]: injected wall clocks.
+//! - [`scope`]: the unit that shares a budget, as the worker names it.
+//!
+//! Pure decision logic, no I/O:
 //! - [`backoff`]: the local exponential backoff with optional full jitter.
 //! - [`engine`]: the decision engine, a sans-IO state machine per intent,
 //!   and the [`IntentPolicy`] it runs under (built from a deadline, with
 //!   named defaults for the rest).
-//! - [`outcome`]: the outcome vocabulary and one record per attempt.
 //! - [`script`]: a driver that runs the engine on scripted responses and a
 //!   virtual clock (`tollgate simulate`, property tests).
-//! - [`clock`]: injected wall clocks.
 //! - [`fallback`]: the conservative per-process budget and adaptive throttle.
 //!
 //! Running intents (async):
@@ -31,7 +35,6 @@
 //!   tonic channels.
 //!
 //! Talking to the coordinator:
-//! - [`scope`]: the unit that shares a budget, as the worker names it.
 //! - [`link`]: the bounded, health-tracking connection to the coordinator.
 //! - [`lease`]: leased tokens (no RPC on the hot path), batched reports and
 //!   the Watch view of scope state; falls back to [`fallback`] when the
@@ -41,8 +44,9 @@
 //!
 //! Observing it:
 //! - [`telemetry`]: W3C trace context on coordinator RPCs, client metrics,
-//!   and (feature `otel`) OTLP export for workers. It takes plain values, so
-//!   it depends on nothing above it.
+//!   and (feature `otel`) OTLP export for workers; the caller-scope attribute
+//!   is the vocabulary crate's, re-exported. It takes plain values, so it
+//!   depends on nothing above it.
 //!
 //! # How data flows
 //! ```text
@@ -62,23 +66,22 @@
 //! start; the RNG is passed in, so a seed fixes the schedule.
 
 pub mod backoff;
-pub mod classify;
-pub mod clock;
 pub mod engine;
 pub mod fallback;
 pub mod gate;
-pub mod hint;
 pub mod layer;
 pub mod lease;
 pub mod link;
-pub mod outcome;
 pub mod owner;
-pub mod ratelimit;
-pub mod scope;
 pub mod script;
 pub mod setup;
 pub mod telemetry;
 mod wire;
+
+// The vocabulary the worker shares with the coordinator lives in
+// `tollgate-vocab`; re-exported under the same module names, so a worker
+// needs one dependency and the paths it has always used.
+pub use tollgate_vocab::{classify, clock, hint, outcome, ratelimit, scope};
 
 /// Locks `mutex`, also after a panic elsewhere poisoned it: what these
 /// locks guard (counters, an RNG, a channel handle, file stamps) is valid

@@ -15,8 +15,9 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// Records kept in memory.
-pub const MEMORY_RECORDS: usize = 1000;
+/// Records kept in memory: the store layer owns the number, since a shared
+/// store keeps the same count for every replica.
+pub use crate::store::MEMORY_RECORDS;
 /// Size at which the audit file is rotated.
 pub const ROTATE_BYTES: u64 = 4 * 1024 * 1024;
 /// Longest `before` / `after` text kept; a bigger state is truncated.

@@ -35,8 +35,7 @@ pub struct Overrides {
     pub rules: Vec<RuleOverride>,
 }
 
-/// The target a [`crate::admin::Change`] names for `[defaults]`.
-pub const DEFAULTS: &str = "[defaults]";
+pub use crate::policy::DEFAULTS;
 
 impl Overrides {
     /// Records `rule` (`None`: deleted) as the runtime version of

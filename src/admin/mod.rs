@@ -49,7 +49,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tollgate_client::clock::{Clock, to_unix_ms};
+use tollgate_vocab::clock::{Clock, to_unix_ms};
 
 use crate::config::{ConfigError, MAX_RULES, PolicyDoc, RuleSpec};
 use crate::events::EventHub;

@@ -206,7 +206,11 @@ impl Control {
                 self.policies.current(),
             )));
         }
-        crate::telemetry::freezes::record_freezes(&st.freezes);
+        crate::telemetry::freezes::record_freezes(
+            st.freezes
+                .iter()
+                .map(|(route, f)| (route, f.since_ms, f.expires_at_ms)),
+        );
         Ok(())
     }
 

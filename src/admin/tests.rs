@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tollgate_client::clock::{ManualClock, from_unix_ms};
+use tollgate_vocab::clock::{ManualClock, from_unix_ms};
 
 use super::*;
 use crate::store::{MemoryStore, RedisOptions, RedisStore, RedisTarget};

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::sync::broadcast;
-use tollgate_client::clock::{Clock, to_unix_ms};
+use tollgate_vocab::clock::{Clock, to_unix_ms};
 
 use crate::admin::Control;
 use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
@@ -96,7 +96,7 @@ pub struct Leased {
 
 /// What a shadow policy let through: what enforcing would have done. The
 /// worker's gate records the same, so both sides use one type.
-pub use tollgate_client::gate::Shadowed;
+pub use tollgate_vocab::outcome::Shadowed;
 
 /// What `Reconsider` decided, with the state it was decided in.
 #[derive(Debug, Clone, PartialEq, Eq)]

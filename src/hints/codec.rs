@@ -2,7 +2,7 @@
 //! outside the process (the Redis store). A change of the state's shape is
 //! a new [`FORMAT`] here.
 
-use tollgate_client::hint::HintForm;
+use tollgate_vocab::hint::HintForm;
 
 use super::{Corroboration, HintRecord, HintState, WorkerEvidence};
 use crate::codec::{DecodeError, Reader, Writer};

@@ -1,6 +1,6 @@
 //! Reading a worker's stated limit: the raw `RateLimit` / `X-RateLimit-*`
 //! fields it reported, read with the client crate's parser
-//! ([`tollgate_client::ratelimit`]) under the policy's clock rules, into
+//! ([`tollgate_vocab::ratelimit`]) under the policy's clock rules, into
 //! the [`Statement`] pacing weighs ([`crate::pacing::stated`]). Pure.
 //!
 //! A worker sends the fields, not numbers of its own reading, so the one
@@ -22,9 +22,9 @@
 
 use std::time::Duration;
 
-use tollgate_client::clock::from_unix_ms;
-use tollgate_client::hint::bounded_to;
-use tollgate_client::ratelimit::{
+use tollgate_vocab::clock::from_unix_ms;
+use tollgate_vocab::hint::bounded_to;
+use tollgate_vocab::ratelimit::{
     QuotaUnit, RateLimitRules, RateLimitVerdict, StatedField, StatedLimits, read_stated_fields,
 };
 

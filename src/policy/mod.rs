@@ -21,6 +21,11 @@ mod pacing;
 
 pub use pacing::{MAX_WAKE_RATE, WakeRate, parse_rate};
 
+/// The target a [`crate::admin::Change`] names for `[defaults]`: a policy
+/// file's rule may not use it as a route, so it lives with the rules both
+/// the file and runtime control check it against.
+pub const DEFAULTS: &str = "[defaults]";
+
 /// Milli-tokens per token: budgets are counted ×1000 so ratios are exact.
 pub const MILLI: u64 = 1000;
 

@@ -77,7 +77,7 @@ fn respond(
             text(http::StatusCode::OK, format!("ready coordinator={link}\n"))
         }
         (&http::Method::GET, "/metrics") => match registry {
-            Some(registry) => crate::telemetry::metrics_http::respond(request, registry),
+            Some(registry) => crate::server::metrics_http::respond(request, registry),
             None => text(http::StatusCode::NOT_FOUND, "no metrics registry\n".into()),
         },
         _ => text(

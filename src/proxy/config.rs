@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tollgate_client::Priority;
 
-use super::route::{RouteError, RouteTable};
+use super::route::{RouteError, RouteFile, RouteTable};
 
 /// Listeners one proxy runs: one per upstream, and a sidecar fronts few.
 pub const MAX_LISTENERS: usize = 64;
@@ -113,18 +112,6 @@ pub struct ListenerConfig {
     pub routes: RouteTable,
 }
 
-/// How a route may be repeated, when the method's rule is not right.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Repeat {
-    /// By the method (idempotent methods are safe) and `Idempotency-Key`.
-    Method,
-    /// Always safe to repeat (a POST that is really a query).
-    Safe,
-    /// Never repeated, whatever the method or key.
-    Never,
-}
-
 // ---- the file as written -------------------------------------------------
 
 #[derive(Debug, Deserialize)]
@@ -175,34 +162,6 @@ struct ListenerFile {
     buffer_limit: Option<usize>,
     #[serde(default)]
     route: Vec<RouteFile>,
-}
-
-/// One `[[listener.route]]`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RouteFile {
-    pub(super) route: String,
-    pub(super) priority: Option<PriorityName>,
-    pub(super) repeat: Option<Repeat>,
-}
-
-/// A priority class as the file and the `tollgate-priority` header name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(super) enum PriorityName {
-    Critical,
-    Normal,
-    Bulk,
-}
-
-impl PriorityName {
-    pub(super) fn priority(self) -> Priority {
-        match self {
-            PriorityName::Critical => Priority::Critical,
-            PriorityName::Normal => Priority::Normal,
-            PriorityName::Bulk => Priority::Bulk,
-        }
-    }
 }
 
 impl ProxyConfig {

@@ -12,7 +12,8 @@ use http::request::Parts;
 use tollgate_client::engine::IntentPolicy;
 use tollgate_client::{Priority, Scope};
 
-use super::config::{ListenerConfig, PriorityName, Repeat};
+use super::config::ListenerConfig;
+use super::route::{PriorityName, Repeat};
 
 /// The request's deadline in seconds (`2`, `0.25`), for HTTP requests.
 pub const DEADLINE_HEADER: &str = "request-timeout";

@@ -35,8 +35,9 @@ use tollgate_client::{LinkState, Repetition, Scope, Tollgate, TransportFailure};
 use tower::ServiceExt as _;
 
 use super::body::ProxyBody;
-use super::config::{ListenerConfig, Repeat};
+use super::config::ListenerConfig;
 use super::intake::{Intake, PRIORITY_HEADER, is_grpc};
+use super::route::Repeat;
 use super::upstream::{self, UpstreamClient};
 
 /// The terminal outcome (`succeeded`, `deadline_infeasible`, …).

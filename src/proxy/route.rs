@@ -8,9 +8,8 @@
 //! `"OTHER other"` for any extension method. A listener therefore names at
 //! most `templates + 10` routes, whatever its traffic.
 
+use serde::Deserialize;
 use tollgate_client::Priority;
-
-use super::config::{PriorityName, Repeat, RouteFile};
 
 /// Templates one listener may hold.
 pub const MAX_ROUTES: usize = 1024;
@@ -18,6 +17,48 @@ pub const MAX_ROUTES: usize = 1024;
 pub const MAX_TEMPLATE: usize = 256;
 /// Path segments a template may have.
 pub const MAX_SEGMENTS: usize = 32;
+
+// ---- a route as the file writes it (the config reads it, this compiles it)
+
+/// How a route may be repeated, when the method's rule is not right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Repeat {
+    /// By the method (idempotent methods are safe) and `Idempotency-Key`.
+    Method,
+    /// Always safe to repeat (a POST that is really a query).
+    Safe,
+    /// Never repeated, whatever the method or key.
+    Never,
+}
+
+/// One `[[listener.route]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RouteFile {
+    pub(super) route: String,
+    pub(super) priority: Option<PriorityName>,
+    pub(super) repeat: Option<Repeat>,
+}
+
+/// A priority class as the file and the `tollgate-priority` header name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum PriorityName {
+    Critical,
+    Normal,
+    Bulk,
+}
+
+impl PriorityName {
+    pub(super) fn priority(self) -> Priority {
+        match self {
+            PriorityName::Critical => Priority::Critical,
+            PriorityName::Normal => Priority::Normal,
+            PriorityName::Bulk => Priority::Bulk,
+        }
+    }
+}
 
 /// The route of a request no template matches (after the method).
 pub const FALLBACK: &str = "other";

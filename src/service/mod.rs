@@ -92,7 +92,19 @@ impl BudgetService {
         let meter = opentelemetry::global::meter("tollgate");
         let metrics = CoordinatorMetrics::new(&meter, Arc::clone(core.clock()));
         let tenants = auth.tenants().into_iter().map(|t| t.name).collect();
-        crate::telemetry::scopes::register(&meter, core.store(), tenants);
+        let store = Arc::downgrade(core.store());
+        let owners = store.clone();
+        crate::telemetry::scopes::register(
+            &meter,
+            Arc::new(move || store.upgrade().and_then(|s| s.counts())),
+            Arc::new(move || {
+                owners
+                    .upgrade()
+                    .map(|s| s.owner_counts())
+                    .unwrap_or_default()
+            }),
+            tenants,
+        );
         BudgetService {
             core,
             auth,

@@ -1,8 +1,8 @@
 //! Bounds on every field a peer sends. Each check names the field on failure;
 //! nothing here panics on any input.
 
-use tollgate_client::ratelimit::{self, StatedField};
 use tollgate_proto::v1;
+use tollgate_vocab::ratelimit::{self, StatedField};
 
 use crate::pacing::Asker;
 use crate::scope::{Priority, RetryClass, RouteKey, ScopeKey};

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
-use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_proto::v1::{self, ScopeEvent, ScopeEventKind};
+use tollgate_vocab::clock::{Clock, to_unix_ms};
 use tonic::Status;
 
 use crate::events::{CooldownSupport, PolicySnapshot, ScopeSnapshot, StateChange};
@@ -291,7 +291,7 @@ mod tests {
     use super::*;
     use crate::events::EventHub;
     use crate::scope::{Priority, RouteKey};
-    use tollgate_client::clock::{ManualClock, from_unix_ms};
+    use tollgate_vocab::clock::{ManualClock, from_unix_ms};
 
     const T0: i64 = 1_700_000_000_000;
 

@@ -17,7 +17,7 @@
 //! - The scenario operation is repeat-safe and this layer owns retries: a
 //!   scenario has no field for either.
 //! - `retry_statuses` replaces the classification table's retryable set
-//!   ([`tollgate_client::classify::classify_http_listed`]), so a listed 500 is retried like any listed
+//!   ([`tollgate_vocab::classify::classify_http_listed`]), so a listed 500 is retried like any listed
 //!   status, up to the attempt cap.
 //! - Full jitter randomises only the local backoff; a valid server delay is
 //!   never drawn down (the scenario format's semantics never shorten it).
@@ -30,9 +30,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Serialize, Serializer};
 use tollgate_client::engine::Intent;
-use tollgate_client::hint::{HintForm, HintReading, HintVerdict};
-use tollgate_client::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 use tollgate_client::script::{self, ScriptError};
+use tollgate_vocab::hint::{HintForm, HintReading, HintVerdict};
+use tollgate_vocab::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 
 mod scenario;
 

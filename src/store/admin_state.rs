@@ -23,6 +23,10 @@ use tokio::sync::Notify;
 
 use super::StoreFuture;
 
+/// Audit records kept: in memory by one coordinator, in the shared list by a
+/// store replicas share, so `ListAudit` answers the same on both.
+pub const MEMORY_RECORDS: usize = 1000;
+
 /// The shared runtime state as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminSnapshot {

@@ -31,8 +31,9 @@ use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
 use crate::slots::{SlotAsk, SlotError, SlotOutcome};
 
+pub use crate::telemetry::scopes::{OwnerCounts, ScopeCounts};
 pub use crate::tenancy::{Owner, Tenant};
-pub use admin_state::{AdminSnapshot, AdminStateStore, Committed};
+pub use admin_state::{AdminSnapshot, AdminStateStore, Committed, MEMORY_RECORDS};
 pub use memory::MemoryStore;
 pub use redis::{RedisOptions, RedisStore, RedisTarget};
 
@@ -388,36 +389,6 @@ pub struct ScopeDetail {
     /// The latest limits workers reported the upstream stated, oldest
     /// first, whatever their verdict (bounded).
     pub stated_recent: Vec<crate::pacing::stated::Statement>,
-}
-
-/// How full a store's bounded scope table is, for the `tollgate.scopes.*`
-/// metrics (stores without a bound of their own have none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-pub struct ScopeCounts {
-    /// Routes plus caller scopes held now.
-    pub live: usize,
-    /// `max_scopes`.
-    pub limit: usize,
-    /// Scopes the sweeper evicted for idleness, since start.
-    pub evicted_idle: u64,
-    /// Cold scopes evicted to make room for new ones at the limit.
-    pub evicted_for_room: u64,
-    /// Operations refused because every scope was live.
-    pub refused: u64,
-}
-
-/// What one token holds of a bounded scope table, for the per-tenant
-/// `tollgate.scopes.*` metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OwnerCounts {
-    /// The token.
-    pub owner: Owner,
-    /// Routes plus caller scopes charged to it now.
-    pub held: usize,
-    /// Its quota.
-    pub quota: usize,
-    /// New scopes refused to it at its quota, since start.
-    pub refused: u64,
 }
 
 /// Scope state, shared by every request of the coordinator.

@@ -15,14 +15,12 @@
 //! operator froze. They are operator actions, a handful at a time; beyond
 //! [`MAX_FREEZE_SERIES`] the rest are not shown.
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
-use tollgate_client::telemetry::caller_scope_attr;
+use tollgate_vocab::telemetry::caller_scope_attr;
 
-use crate::admin::persist::FreezeRecord;
 use crate::scope::RouteKey;
 
 /// Frozen scopes shown by the freeze gauges, at most.
@@ -42,14 +40,16 @@ fn book() -> std::sync::MutexGuard<'static, Vec<Frozen>> {
     BOOK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Replaces the book with the freezes in force now. Called by the runtime
-/// control after every change to its freezes (freeze, unfreeze, expiry,
-/// restore at start).
-pub fn record_freezes(freezes: &BTreeMap<RouteKey, FreezeRecord>) {
+/// Replaces the book with the freezes in force now, each as its scope,
+/// when it began and when it lifts (Unix milliseconds). Called by the
+/// runtime control after every change to its freezes (freeze, unfreeze,
+/// expiry, restore at start); plain values, so telemetry needs nothing from
+/// the layer above that keeps the freezes.
+pub fn record_freezes<'a>(freezes: impl IntoIterator<Item = (&'a RouteKey, i64, Option<i64>)>) {
     let frozen = freezes
-        .iter()
+        .into_iter()
         .take(MAX_FREEZE_SERIES)
-        .map(|(route, record)| Frozen {
+        .map(|(route, since_ms, expires_at_ms)| Frozen {
             labels: [
                 KeyValue::new(
                     "tollgate.caller_scope",
@@ -57,8 +57,8 @@ pub fn record_freezes(freezes: &BTreeMap<RouteKey, FreezeRecord>) {
                 ),
                 KeyValue::new("tollgate.route", route.route.clone()),
             ],
-            since_ms: record.since_ms,
-            expires_at_ms: record.expires_at_ms,
+            since_ms,
+            expires_at_ms,
         })
         .collect();
     *book() = frozen;

@@ -27,19 +27,20 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher as _, Hash};
+use std::hash::BuildHasher as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
-use tollgate_client::clock::{Clock, to_unix_ms};
-use tollgate_client::telemetry::caller_scope_attr;
+use tollgate_vocab::clock::{Clock, to_unix_ms};
+use tollgate_vocab::telemetry::caller_scope_attr;
 
 use crate::budget::{Grant, GrantLimit};
 use crate::pacing::PacingView;
 use crate::scope::{Priority, RouteKey, ScopeKey};
 
+use super::book::{Book, lock};
 use super::pacing::PacingBook;
 
 /// Scopes shown by `tollgate.budget.lowest`.
@@ -152,11 +153,6 @@ struct Books {
     cooldowns: Mutex<HashMap<String, i64>>,
 }
 
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain maps of numbers: still usable after a panic elsewhere.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The grants and releases behind `tollgate.tokens.outstanding`, as two
 /// logs settled at collection: a Lease appends its grant and a Release its
 /// lease id's hash. A map of live leases cost each Lease a probe at a
@@ -202,59 +198,6 @@ impl LeaseLog {
             sums[p.index()] += granted;
         }
         sums
-    }
-}
-
-/// A bounded book behind a gauge: entries found by their key's hash alone,
-/// the key itself kept beside the value only for the gauges that show it.
-/// A call finds its entry without comparing a string, each a pointer away
-/// from the table (a Lease compared both names of its scope), and never
-/// copies a key the book already holds.
-///
-/// The hash is SipHash under this process's random keys, so no peer can
-/// choose names that collide; two keys colliding in 64 bits (odds about
-/// 2⁻³² with a book full) would share one entry of the gauge. The map
-/// itself hashes these uniform `u64`s with foldhash.
-pub(super) struct Book<K, V> {
-    hash: RandomState,
-    entries: HashMap<u64, (K, V), foldhash::fast::RandomState>,
-}
-
-impl<K, V> Default for Book<K, V> {
-    fn default() -> Self {
-        Book {
-            hash: RandomState::new(),
-            entries: HashMap::default(),
-        }
-    }
-}
-
-impl<K, V> Book<K, V> {
-    /// Sets `key`'s value; the key is kept (made by `own`) only when new,
-    /// and a new key is not tracked once the book holds `max` entries.
-    pub(super) fn set<Q: Hash + ?Sized>(
-        &mut self,
-        key: &Q,
-        own: impl FnOnce() -> K,
-        value: V,
-        max: usize,
-    ) {
-        let at = self.hash.hash_one(key);
-        if let Some((_, entry)) = self.entries.get_mut(&at) {
-            *entry = value;
-        } else if self.entries.len() < max {
-            self.entries.insert(at, (own(), value));
-        }
-    }
-
-    /// Keeps the entries `keep` says to.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) {
-        self.entries.retain(|_, (key, value)| keep(key, value));
-    }
-
-    /// Every entry, in no order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        self.entries.values().map(|(key, value)| (key, value))
     }
 }
 
@@ -425,7 +368,7 @@ impl CoordinatorMetrics {
 
     /// A decision a shadow policy let through; `rpc` is `lease` or
     /// `reconsider`.
-    pub fn shadow(&self, rpc: &'static str, shadowed: crate::coordinator::Shadowed) {
+    pub fn shadow(&self, rpc: &'static str, shadowed: tollgate_vocab::outcome::Shadowed) {
         self.shadow.add(
             1,
             &[

@@ -25,13 +25,16 @@
 //! - [`metrics`]: the coordinator's own instruments (leases, tokens,
 //!   budgets, hints, slots), [`freezes`]: the freeze gauges, and
 //!   [`scopes`]: the scope table's occupancy, evictions and refusals.
-//! - [`metrics_http`]: the Prometheus `/metrics` HTTP endpoint (hyper).
+//! - the Prometheus `/metrics` HTTP endpoint that renders this registry is
+//!   a listener, [`crate::server::metrics_http`].
+//! - `book` (private): the bounded books the gauges read, shared by
+//!   [`metrics`] and [`pacing`].
 //!
 //! The span and attribute table is in `docs/telemetry.md`.
 
+mod book;
 pub mod freezes;
 pub mod metrics;
-pub mod metrics_http;
 pub mod pacing;
 pub mod propagation;
 pub mod rpc;

@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
-use tollgate_client::clock::{Clock, to_unix_ms};
-use tollgate_client::telemetry::caller_scope_attr;
+use tollgate_vocab::clock::{Clock, to_unix_ms};
+use tollgate_vocab::telemetry::caller_scope_attr;
 
 use crate::pacing::{Mode, PacingView};
 use crate::scope::RouteKey;
 
-use super::metrics::{Book, lock};
+use super::book::{Book, lock};
 
 /// Routes whose rates are exported, most intents waiting first.
 pub const BUSIEST: usize = 5;

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use tollgate_client::telemetry::caller_scope_attr;
+use tollgate_vocab::telemetry::caller_scope_attr;
 use tower::{Layer, Service};
 
 use crate::scope::ScopeKey;

@@ -7,7 +7,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tollgate::telemetry::{Telemetry, TelemetryConfig, metrics_http};
+use tollgate::server::metrics_http;
+use tollgate::telemetry::{Telemetry, TelemetryConfig};
 
 /// `/metrics` served from this process's meter provider, installed before
 /// any coordinator starts (its instruments come from that provider).

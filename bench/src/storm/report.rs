@@ -1,6 +1,7 @@
-//! What a storm run measured, and its three renderings: a markdown table, an
-//! SVG chart (`chart.rs`: one panel per strategy) and JSON with every series
-//! for anyone who wants to plot it differently.
+//! What a storm run measured, and two of its three renderings: a markdown
+//! table and JSON with every series for anyone who wants to plot it
+//! differently. The third, the SVG chart (one panel per strategy), is drawn
+//! from a report by `chart.rs`, which reads this module and not the reverse.
 //!
 //! Definitions (also printed under the table):
 //! - offered load: attempts reaching the upstream (served + refused), per
@@ -68,7 +69,7 @@ use super::pipes::METHODS;
 use super::runner::CoordinatorRecord;
 use super::strategy::StrategyKind;
 use super::upstream::Observed;
-use super::{HintStyle, IntentRecord, Mode, StormArgs, StormConfig, StormError};
+use super::{HintStyle, IntentRecord, Mode, StormArgs, StormConfig};
 
 const BUCKETS_PER_SECOND: usize = 10;
 
@@ -800,11 +801,6 @@ impl StormReport {
         // Plain data only (numbers, strings, maps with string keys): this
         // cannot fail.
         serde_json::to_string_pretty(self).unwrap_or_default()
-    }
-
-    /// One panel per strategy on a shared time axis, as an SVG document.
-    pub fn svg(&self) -> Result<String, StormError> {
-        super::chart::svg(self)
     }
 }
 

@@ -45,7 +45,7 @@ pub(super) async fn refill(shared: &Shared, key: TokenKey) {
     let Ok(lease) = result else {
         return;
     };
-    if let Some(shadowed) = crate::gate::Shadowed::from_wire(lease.shadowed) {
+    if let Some(shadowed) = crate::outcome::Shadowed::from_wire(lease.shadowed) {
         crate::telemetry::record_shadow(&scope.route, shadowed.as_str());
     }
     tokens.view.policy_version = tokens.view.policy_version.max(lease.policy_version);

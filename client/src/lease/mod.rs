@@ -61,12 +61,11 @@ use crate::fallback::{AdaptiveThrottle, LocalBudget, LocalPacer, Pace};
 use crate::link::{CoordinatorLink, LinkState};
 use crate::scope::Scope;
 use crate::telemetry::TraceOrigin;
+use crate::wire::PendingReport;
 mod background;
 
 use background::{Flush, background, flush_reports, refill};
 
-/// Evidence items kept per scope between two reports; the proto allows 64.
-const MAX_EVIDENCE_PER_REPORT: usize = 64;
 /// Scopes with unsent reports, or with cached tokens, kept at once. Beyond
 /// it new scopes are not cached (takes still work through `take`).
 const MAX_SCOPES: usize = 10_000;
@@ -290,76 +289,6 @@ impl ScopeEntry {
 
     fn each(&self) -> impl Iterator<Item = &TokenEntry> {
         self.classes.iter()
-    }
-}
-
-/// What a scope's next `Report` will carry.
-#[derive(Debug, Default)]
-pub(crate) struct PendingReport {
-    pub(crate) first_attempts: u32,
-    pub(crate) successes: u32,
-    /// Every refusal for capacity, counted even when `evidence` is full and
-    /// keeps only the newest items: learned pacing judges the upstream's
-    /// capacity from how many were refused, not from the sample.
-    pub(crate) rejections: u32,
-    pub(crate) evidence: Vec<Evidence>,
-    /// The latest limit the upstream stated on the scope: one per report is
-    /// enough, since the latest is what paces the fleet, so a busy scope
-    /// sends one statement a report, not one per response.
-    pub(crate) stated: Option<StatedLimit>,
-    /// When the oldest count or evidence in it was made: a report held back
-    /// while the coordinator was out of reach tells its age, so learned
-    /// pacing does not read a backlog of counts as this second's traffic.
-    pub(crate) since: Option<Instant>,
-    /// The trace the report is sent under: the newest intent whose evidence
-    /// it holds, else the first intent counted in it.
-    origin: TraceOrigin,
-}
-
-impl PendingReport {
-    fn merge(&mut self, other: PendingReport) {
-        self.first_attempts = self.first_attempts.saturating_add(other.first_attempts);
-        self.successes = self.successes.saturating_add(other.successes);
-        self.rejections = self.rejections.saturating_add(other.rejections);
-        self.since = match (self.since, other.since) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        if !self.origin.is_set() {
-            self.origin = other.origin;
-        }
-        for item in other.evidence {
-            self.push_evidence(item);
-        }
-        self.keep_latest_stated(other.stated);
-    }
-
-    /// Keeps the statement received last.
-    fn keep_latest_stated(&mut self, stated: Option<StatedLimit>) {
-        let newer = match (&self.stated, &stated) {
-            (Some(held), Some(new)) => new.receipt_unix_ms >= held.receipt_unix_ms,
-            (None, Some(_)) => true,
-            _ => false,
-        };
-        if newer {
-            self.stated = stated;
-        }
-    }
-
-    /// Keeps the newest evidence: it carries the latest hint.
-    fn push_evidence(&mut self, item: Evidence) {
-        if self.evidence.len() == MAX_EVIDENCE_PER_REPORT {
-            self.evidence.remove(0);
-        }
-        self.evidence.push(item);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.first_attempts == 0
-            && self.successes == 0
-            && self.rejections == 0
-            && self.evidence.is_empty()
-            && self.stated.is_none()
     }
 }
 

@@ -7,8 +7,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use tollgate_client::clock::{Clock, to_unix_ms};
 use tollgate_proto::v1;
+use tollgate_vocab::clock::{Clock, to_unix_ms};
 
 /// Rejections are counted over this much of the coordinator's recent
 /// evidence: long enough to rank a storm, short enough to drop a past one.
@@ -344,7 +344,7 @@ impl Model {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_client::clock::{ManualClock, from_unix_ms};
+    use tollgate_vocab::clock::{ManualClock, from_unix_ms};
 
     use super::*;
 

@@ -10,7 +10,7 @@ use crate::pacing::stated::{InForce, STATED_HOLD_MS, StatedVerdict};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{ReportBatch, ScopeDetail, Store};
-use tollgate_client::ratelimit::StatedField;
+use tollgate_vocab::ratelimit::StatedField;
 
 fn key() -> ScopeKey {
     scope("c", "stated")

@@ -25,8 +25,9 @@ use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 use tracing::{debug, warn};
 
-use crate::admin::audit::MEMORY_RECORDS;
-use crate::store::{AdminSnapshot, AdminStateStore, Committed, StoreError, StoreFuture};
+use crate::store::{
+    AdminSnapshot, AdminStateStore, Committed, MEMORY_RECORDS, StoreError, StoreFuture,
+};
 
 use super::connection::Conn;
 use super::store::RedisStore;

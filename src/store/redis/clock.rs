@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use tollgate_client::clock::{Clock, SystemClock, from_unix_ms, to_unix_ms};
+use tollgate_vocab::clock::{Clock, SystemClock, from_unix_ms, to_unix_ms};
 use tracing::{info, warn};
 
 use super::RedisTarget;
@@ -111,8 +111,8 @@ impl RedisClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_client::clock::ManualClock;
     use tollgate_testkit::RedisServer;
+    use tollgate_vocab::clock::ManualClock;
 
     /// The local clock is set a day behind Redis's (same host, so Redis's
     /// `TIME` is the system's): only an applied offset brings `now` back to

@@ -172,7 +172,9 @@ pub struct AttemptRecord {
 }
 
 impl AttemptRecord {
-    pub(crate) fn started(intent_id: &str, number: u32, start: Duration) -> Self {
+    /// The record of attempt `number` of `intent_id`, started `start` after
+    /// the intent's first start; the engine fills in the rest as it learns it.
+    pub fn started(intent_id: &str, number: u32, start: Duration) -> Self {
         AttemptRecord {
             intent_id: intent_id.to_owned(),
             attempt_id: format!("{intent_id}#{number}"),
@@ -188,6 +190,48 @@ impl AttemptRecord {
             woke: None,
             decision: None,
             response_discarded: false,
+        }
+    }
+}
+
+/// What a shadow policy let through: what enforcing would have done, as
+/// the coordinator answers it and as the gate records its own holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shadowed {
+    /// Enforcing would have refused: fewer tokens than wanted (budget or
+    /// fair share), or no slot that fits the deadline.
+    WouldRefuse,
+    /// Enforcing would have started later: a later slot, the scope's
+    /// cooldown, a held first attempt.
+    WouldDelay,
+}
+
+impl Shadowed {
+    /// The label in metrics and spans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shadowed::WouldRefuse => "would_refuse",
+            Shadowed::WouldDelay => "would_delay",
+        }
+    }
+
+    /// As an answer carries it; `Unspecified` when nothing was shadowed.
+    pub fn wire(shadowed: Option<Shadowed>) -> tollgate_proto::v1::ShadowDecision {
+        use tollgate_proto::v1::ShadowDecision;
+        match shadowed {
+            None => ShadowDecision::Unspecified,
+            Some(Shadowed::WouldRefuse) => ShadowDecision::WouldRefuse,
+            Some(Shadowed::WouldDelay) => ShadowDecision::WouldDelay,
+        }
+    }
+
+    /// From a coordinator's answer; `None` when nothing was shadowed.
+    pub fn from_wire(decision: i32) -> Option<Shadowed> {
+        use tollgate_proto::v1::ShadowDecision;
+        match ShadowDecision::try_from(decision) {
+            Ok(ShadowDecision::WouldRefuse) => Some(Shadowed::WouldRefuse),
+            Ok(ShadowDecision::WouldDelay) => Some(Shadowed::WouldDelay),
+            Ok(ShadowDecision::Unspecified) | Err(_) => None,
         }
     }
 }

@@ -4,7 +4,9 @@
 //! Served with hyper directly: one route, text format 0.0.4 rendered by the
 //! `prometheus` crate from the registry the OpenTelemetry Prometheus reader
 //! fills, so Prometheus and OTLP see the same instruments. A separate port
-//! keeps scrapes off the gRPC listener and its concurrency limit.
+//! keeps scrapes off the gRPC listener and its concurrency limit. It lives
+//! with the server because it is a listener (it accepts through
+//! [`listen`]); telemetry only fills the registry it renders.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,8 +23,8 @@ use tokio::task::JoinSet;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::server::Connected as _;
 
+use super::listen::{self, Conn, ConnLimits};
 use crate::config::Transport;
-use crate::server::listen::{self, Conn, ConnLimits};
 
 /// Serves `GET /metrics` from `registry` on `listener`, in plaintext with
 /// the default probe limits, until `shutdown`; connections still open then
