@@ -62,6 +62,7 @@ use crate::budget::{
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{LeaseOutcome, RouteView, StoreError};
+use crate::tenancy::Owner;
 
 use super::connection::run_on;
 use super::decide::MAX_ROUNDS;
@@ -146,6 +147,7 @@ const TAKEN: i64 = 0;
 const STALE: i64 = 1;
 const FLEET: i64 = 2;
 const FROZEN: i64 = 3;
+const ABSENT: i64 = 4;
 
 /// `lease.lua`'s reply: what it did, and what it read.
 struct Read {
@@ -232,11 +234,16 @@ fn number(bytes: &[u8], i: usize) -> i64 {
 impl RedisStore {
     pub(super) async fn lease_now(
         &self,
+        owner: Owner,
         scope: &ScopeKey,
         ask: GrantAsk<'_>,
         policy: &Policy,
     ) -> Result<LeaseOutcome, StoreError> {
         let (keys, ccd, cfloor) = self.route_keys(&scope.route).await?;
+        // A token with a quota takes only a route that exists, until a
+        // refusal has it charged (`quota`).
+        let mut must_exist = self.quotas.charges(owner);
+        let owner_name = self.quotas.name(owner).unwrap_or_default();
         let id = new_lease_id();
         let class = ask.priority.index();
         let cost = policy.cost(ask.retry_class).max(1);
@@ -291,11 +298,20 @@ impl RedisStore {
                 bounds.len() as f64,
             ];
             numbers.extend(bounds);
+            numbers.push(f64::from(u8::from(must_exist)));
             for (cap, from) in limits.caps() {
                 numbers.extend([cap as f64, (from + 1) as f64]);
             }
             let packed: Vec<u8> = numbers.iter().flat_map(|n| n.to_le_bytes()).collect();
-            let read = Read::of(self.take(&keys, packed, ask.worker_id, &id).await?)?;
+            let read = Read::of(
+                self.take(&keys, packed, ask.worker_id, &id, owner_name)
+                    .await?,
+            )?;
+            if read.what == ABSENT {
+                self.charge(owner, &keys[0], ask.now_ms).await?;
+                must_exist = false;
+                continue;
+            }
             self.last_read
                 .put(&keys[0], read.first_attempts, read.tracked);
             let now_limits =
@@ -380,10 +396,11 @@ impl RedisStore {
         numbers: Vec<u8>,
         worker: &str,
         id: &str,
+        owner: &str,
     ) -> Result<Value, StoreError> {
         if self.clustered() {
             let mut inv = SCRIPTS.lease.call(keys);
-            inv.arg(&numbers[..]).arg(worker).arg(id);
+            inv.arg(&numbers[..]).arg(worker).arg(id).arg(owner);
             return run_on(&self.conn, &inv, self.op_timeout).await;
         }
         let queue = self
@@ -395,6 +412,7 @@ impl RedisStore {
             numbers,
             worker: worker.to_owned(),
             id: id.to_owned(),
+            owner: owner.to_owned(),
             reply,
         })?;
         match tokio::time::timeout(self.op_timeout, replied).await {

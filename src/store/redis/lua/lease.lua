@@ -9,13 +9,15 @@
 -- worker's fair share allows, if what it holds is at least `lo` and at
 -- most the bound given for the count of workers the class tracks: `n`
 -- bounds, for counts c .. c + n - 1 (a smaller count takes the first, a
--- larger one the last); then (cap, from) pairs: classes `from` (1..3) and
--- below may have spent at most `cap` together (another counter, such as a
--- token's own spend, would be another `from`) — then the worker, the
--- lease id's prefix.
+-- larger one the last); 1 if the route must exist already (its owner's
+-- quota is not charged yet); then (cap, from) pairs: classes `from` (1..3)
+-- and below may have spent at most `cap` together (another counter, such
+-- as a token's own spend, would be another `from`) — then the worker, the
+-- lease id's prefix, the caller token entry a new route is charged to.
 -- Reply: one string of doubles: what happened (0 taken; 1 stale: the
 -- first attempts are fewer than assumed, or more and a limit held the
--- take back; 2 fleet: what the worker holds is outside its bounds; 3 frozen),
+-- take back; 2 fleet: what the worker holds is outside its bounds; 3 frozen;
+-- 4 absent: the route must exist and does not, nothing else follows),
 -- granted, expiry, cooldown, floor, what was read (first attempts,
 -- classes 1..3's spend, what the worker holds, workers classes 1..3
 -- track), then the lease id (0), the freeze's reason (3), or each other
@@ -28,7 +30,9 @@ local wid, prefix = ARGV[2], ARGV[3]
 local ccd, cfloor = caller_floor(a[1], a[2])
 -- The core holds the window sums; the class's spend is read to add to
 -- it, the worker's record to charge it: one HMGET.
-local st = route_get(KEYS[1], now, { SERIES_FIELD[p], CLASS_KEY[p] .. wid })
+local st = route_get(KEYS[1], now, { SERIES_FIELD[p], CLASS_KEY[p] .. wid },
+  creation(a[15 + a[14]] == 1 and '1' or '0', ARGV[4]))
+if not st then return struct.pack('<ddddddddddddd', 4, 0, now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) end
 local k = st.k
 local sec = sec_of(now)
 local first = s_sum(st, 0, sec, window)
@@ -62,7 +66,7 @@ if own < a[12] or own > bound then
 end
 
 local room = math.huge
-for i = 15 + a[14], #a - 1, 2 do
+for i = 16 + a[14], #a - 1, 2 do
   local used = 0
   for j = a[i + 1], 3 do used = used + spent[j] end
   room = math.min(room, math.max(0, a[i] - used))

@@ -498,12 +498,29 @@ local function route_open(key, now, extra)
   return st
 end
 
--- Opens the route, creating it (with_route in the memory store).
-local function route_get(key, now, extra)
+-- Opens the route, creating it (with_route in the memory store) unless
+-- `create` is false: then nil when there is none. A string `create`
+-- names the caller token entry the new route is charged to (`o`, written
+-- with it; '' or nil: nobody's). Rust charges a token's quota before it
+-- lets a script create (`quota.rs`), so a call that would make a scope
+-- first asks for it to exist, and only a refusal costs the charge.
+local function route_get(key, now, extra, create)
   local st = route_open(key, now, extra)
-  if not st then return route_new(key, now) end
+  if not st then
+    if create == false then return nil end
+    st = route_new(key, now)
+    if create and create ~= '' then st.o = create end
+    return st
+  end
   st.k.t = math.max(st.k.t, now)
   return st
+end
+
+-- route_get's `create` from a script's two arguments: '1' when the route
+-- must exist already, and the owner a new one is charged to.
+local function creation(must_exist, owner)
+  if must_exist == '1' then return false end
+  return owner or ''
 end
 
 -- The instant until which something in the route is live (a cooldown or
@@ -539,6 +556,10 @@ local function route_save(st, idle_ms)
   end
   args[#args + 1] = 'k'
   args[#args + 1] = core_pack(k)
+  if st.o then
+    args[#args + 1] = 'o'
+    args[#args + 1] = st.o
+  end
   for f, w in pairs(st.w) do
     args[#args + 1] = f
     args[#args + 1] = record_pack(w)

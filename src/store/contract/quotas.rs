@@ -1,0 +1,213 @@
+//! Each caller token's quota of scopes, on a store made with two tokens
+//! ("a" and "b") of [`QUOTA`] scopes each in a table far larger: a token
+//! at its quota makes room among its own scopes only, cooled-down ones
+//! included, is refused when every one is busy, and never takes or holds
+//! out another token's; what each holds is counted and listed.
+
+use crate::hints::{EvidenceInput, assess};
+use crate::policy::Policy;
+use crate::scope::ScopeKey;
+use crate::store::{LeaseOutcome, LevelHint, ReportBatch, ScopeFilter, Store, StoreError, Tenant};
+use crate::tenancy::Owner;
+
+use super::common::{T0, ask, scope};
+
+/// Each token's quota in the stores these cases run on.
+pub(crate) const QUOTA: usize = 3;
+
+/// The limits these cases' stores are made with.
+pub(crate) fn limits() -> crate::tenancy::TenantLimits {
+    crate::tenancy::TenantLimits {
+        names: vec!["a".into(), "b".into()],
+        scopes: vec![QUOTA, QUOTA],
+        requests: vec![64, 64],
+    }
+}
+
+fn tenant(i: usize) -> Tenant {
+    Tenant {
+        owner: Owner::token(i),
+        tokens: 1,
+    }
+}
+
+fn held(s: &dyn Store, i: usize) -> usize {
+    s.owner_counts()[i].held
+}
+
+async fn lease(
+    s: &dyn Store,
+    who: usize,
+    key: &ScopeKey,
+    now_ms: i64,
+) -> Result<LeaseOutcome, StoreError> {
+    s.lease_as(tenant(who), key, ask("w", 1, now_ms), &Policy::default())
+        .await
+}
+
+async fn deposit(s: &dyn Store, who: usize, key: &ScopeKey, now_ms: i64) -> Result<(), StoreError> {
+    let batch = ReportBatch {
+        first_attempts: 1,
+        ..ReportBatch::empty("w", now_ms)
+    };
+    s.report_as(tenant(who), key, batch, &Policy::default())
+        .await
+        .map(drop)
+}
+
+/// A report carrying a 429 with `Retry-After: 300`: five minutes of
+/// cooldown, which must not keep the scope from its owner's own eviction.
+async fn cool_down(
+    s: &dyn Store,
+    who: usize,
+    key: &ScopeKey,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let p = Policy::default();
+    let input = EvidenceInput {
+        http_status: 429,
+        retry_after: Some("300"),
+        receipt_ms: now_ms,
+        ..EvidenceInput::default()
+    };
+    let hints = [LevelHint {
+        caller_wide: false,
+        assessment: assess(&input, &p, now_ms),
+    }];
+    let batch = ReportBatch {
+        first_attempts: 1,
+        rejections: 1,
+        hints: &hints,
+        ..ReportBatch::empty("w", now_ms)
+    };
+    s.report_as(tenant(who), key, batch, &p).await.map(drop)
+}
+
+async fn exists(s: &dyn Store, key: &ScopeKey, now_ms: i64) -> bool {
+    s.scope_detail(&key.route, &Policy::default(), now_ms)
+        .await
+        .expect("detail")
+        .is_some()
+}
+
+pub(crate) async fn a_token_at_its_quota_evicts_its_own_cooled_down_scopes_never_anothers(
+    s: &dyn Store,
+) {
+    let a = |i: usize| scope("a", &format!("r{i}"));
+    let b = |i: usize| scope("b", &format!("r{i}"));
+    // B's first scope is busy with a lease, its second only cold.
+    lease(s, 1, &b(0), T0).await.expect("b's lease");
+    deposit(s, 1, &b(1), T0).await.expect("b's report");
+    // A fills its quota with scopes it cooled down itself.
+    for i in 0..QUOTA {
+        cool_down(s, 0, &a(i), T0 + 1 + i as i64)
+            .await
+            .expect("a's quota");
+    }
+    assert_eq!(held(s, 0), QUOTA);
+    // Ten more: each evicts A's own coldest, cooldown or not.
+    for i in QUOTA..QUOTA + 10 {
+        cool_down(s, 0, &a(i), T0 + 100 + i as i64)
+            .await
+            .expect("room among a's own scopes");
+        assert!(held(s, 0) <= QUOTA, "{} held", held(s, 0));
+    }
+    let now = T0 + 200;
+    assert!(exists(s, &b(0), now).await, "b's busy scope kept");
+    assert!(exists(s, &b(1), now).await, "b's cold scope kept");
+    assert!(!exists(s, &a(0), now).await, "a's coldest went");
+    assert!(exists(s, &a(QUOTA + 9), now).await, "a's newest kept");
+    // B is under its quota: a new scope of its own is admitted.
+    lease(s, 1, &b(2), now).await.expect("b's room");
+    assert_eq!(held(s, 1), 3);
+    let counts = s.owner_counts();
+    assert_eq!((counts[0].held, counts[0].quota), (QUOTA, QUOTA));
+    assert_eq!(counts[0].refused, 0);
+}
+
+pub(crate) async fn a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_alone(s: &dyn Store) {
+    let a = |i: usize| scope("a", &format!("r{i}"));
+    for i in 0..QUOTA {
+        lease(s, 0, &a(i), T0).await.expect("a's quota");
+    }
+    let refused = lease(s, 0, &a(QUOTA), T0 + 1).await;
+    assert_eq!(refused, Err(StoreError::ScopeQuota { quota: QUOTA }));
+    // Nothing was made for the refused call, and a report is refused too.
+    assert!(!exists(s, &a(QUOTA), T0 + 1).await);
+    assert_eq!(
+        deposit(s, 0, &a(QUOTA), T0 + 2).await,
+        Err(StoreError::ScopeQuota { quota: QUOTA })
+    );
+    assert_eq!(s.owner_counts()[0].refused, 2);
+    // B is not held out by A's full quota.
+    lease(s, 1, &scope("b", "r0"), T0 + 1)
+        .await
+        .expect("b's room");
+    // A's existing scopes still serve it.
+    lease(s, 0, &a(0), T0 + 2).await.expect("a's own scope");
+    // Once A's leases expire, its own coldest makes room.
+    lease(s, 0, &a(QUOTA), T0 + 20_000)
+        .await
+        .expect("a's own room");
+    assert_eq!(held(s, 0), QUOTA);
+}
+
+pub(crate) async fn scopes_are_charged_to_their_maker_and_listed_by_owner(s: &dyn Store) {
+    let (a0, b0) = (scope("a", "r0"), scope("b", "r0"));
+    deposit(s, 0, &a0, T0).await.expect("a's");
+    deposit(s, 1, &b0, T0).await.expect("b's");
+    // B using A's scope does not make it B's, nor charge B.
+    deposit(s, 1, &a0, T0 + 1).await.expect("b on a's");
+    lease(s, 1, &a0, T0 + 1).await.expect("b on a's");
+    assert_eq!((held(s, 0), held(s, 1)), (1, 1));
+    let of = |i| ScopeFilter {
+        owner: Some(Owner::token(i)),
+        ..ScopeFilter::default()
+    };
+    let page = s.list_scopes(&of(1), None, 10, T0 + 2).await.expect("list");
+    let routes: Vec<_> = page
+        .scopes
+        .iter()
+        .map(|x| (x.route.clone(), x.owner))
+        .collect();
+    assert_eq!(routes, vec![(b0.route.clone(), Owner::token(1))]);
+    let page = s.list_scopes(&of(0), None, 10, T0 + 2).await.expect("list");
+    let routes: Vec<_> = page
+        .scopes
+        .iter()
+        .map(|x| (x.route.clone(), x.owner))
+        .collect();
+    assert_eq!(routes, vec![(a0.route.clone(), Owner::token(0))]);
+    // An operator's scope is nobody's.
+    let c0 = scope("c", "r0");
+    s.set_freeze(&c0.route, Some("incident".into()), T0 + 3)
+        .await
+        .expect("freeze");
+    let all = s
+        .list_scopes(&ScopeFilter::default(), None, 10, T0 + 3)
+        .await
+        .expect("list");
+    let owners: Vec<_> = all.scopes.iter().map(|x| x.owner).collect();
+    assert_eq!(owners, vec![Owner::token(0), Owner::token(1), Owner::NONE]);
+}
+
+/// The quota cases, for a backend that makes a store with [`limits`]:
+/// `quota_tests!(make)`, `make` an `async fn() -> Option<Fixture>`.
+macro_rules! quota_tests {
+    ($make:path) => {
+        crate::store::contract::quotas::quota_tests!(@each $make;
+            a_token_at_its_quota_evicts_its_own_cooled_down_scopes_never_anothers,
+            a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_alone,
+            scopes_are_charged_to_their_maker_and_listed_by_owner);
+    };
+    (@each $make:path; $($name:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let Some(f) = $make().await else { return };
+                crate::store::contract::quotas::$name(&*f.store).await;
+            }
+        )*
+    };
+}
+pub(crate) use quota_tests;
