@@ -176,33 +176,16 @@ async fn a_tenant_whose_scopes_are_all_busy_is_refused_naming_its_quota() {
 /// The same attacks on two replicas sharing one Redis: each token's quota
 /// is counted in Redis, so it holds whichever replica a call reaches.
 mod on_redis {
-    use std::sync::Arc;
-
     use super::*;
-    use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
     use tollgate_testkit::RedisServer;
 
     /// Two replicas of the two-tenant coordinator on one fresh Redis; `None`
     /// (the test skips) where no redis-server is installed.
     async fn replicas() -> Option<(RedisServer, [Coordinator; 2])> {
         let redis = RedisServer::start()?;
-        let target = RedisTarget::parse(&redis.url()).expect("url");
-        let mut replicas = Vec::new();
-        for _ in 0..2 {
-            let config = config(TWO_TENANTS);
-            // The store `tollgate serve --store redis://…` makes.
-            let options = RedisOptions {
-                tenants: config.tenant_limits(),
-                ..RedisOptions::default()
-            };
-            let store = RedisStore::connect(target.clone(), options)
-                .await
-                .expect("connect");
-            store.claim_format().await.expect("an empty prefix");
-            replicas.push(Coordinator::start_with_store(config, Arc::new(store)).await);
-        }
-        let replicas: [Coordinator; 2] = replicas.try_into().ok()?;
-        Some((redis, replicas))
+        let one = Coordinator::start_on_redis(config(TWO_TENANTS), &redis.url()).await;
+        let two = Coordinator::start_on_redis(config(TWO_TENANTS), &redis.url()).await;
+        Some((redis, [one, two]))
     }
 
     #[tokio::test]

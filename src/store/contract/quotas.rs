@@ -2,7 +2,9 @@
 //! ("a" and "b") of [`QUOTA`] scopes each in a table far larger: a token
 //! at its quota makes room among its own scopes only, cooled-down ones
 //! included, is refused when every one is busy, and never takes or holds
-//! out another token's; what each holds is counted and listed.
+//! out another token's; what each holds is counted and listed. And where
+//! both share a caller scope, one token's reported counts do not raise the
+//! other's budget (`crate::budget`, "Counts of several tokens").
 
 use crate::hints::{EvidenceInput, assess};
 use crate::policy::Policy;
@@ -191,6 +193,54 @@ pub(crate) async fn scopes_are_charged_to_their_maker_and_listed_by_owner(s: &dy
     assert_eq!(owners, vec![Owner::token(0), Owner::token(1), Owner::NONE]);
 }
 
+pub(crate) async fn a_huge_report_from_one_token_does_not_raise_anothers_budget(s: &dyn Store) {
+    let p = Policy::default();
+    let shared = |i: usize| Tenant {
+        owner: Owner::token(i),
+        tokens: 2,
+    };
+    let key = scope("shared", "r");
+    let report = |worker, first_attempts| ReportBatch {
+        first_attempts,
+        ..ReportBatch::empty(worker, T0)
+    };
+    s.report_as(shared(0), &key, report("one:w", 100), &p)
+        .await
+        .expect("one's report");
+    s.report_as(shared(1), &key, report("two:w", 1_000_000), &p)
+        .await
+        .expect("two's claim");
+    // Alone, a hundred first attempts earn the floor (10/s over 10 s)
+    // plus 0.2 × 100: 120 tokens, whatever the other token claims.
+    let bound = 10 * 10 + 100 / 5;
+    let mine = s
+        .lease_as(shared(0), &key, ask("one:w", 10_000, T0), &p)
+        .await
+        .expect("one's lease");
+    assert_eq!((mine.grant.granted, mine.grant.remaining), (bound, 0));
+    let again = s
+        .lease_as(shared(0), &key, ask("one:w", 10_000, T0 + 1), &p)
+        .await
+        .expect("one's lease");
+    assert_eq!(again.grant.granted, 0, "one's own budget is spent");
+    // What it did not spend comes back to its own budget too.
+    let id = mine.lease_id.expect("a lease");
+    s.release(&key, super::common::end("one:w", &id, 20, T0 + 2))
+        .await
+        .expect("release");
+    let refunded = s
+        .lease_as(shared(0), &key, ask("one:w", 10_000, T0 + 3), &p)
+        .await
+        .expect("one's lease");
+    assert_eq!(refunded.grant.granted, bound - 20);
+    // The claiming token's own retries are what its claim earns it.
+    let theirs = s
+        .lease_as(shared(1), &key, ask("two:w", 10_000, T0 + 3), &p)
+        .await
+        .expect("two's lease");
+    assert_eq!(theirs.grant.granted, 10_000);
+}
+
 /// The quota cases, for a backend that makes a store with [`limits`]:
 /// `quota_tests!(make)`, `make` an `async fn() -> Option<Fixture>`.
 macro_rules! quota_tests {
@@ -198,7 +248,8 @@ macro_rules! quota_tests {
         crate::store::contract::quotas::quota_tests!(@each $make;
             a_token_at_its_quota_evicts_its_own_cooled_down_scopes_never_anothers,
             a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_alone,
-            scopes_are_charged_to_their_maker_and_listed_by_owner);
+            scopes_are_charged_to_their_maker_and_listed_by_owner,
+            a_huge_report_from_one_token_does_not_raise_anothers_budget);
     };
     (@each $make:path; $($name:ident),*) => {
         $(

@@ -247,11 +247,12 @@ impl RedisStore {
     /// same window).
     async fn report_now(
         &self,
-        owner: Owner,
+        tenant: Tenant,
         scope: &ScopeKey,
         report: ReportBatch<'_>,
         policy: &Policy,
     ) -> Result<Reported, StoreError> {
+        let owner = tenant.owner;
         let now = report.now_ms;
         let route_key = self.route_key(&scope.route);
         let caller_key = self.caller_key(&scope.route.caller_scope);
@@ -279,7 +280,10 @@ impl RedisStore {
                     !report.hints.is_empty() || report.stated.is_some(),
                 ))
                 .arg(u8::from(must_exist))
-                .arg(owner_name);
+                .arg(owner_name)
+                // Kept apart as the token's own too (`crate::budget`,
+                // "Counts of several tokens").
+                .arg(u8::from(tenant.shared() && !owner_name.is_empty()));
             let reply = Reply::ok(self.run(&inv).await?)?;
             if must_exist && reply.text(1).as_deref() == Some("absent") {
                 self.charge(owner, &route_key, now).await?;
@@ -505,7 +509,7 @@ impl Store for RedisStore {
         ask: GrantAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(self.lease_now(Owner::NONE, scope, ask, policy))
+        Box::pin(self.lease_now(Tenant::NONE, scope, ask, policy))
     }
 
     fn lease_as<'a>(
@@ -515,7 +519,7 @@ impl Store for RedisStore {
         ask: GrantAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(self.lease_now(tenant.owner, scope, ask, policy))
+        Box::pin(self.lease_now(tenant, scope, ask, policy))
     }
 
     fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
@@ -547,7 +551,7 @@ impl Store for RedisStore {
         report: ReportBatch<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Reported> {
-        Box::pin(self.report_now(Owner::NONE, scope, report, policy))
+        Box::pin(self.report_now(Tenant::NONE, scope, report, policy))
     }
 
     fn report_as<'a>(
@@ -557,7 +561,7 @@ impl Store for RedisStore {
         report: ReportBatch<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Reported> {
-        Box::pin(self.report_now(tenant.owner, scope, report, policy))
+        Box::pin(self.report_now(tenant, scope, report, policy))
     }
 
     fn reconsider<'a>(

@@ -633,6 +633,48 @@ local function lease_drop(st, l)
   st.k.lc = redis.call('ZCARD', le)
 end
 
+---------------------------------------------------------------- tokens
+-- Where several caller tokens share a caller scope, each one's own first
+-- attempts and spend on a route are counted apart (the budget's "Counts
+-- of several tokens"): series 0..3 of token NAME are the route hash's
+-- fields 'u0' .. NAME (first attempts) and 'u1' .. NAME to 'u3' .. NAME
+-- (each class's spend), packed pairs as the route's own series, trimmed
+-- to the last W seconds when written. Rust computes the caps they bound
+-- (lease.lua takes under them); a lease charged to them names its token
+-- in its id (`own_tag`), so its Release refunds them too.
+
+local function own_field(i, name) return 'u' .. i .. name end
+
+-- Token `name`'s series i on route `st`, decoded (cached per call).
+local function own_pairs(st, i, name)
+  st.own = st.own or {}
+  local f = st.own[i]
+  if not f then
+    f = doubles(route_raw(st, own_field(i, name)) or '')
+    st.own[i] = f
+  end
+  return f
+end
+
+-- Adds `v` at second `sec` (the newest) to token `name`'s series i and
+-- writes it back, trimmed to the window.
+local function own_add(st, i, name, sec, v)
+  local f = own_pairs(st, i, name)
+  flat_trim(f, sec - W + 1)
+  flat_add(f, sec, v)
+  redis.call('HSET', st.key, own_field(i, name), doubles_pack(f))
+end
+
+-- A token's name as it goes into a lease id: hex, so no id character
+-- (`.`, `/`) can come from it.
+local function own_tag(name)
+  return (string.gsub(name, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
+local function own_untag(tag)
+  return (string.gsub(tag, '%x%x', function(h) return string.char(tonumber(h, 16)) end))
+end
+
 ---------------------------------------------------------------- workers
 -- Worker `wid`'s record in class p (field `p .. wid` in the route's hash),
 -- unpacked once per call and written back by route_save (nil: none).
