@@ -9,8 +9,9 @@
 //! `tollgate.scopes.quota` (its quota) and `tollgate.scopes.quota_refused`
 //! (new scopes refused to it at its quota).
 //!
-//! Read from [`Store::counts`] at collection, so nothing is counted twice
-//! and a store without a bound of its own (Redis) exports none of them. The
+//! Read from [`Store::counts`] and [`Store::owner_counts`] at collection,
+//! so nothing is counted twice; a store without a bound of its own (Redis)
+//! exports only the per-token ones, as it keeps each token's quota. The
 //! callbacks hold the store weakly: the meter provider is process-wide and
 //! outlives a server stopped in a test.
 
@@ -28,11 +29,11 @@ fn counts(store: &Weak<dyn Store>) -> Option<ScopeCounts> {
 /// Registers the scope-table instruments on `meter`, reading `store`;
 /// `tenants` names the caller token entries, in order.
 pub(crate) fn register(meter: &Meter, store: &Arc<dyn Store>, tenants: Vec<String>) {
+    let weak = Arc::downgrade(store);
+    register_tenants(meter, &weak, Arc::new(tenants));
     if store.counts().is_none() {
         return;
     }
-    let weak = Arc::downgrade(store);
-    register_tenants(meter, &weak, Arc::new(tenants));
     let live = weak.clone();
     meter
         .u64_observable_gauge("tollgate.scopes.live")
