@@ -193,6 +193,48 @@ pub(crate) async fn scopes_are_charged_to_their_maker_and_listed_by_owner(s: &dy
     assert_eq!(owners, vec![Owner::token(0), Owner::token(1), Owner::NONE]);
 }
 
+pub(crate) async fn a_caller_scope_is_charged_and_idle_scopes_give_their_places_back(
+    s: &dyn Store,
+) {
+    let p = Policy::default();
+    let input = EvidenceInput {
+        http_status: 429,
+        retry_after: Some("1"),
+        receipt_ms: T0,
+        ..EvidenceInput::default()
+    };
+    // Uncertain evidence lands on the whole caller scope, which is made
+    // for the reporting token: the route and its caller scope, two places.
+    let hints = [LevelHint {
+        caller_wide: true,
+        assessment: assess(&input, &p, T0),
+    }];
+    let batch = ReportBatch {
+        first_attempts: 1,
+        rejections: 1,
+        hints: &hints,
+        ..ReportBatch::empty("w", T0)
+    };
+    s.report_as(tenant(0), &scope("a", "r0"), batch, &p)
+        .await
+        .expect("a's report");
+    assert_eq!(held(s, 0), 2);
+    deposit(s, 0, &scope("a", "r1"), T0)
+        .await
+        .expect("a's third");
+    assert_eq!(held(s, 0), QUOTA);
+    // Once idle, the sweep forgets them and the quota is free again.
+    let later = T0 + 1_000_000;
+    assert_eq!(s.evict_idle(later, 60_000).await, Ok(3));
+    assert_eq!(held(s, 0), 0);
+    for i in 0..QUOTA {
+        lease(s, 0, &scope("a", &format!("n{i}")), later)
+            .await
+            .expect("a's places back");
+    }
+    assert_eq!(held(s, 0), QUOTA);
+}
+
 pub(crate) async fn a_huge_report_from_one_token_does_not_raise_anothers_budget(s: &dyn Store) {
     let p = Policy::default();
     let shared = |i: usize| Tenant {
@@ -249,6 +291,7 @@ macro_rules! quota_tests {
             a_token_at_its_quota_evicts_its_own_cooled_down_scopes_never_anothers,
             a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_alone,
             scopes_are_charged_to_their_maker_and_listed_by_owner,
+            a_caller_scope_is_charged_and_idle_scopes_give_their_places_back,
             a_huge_report_from_one_token_does_not_raise_anothers_budget);
     };
     (@each $make:path; $($name:ident),*) => {

@@ -186,5 +186,30 @@ mod tests {
         }
 
         crate::store::contract::contract_tests!(one_fixture make);
+
+        /// The quota cases on a cluster, where each token's set is in a
+        /// slot of its own, apart from its scopes'. A store per case (its
+        /// refusal counts are its own), on a cluster of its own.
+        mod quotas {
+            use super::*;
+
+            async fn make() -> Option<Fixture> {
+                let server = RedisServer::start_cluster()?;
+                let store = RedisStore::connect(
+                    RedisTarget::parse(&server.url()).expect("url"),
+                    RedisOptions {
+                        idle_ttl: Duration::from_secs(60),
+                        tenants: crate::store::contract::quotas::limits(),
+                        ..RedisOptions::default()
+                    },
+                )
+                .await
+                .expect("connect");
+                assert!(store.clustered());
+                Some(Fixture::new(store, server))
+            }
+
+            crate::store::contract::quotas::quota_tests!(make);
+        }
     }
 }
