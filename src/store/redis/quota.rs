@@ -22,7 +22,9 @@
 //!
 //! # At the quota
 //! As the memory store: the token's own scopes go, coldest first, in a
-//! batch of [`ROOM_BATCH_PERMILLE`] of its quota, cooled-down ones
+//! batch of [`ROOM_BATCH_PERMILLE`] of its quota (at most
+//! [`MAX_READ`] ÷ [`READ_BATCHES`] a pass: each costs round trips while a
+//! call waits), cooled-down ones
 //! included, never one holding an unexpired lease, a waiting intent, a
 //! freeze or a mute; another token's never (a member whose scope names
 //! another owner, or none, is only dropped from the set). If none can go,
@@ -34,15 +36,21 @@
 //! touch, so a member left out of the pass was touched no earlier than
 //! the highest score read.
 //!
-//! # What is not exact
-//! Each step is atomic, a charge and the creation it admits are not: the
-//! same new scope created at once by two tokens is charged to both (the
-//! owner it names is whichever wrote first; the other's set drops it at
-//! its next pass), and a scope evicted between a report's budget half and
-//! its hints half is re-created uncharged by the hints half. Both bound the
-//! over-shoot by the calls in flight, as the memory store's count is. A
-//! scope that expired by itself stays in its set until a pass finds it
-//! gone (or the idle sweep prunes the set), which frees its place then.
+//! # Charges and creations in flight
+//! Each step is atomic, a charge and the creation it admits are not. So a
+//! pass keeps the place of a member charged within [`IN_FLIGHT_MS`] whose
+//! scope is not there yet (its call may be about to make it), and drops a
+//! member only if its score is still the one read (a member charged again
+//! meanwhile is about to be made again): however charges and creations
+//! interleave across replicas, one place admits one scope
+//! (`concurrent_creations_through_two_replicas_never_exceed_the_quota`).
+//! What is left over-shoots by the calls in flight at most, as the memory
+//! store's count does: the same new scope created at once by two tokens is
+//! charged to both (it names whichever wrote first; the other's set drops
+//! it at its next pass), and a scope evicted between a report's budget
+//! half and its hints half is made again uncharged by the hints half. A
+//! scope that expired by itself keeps its place until a pass finds it gone
+//! or the idle sweep prunes the set.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
@@ -60,6 +68,17 @@ use super::store::RedisStore;
 /// How many lowest-scored members a pass reads, in batches: enough that
 /// stale scores (touches the set has not seen) rarely hide the coldest.
 const READ_BATCHES: usize = 4;
+/// The most members one pass reads (and so evicts). Each costs a round
+/// trip, made while a call waits: the memory store's batch of a large
+/// quota (1/64 of it) would hold that call for seconds, where this many
+/// keep a pass within milliseconds and a run of new scopes at the quota
+/// pays one pass per this many.
+const MAX_READ: usize = 64;
+/// How long after its charge a scope that is not there yet may still be
+/// in the making (the call it admitted is bounded by the request
+/// timeout): a pass keeps its place until then, or two calls in flight
+/// could both be admitted to one place.
+const IN_FLIGHT_MS: i64 = 5_000;
 
 /// Each token's quota and this replica's view of what it holds.
 #[derive(Debug, Default)]
@@ -150,15 +169,13 @@ impl RedisStore {
         };
         let name = &self.quotas.limits.names[i];
         let set = self.tenant_key(name);
-        let batch = (quota * ROOM_BATCH_PERMILLE / 1000).max(1);
+        let read = ((quota * ROOM_BATCH_PERMILLE / 1000).max(1) * READ_BATCHES).min(MAX_READ);
+        let batch = (read / READ_BATCHES).max(1);
         // Each pass frees at least one place or refuses; another replica
         // may take the place first, so a few passes, then a refusal.
         for _ in 0..4 {
             let mut inv = SCRIPTS.quota_charge.call(&[&set]);
-            inv.arg(key)
-                .arg(now_ms)
-                .arg(quota)
-                .arg(batch * READ_BATCHES);
+            inv.arg(key).arg(now_ms).arg(quota).arg(read);
             let r = Reply::ok(self.run(&inv).await?)?;
             let held = usize::try_from(r.int(2)?).unwrap_or(0);
             self.quotas.held[i].store(held, Ordering::Relaxed);
@@ -172,7 +189,8 @@ impl RedisStore {
             let mut lowest = Vec::new();
             let mut at = 3;
             while let Some(member) = r.text(at) {
-                lowest.push(member);
+                let score = r.text(at + 1).and_then(|s| s.parse::<f64>().ok());
+                lowest.push((member, score.map_or(i64::MAX, |s| s as i64)));
                 at += 2;
             }
             if self.make_room(name, &set, lowest, batch, now_ms).await? == 0 {
@@ -184,50 +202,70 @@ impl RedisStore {
         Err(StoreError::ScopeQuota { quota })
     }
 
-    /// One pass over the lowest-scored members of `name`'s set: drops
-    /// those gone or not its own, rescores the rest with their real last
-    /// touch, and evicts up to `batch` of the coldest that hold nothing
-    /// live; returns how many places that freed.
+    /// One pass over the lowest-scored members of `name`'s set (with
+    /// their scores): drops those gone or not its own, rescores the rest
+    /// with their real last touch, and evicts up to `batch` of the coldest
+    /// that hold nothing live; returns how many places that freed.
     async fn make_room(
         &self,
         name: &str,
         set: &str,
-        lowest: Vec<String>,
+        lowest: Vec<(String, i64)>,
         batch: usize,
         now_ms: i64,
     ) -> Result<usize, StoreError> {
-        let mut freed = Vec::new();
+        let mut gone = Vec::new();
         let mut seats = Vec::new();
-        for member in lowest {
+        for (member, score) in lowest {
             match self.peek(&member, name, now_ms).await? {
-                Some(seat) => seats.push(seat),
+                Some(seat) => seats.push((seat, score)),
+                // Charged so lately that the call it admitted may not have
+                // made it yet: its place is taken.
+                None if score > now_ms.saturating_sub(IN_FLIGHT_MS) => {}
                 // Expired, evicted, or another's: its place was never used.
-                None => freed.push(member),
+                None => gone.push((member, score)),
             }
         }
-        for seat in &seats {
+        if !seats.is_empty() {
+            // Only ever raised: a charge racing this pass set a later one.
             let mut zadd = redis::cmd("ZADD");
-            zadd.arg(set).arg("XX").arg(seat.touched).arg(&seat.member);
+            zadd.arg(set).arg("XX").arg("GT");
+            for (seat, _) in &seats {
+                zadd.arg(seat.touched).arg(&seat.member);
+            }
             self.query::<i64>(&zadd).await?;
         }
-        seats.retain(|s| !s.busy);
-        seats.sort_by_key(|s| s.touched);
-        for seat in seats.into_iter().take(batch) {
+        seats.retain(|(s, _)| !s.busy);
+        seats.sort_by_key(|(s, _)| s.touched);
+        for (seat, score) in seats.into_iter().take(batch) {
             let mut inv = SCRIPTS.quota_unseat.call(&[&seat.member]);
             inv.arg(now_ms)
                 .arg(u8::from(is_route(&seat.member)))
                 .arg(seat.touched)
                 .arg(seat.hints_version);
             if Reply::ok(self.run(&inv).await?)?.int(1)? == 1 {
-                freed.push(seat.member);
+                gone.push((seat.member, score.max(seat.touched)));
             }
         }
-        if !freed.is_empty() {
-            let mut zrem = redis::cmd("ZREM");
-            zrem.arg(set).arg(&freed);
-            self.query::<i64>(&zrem).await?;
+        self.drop_members(set, &gone).await
+    }
+
+    /// Drops `members` from `set`, each only if its score is still the
+    /// one given (one charged again meanwhile is about to be made again,
+    /// and keeps its place); returns how many went.
+    async fn drop_members(
+        &self,
+        set: &str,
+        members: &[(String, i64)],
+    ) -> Result<usize, StoreError> {
+        if members.is_empty() {
+            return Ok(0);
         }
-        Ok(freed.len())
+        let mut inv = SCRIPTS.quota_drop.call(&[set]);
+        for (member, score) in members {
+            inv.arg(member).arg(*score);
+        }
+        Ok(usize::try_from(Reply::ok(self.run(&inv).await?)?.int(1)?).unwrap_or(0))
     }
 
     /// The scope at `key` if it is still `name`'s, with what decides
@@ -261,20 +299,19 @@ impl RedisStore {
             }
             let set = self.tenant_key(name);
             let mut zrange = redis::cmd("ZRANGE");
-            zrange.arg(&set).arg(0).arg(-1);
-            let members: Vec<String> = self.query(&zrange).await?;
+            zrange.arg(&set).arg(0).arg(-1).arg("WITHSCORES");
+            let members: Vec<(String, f64)> = self.query(&zrange).await?;
             let mut gone = Vec::new();
-            for member in &members {
-                if self.peek(member, name, now_ms).await?.is_none() {
-                    gone.push(member.clone());
+            for (member, score) in members.iter().cloned() {
+                let score = score as i64;
+                if score <= now_ms.saturating_sub(IN_FLIGHT_MS)
+                    && self.peek(&member, name, now_ms).await?.is_none()
+                {
+                    gone.push((member, score));
                 }
             }
-            if !gone.is_empty() {
-                let mut zrem = redis::cmd("ZREM");
-                zrem.arg(&set).arg(&gone);
-                self.query::<i64>(&zrem).await?;
-            }
-            self.quotas.held[i].store(members.len() - gone.len(), Ordering::Relaxed);
+            let dropped = self.drop_members(&set, &gone).await?;
+            self.quotas.held[i].store(members.len() - dropped, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -282,4 +319,88 @@ impl RedisStore {
 
 fn is_route(key: &str) -> bool {
     key.ends_with(":r")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::budget::GrantAsk;
+    use crate::policy::Policy;
+    use crate::scope::{Priority, RetryClass, ScopeKey};
+    use crate::store::redis::{RedisOptions, RedisTarget};
+    use crate::store::{ScopeFilter, Store, StoreError, Tenant};
+    use tollgate_testkit::RedisServer;
+
+    use super::*;
+
+    const T0: i64 = 1_700_000_000_000;
+
+    /// Two replicas' stores on one Redis, one token of quota `quota`.
+    async fn replicas(server: &RedisServer, quota: usize) -> [Arc<RedisStore>; 2] {
+        let store = || async {
+            let options = RedisOptions {
+                idle_ttl: Duration::from_secs(60),
+                tenants: TenantLimits {
+                    names: vec!["a".into()],
+                    scopes: vec![quota],
+                    requests: vec![64],
+                },
+                ..RedisOptions::default()
+            };
+            let target = RedisTarget::parse(&server.url()).expect("url");
+            Arc::new(RedisStore::connect(target, options).await.expect("connect"))
+        };
+        [store().await, store().await]
+    }
+
+    /// Many new scopes at once through two replicas, the token at its
+    /// quota: each place is given once, however the charges and the
+    /// creations they admit interleave, and every refusal is the quota's.
+    #[tokio::test]
+    async fn concurrent_creations_through_two_replicas_never_exceed_the_quota() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let quota = 3;
+        let stores = replicas(&server, quota).await;
+        let tenant = Tenant {
+            owner: Owner::token(0),
+            tokens: 1,
+        };
+        let calls = (0..24).map(|i| {
+            let store = Arc::clone(&stores[i % 2]);
+            tokio::spawn(async move {
+                let key = ScopeKey::new("a", &format!("r{i}"), Priority::Critical);
+                let ask = GrantAsk {
+                    worker_id: "w",
+                    priority: Priority::Critical,
+                    retry_class: RetryClass::Transient,
+                    want: 1,
+                    now_ms: T0 + i as i64,
+                };
+                store.lease_as(tenant, &key, ask, &Policy::default()).await
+            })
+        });
+        let mut granted = 0;
+        for call in calls.collect::<Vec<_>>() {
+            match call.await.expect("joined") {
+                Ok(_) => granted += 1,
+                Err(err) => assert_eq!(err, StoreError::ScopeQuota { quota }),
+            }
+        }
+        // Every place held by a live lease: exactly the quota was made.
+        let mine = ScopeFilter {
+            owner: Some(Owner::token(0)),
+            ..ScopeFilter::default()
+        };
+        let page = stores[0]
+            .list_scopes(&mine, None, 100, T0 + 100)
+            .await
+            .expect("list");
+        assert_eq!((granted, page.scopes.len()), (quota, quota));
+        let refused: u64 = stores.iter().map(|s| s.owner_counts()[0].refused).sum();
+        assert_eq!(refused, 24 - quota as u64);
+    }
 }
