@@ -134,13 +134,23 @@ pub(crate) async fn a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_al
     }
     let refused = lease(s, 0, &a(QUOTA), T0 + 1).await;
     assert_eq!(refused, Err(StoreError::ScopeQuota { quota: QUOTA }));
-    // Nothing was made for the refused call, and a report is refused too.
+    // Nothing was made for the refused call; a report or a Reconsider
+    // that would make it is refused too.
     assert!(!exists(s, &a(QUOTA), T0 + 1).await);
     assert_eq!(
         deposit(s, 0, &a(QUOTA), T0 + 2).await,
         Err(StoreError::ScopeQuota { quota: QUOTA })
     );
-    assert_eq!(s.owner_counts()[0].refused, 2);
+    let slot = s
+        .reconsider_as(
+            tenant(0),
+            &a(QUOTA).route,
+            super::common::slot_ask("i", T0 + 2),
+            &Policy::default(),
+        )
+        .await;
+    assert_eq!(slot.map(drop), Err(StoreError::ScopeQuota { quota: QUOTA }));
+    assert_eq!(s.owner_counts()[0].refused, 3);
     // B is not held out by A's full quota.
     lease(s, 1, &scope("b", "r0"), T0 + 1)
         .await
