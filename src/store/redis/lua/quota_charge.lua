@@ -14,6 +14,9 @@ end
 local n = redis.call('ZCARD', KEYS[1])
 if n < quota then
   redis.call('ZADD', KEYS[1], now, member)
+  -- A token dropped from the configuration leaves its set behind: gone
+  -- once no charge has touched it for longer than any scope is kept.
+  redis.call('PEXPIRE', KEYS[1], MAX_TTL_MS)
   return { 'ok', 'charged', n + 1 }
 end
 local out = { 'ok', 'full', n }
