@@ -245,6 +245,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let options = RedisOptions {
                 prefix: args.redis_prefix.clone(),
                 idle_ttl: kept.config.limits.scope_idle_ttl,
+                tenants: kept.config.tenant_limits(),
                 ..RedisOptions::default()
             };
             let store = RedisStore::connect(target.clone(), options)
@@ -262,8 +263,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 }
                 Ok(Ok(())) => {}
             }
-            // `max_scopes` bounds the in-memory store only; Redis keeps
-            // what its memory holds.
+            // `max_scopes` bounds the in-memory store as a whole; on Redis
+            // it sizes each token's quota, and the table is what Redis's
+            // memory holds.
             tracing::info!(prefix = %args.redis_prefix, "scope state in Redis");
             kept.relay = Some(EventRelay::new(&target, &args.redis_prefix).context("Watch relay")?);
             match args.time_source {

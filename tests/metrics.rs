@@ -204,19 +204,27 @@ async fn metrics_are_scraped_over_http_and_a_lease_counts() {
 
     drop(gate);
     coordinator.stop().await;
-    scopes_held_are_shown_per_tenant_by_name(metrics_addr).await;
+    scopes_held_are_shown_per_tenant_by_name(metrics_addr, None).await;
+    // The same on the Redis store, whose counts come from Redis.
+    if let Some(redis) = tollgate_testkit::RedisServer::start() {
+        scopes_held_are_shown_per_tenant_by_name(metrics_addr, Some(&redis.url())).await;
+    }
     endpoint.stop().await;
 }
 
 /// With two named tokens, what each holds of the scope table and its quota
-/// are labelled with the `[[token]]` name, never the token.
-async fn scopes_held_are_shown_per_tenant_by_name(metrics: SocketAddr) {
-    let coordinator = Coordinator::start(support::config(
+/// are labelled with the `[[token]]` name, never the token; on the Redis
+/// store at `redis` when given.
+async fn scopes_held_are_shown_per_tenant_by_name(metrics: SocketAddr, redis: Option<&str>) {
+    let config = support::config(
         "[server]\nmax_scopes = 100\n\
          [[token]]\ntoken = \"secret-of-team-a\"\ncaller_scopes = [\"a\"]\nname = \"team-a\"\n\
          [[token]]\ntoken = \"secret-of-team-b\"\ncaller_scopes = [\"b\"]\nname = \"team-b\"\n",
-    ))
-    .await;
+    );
+    let coordinator = match redis {
+        Some(url) => Coordinator::start_on_redis(config, url).await,
+        None => Coordinator::start(config).await,
+    };
     let mut client = coordinator.client().await;
     for route in ["GET /1", "GET /2"] {
         client

@@ -188,7 +188,20 @@ fn counts(s: Option<v1::Scope>, worker: &str, first_attempts: u32) -> v1::Report
 
 #[tokio::test]
 async fn a_huge_report_from_one_token_does_not_raise_another_tokens_budget() {
-    let coordinator = Coordinator::start(config(SHARED)).await;
+    huge_report(Coordinator::start(config(SHARED)).await).await;
+}
+
+/// The same with the Redis store, where each token's counts are kept
+/// apart in the route's hash.
+#[tokio::test]
+async fn a_huge_report_from_one_token_does_not_raise_another_tokens_budget_on_redis() {
+    let Some(redis) = tollgate_testkit::RedisServer::start() else {
+        return;
+    };
+    huge_report(Coordinator::start_on_redis(config(SHARED), &redis.url()).await).await;
+}
+
+async fn huge_report(coordinator: Coordinator) {
     let mut client = coordinator.client().await;
     let s = scope("shared-x", ROUTE, Priority::Normal);
     // Token one's own traffic: a hundred first attempts. Alone they earn

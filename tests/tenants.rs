@@ -172,3 +172,120 @@ async fn a_tenant_whose_scopes_are_all_busy_is_refused_naming_its_quota() {
     assert!(unknown.message().contains("tenant"), "{unknown:?}");
     coordinator.stop().await;
 }
+
+/// The same attacks on two replicas sharing one Redis: each token's quota
+/// is counted in Redis, so it holds whichever replica a call reaches.
+mod on_redis {
+    use super::*;
+    use tollgate_testkit::RedisServer;
+
+    /// Two replicas of the two-tenant coordinator on one fresh Redis; `None`
+    /// (the test skips) where no redis-server is installed.
+    async fn replicas() -> Option<(RedisServer, [Coordinator; 2])> {
+        let redis = RedisServer::start()?;
+        let one = Coordinator::start_on_redis(config(TWO_TENANTS), &redis.url()).await;
+        let two = Coordinator::start_on_redis(config(TWO_TENANTS), &redis.url()).await;
+        Some((redis, [one, two]))
+    }
+
+    #[tokio::test]
+    async fn a_tenant_filling_its_quota_through_two_replicas_evicts_only_its_own() {
+        let Some((_redis, [one, two])) = replicas().await else {
+            return;
+        };
+        let mut clients = [one.client().await, two.client().await];
+        let busy = scope("tenant-b", "GET /orders", Priority::Normal);
+        clients[0]
+            .report(with_token(
+                v1::ReportRequest {
+                    scope: busy.clone(),
+                    worker_id: "b-1".into(),
+                    first_attempts: 50,
+                    ..v1::ReportRequest::default()
+                },
+                B,
+            ))
+            .await
+            .expect("b's report");
+        // A cools down forty invented routes, alternating replicas.
+        let mut flooded = Vec::new();
+        for i in 0..40 {
+            let s = scope("tenant-a", &format!("GET /invented/{i}"), Priority::Normal);
+            let answer = clients[i % 2]
+                .report(with_token(
+                    rate_limited(s, "a-1", "300", ScopeCertainty::Known),
+                    A,
+                ))
+                .await;
+            flooded.push(answer.map(drop).map_err(|s| s.code()));
+        }
+        assert_eq!(flooded, vec![Ok(()); 40]);
+        // Either replica lists what each tenant holds (no FAILED_PRECONDITION).
+        assert_eq!(held_by(&two, "team-b").await, ["GET /orders"]);
+        assert_eq!(held_by(&one, "team-a").await.len(), 4);
+        assert_eq!(held_by(&two, "team-a").await.len(), 4);
+        // B is not locked out of new scopes.
+        for (i, route) in ["GET /payments", "GET /users"].into_iter().enumerate() {
+            let leased = clients[i % 2]
+                .lease(with_token(
+                    lease(scope("tenant-b", route, Priority::Normal), "b-1", 1),
+                    B,
+                ))
+                .await
+                .expect("b's lease");
+            assert_eq!(leased.into_inner().granted, 1, "{route}");
+        }
+        assert_eq!(held_by(&one, "team-b").await.len(), 3);
+        one.stop().await;
+        two.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_tenant_whose_scopes_are_all_busy_is_refused_on_every_replica() {
+        let Some((_redis, [one, two])) = replicas().await else {
+            return;
+        };
+        let mut clients = [one.client().await, two.client().await];
+        // Four leases, two through each replica, hold A's four scopes.
+        for i in 0..4 {
+            clients[i % 2]
+                .lease(with_token(
+                    lease(
+                        scope("tenant-a", &format!("GET /{i}"), Priority::Normal),
+                        "a",
+                        1,
+                    ),
+                    A,
+                ))
+                .await
+                .expect("a's quota");
+        }
+        for client in &mut clients {
+            let refused = client
+                .lease(with_token(
+                    lease(scope("tenant-a", "GET /5", Priority::Normal), "a", 1),
+                    A,
+                ))
+                .await
+                .expect_err("past a's quota");
+            assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+            assert!(refused.message().contains("max_scopes"), "{refused:?}");
+        }
+        // B is served on both.
+        for (i, client) in clients.iter_mut().enumerate() {
+            client
+                .lease(with_token(
+                    lease(
+                        scope("tenant-b", &format!("GET /{i}"), Priority::Normal),
+                        "b",
+                        1,
+                    ),
+                    B,
+                ))
+                .await
+                .expect("b's lease");
+        }
+        one.stop().await;
+        two.stop().await;
+    }
+}

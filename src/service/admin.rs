@@ -338,9 +338,9 @@ impl Admin for AdminService {
                     ServiceError::invalid("tenant", "no [[token]] entry has this name").into(),
                 );
             };
-            if self.core.store().counts().is_none() {
+            if self.core.store().owner_counts().is_empty() {
                 return Err(Status::failed_precondition(
-                    "tenant: this store charges scopes to no token (only the embedded store keeps quotas)",
+                    "tenant: this store charges scopes to no token",
                 ));
             }
             Some(Owner::token(at))

@@ -6,6 +6,8 @@
 //! count atomically what those decisions allow. The cases live in submodules grouped by what
 //! they exercise (`budget`, `cooldowns`, `admin`, `corroboration`,
 //! `pacing`, `stated`); `common` holds the helpers the first three share.
+//! The scope quotas of caller tokens (`quotas`) need a store made with
+//! tokens, so a backend runs them apart (`quota_tests!`).
 
 pub(crate) mod admin;
 pub(crate) mod budget;
@@ -13,6 +15,7 @@ mod common;
 pub(crate) mod cooldowns;
 pub(crate) mod corroboration;
 pub(crate) mod pacing;
+pub(crate) mod quotas;
 pub(crate) mod stated;
 
 use super::{ReportBatch, Store, StoreError};

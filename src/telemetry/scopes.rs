@@ -11,11 +11,11 @@
 //!
 //! Read at collection through the two functions the Budget service passes
 //! in ([`Store::counts`](crate::store::Store::counts) and `owner_counts`),
-//! so nothing is counted twice and a store without a bound of its own
-//! (Redis) exports none of them. The functions hold the store weakly: the
-//! meter provider is process-wide and outlives a server stopped in a test.
-//! The counts are plain values defined here, the shape these metrics need,
-//! so telemetry depends on no store.
+//! so nothing is counted twice; a store without a bound of its own (Redis)
+//! exports only the per-token ones, as it keeps each token's quota. The
+//! functions hold the store weakly: the meter provider is process-wide and
+//! outlives a server stopped in a test. The counts are plain values defined
+//! here, the shape these metrics need, so telemetry depends on no store.
 
 use std::sync::Arc;
 
@@ -69,10 +69,10 @@ pub(crate) fn register(
     owners: ReadOwners,
     tenants: Vec<String>,
 ) {
+    register_tenants(meter, owners, Arc::new(tenants));
     if counts().is_none() {
         return;
     }
-    register_tenants(meter, owners, Arc::new(tenants));
     let live = Arc::clone(&counts);
     meter
         .u64_observable_gauge("tollgate.scopes.live")

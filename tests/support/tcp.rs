@@ -68,6 +68,22 @@ impl Coordinator {
         Coordinator::start_with_store(config, store).await
     }
 
+    /// The coordinator `tollgate serve --store URL` makes for `config`: a
+    /// Redis store with each token's quota, its prefix claimed. Several
+    /// started on one URL are replicas sharing their scopes.
+    #[allow(dead_code)]
+    pub(crate) async fn start_on_redis(config: Config, url: &str) -> Coordinator {
+        use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+        let options = RedisOptions {
+            tenants: config.tenant_limits(),
+            ..RedisOptions::default()
+        };
+        let target = RedisTarget::parse(url).expect("redis url");
+        let store = RedisStore::connect(target, options).await.expect("connect");
+        store.claim_format().await.expect("an empty prefix");
+        Coordinator::start_with_store(config, Arc::new(store)).await
+    }
+
     pub(crate) async fn start_with_store(config: Config, store: Arc<dyn Store>) -> Coordinator {
         let clock = Arc::new(ManualClock::new(from_unix_ms(T0)));
         Coordinator::start_replica(config, store, None, clock.clone(), clock).await

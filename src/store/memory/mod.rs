@@ -796,6 +796,19 @@ mod tests {
 
     crate::store::contract::contract_tests!(make);
 
+    /// The quota cases, in a table far larger than the quotas.
+    mod quotas {
+        async fn make() -> Option<crate::store::contract::Fixture> {
+            let limits = crate::store::contract::quotas::limits();
+            Some(crate::store::contract::Fixture::new(
+                super::MemoryStore::with_quotas(64, limits.scopes),
+                (),
+            ))
+        }
+
+        crate::store::contract::quotas::quota_tests!(make);
+    }
+
     use crate::budget::GrantAsk;
     use crate::scope::{Priority, RetryClass};
     use crate::store::contract::deposit;

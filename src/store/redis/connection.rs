@@ -119,6 +119,10 @@ pub struct RedisOptions {
     /// store is [`StoreError::Unavailable`]. Keep it well under the
     /// request timeout so the answer is UNAVAILABLE, not DEADLINE_EXCEEDED.
     pub op_timeout: Duration,
+    /// Each caller token entry's name and scope quota: what a token may
+    /// hold of the scopes every replica shares (empty: no quotas, as in
+    /// open dev mode).
+    pub tenants: crate::tenancy::TenantLimits,
 }
 
 impl Default for RedisOptions {
@@ -127,6 +131,7 @@ impl Default for RedisOptions {
             prefix: "tollgate".into(),
             idle_ttl: Duration::from_secs(600),
             op_timeout: Duration::from_millis(500),
+            tenants: crate::tenancy::TenantLimits::default(),
         }
     }
 }
@@ -187,6 +192,7 @@ impl RedisStore {
             last_read: Default::default(),
             format_checked: AtomicBool::new(false),
             refused: OnceLock::new(),
+            quotas: super::quota::Quotas::new(options.tenants),
         })
     }
 

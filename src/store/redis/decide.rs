@@ -22,6 +22,7 @@ use crate::policy::Policy;
 use crate::scope::RouteKey;
 use crate::slots::{SlotAsk, SlotBook, SlotChange, ahead_range, plan};
 use crate::store::{Reconsidered, RouteView, Slotted, StoreError};
+use crate::tenancy::Owner;
 
 use super::reply::{Reply, count};
 use super::scripts::SCRIPTS;
@@ -89,6 +90,7 @@ impl RedisStore {
     /// `slot_commit` record it.
     pub(super) async fn reconsider_now(
         &self,
+        owner: Owner,
         route: &RouteKey,
         ask: SlotAsk<'_>,
         policy: &Policy,
@@ -97,6 +99,10 @@ impl RedisStore {
         let _turn = self.turns.take(&keys[0]).await;
         let now = ask.now_ms;
         let (from, to) = ahead_range(&ask).unwrap_or((-1, -1));
+        // A token with a quota books on a route that exists, until a
+        // refusal has it charged (`quota`).
+        let mut must_exist = self.quotas.charges(owner);
+        let owner_name = self.quotas.name(owner).unwrap_or_default();
         for _ in 0..MAX_ROUNDS {
             let mut inv = SCRIPTS.slot_read.call(&keys);
             inv.arg(ccd)
@@ -160,10 +166,17 @@ impl RedisStore {
                 .arg(kind)
                 .arg(ask.intent_id)
                 .arg(at)
-                .arg(cursor);
+                .arg(cursor)
+                .arg(u8::from(must_exist))
+                .arg(owner_name);
             let r = Reply::ok(self.run(&inv).await?)?;
-            if r.text(1).as_deref() == Some("done") {
-                return Ok(slotted(count(r.int(2)?)));
+            match r.text(1).as_deref() {
+                Some("done") => return Ok(slotted(count(r.int(2)?))),
+                Some("absent") if must_exist => {
+                    self.charge(owner, &keys[0], now).await?;
+                    must_exist = false;
+                }
+                _ => {}
             }
         }
         Err(contended())
@@ -265,8 +278,9 @@ pub(super) enum Level {
     Route,
     /// A caller scope's (uncertain evidence); `touch`: the change is a
     /// hint or a mute, which keeps the scope alive (a success narrowing
-    /// its backoff does not).
-    Caller { touch: bool },
+    /// its backoff does not); `owner`: the token a caller scope the
+    /// change makes is charged to (already charged: `quota`).
+    Caller { touch: bool, owner: Owner },
 }
 
 impl RedisStore {
@@ -317,9 +331,9 @@ impl RedisStore {
             if after == before {
                 return Ok((answer, hints));
             }
-            let (kind, floor, touch) = match level {
-                Level::Route => ("route", hints.backoff_until_ms, false),
-                Level::Caller { touch } => ("caller", hints.floor_ms(), touch),
+            let (kind, floor, touch, owner) = match level {
+                Level::Route => ("route", hints.backoff_until_ms, false, Owner::NONE),
+                Level::Caller { touch, owner } => ("caller", hints.floor_ms(), touch, owner),
             };
             let mut inv = SCRIPTS.hints_commit.call(&[key]);
             inv.arg(kind)
@@ -330,7 +344,8 @@ impl RedisStore {
                 .arg(hints.cooldown_until_ms)
                 .arg(floor)
                 .arg(hints.live_until_ms())
-                .arg(u8::from(touch));
+                .arg(u8::from(touch))
+                .arg(self.quotas.name(owner).unwrap_or_default());
             let r = Reply::ok(self.run(&inv).await?)?;
             if r.text(1).as_deref() == Some("done") {
                 return Ok((answer, hints));

@@ -62,6 +62,7 @@ use crate::budget::{
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{LeaseOutcome, RouteView, StoreError};
+use crate::tenancy::Tenant;
 
 use super::connection::run_on;
 use super::decide::MAX_ROUNDS;
@@ -146,6 +147,7 @@ const TAKEN: i64 = 0;
 const STALE: i64 = 1;
 const FLEET: i64 = 2;
 const FROZEN: i64 = 3;
+const ABSENT: i64 = 4;
 
 /// `lease.lua`'s reply: what it did, and what it read.
 struct Read {
@@ -158,12 +160,16 @@ struct Read {
     spent: [u64; 3],
     own_held: u64,
     tracked: [u32; 3],
+    /// The token's own first attempts and spend by class, where several
+    /// tokens share the caller scope (0 otherwise).
+    mine: u64,
+    mine_spent: [u64; 3],
     /// The lease id, the freeze's reason, or the fleet's records.
     tail: Vec<u8>,
 }
 
 /// Numbers `lease.lua` reads before its tail.
-const HEAD: usize = 13;
+const HEAD: usize = 17;
 
 impl Read {
     fn of(reply: Value) -> Result<Read, StoreError> {
@@ -194,6 +200,8 @@ impl Read {
             spent: [u(6), u(7), u(8)],
             own_held: u(9),
             tracked: [c(10), c(11), c(12)],
+            mine: u(13),
+            mine_spent: [u(14), u(15), u(16)],
             tail: bytes[8 * HEAD..].to_vec(),
         })
     }
@@ -232,11 +240,26 @@ fn number(bytes: &[u8], i: usize) -> i64 {
 impl RedisStore {
     pub(super) async fn lease_now(
         &self,
+        tenant: Tenant,
         scope: &ScopeKey,
         ask: GrantAsk<'_>,
         policy: &Policy,
     ) -> Result<LeaseOutcome, StoreError> {
+        let owner = tenant.owner;
         let (keys, ccd, cfloor) = self.route_keys(&scope.route).await?;
+        // A token with a quota takes only a route that exists, until a
+        // refusal has it charged (`quota`).
+        let mut must_exist = self.quotas.charges(owner);
+        let owner_name = self.quotas.name(owner).unwrap_or_default();
+        // Where several tokens share the caller scope, the token's own
+        // first attempts bound its grants too ("Counts of several
+        // tokens" in `crate::budget`): caps on its own spend, computed
+        // from its own first attempts as this replica last read them.
+        let own_key = (tenant.shared() && !owner_name.is_empty())
+            .then(|| format!("{}\u{0}{owner_name}", keys[0]));
+        let mut own_first = own_key
+            .as_deref()
+            .map(|k| self.last_read.get(k).map_or(0, |e| e.first_attempts));
         let id = new_lease_id();
         let class = ask.priority.index();
         let cost = policy.cost(ask.retry_class).max(1);
@@ -291,16 +314,37 @@ impl RedisStore {
                 bounds.len() as f64,
             ];
             numbers.extend(bounds);
+            numbers.push(f64::from(u8::from(must_exist)));
+            numbers.push(own_first.map_or(-1.0, |n| n as f64));
             for (cap, from) in limits.caps() {
                 numbers.extend([cap as f64, (from + 1) as f64]);
             }
+            if let Some(own_first) = own_first {
+                let own = ClassLimits::of(policy, allowance_of(policy, own_first), class);
+                for (cap, from) in own.caps() {
+                    numbers.extend([cap as f64, (from + 4) as f64]);
+                }
+            }
             let packed: Vec<u8> = numbers.iter().flat_map(|n| n.to_le_bytes()).collect();
-            let read = Read::of(self.take(&keys, packed, ask.worker_id, &id).await?)?;
+            let read = Read::of(
+                self.take(&keys, packed, ask.worker_id, &id, owner_name)
+                    .await?,
+            )?;
+            if read.what == ABSENT {
+                self.charge(owner, &keys[0], ask.now_ms).await?;
+                must_exist = false;
+                continue;
+            }
             self.last_read
                 .put(&keys[0], read.first_attempts, read.tracked);
             let now_limits =
                 ClassLimits::of(policy, allowance_of(policy, read.first_attempts), class);
-            let available = now_limits.available(&read.spent);
+            let mut available = now_limits.available(&read.spent);
+            if let Some(own_key) = &own_key {
+                self.last_read.put(own_key, read.mine, [0; 3]);
+                let own = ClassLimits::of(policy, allowance_of(policy, read.mine), class);
+                available = available.min(own.available(&read.mine_spent));
+            }
             let view = |frozen| RouteView {
                 cooldown_until_ms: read.cooldown_until_ms,
                 floor_ms: read.floor_ms,
@@ -366,6 +410,7 @@ impl RedisStore {
                 }
             }
             first_attempts = read.first_attempts;
+            own_first = own_first.map(|_| read.mine);
         }
         Err(StoreError::Unavailable(format!(
             "redis: the route moved under {MAX_ROUNDS} Leases in a row"
@@ -380,10 +425,11 @@ impl RedisStore {
         numbers: Vec<u8>,
         worker: &str,
         id: &str,
+        owner: &str,
     ) -> Result<Value, StoreError> {
         if self.clustered() {
             let mut inv = SCRIPTS.lease.call(keys);
-            inv.arg(&numbers[..]).arg(worker).arg(id);
+            inv.arg(&numbers[..]).arg(worker).arg(id).arg(owner);
             return run_on(&self.conn, &inv, self.op_timeout).await;
         }
         let queue = self
@@ -395,6 +441,7 @@ impl RedisStore {
             numbers,
             worker: worker.to_owned(),
             id: id.to_owned(),
+            owner: owner.to_owned(),
             reply,
         })?;
         match tokio::time::timeout(self.op_timeout, replied).await {

@@ -84,6 +84,8 @@
 //! - `reply`: decoding a script's reply into store types.
 //! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one
 //!   function call per operation.
+//! - `quota`: each caller token's quota of scopes, in a sorted set per
+//!   token, charged before a call creates a scope.
 //! - `queue`: concurrent Leases on one node sent to Redis together, each
 //!   still its own atomic state change.
 //! - `sentinel`: a primary behind Redis Sentinel, asked for again after a
@@ -99,6 +101,7 @@ mod format;
 mod keys;
 mod lease;
 mod queue;
+mod quota;
 mod relay;
 mod reply;
 pub(crate) mod scripts;
@@ -136,6 +139,28 @@ mod tests {
 
     crate::store::contract::contract_tests!(make);
 
+    /// The quota cases: each token's scopes counted in Redis.
+    mod quotas {
+        use super::*;
+
+        async fn make() -> Option<Fixture> {
+            let server = RedisServer::start()?;
+            let store = RedisStore::connect(
+                RedisTarget::parse(&server.url()).expect("url"),
+                RedisOptions {
+                    idle_ttl: Duration::from_secs(60),
+                    tenants: crate::store::contract::quotas::limits(),
+                    ..RedisOptions::default()
+                },
+            )
+            .await
+            .expect("connect");
+            Some(Fixture::new(store, server))
+        }
+
+        crate::store::contract::quotas::quota_tests!(make);
+    }
+
     /// The same contract on a (one-node) Redis Cluster, where the caller
     /// key is read apart from the route's. One server for every case: a
     /// cluster node takes ~2 s to start serving.
@@ -161,5 +186,30 @@ mod tests {
         }
 
         crate::store::contract::contract_tests!(one_fixture make);
+
+        /// The quota cases on a cluster, where each token's set is in a
+        /// slot of its own, apart from its scopes'. A store per case (its
+        /// refusal counts are its own), on a cluster of its own.
+        mod quotas {
+            use super::*;
+
+            async fn make() -> Option<Fixture> {
+                let server = RedisServer::start_cluster()?;
+                let store = RedisStore::connect(
+                    RedisTarget::parse(&server.url()).expect("url"),
+                    RedisOptions {
+                        idle_ttl: Duration::from_secs(60),
+                        tenants: crate::store::contract::quotas::limits(),
+                        ..RedisOptions::default()
+                    },
+                )
+                .await
+                .expect("connect");
+                assert!(store.clustered());
+                Some(Fixture::new(store, server))
+            }
+
+            crate::store::contract::quotas::quota_tests!(make);
+        }
     }
 }

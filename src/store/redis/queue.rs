@@ -38,6 +38,8 @@ pub(super) struct Queued {
     pub(super) numbers: Vec<u8>,
     pub(super) worker: String,
     pub(super) id: String,
+    /// The caller token entry a new route is charged to ('' for nobody).
+    pub(super) owner: String,
     /// Where its reply goes: `lease.lua`'s, unparsed.
     pub(super) reply: oneshot::Sender<Result<Value, StoreError>>,
 }
@@ -94,7 +96,10 @@ async fn send(batch: Vec<Queued>, conn: &Conn, op_timeout: Duration) {
     let batch = match <[Queued; 1]>::try_from(batch) {
         Ok([one]) => {
             let mut call = SCRIPTS.lease.call(&one.keys);
-            call.arg(&one.numbers[..]).arg(&one.worker).arg(&one.id);
+            call.arg(&one.numbers[..])
+                .arg(&one.worker)
+                .arg(&one.id)
+                .arg(&one.owner);
             // A caller that stopped waiting (its own bound) dropped it.
             let _ = one.reply.send(run_on(conn, &call, op_timeout).await);
             return;
@@ -110,7 +115,8 @@ async fn send(batch: Vec<Queued>, conn: &Conn, op_timeout: Duration) {
         call.arg(lease.keys.len())
             .arg(&lease.numbers[..])
             .arg(&lease.worker)
-            .arg(&lease.id);
+            .arg(&lease.id)
+            .arg(&lease.owner);
     }
     match run_on::<Vec<Value>>(conn, &call, op_timeout).await {
         Ok(replies) if replies.len() == batch.len() => {

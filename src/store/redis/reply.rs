@@ -16,8 +16,13 @@ pub(super) fn count(n: i64) -> usize {
     usize::try_from(n).unwrap_or(0)
 }
 
-/// The summary fields every `detail.lua` reply opens with.
-pub(super) fn summary_of(route: &RouteKey, r: &Reply) -> Result<ScopeSummary, StoreError> {
+/// The summary fields every `detail.lua` reply opens with; the owner by
+/// the name the route carries.
+pub(super) fn summary_of(
+    route: &RouteKey,
+    r: &Reply,
+    quotas: &super::quota::Quotas,
+) -> Result<ScopeSummary, StoreError> {
     Ok(ScopeSummary {
         route: route.clone(),
         view: RouteView {
@@ -28,7 +33,9 @@ pub(super) fn summary_of(route: &RouteKey, r: &Reply) -> Result<ScopeSummary, St
         leases_outstanding: count(r.int(5)?),
         waiting: count(r.int(6)?),
         last_touched_ms: r.int(7)?,
-        owner: crate::tenancy::Owner::NONE,
+        owner: r.text(8).map_or(crate::tenancy::Owner::NONE, |name| {
+            quotas.owner_named(&name)
+        }),
     })
 }
 

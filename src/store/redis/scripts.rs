@@ -95,6 +95,10 @@ pub(super) struct Scripts {
     pub(super) evict: Function,
     pub(super) detail: Function,
     pub(super) reset: Function,
+    pub(super) quota_charge: Function,
+    pub(super) quota_peek: Function,
+    pub(super) quota_unseat: Function,
+    pub(super) quota_drop: Function,
 }
 
 /// The Lua constants the prelude uses, from their Rust definitions.
@@ -113,7 +117,7 @@ fn prelude() -> String {
 }
 
 /// Each script's body, by the name its function is registered under.
-const BODIES: [(&str, &str); 16] = [
+const BODIES: [(&str, &str); 20] = [
     ("lease", include_str!("lua/lease.lua")),
     ("lease_batch", include_str!("lua/lease_batch.lua")),
     ("release", include_str!("lua/release.lua")),
@@ -130,6 +134,10 @@ const BODIES: [(&str, &str); 16] = [
     ("evict", include_str!("lua/evict.lua")),
     ("detail", include_str!("lua/detail.lua")),
     ("reset", include_str!("lua/reset.lua")),
+    ("quota_charge", include_str!("lua/quota_charge.lua")),
+    ("quota_peek", include_str!("lua/quota_peek.lua")),
+    ("quota_unseat", include_str!("lua/quota_unseat.lua")),
+    ("quota_drop", include_str!("lua/quota_drop.lua")),
 ];
 
 /// The library: the bounds, `KEYS` and `ARGV` as the library's own locals
@@ -174,6 +182,10 @@ fn library() -> Scripts {
         evict: function("evict"),
         detail: function("detail"),
         reset: function("reset"),
+        quota_charge: function("quota_charge"),
+        quota_peek: function("quota_peek"),
+        quota_unseat: function("quota_unseat"),
+        quota_drop: function("quota_drop"),
     }
 }
 

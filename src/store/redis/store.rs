@@ -13,9 +13,10 @@ use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
 use crate::store::{
-    LeaseOutcome, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter, ScopePage,
-    ScopeSummary, Slotted, Store, StoreError, StoreFuture,
+    LeaseOutcome, OwnerCounts, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
+    ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
+use crate::tenancy::{Owner, Tenant};
 
 use super::connection::{Conn, RedisTarget};
 use super::decide::{
@@ -44,6 +45,8 @@ pub struct RedisStore {
     /// it was refused if it was.
     pub(super) format_checked: AtomicBool,
     pub(super) refused: OnceLock<String>,
+    /// Each caller token's quota of scopes (`quota`).
+    pub(super) quotas: super::quota::Quotas,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -102,13 +105,6 @@ impl RedisStore {
         limit: usize,
         now_ms: i64,
     ) -> Result<ScopePage, StoreError> {
-        // This store charges no scope to a token: none is any token's.
-        if filter
-            .owner
-            .is_some_and(|o| o != crate::tenancy::Owner::NONE)
-        {
-            return Ok(ScopePage::default());
-        }
         let pattern = format!("{}:{{*}}:r", self.prefix);
         let mut routes: Vec<RouteKey> = self
             .scan(&pattern)
@@ -135,8 +131,10 @@ impl RedisStore {
             else {
                 continue;
             };
-            let summary = summary_of(&route, &reply)?;
-            if filter.frozen_only && summary.view.frozen.is_none() {
+            let summary = summary_of(&route, &reply, &self.quotas)?;
+            if (filter.frozen_only && summary.view.frozen.is_none())
+                || filter.owner.is_some_and(|o| o != summary.owner)
+            {
                 continue;
             }
             if scopes.len() == limit {
@@ -171,22 +169,22 @@ impl RedisStore {
         else {
             return Ok(None);
         };
-        let hints = stored_hints(r.bytes(18))?;
-        let summary = summary_of(route, &r)?;
+        let hints = stored_hints(r.bytes(19))?;
+        let summary = summary_of(route, &r, &self.quotas)?;
         let spent = [
-            unsigned(r.int(9)?),
-            unsigned(r.int(11)?),
-            unsigned(r.int(13)?),
+            unsigned(r.int(10)?),
+            unsigned(r.int(12)?),
+            unsigned(r.int(14)?),
         ];
-        let active = [count(r.int(10)?), count(r.int(12)?), count(r.int(14)?)];
+        let active = [count(r.int(11)?), count(r.int(13)?), count(r.int(15)?)];
         let budget = BudgetSnapshot::of(
             policy,
-            unsigned(r.int(8)?),
+            unsigned(r.int(9)?),
             spent,
             active,
-            (summary.leases_outstanding, unsigned(r.int(15)?)),
+            (summary.leases_outstanding, unsigned(r.int(16)?)),
         );
-        let stored = stored_pacing(r.bytes(17), now_ms, &policy.pacing)?;
+        let stored = stored_pacing(r.bytes(18), now_ms, &policy.pacing)?;
         Ok(Some(ScopeDetail {
             summary,
             budget,
@@ -198,7 +196,7 @@ impl RedisStore {
             route_evidence: hints.evidence(now_ms),
             caller_evidence: caller.evidence(now_ms),
             stated_recent: stored.stated_recent().cloned().collect(),
-            pacing: pacing_view(stored, count(r.int(16)?), now_ms, &policy.pacing),
+            pacing: pacing_view(stored, count(r.int(17)?), now_ms, &policy.pacing),
         }))
     }
 
@@ -249,10 +247,12 @@ impl RedisStore {
     /// same window).
     async fn report_now(
         &self,
+        tenant: Tenant,
         scope: &ScopeKey,
         report: ReportBatch<'_>,
         policy: &Policy,
     ) -> Result<Reported, StoreError> {
+        let owner = tenant.owner;
         let now = report.now_ms;
         let route_key = self.route_key(&scope.route);
         let caller_key = self.caller_key(&scope.route.caller_scope);
@@ -263,18 +263,35 @@ impl RedisStore {
         } else {
             &[&route_key, &caller_key]
         };
-        let mut inv = SCRIPTS.report.call(keys);
-        inv.arg(now)
-            .arg(self.idle_ms)
-            .arg(report.worker_id)
-            .arg(scope.priority.index() + 1)
-            .arg(report.first_attempts)
-            .arg(policy.window_secs)
-            // Hints and statements are weighed against the active workers.
-            .arg(u8::from(
-                !report.hints.is_empty() || report.stated.is_some(),
-            ));
-        let reply = Reply::ok(self.run(&inv).await?)?;
+        // A token with a quota adds to a route that exists, until a
+        // refusal has it charged (`quota`).
+        let mut must_exist = self.quotas.charges(owner);
+        let owner_name = self.quotas.name(owner).unwrap_or_default();
+        let reply = loop {
+            let mut inv = SCRIPTS.report.call(keys);
+            inv.arg(now)
+                .arg(self.idle_ms)
+                .arg(report.worker_id)
+                .arg(scope.priority.index() + 1)
+                .arg(report.first_attempts)
+                .arg(policy.window_secs)
+                // Hints and statements are weighed against the active workers.
+                .arg(u8::from(
+                    !report.hints.is_empty() || report.stated.is_some(),
+                ))
+                .arg(u8::from(must_exist))
+                .arg(owner_name)
+                // Kept apart as the token's own too (`crate::budget`,
+                // "Counts of several tokens").
+                .arg(u8::from(tenant.shared() && !owner_name.is_empty()));
+            let reply = Reply::ok(self.run(&inv).await?)?;
+            if must_exist && reply.text(1).as_deref() == Some("absent") {
+                self.charge(owner, &route_key, now).await?;
+                must_exist = false;
+                continue;
+            }
+            break reply;
+        };
         let tracked = |i| {
             u32::try_from(reply.int(i)?).map_err(|_| {
                 StoreError::Unavailable("redis report reply: a worker count out of range".into())
@@ -339,10 +356,17 @@ impl RedisStore {
         // A caller scope is made by uncertain evidence, and narrowed by
         // successes only once it exists.
         let caller_hints = if uncertain || (narrows && caller_before.is_some()) {
+            // Uncertain evidence makes the caller scope: charged first.
+            if caller_stored.is_none() {
+                self.charge(owner, &caller_key, now).await?;
+            }
             let (caller_merges, hints) = self
                 .change_hints(
                     &caller_key,
-                    Level::Caller { touch: uncertain },
+                    Level::Caller {
+                        touch: uncertain,
+                        owner,
+                    },
                     now,
                     caller_version,
                     caller_stored,
@@ -464,7 +488,10 @@ impl RedisStore {
         let (on_caller, _) = self
             .change_hints(
                 &caller_key,
-                Level::Caller { touch: true },
+                Level::Caller {
+                    touch: true,
+                    owner: Owner::NONE,
+                },
                 now_ms,
                 version,
                 stored,
@@ -482,7 +509,17 @@ impl Store for RedisStore {
         ask: GrantAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(self.lease_now(scope, ask, policy))
+        Box::pin(self.lease_now(Tenant::NONE, scope, ask, policy))
+    }
+
+    fn lease_as<'a>(
+        &'a self,
+        tenant: Tenant,
+        scope: &'a ScopeKey,
+        ask: GrantAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, LeaseOutcome> {
+        Box::pin(self.lease_now(tenant, scope, ask, policy))
     }
 
     fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
@@ -514,7 +551,17 @@ impl Store for RedisStore {
         report: ReportBatch<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Reported> {
-        Box::pin(self.report_now(scope, report, policy))
+        Box::pin(self.report_now(Tenant::NONE, scope, report, policy))
+    }
+
+    fn report_as<'a>(
+        &'a self,
+        tenant: Tenant,
+        scope: &'a ScopeKey,
+        report: ReportBatch<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, Reported> {
+        Box::pin(self.report_now(tenant, scope, report, policy))
     }
 
     fn reconsider<'a>(
@@ -523,7 +570,17 @@ impl Store for RedisStore {
         ask: SlotAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Slotted> {
-        Box::pin(self.reconsider_now(route, ask, policy))
+        Box::pin(self.reconsider_now(Owner::NONE, route, ask, policy))
+    }
+
+    fn reconsider_as<'a>(
+        &'a self,
+        tenant: Tenant,
+        route: &'a RouteKey,
+        ask: SlotAsk<'a>,
+        policy: &'a Policy,
+    ) -> StoreFuture<'a, Slotted> {
+        Box::pin(self.reconsider_now(tenant.owner, route, ask, policy))
     }
 
     fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView> {
@@ -590,8 +647,20 @@ impl Store for RedisStore {
         Box::pin(self.reset_now(route, now_ms))
     }
 
+    /// Also drops from each token's set the scopes no longer there, so
+    /// expired scopes stop counting against a quota.
     fn evict_idle(&self, now_ms: i64, idle_ms: i64) -> StoreFuture<'_, usize> {
-        Box::pin(self.evict(now_ms, idle_ms))
+        Box::pin(async move {
+            let evicted = self.evict(now_ms, idle_ms).await?;
+            self.prune_quotas(now_ms).await?;
+            Ok(evicted)
+        })
+    }
+
+    /// As this replica last saw each token's set: the count a charge or
+    /// the idle sweep read, and the refusals made here.
+    fn owner_counts(&self) -> Vec<OwnerCounts> {
+        self.quotas.counts()
     }
 
     fn health(&self) -> StoreFuture<'_, ()> {

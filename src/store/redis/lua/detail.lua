@@ -3,20 +3,22 @@
 -- advance in the decoded copy only), so looking never keeps a scope alive.
 -- KEYS: route [, caller]. ARGV: caller cooldown, caller floor, now,
 -- with_budget (1/0), then the window's seconds.
+-- The summary ends with the caller token entry the route is charged to
+-- (false: nobody's).
 -- With the budget, the reply goes on with the window's first attempts,
 -- each class's spend and active workers, the tokens leases hold, the
 -- intents asking, then the pacing state and the hints (false: none; Rust
 -- reads both, and computes the budget from the counts: budget::BudgetSnapshot).
 local ccd, cfloor = caller_floor(tonumber(ARGV[1]), tonumber(ARGV[2]))
 local now = tonumber(ARGV[3])
-local st = route_open(KEYS[1], now, { 'h', 'p' })
+local st = route_open(KEYS[1], now, { 'h', 'p', 'o' })
 if not st then return { 'ok', 0 } end
 local leases, tokens = leases_held(KEYS[1], now)
 local asking, pending = slots_waiting(KEYS[1], now)
 local waiting = asking + pending
 local out = {
   'ok', 1, math.max(st.k.cd, ccd), math.max(st.k.cd, st.k.bo, cfloor),
-  st.frozen or false, leases, waiting, st.k.t,
+  st.frozen or false, leases, waiting, st.k.t, st.raw.o or false,
 }
 if ARGV[4] ~= '1' then return out end
 

@@ -4,7 +4,7 @@
 -- version read, the hints (bytes), the cooldown, the backoff (route) or
 -- floor (caller), until when they hold something live, and for a caller
 -- 1 if the change touches it (a hint or a mute; a success narrowing its
--- backoff does not).
+-- backoff does not) and the caller token entry a new one is charged to.
 -- Reply: 'ok', 'done' or 'moved'.
 local kind, now, idle_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local v, h = tonumber(ARGV[4]), ARGV[5]
@@ -22,6 +22,7 @@ if tonumber(got[1] or 0) ~= v then return { 'ok', 'moved' } end
 if ARGV[9] == '1' or not got[2] then
   local t = math.max(tonumber(got[2] or 0), now)
   redis.call('HSET', KEYS[1], 'h', h, 'hv', v + 1, 'cd', cd, 'fl', fl, 'hl', live, 't', t)
+  if not got[2] and ARGV[10] and ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'o', ARGV[10]) end
   redis.call('PEXPIRE', KEYS[1], keep_ms(live, now, idle_ms))
 else
   -- Narrowed only: its expiry stays as the last touch set it.

@@ -498,12 +498,29 @@ local function route_open(key, now, extra)
   return st
 end
 
--- Opens the route, creating it (with_route in the memory store).
-local function route_get(key, now, extra)
+-- Opens the route, creating it (with_route in the memory store) unless
+-- `create` is false: then nil when there is none. A string `create`
+-- names the caller token entry the new route is charged to (`o`, written
+-- with it; '' or nil: nobody's). Rust charges a token's quota before it
+-- lets a script create (`quota.rs`), so a call that would make a scope
+-- first asks for it to exist, and only a refusal costs the charge.
+local function route_get(key, now, extra, create)
   local st = route_open(key, now, extra)
-  if not st then return route_new(key, now) end
+  if not st then
+    if create == false then return nil end
+    st = route_new(key, now)
+    if create and create ~= '' then st.o = create end
+    return st
+  end
   st.k.t = math.max(st.k.t, now)
   return st
+end
+
+-- route_get's `create` from a script's two arguments: '1' when the route
+-- must exist already, and the owner a new one is charged to.
+local function creation(must_exist, owner)
+  if must_exist == '1' then return false end
+  return owner or ''
 end
 
 -- The instant until which something in the route is live (a cooldown or
@@ -539,6 +556,10 @@ local function route_save(st, idle_ms)
   end
   args[#args + 1] = 'k'
   args[#args + 1] = core_pack(k)
+  if st.o then
+    args[#args + 1] = 'o'
+    args[#args + 1] = st.o
+  end
   for f, w in pairs(st.w) do
     args[#args + 1] = f
     args[#args + 1] = record_pack(w)
@@ -610,6 +631,48 @@ local function lease_drop(st, l)
   redis.call('ZREM', le, l.member)
   -- The last member gone takes the set (and its expiry) with it.
   st.k.lc = redis.call('ZCARD', le)
+end
+
+---------------------------------------------------------------- tokens
+-- Where several caller tokens share a caller scope, each one's own first
+-- attempts and spend on a route are counted apart (the budget's "Counts
+-- of several tokens"): series 0..3 of token NAME are the route hash's
+-- fields 'u0' .. NAME (first attempts) and 'u1' .. NAME to 'u3' .. NAME
+-- (each class's spend), packed pairs as the route's own series, trimmed
+-- to the last W seconds when written. Rust computes the caps they bound
+-- (lease.lua takes under them); a lease charged to them names its token
+-- in its id (`own_tag`), so its Release refunds them too.
+
+local function own_field(i, name) return 'u' .. i .. name end
+
+-- Token `name`'s series i on route `st`, decoded (cached per call).
+local function own_pairs(st, i, name)
+  st.own = st.own or {}
+  local f = st.own[i]
+  if not f then
+    f = doubles(route_raw(st, own_field(i, name)) or '')
+    st.own[i] = f
+  end
+  return f
+end
+
+-- Adds `v` at second `sec` (the newest) to token `name`'s series i and
+-- writes it back, trimmed to the window.
+local function own_add(st, i, name, sec, v)
+  local f = own_pairs(st, i, name)
+  flat_trim(f, sec - W + 1)
+  flat_add(f, sec, v)
+  redis.call('HSET', st.key, own_field(i, name), doubles_pack(f))
+end
+
+-- A token's name as it goes into a lease id: hex, so no id character
+-- (`.`, `/`) can come from it.
+local function own_tag(name)
+  return (string.gsub(name, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
+local function own_untag(tag)
+  return (string.gsub(tag, '%x%x', function(h) return string.char(tonumber(h, 16)) end))
 end
 
 ---------------------------------------------------------------- workers

@@ -24,5 +24,13 @@ local refund = returned * l.c
 s_refund(st, l.p, l.sec, refund)
 local w = worker(st, l.p, wid)
 if w then record_refund(w, l.sec, refund) end
+-- A lease charged to its token's own spend too gives it back there.
+local tag = string.match(id, '_(%x+)%.%d+%.%d+%.%d+%.%-?%d+$')
+if tag then
+  local name = own_untag(tag)
+  local f = own_pairs(st, l.p, name)
+  flat_refund(f, l.sec, refund)
+  redis.call('HSET', st.key, own_field(l.p, name), doubles_pack(f))
+end
 route_save(st, idle_ms)
 return { 'ok', returned }

@@ -7,10 +7,13 @@
 -- KEYS: route. ARGV: now, idle_ms, the hints to keep (bytes; '' for
 -- none), until when they hold something live. Returns whether it existed.
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-local old = route_open(KEYS[1], now, { 'hv', 'pv' })
+local old = route_open(KEYS[1], now, { 'hv', 'pv', 'o' })
 if not old then return { 'ok', 0 } end
 local st = route_new(KEYS[1], now)
 st.frozen = old.frozen
+-- Still charged to the token that made it: a reset forgets state, not
+-- whose quota holds the scope.
+st.o = old.raw.o or nil
 st.k.t = math.max(old.k.t, now)
 st.k.hl = tonumber(ARGV[4])
 redis.call('DEL', KEYS[1])

@@ -5,10 +5,14 @@
 -- KEYS: route. ARGV: now, idle_ms, then what was read (pacing version,
 -- cursor, cooldown, backoff floor, 1 if frozen), the pacing state ('' when
 -- unchanged), the change ('keep', 'book', 'ask', 'forget'), intent, the
--- slot (book) or deadline (ask), the cursor after it (book).
--- Reply: 'ok', 'done' or 'moved', then the intents asking.
+-- slot (book) or deadline (ask), the cursor after it (book), 1 if the
+-- route must exist already (its owner's quota is not charged yet), the
+-- caller token entry a new route is charged to.
+-- Reply: 'ok', 'done', 'moved' or 'absent' (the route must exist and
+-- does not), then the intents asking.
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-local st = route_get(KEYS[1], now, { 'pv', 'cu' })
+local st = route_get(KEYS[1], now, { 'pv', 'cu' }, creation(ARGV[13], ARGV[14]))
+if not st then return { 'ok', 'absent', 0 } end
 local pv = tonumber(st.raw.pv or 0)
 if pv ~= tonumber(ARGV[3]) or tonumber(st.raw.cu or 0) ~= tonumber(ARGV[4])
   or st.k.cd ~= tonumber(ARGV[5]) or st.k.bo ~= tonumber(ARGV[6])
