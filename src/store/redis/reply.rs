@@ -17,11 +17,12 @@ pub(super) fn count(n: i64) -> usize {
 }
 
 /// The summary fields every `detail.lua` reply opens with; the owner by
-/// the name the route carries.
+/// the name the route carries (`owner_named`, the store's quotas: a reply
+/// is read below them).
 pub(super) fn summary_of(
     route: &RouteKey,
     r: &Reply,
-    quotas: &super::quota::Quotas,
+    owner_named: impl Fn(&str) -> crate::tenancy::Owner,
 ) -> Result<ScopeSummary, StoreError> {
     Ok(ScopeSummary {
         route: route.clone(),
@@ -33,9 +34,9 @@ pub(super) fn summary_of(
         leases_outstanding: count(r.int(5)?),
         waiting: count(r.int(6)?),
         last_touched_ms: r.int(7)?,
-        owner: r.text(8).map_or(crate::tenancy::Owner::NONE, |name| {
-            quotas.owner_named(&name)
-        }),
+        owner: r
+            .text(8)
+            .map_or(crate::tenancy::Owner::NONE, |name| owner_named(&name)),
     })
 }
 

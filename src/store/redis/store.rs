@@ -131,7 +131,7 @@ impl RedisStore {
             else {
                 continue;
             };
-            let summary = summary_of(&route, &reply, &self.quotas)?;
+            let summary = summary_of(&route, &reply, |name| self.quotas.owner_named(name))?;
             if (filter.frozen_only && summary.view.frozen.is_none())
                 || filter.owner.is_some_and(|o| o != summary.owner)
             {
@@ -170,7 +170,7 @@ impl RedisStore {
             return Ok(None);
         };
         let hints = stored_hints(r.bytes(19))?;
-        let summary = summary_of(route, &r, &self.quotas)?;
+        let summary = summary_of(route, &r, |name| self.quotas.owner_named(name))?;
         let spent = [
             unsigned(r.int(10)?),
             unsigned(r.int(12)?),
