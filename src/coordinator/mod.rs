@@ -321,16 +321,14 @@ impl Coordinator {
             now_ms,
             jitter_ppm: self.jitter(),
             asker: request.asker,
+            tenant: request.tenant,
         };
         let Slotted {
             decided,
             view,
             pacing,
             pacing_was,
-        } = self
-            .store
-            .reconsider_as(request.tenant, route, ask, &policy)
-            .await?;
+        } = self.store.reconsider(route, ask, &policy).await?;
         self.announce_pacing(route, pacing_was, &pacing);
         // Shadow: the cursor moved as enforcing would move it; the intent
         // goes as soon as it asked to (a freeze still holds it).

@@ -422,7 +422,8 @@ pub trait Store: Send + Sync + 'static {
     /// Gives an intent a slot after the route's floor (and `ask.floor_ms`,
     /// the worker's own not-before) at the route's learned or pinned wake
     /// rate (`policy.pacing`), advancing the route's cursor; or tells it to
-    /// ask again when its slot would lie beyond the policy's horizon.
+    /// ask again when its slot would lie beyond the policy's horizon. A new
+    /// scope is charged to `ask.tenant`'s quota.
     fn reconsider<'a>(
         &'a self,
         route: &'a RouteKey,
@@ -525,19 +526,6 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreFuture<'a, Reported> {
         let _ = tenant;
         self.report(scope, report, policy)
-    }
-
-    /// [`reconsider`](Self::reconsider) for `tenant`: a new scope is
-    /// charged to its quota.
-    fn reconsider_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        route: &'a RouteKey,
-        ask: SlotAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Slotted> {
-        let _ = tenant;
-        self.reconsider(route, ask, policy)
     }
 
     /// Whether the store can serve now; the server's health check reports

@@ -8,7 +8,7 @@ use crate::pacing::Asker;
 use crate::policy::Policy;
 use crate::scope::{EvidenceLevel, Priority, RetryClass, ScopeKey};
 use crate::slots::SlotAsk;
-use crate::store::{LevelHint, ReportBatch, Store, StoreError};
+use crate::store::{LevelHint, ReportBatch, Store, StoreError, Tenant};
 
 pub(super) const T0: i64 = 1_700_000_000_000;
 
@@ -115,5 +115,6 @@ pub(super) fn slot_ask(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         now_ms,
         jitter_ppm: 0,
         asker: Asker::Retry,
+        tenant: Tenant::NONE,
     }
 }

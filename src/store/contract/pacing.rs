@@ -8,7 +8,7 @@ use crate::pacing::{Asker, Mode, PacingView};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::slots::SlotAsk;
-use crate::store::{LevelHint, Reconsidered, ReportBatch, Reported, Slotted, Store};
+use crate::store::{LevelHint, Reconsidered, ReportBatch, Reported, Slotted, Store, Tenant};
 
 fn key() -> ScopeKey {
     scope("c", "r")
@@ -71,6 +71,7 @@ fn asking(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         now_ms,
         jitter_ppm: 0,
         asker: Asker::Retry,
+        tenant: Tenant::NONE,
     }
 }
 

@@ -9,6 +9,7 @@
 use crate::hints::{EvidenceInput, assess};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
+use crate::slots::SlotAsk;
 use crate::store::{LeaseOutcome, LevelHint, ReportBatch, ScopeFilter, Store, StoreError, Tenant};
 use crate::tenancy::Owner;
 
@@ -142,10 +143,12 @@ pub(crate) async fn a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_al
         Err(StoreError::ScopeQuota { quota: QUOTA })
     );
     let slot = s
-        .reconsider_as(
-            tenant(0),
+        .reconsider(
             &a(QUOTA).route,
-            super::common::slot_ask("i", T0 + 2),
+            SlotAsk {
+                tenant: tenant(0),
+                ..super::common::slot_ask("i", T0 + 2)
+            },
             &Policy::default(),
         )
         .await;

@@ -499,12 +499,12 @@ impl MemoryStore {
 
     fn reconsider_now(
         &self,
-        tenant: Tenant,
         route: &RouteKey,
         ask: SlotAsk<'_>,
         policy: &Policy,
     ) -> Result<Slotted, StoreError> {
         let caller = self.caller_floor(&route.caller_scope);
+        let tenant = ask.tenant;
         self.with_route(&RouteLookup::of(route), tenant.owner, ask.now_ms, |state| {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {
@@ -592,17 +592,7 @@ impl Store for MemoryStore {
         ask: SlotAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Slotted> {
-        Box::pin(ready(self.reconsider_now(Tenant::NONE, route, ask, policy)))
-    }
-
-    fn reconsider_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        route: &'a RouteKey,
-        ask: SlotAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Slotted> {
-        Box::pin(ready(self.reconsider_now(tenant, route, ask, policy)))
+        Box::pin(ready(self.reconsider_now(route, ask, policy)))
     }
 
     fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {

@@ -570,17 +570,7 @@ impl Store for RedisStore {
         ask: SlotAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Slotted> {
-        Box::pin(self.reconsider_now(Owner::NONE, route, ask, policy))
-    }
-
-    fn reconsider_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        route: &'a RouteKey,
-        ask: SlotAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Slotted> {
-        Box::pin(self.reconsider_now(tenant.owner, route, ask, policy))
+        Box::pin(self.reconsider_now(route, ask, policy))
     }
 
     fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView> {
