@@ -206,8 +206,9 @@ impl Coordinator {
             retry_class,
             want,
             now_ms,
+            tenant,
         };
-        let mut outcome = self.store.lease_as(tenant, scope, ask, &policy).await?;
+        let mut outcome = self.store.lease(scope, ask, &policy).await?;
         // A freeze is an operator's brake, not the policy being rolled out:
         // shadow mode never lifts it.
         let shadowed = (policy.shadow

@@ -394,7 +394,10 @@ pub struct ScopeDetail {
 /// Scope state, shared by every request of the coordinator.
 pub trait Store: Send + Sync + 'static {
     /// Grants up to `ask.want` tokens of `scope` (none while frozen) and
-    /// records the lease.
+    /// records the lease. A new scope is charged to `ask.tenant`'s quota,
+    /// and where several tokens share the caller scope its grant is also
+    /// bounded by what its own reports earn; a store that keeps no quotas
+    /// charges nothing.
     fn lease<'a>(
         &'a self,
         scope: &'a ScopeKey,
@@ -497,21 +500,6 @@ pub trait Store: Send + Sync + 'static {
     /// for a store that keeps no quotas (Redis).
     fn owner_counts(&self) -> Vec<OwnerCounts> {
         Vec::new()
-    }
-
-    /// [`lease`](Self::lease) for `tenant`: a new scope is charged to its
-    /// quota, and where several tokens share the caller scope its budget
-    /// is also bounded by what its own reports earn. A store that keeps
-    /// no quotas does what `lease` does.
-    fn lease_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        ask: GrantAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, LeaseOutcome> {
-        let _ = tenant;
-        self.lease(scope, ask, policy)
     }
 
     /// [`report`](Self::report) for `tenant`: a new scope is charged to

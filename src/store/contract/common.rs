@@ -23,6 +23,7 @@ pub(super) fn ask(worker: &str, want: u32, now_ms: i64) -> GrantAsk<'_> {
         retry_class: RetryClass::Transient,
         want,
         now_ms,
+        tenant: Tenant::NONE,
     }
 }
 

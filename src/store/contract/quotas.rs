@@ -6,6 +6,7 @@
 //! both share a caller scope, one token's reported counts do not raise the
 //! other's budget (`crate::budget`, "Counts of several tokens").
 
+use crate::budget::GrantAsk;
 use crate::hints::{EvidenceInput, assess};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
@@ -44,8 +45,11 @@ async fn lease(
     key: &ScopeKey,
     now_ms: i64,
 ) -> Result<LeaseOutcome, StoreError> {
-    s.lease_as(tenant(who), key, ask("w", 1, now_ms), &Policy::default())
-        .await
+    let ask = GrantAsk {
+        tenant: tenant(who),
+        ..ask("w", 1, now_ms)
+    };
+    s.lease(key, ask, &Policy::default()).await
 }
 
 async fn deposit(s: &dyn Store, who: usize, key: &ScopeKey, now_ms: i64) -> Result<(), StoreError> {
@@ -269,12 +273,26 @@ pub(crate) async fn a_huge_report_from_one_token_does_not_raise_anothers_budget(
     // plus 0.2 × 100: 120 tokens, whatever the other token claims.
     let bound = 10 * 10 + 100 / 5;
     let mine = s
-        .lease_as(shared(0), &key, ask("one:w", 10_000, T0), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(0),
+                ..ask("one:w", 10_000, T0)
+            },
+            &p,
+        )
         .await
         .expect("one's lease");
     assert_eq!((mine.grant.granted, mine.grant.remaining), (bound, 0));
     let again = s
-        .lease_as(shared(0), &key, ask("one:w", 10_000, T0 + 1), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(0),
+                ..ask("one:w", 10_000, T0 + 1)
+            },
+            &p,
+        )
         .await
         .expect("one's lease");
     assert_eq!(again.grant.granted, 0, "one's own budget is spent");
@@ -284,13 +302,27 @@ pub(crate) async fn a_huge_report_from_one_token_does_not_raise_anothers_budget(
         .await
         .expect("release");
     let refunded = s
-        .lease_as(shared(0), &key, ask("one:w", 10_000, T0 + 3), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(0),
+                ..ask("one:w", 10_000, T0 + 3)
+            },
+            &p,
+        )
         .await
         .expect("one's lease");
     assert_eq!(refunded.grant.granted, bound - 20);
     // The claiming token's own retries are what its claim earns it.
     let theirs = s
-        .lease_as(shared(1), &key, ask("two:w", 10_000, T0 + 3), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(1),
+                ..ask("two:w", 10_000, T0 + 3)
+            },
+            &p,
+        )
         .await
         .expect("two's lease");
     assert_eq!(theirs.grant.granted, 10_000);

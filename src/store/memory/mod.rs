@@ -431,7 +431,6 @@ impl MemoryStore {
 
     fn lease_now(
         &self,
-        tenant: Tenant,
         scope: &ScopeKey,
         ask: GrantAsk<'_>,
         policy: &Policy,
@@ -439,7 +438,7 @@ impl MemoryStore {
         let caller = self.caller_floor(&scope.route.caller_scope);
         let id = crate::budget::new_lease_id();
         let route = RouteLookup::of(&scope.route);
-        self.with_route(&route, tenant.owner, ask.now_ms, |state| {
+        self.with_route(&route, ask.tenant.owner, ask.now_ms, |state| {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {
                 let remaining =
@@ -458,9 +457,7 @@ impl MemoryStore {
                     view,
                 });
             }
-            let grant = state
-                .budget(ask.now_ms)
-                .grant_for(policy, ask, &id, tenant)?;
+            let grant = state.budget(ask.now_ms).grant(policy, ask, &id)?;
             Ok(LeaseOutcome {
                 lease_id: (grant.granted > 0).then_some(id),
                 grant,
@@ -543,17 +540,7 @@ impl Store for MemoryStore {
         ask: GrantAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(ready(self.lease_now(Tenant::NONE, scope, ask, policy)))
-    }
-
-    fn lease_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        ask: GrantAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(ready(self.lease_now(tenant, scope, ask, policy)))
+        Box::pin(ready(self.lease_now(scope, ask, policy)))
     }
 
     fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
@@ -816,6 +803,7 @@ mod tests {
             retry_class: RetryClass::Transient,
             want: 1,
             now_ms,
+            tenant: Tenant::NONE,
         };
         s.lease(&key(i), ask, &Policy::default()).await
     }
@@ -909,7 +897,7 @@ mod tests {
         }
     }
 
-    async fn lease_as(
+    async fn lease_by(
         s: &MemoryStore,
         who: Tenant,
         key: &ScopeKey,
@@ -921,8 +909,9 @@ mod tests {
             retry_class: RetryClass::Transient,
             want: 1,
             now_ms,
+            tenant: who,
         };
-        s.lease_as(who, key, ask, &Policy::default()).await
+        s.lease(key, ask, &Policy::default()).await
     }
 
     fn b_key(i: usize) -> ScopeKey {
@@ -934,7 +923,7 @@ mod tests {
         let s = MemoryStore::with_quotas(8, vec![4, 4]);
         let (a, b) = (tenant(0), tenant(1));
         // B's scope is busy with a lease; its other scope is only cold.
-        lease_as(&s, b, &b_key(0), T0).await.expect("b busy");
+        lease_by(&s, b, &b_key(0), T0).await.expect("b busy");
         deposit(&s, &b_key(1), 1, T0).await.expect("unowned");
         // A fills its quota with scopes it cooled down itself.
         for i in 0..4 {
@@ -960,7 +949,7 @@ mod tests {
         );
         assert!(!s.routes.contains_key(RouteLookup::of(&key(0).route).name()));
         // B is under its quota: a new scope of its own is admitted.
-        lease_as(&s, b, &b_key(2), T0 + 200)
+        lease_by(&s, b, &b_key(2), T0 + 200)
             .await
             .expect("b's room");
         assert_eq!(s.held(b.owner), 2);
@@ -973,16 +962,16 @@ mod tests {
         let s = MemoryStore::with_quotas(8, vec![2, 2]);
         let (a, b) = (tenant(0), tenant(1));
         for i in 0..2 {
-            lease_as(&s, a, &key(i), T0).await.expect("a's quota");
+            lease_by(&s, a, &key(i), T0).await.expect("a's quota");
         }
-        let refused = lease_as(&s, a, &key(2), T0 + 1).await;
+        let refused = lease_by(&s, a, &key(2), T0 + 1).await;
         assert_eq!(refused, Err(StoreError::ScopeQuota { quota: 2 }));
         assert_eq!(s.owner_counts()[0].refused, 1);
         // B is not held out by A's full quota, and the table is not full.
-        lease_as(&s, b, &b_key(0), T0 + 1).await.expect("b's room");
+        lease_by(&s, b, &b_key(0), T0 + 1).await.expect("b's room");
         assert_eq!(s.counts().refused, 0);
         // Once A's leases expire, its own coldest makes room.
-        lease_as(&s, a, &key(2), T0 + 10_000)
+        lease_by(&s, a, &key(2), T0 + 10_000)
             .await
             .expect("a's own room");
         assert_eq!(s.held(a.owner), 2);

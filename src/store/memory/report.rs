@@ -37,7 +37,7 @@ impl MemoryStore {
         // by it: pacing is told the cooldown as it was before this report.
         let cooldown_before = self.view_now(&route).cooldown_until_ms;
         let active = self.with_route(&route, tenant.owner, now_ms, |state| {
-            state.budget(now_ms).deposit_for(
+            state.budget(now_ms).deposit(
                 policy,
                 report.worker_id,
                 scope.priority,

@@ -509,17 +509,7 @@ impl Store for RedisStore {
         ask: GrantAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(self.lease_now(Tenant::NONE, scope, ask, policy))
-    }
-
-    fn lease_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        ask: GrantAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(self.lease_now(tenant, scope, ask, policy))
+        Box::pin(self.lease_now(scope, ask, policy))
     }
 
     fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
