@@ -134,7 +134,7 @@ async fn lease_and_report(
         successes: 1,
         hints: &[],
         now_ms,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: None,
     };
     [

@@ -84,7 +84,7 @@ pub(super) async fn merge(
         counts_age_ms: 0,
         hints: &hints,
         now_ms: T0,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: None,
     };
     let reported = s.report(&key, batch, p).await.expect("report");

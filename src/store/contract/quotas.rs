@@ -55,11 +55,10 @@ async fn lease(
 async fn deposit(s: &dyn Store, who: usize, key: &ScopeKey, now_ms: i64) -> Result<(), StoreError> {
     let batch = ReportBatch {
         first_attempts: 1,
+        tenant: tenant(who),
         ..ReportBatch::empty("w", now_ms)
     };
-    s.report_as(tenant(who), key, batch, &Policy::default())
-        .await
-        .map(drop)
+    s.report(key, batch, &Policy::default()).await.map(drop)
 }
 
 /// A report carrying a 429 with `Retry-After: 300`: five minutes of
@@ -85,9 +84,10 @@ async fn cool_down(
         first_attempts: 1,
         rejections: 1,
         hints: &hints,
+        tenant: tenant(who),
         ..ReportBatch::empty("w", now_ms)
     };
-    s.report_as(tenant(who), key, batch, &p).await.map(drop)
+    s.report(key, batch, &p).await.map(drop)
 }
 
 async fn exists(s: &dyn Store, key: &ScopeKey, now_ms: i64) -> bool {
@@ -230,9 +230,10 @@ pub(crate) async fn a_caller_scope_is_charged_and_idle_scopes_give_their_places_
         first_attempts: 1,
         rejections: 1,
         hints: &hints,
+        tenant: tenant(0),
         ..ReportBatch::empty("w", T0)
     };
-    s.report_as(tenant(0), &scope("a", "r0"), batch, &p)
+    s.report(&scope("a", "r0"), batch, &p)
         .await
         .expect("a's report");
     assert_eq!(held(s, 0), 2);
@@ -259,14 +260,15 @@ pub(crate) async fn a_huge_report_from_one_token_does_not_raise_anothers_budget(
         tokens: 2,
     };
     let key = scope("shared", "r");
-    let report = |worker, first_attempts| ReportBatch {
+    let report = |who, worker, first_attempts| ReportBatch {
         first_attempts,
+        tenant: shared(who),
         ..ReportBatch::empty(worker, T0)
     };
-    s.report_as(shared(0), &key, report("one:w", 100), &p)
+    s.report(&key, report(0, "one:w", 100), &p)
         .await
         .expect("one's report");
-    s.report_as(shared(1), &key, report("two:w", 1_000_000), &p)
+    s.report(&key, report(1, "two:w", 1_000_000), &p)
         .await
         .expect("two's claim");
     // Alone, a hundred first attempts earn the floor (10/s over 10 s)

@@ -71,7 +71,7 @@ use super::{
     LeaseOutcome, OwnerCounts, Reconsidered, ReportBatch, Reported, RouteView, ScopeCounts,
     ScopeDetail, ScopeFilter, ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
-use crate::tenancy::{Owner, Tenant};
+use crate::tenancy::Owner;
 use route::{RouteLookup, RouteName, RouteState};
 
 /// The share of `max_scopes` (permille) one room-making pass evicts: 1/64
@@ -560,17 +560,7 @@ impl Store for MemoryStore {
         report: ReportBatch<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Reported> {
-        Box::pin(ready(self.report_now(Tenant::NONE, scope, report, policy)))
-    }
-
-    fn report_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        report: ReportBatch<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Reported> {
-        Box::pin(ready(self.report_now(tenant, scope, report, policy)))
+        Box::pin(ready(self.report_now(scope, report, policy)))
     }
 
     fn reconsider<'a>(
@@ -789,6 +779,7 @@ mod tests {
     use crate::budget::GrantAsk;
     use crate::scope::{Priority, RetryClass};
     use crate::store::contract::deposit;
+    use crate::tenancy::Tenant;
 
     const T0: i64 = 1_700_000_000_000;
 
@@ -884,10 +875,10 @@ mod tests {
             counts_age_ms: 0,
             hints: &hints,
             now_ms,
-            tokens: 1,
+            tenant,
             stated: None,
         };
-        s.report_as(tenant, key, batch, &p).await
+        s.report(key, batch, &p).await
     }
 
     fn tenant(i: usize) -> Tenant {
@@ -1005,9 +996,10 @@ mod tests {
     async fn deposit_as(s: &MemoryStore, who: Tenant, key: &ScopeKey, now_ms: i64) {
         let batch = ReportBatch {
             first_attempts: 1,
+            tenant: who,
             ..ReportBatch::empty("w", now_ms)
         };
-        s.report_as(who, key, batch, &Policy::default())
+        s.report(key, batch, &Policy::default())
             .await
             .expect("room");
     }
