@@ -66,14 +66,15 @@
 //! one token's report would grow the budget of the others' workers: a
 //! million first attempts claimed by one token raised another's 80 tokens
 //! to 160 000. So there each token's first attempts and spend are also
-//! counted apart (the `tenant` of [`BudgetLedger::deposit`]), and a grant to a token is
-//! bounded twice: by the scope's budget, as always, and by the budget the
-//! token's own first attempts would earn alone (the same formula, floor
-//! and ceiling, its own spend against it). What one token may add to a
-//! window is therefore bounded, for every other token, by nothing it says:
-//! another token's counts can tighten a token's budget (the shared bound
-//! still holds the whole scope) but never raise it past what its own
-//! traffic justifies. A tenant's claims move only its own retries.
+//! counted apart (the `tenant` of [`BudgetLedger::deposit`] and of
+//! [`GrantAsk`]), and a grant to a token is bounded twice: by the scope's
+//! budget, as always, and by the budget the token's own first attempts
+//! would earn alone (the same formula, floor and ceiling, its own spend
+//! against it). What one token may add to a window is therefore bounded,
+//! for every other token, by nothing it says: another token's counts can
+//! tighten a token's budget (the shared bound still holds the whole scope)
+//! but never raise it past what its own traffic justifies. A tenant's
+//! claims move only its own retries.
 //!
 //! # Fairness
 //! Grants are capped at each worker's max-min fair share of its class's
