@@ -10,6 +10,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use tollgate::budget::{BudgetLedger, GrantAsk};
 use tollgate::policy::Policy;
 use tollgate::scope::{Priority, RetryClass};
+use tollgate::tenancy::Tenant;
 
 const T0: i64 = 1_700_000_000_000;
 const WORKERS: usize = 1000;
@@ -19,7 +20,7 @@ fn fleet() -> (BudgetLedger, Policy, Vec<String>) {
     let ids: Vec<String> = (0..WORKERS).map(|i| format!("worker-{i:04}")).collect();
     let mut ledger = BudgetLedger::new(T0);
     for id in &ids {
-        ledger.deposit(&policy, id, Priority::Normal, 10, T0);
+        ledger.deposit(&policy, id, Priority::Normal, 10, T0, Tenant::NONE);
     }
     (ledger, policy, ids)
 }
@@ -30,7 +31,14 @@ fn ledger(c: &mut Criterion) {
     c.bench_function("deposit, 1000 workers", |b| {
         b.iter(|| {
             next = (next + 7) % WORKERS;
-            ledger.deposit(&policy, black_box(&ids[next]), Priority::Normal, 1, T0 + 1);
+            ledger.deposit(
+                &policy,
+                black_box(&ids[next]),
+                Priority::Normal,
+                1,
+                T0 + 1,
+                Tenant::NONE,
+            );
         });
     });
     let (mut ledger, policy, ids) = fleet();
@@ -45,6 +53,7 @@ fn ledger(c: &mut Criterion) {
                 retry_class: RetryClass::Transient,
                 want: 1,
                 now_ms: T0 + 1,
+                tenant: Tenant::NONE,
             };
             // A refusal (budget spent) costs the same lookup; either is fine.
             let _ = black_box(ledger.grant(&policy, ask, &format!("lease-{leases}")));

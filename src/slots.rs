@@ -25,6 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::pacing::{Asker, PacingPolicy, PacingState, SlotDecision, WINDOW_MS, WakeAsk};
+use crate::tenancy::Tenant;
 
 /// Intents waiting per route; beyond it (after dropping those whose slot has
 /// passed) a new intent is refused rather than growing memory.
@@ -63,6 +64,9 @@ pub struct SlotAsk<'a> {
     pub jitter_ppm: u32,
     /// A retry, or a first attempt held for a slot.
     pub asker: Asker,
+    /// The asking token, whose quota a new scope is charged to
+    /// ([`Tenant::NONE`] in open dev mode).
+    pub tenant: Tenant,
 }
 
 /// The answer to a [`SlotAsk`].
@@ -364,6 +368,7 @@ mod tests {
             now_ms: NOW,
             jitter_ppm,
             asker: Asker::Retry,
+            tenant: Tenant::NONE,
         }
     }
 

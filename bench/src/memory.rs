@@ -29,7 +29,7 @@ use rand::{RngExt as _, SeedableRng as _};
 use tollgate::budget::GrantAsk;
 use tollgate::policy::Policy;
 use tollgate::scope::{Priority, RetryClass, ScopeKey};
-use tollgate::store::{MemoryStore, ReportBatch, ScopeCounts, Store, StoreError};
+use tollgate::store::{MemoryStore, ReportBatch, ScopeCounts, Store, StoreError, Tenant};
 
 /// Command-line arguments of `tollgate-bench memory`.
 #[derive(Debug, Clone, clap::Args)]
@@ -124,6 +124,7 @@ async fn lease_and_report(
         retry_class: RetryClass::Transient,
         want: 1,
         now_ms,
+        tenant: Tenant::NONE,
     };
     let report = ReportBatch {
         rejections: 0,
@@ -133,7 +134,7 @@ async fn lease_and_report(
         successes: 1,
         hints: &[],
         now_ms,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: None,
     };
     [

@@ -1,6 +1,6 @@
 //! A grant decided from plain numbers: the rule both stores run.
 //!
-//! [`BudgetLedger::grant_for`](super::BudgetLedger::grant_for) reads these
+//! [`BudgetLedger::grant`](super::BudgetLedger::grant) reads these
 //! numbers from its window and workers; the Redis store reads them from a
 //! script's reply and has the script take what they allow, atomically
 //! (`store::redis::lease`). Each step is a function of its inputs alone, so

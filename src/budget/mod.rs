@@ -66,14 +66,15 @@
 //! one token's report would grow the budget of the others' workers: a
 //! million first attempts claimed by one token raised another's 80 tokens
 //! to 160 000. So there each token's first attempts and spend are also
-//! counted apart ([`BudgetLedger::deposit_for`]), and a grant to a token is
-//! bounded twice: by the scope's budget, as always, and by the budget the
-//! token's own first attempts would earn alone (the same formula, floor
-//! and ceiling, its own spend against it). What one token may add to a
-//! window is therefore bounded, for every other token, by nothing it says:
-//! another token's counts can tighten a token's budget (the shared bound
-//! still holds the whole scope) but never raise it past what its own
-//! traffic justifies. A tenant's claims move only its own retries.
+//! counted apart (the `tenant` of [`BudgetLedger::deposit`] and of
+//! [`GrantAsk`]), and a grant to a token is bounded twice: by the scope's
+//! budget, as always, and by the budget the token's own first attempts
+//! would earn alone (the same formula, floor and ceiling, its own spend
+//! against it). What one token may add to a window is therefore bounded,
+//! for every other token, by nothing it says: another token's counts can
+//! tighten a token's budget (the shared bound still holds the whole scope)
+//! but never raise it past what its own traffic justifies. A tenant's
+//! claims move only its own retries.
 //!
 //! # Fairness
 //! Grants are capped at each worker's max-min fair share of its class's
@@ -381,6 +382,10 @@ pub struct GrantAsk<'a> {
     pub want: u32,
     /// The coordinator's clock.
     pub now_ms: i64,
+    /// The calling token: where several share the scope, its grant is
+    /// also bounded by its own first attempts ("Counts of several
+    /// tokens"); [`Tenant::NONE`] in open dev mode.
+    pub tenant: Tenant,
 }
 
 /// The result of a grant.
@@ -564,29 +569,10 @@ impl BudgetLedger {
     }
 
     /// Records first attempts (they grow the allowance) and marks the worker
-    /// active in its class.
+    /// active in its class. Where several tokens share the scope, `tenant`'s
+    /// first attempts are also counted as its own ("Counts of several
+    /// tokens"); [`Tenant::NONE`] where none is known.
     pub fn deposit(
-        &mut self,
-        policy: &Policy,
-        worker_id: &str,
-        priority: Priority,
-        first_attempts: u32,
-        now_ms: i64,
-    ) {
-        self.deposit_for(
-            policy,
-            worker_id,
-            priority,
-            first_attempts,
-            now_ms,
-            Tenant::NONE,
-        );
-    }
-
-    /// [`deposit`](Self::deposit) by `tenant`: where several tokens share
-    /// the scope, its first attempts are also counted as its own ("Counts
-    /// of several tokens").
-    pub fn deposit_for(
         &mut self,
         policy: &Policy,
         worker_id: &str,
@@ -611,26 +597,17 @@ impl BudgetLedger {
     }
 
     /// Grants up to `ask.want` retries, charging them to the window, and
-    /// records a lease under `lease_id` when anything was granted.
+    /// records a lease under `lease_id` when anything was granted. Where
+    /// several tokens share the scope, the grant to `ask.tenant` is also
+    /// held within what its own first attempts earn ("Counts of several
+    /// tokens").
     pub fn grant(
         &mut self,
         policy: &Policy,
         ask: GrantAsk<'_>,
         lease_id: &str,
     ) -> Result<Grant, BudgetError> {
-        self.grant_for(policy, ask, lease_id, Tenant::NONE)
-    }
-
-    /// [`grant`](Self::grant) to `tenant`: where several tokens share the
-    /// scope, also within what its own first attempts earn ("Counts of
-    /// several tokens").
-    pub fn grant_for(
-        &mut self,
-        policy: &Policy,
-        ask: GrantAsk<'_>,
-        lease_id: &str,
-        tenant: Tenant,
-    ) -> Result<Grant, BudgetError> {
+        let tenant = ask.tenant;
         let now_sec = ask.now_ms.div_euclid(1000);
         let cost = policy.cost(ask.retry_class).max(1);
         let expires_at_ms = ask

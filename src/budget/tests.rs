@@ -25,6 +25,7 @@ fn ask(worker: &str, want: u32, now_ms: i64) -> GrantAsk<'_> {
         retry_class: RetryClass::Transient,
         want,
         now_ms,
+        tenant: Tenant::NONE,
     }
 }
 
@@ -33,7 +34,7 @@ fn the_allowance_is_the_formula_in_exact_milli_tokens() {
     let p = Policy::default();
     let mut ledger = BudgetLedger::new(T0);
     assert_eq!(ledger.allowance_milli(&p, T0), 10 * 10 * 1000);
-    ledger.deposit(&p, "w", Priority::Normal, 7, T0);
+    ledger.deposit(&p, "w", Priority::Normal, 7, T0, Tenant::NONE);
     assert_eq!(ledger.allowance_milli(&p, T0), 100_000 + 1400);
     // The first attempts slide out of the 10 s window.
     assert_eq!(ledger.allowance_milli(&p, T0 + 9_999), 101_400);
@@ -44,7 +45,7 @@ fn the_allowance_is_the_formula_in_exact_milli_tokens() {
 fn changing_the_ratio_rescales_the_balance_and_never_refills_it() {
     let loose = Policy::default(); // floor 10/s, ratio 0.2, window 10 s
     let mut ledger = BudgetLedger::new(T0);
-    ledger.deposit(&loose, "w", Priority::Critical, 1000, T0);
+    ledger.deposit(&loose, "w", Priority::Critical, 1000, T0, Tenant::NONE);
     let granted = ledger
         .grant(&loose, ask("w", 100, T0), "l1")
         .expect("grant");
@@ -220,7 +221,14 @@ fn a_greedy_worker_cannot_starve_modest_ones() {
     let mut ledger = BudgetLedger::new(T0);
     // Nine modest workers have been reporting: they are active.
     for i in 0..9 {
-        ledger.deposit(&p, &format!("m{i}"), Priority::Critical, 0, T0);
+        ledger.deposit(
+            &p,
+            &format!("m{i}"),
+            Priority::Critical,
+            0,
+            T0,
+            Tenant::NONE,
+        );
     }
     let greedy = ledger
         .grant(&p, ask("greedy", 1000, T0), "g")
@@ -401,24 +409,45 @@ fn another_tokens_counts_never_raise_a_tokens_budget_in_a_shared_scope() {
         tokens: 2,
     };
     let mut ledger = BudgetLedger::new(T0);
-    ledger.deposit_for(&p, "t1:w", Priority::Critical, 100, T0, one);
+    ledger.deposit(&p, "t1:w", Priority::Critical, 100, T0, one);
     // Token two claims a million first attempts.
-    ledger.deposit_for(&p, "t2:w", Priority::Critical, 1_000_000, T0, two);
+    ledger.deposit(&p, "t2:w", Priority::Critical, 1_000_000, T0, two);
     // Token one's budget is what its own hundred earn: 100 + 0.2 × 100.
     let granted = ledger
-        .grant_for(&p, ask("t1:w", 10_000, T0), "l1", one)
+        .grant(
+            &p,
+            GrantAsk {
+                tenant: one,
+                ..ask("t1:w", 10_000, T0)
+            },
+            "l1",
+        )
         .expect("grant");
     assert_eq!(granted.granted, 120);
     assert_eq!(granted.remaining, 0);
     // Token two's claim moves its own budget only.
     let theirs = ledger
-        .grant_for(&p, ask("t2:w", 10_000, T0), "l2", two)
+        .grant(
+            &p,
+            GrantAsk {
+                tenant: two,
+                ..ask("t2:w", 10_000, T0)
+            },
+            "l2",
+        )
         .expect("grant");
     assert_eq!(theirs.granted, 10_000);
     // A release gives back to the token's own count too.
     assert_eq!(ledger.release(end("t1:w", "l1", 20, T0)), Ok(100));
     let again = ledger
-        .grant_for(&p, ask("t1:w", 10_000, T0), "l3", one)
+        .grant(
+            &p,
+            GrantAsk {
+                tenant: one,
+                ..ask("t1:w", 10_000, T0)
+            },
+            "l3",
+        )
         .expect("grant");
     assert_eq!(again.granted, 100);
     // Where one token uses the scope, nothing is kept apart.
@@ -427,9 +456,16 @@ fn another_tokens_counts_never_raise_a_tokens_budget_in_a_shared_scope() {
         tokens: 1,
     };
     let mut ledger = BudgetLedger::new(T0);
-    ledger.deposit_for(&p, "t1:w", Priority::Critical, 1000, T0, alone);
+    ledger.deposit(&p, "t1:w", Priority::Critical, 1000, T0, alone);
     let granted = ledger
-        .grant_for(&p, ask("t1:w", 10_000, T0), "l1", alone)
+        .grant(
+            &p,
+            GrantAsk {
+                tenant: alone,
+                ..ask("t1:w", 10_000, T0)
+            },
+            "l1",
+        )
         .expect("grant");
     assert_eq!(granted.granted, 300);
     assert!(ledger.tokens.is_empty());

@@ -206,8 +206,9 @@ impl Coordinator {
             retry_class,
             want,
             now_ms,
+            tenant,
         };
-        let mut outcome = self.store.lease_as(tenant, scope, ask, &policy).await?;
+        let mut outcome = self.store.lease(scope, ask, &policy).await?;
         // A freeze is an operator's brake, not the policy being rolled out:
         // shadow mode never lifts it.
         let shadowed = (policy.shadow
@@ -321,16 +322,14 @@ impl Coordinator {
             now_ms,
             jitter_ppm: self.jitter(),
             asker: request.asker,
+            tenant: request.tenant,
         };
         let Slotted {
             decided,
             view,
             pacing,
             pacing_was,
-        } = self
-            .store
-            .reconsider_as(request.tenant, route, ask, &policy)
-            .await?;
+        } = self.store.reconsider(route, ask, &policy).await?;
         self.announce_pacing(route, pacing_was, &pacing);
         // Shadow: the cursor moved as enforcing would move it; the intent
         // goes as soon as it asked to (a freeze still holds it).

@@ -147,14 +147,13 @@ impl Coordinator {
             counts_age_ms: report.counts_age_ms,
             hints: &hints,
             now_ms,
-            tokens: report.tokens,
+            tenant: Tenant {
+                owner: report.owner,
+                tokens: report.tokens,
+            },
             stated: statement.as_ref(),
         };
-        let tenant = Tenant {
-            owner: report.owner,
-            tokens: report.tokens,
-        };
-        let reported = self.store.report_as(tenant, scope, batch, &policy).await?;
+        let reported = self.store.report(scope, batch, &policy).await?;
         self.announce_pacing(&scope.route, reported.pacing_was, &reported.pacing);
         let mut raised = Vec::new();
         let mut backoff_ms = 0;

@@ -183,10 +183,13 @@ pub struct ReportBatch<'a> {
     pub hints: &'a [LevelHint],
     /// The coordinator's clock at the report.
     pub now_ms: i64,
-    /// How many caller tokens may use the scope's caller scope (1 in open
-    /// dev mode): where several may, corroboration needs workers of two
+    /// The reporting token, with how many caller tokens may use the
+    /// scope's caller scope ([`Tenant::NONE`] in open dev mode): a new
+    /// scope is charged to its quota; where several tokens may use the
+    /// caller scope, its first attempts are kept apart from the others'
+    /// and corroboration needs workers of two
     /// ([`Reporter::tokens`](crate::hints::Reporter)).
-    pub tokens: usize,
+    pub tenant: Tenant,
     /// The limit the upstream last stated to the worker, read: weighed
     /// into the route's pacing with the other workers' statements
     /// ([`crate::pacing::stated`]) before the report's counts.
@@ -206,8 +209,9 @@ pub struct WindowCounts {
 }
 
 impl<'a> ReportBatch<'a> {
-    /// `worker_id`'s report at `now_ms` with nothing in it (one caller
-    /// token): the base the counts and hints of a report are set on.
+    /// `worker_id`'s report at `now_ms` with nothing in it, by no tenant
+    /// ([`Tenant::NONE`]): the base the counts and hints of a report are
+    /// set on.
     pub fn empty(worker_id: &'a str, now_ms: i64) -> Self {
         Self {
             worker_id,
@@ -217,7 +221,7 @@ impl<'a> ReportBatch<'a> {
             counts_age_ms: 0,
             hints: &[],
             now_ms,
-            tokens: 1,
+            tenant: Tenant::NONE,
             stated: None,
         }
     }
@@ -394,7 +398,10 @@ pub struct ScopeDetail {
 /// Scope state, shared by every request of the coordinator.
 pub trait Store: Send + Sync + 'static {
     /// Grants up to `ask.want` tokens of `scope` (none while frozen) and
-    /// records the lease.
+    /// records the lease. A new scope is charged to `ask.tenant`'s quota,
+    /// and where several tokens share the caller scope its grant is also
+    /// bounded by what its own reports earn; a store that keeps no quotas
+    /// charges nothing.
     fn lease<'a>(
         &'a self,
         scope: &'a ScopeKey,
@@ -411,7 +418,10 @@ pub trait Store: Send + Sync + 'static {
     /// backoff of the route and of its caller scope), merges every
     /// assessed hint, in order, into the cooldown and backoff of its level,
     /// and feeds the counts to the route's pacing ([`crate::pacing`]).
-    /// Returns one [`Merge`] per hint and the route's state afterwards.
+    /// A new scope is charged to `report.tenant`'s quota, and its first
+    /// attempts are kept apart from other tokens' where several share the
+    /// caller scope. Returns one [`Merge`] per hint and the route's state
+    /// afterwards.
     fn report<'a>(
         &'a self,
         scope: &'a ScopeKey,
@@ -422,7 +432,8 @@ pub trait Store: Send + Sync + 'static {
     /// Gives an intent a slot after the route's floor (and `ask.floor_ms`,
     /// the worker's own not-before) at the route's learned or pinned wake
     /// rate (`policy.pacing`), advancing the route's cursor; or tells it to
-    /// ask again when its slot would lie beyond the policy's horizon.
+    /// ask again when its slot would lie beyond the policy's horizon. A new
+    /// scope is charged to `ask.tenant`'s quota.
     fn reconsider<'a>(
         &'a self,
         route: &'a RouteKey,
@@ -496,48 +507,6 @@ pub trait Store: Send + Sync + 'static {
     /// for a store that keeps no quotas (Redis).
     fn owner_counts(&self) -> Vec<OwnerCounts> {
         Vec::new()
-    }
-
-    /// [`lease`](Self::lease) for `tenant`: a new scope is charged to its
-    /// quota, and where several tokens share the caller scope its budget
-    /// is also bounded by what its own reports earn. A store that keeps
-    /// no quotas does what `lease` does.
-    fn lease_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        ask: GrantAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, LeaseOutcome> {
-        let _ = tenant;
-        self.lease(scope, ask, policy)
-    }
-
-    /// [`report`](Self::report) for `tenant`: a new scope is charged to
-    /// its quota, and its first attempts are kept apart from other
-    /// tokens' where several share the caller scope.
-    fn report_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        report: ReportBatch<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Reported> {
-        let _ = tenant;
-        self.report(scope, report, policy)
-    }
-
-    /// [`reconsider`](Self::reconsider) for `tenant`: a new scope is
-    /// charged to its quota.
-    fn reconsider_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        route: &'a RouteKey,
-        ask: SlotAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Slotted> {
-        let _ = tenant;
-        self.reconsider(route, ask, policy)
     }
 
     /// Whether the store can serve now; the server's health check reports

@@ -8,7 +8,7 @@ use crate::pacing::Asker;
 use crate::policy::Policy;
 use crate::scope::{EvidenceLevel, Priority, RetryClass, ScopeKey};
 use crate::slots::SlotAsk;
-use crate::store::{LevelHint, ReportBatch, Store, StoreError};
+use crate::store::{LevelHint, ReportBatch, Store, StoreError, Tenant};
 
 pub(super) const T0: i64 = 1_700_000_000_000;
 
@@ -23,6 +23,7 @@ pub(super) fn ask(worker: &str, want: u32, now_ms: i64) -> GrantAsk<'_> {
         retry_class: RetryClass::Transient,
         want,
         now_ms,
+        tenant: Tenant::NONE,
     }
 }
 
@@ -83,7 +84,7 @@ pub(super) async fn merge(
         counts_age_ms: 0,
         hints: &hints,
         now_ms: T0,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: None,
     };
     let reported = s.report(&key, batch, p).await.expect("report");
@@ -115,5 +116,6 @@ pub(super) fn slot_ask(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         now_ms,
         jitter_ppm: 0,
         asker: Asker::Retry,
+        tenant: Tenant::NONE,
     }
 }

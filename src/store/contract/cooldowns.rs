@@ -8,7 +8,7 @@ use crate::hints::{EvidenceInput, assess};
 use crate::policy::{Policy, PolicySpec, WakeRate};
 use crate::scope::{EvidenceLevel, Priority, RouteKey, ScopeKey};
 use crate::slots::SlotAsk;
-use crate::store::{LevelHint, Reconsidered, ReportBatch, Slotted, Store};
+use crate::store::{LevelHint, Reconsidered, ReportBatch, Slotted, Store, Tenant};
 
 /// A pinned wake rate: slots at any distance, the cursor's own
 /// rules, nothing learned.
@@ -130,7 +130,7 @@ pub(crate) async fn one_report_deposits_and_merges_every_hint_in_order(s: &dyn S
         counts_age_ms: 0,
         hints: &hints,
         now_ms: T0,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: None,
     };
     let reported = s.report(&key, batch, &p).await.expect("report");

@@ -6,7 +6,7 @@ use crate::hints::corroboration::Claim;
 use crate::hints::{EvidenceInput, Merge, assess};
 use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
-use crate::store::{LevelHint, ReportBatch, Store};
+use crate::store::{LevelHint, ReportBatch, Store, Tenant};
 
 fn key() -> ScopeKey {
     scope("c", "r")
@@ -24,7 +24,7 @@ pub(super) async fn quiet_fleet(s: &dyn Store, n: usize, p: &Policy) {
             counts_age_ms: 0,
             hints: &[],
             now_ms: T0,
-            tokens: 1,
+            tenant: Tenant::NONE,
             stated: None,
         };
         s.report(&key(), batch, p).await.expect("deposit");
@@ -64,7 +64,7 @@ async fn report_refusal(
         counts_age_ms: 0,
         hints: &hints,
         now_ms,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: None,
     };
     s.report(&key(), batch, p).await.expect("report").merges[0]

@@ -8,7 +8,7 @@ use crate::pacing::{Asker, Mode, PacingView};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::slots::SlotAsk;
-use crate::store::{LevelHint, Reconsidered, ReportBatch, Reported, Slotted, Store};
+use crate::store::{LevelHint, Reconsidered, ReportBatch, Reported, Slotted, Store, Tenant};
 
 fn key() -> ScopeKey {
     scope("c", "r")
@@ -48,7 +48,7 @@ async fn report(
         counts_age_ms: 0,
         hints: &hints,
         now_ms,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: None,
     };
     s.report(&key(), batch, p).await.expect("report")
@@ -71,6 +71,7 @@ fn asking(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         now_ms,
         jitter_ppm: 0,
         asker: Asker::Retry,
+        tenant: Tenant::NONE,
     }
 }
 
@@ -307,7 +308,7 @@ pub(crate) async fn one_workers_claim_is_not_a_corroborated_cooldown(s: &dyn Sto
             counts_age_ms: 0,
             hints: &hints,
             now_ms: T0,
-            tokens: 1,
+            tenant: Tenant::NONE,
             stated: None,
         };
         s.report(&key(), batch, p).await.expect("report")
@@ -336,7 +337,7 @@ pub(crate) async fn a_report_held_back_for_seconds_counts_only_its_share_in_the_
             counts_age_ms: age,
             hints: &[],
             now_ms: T0 + 250,
-            tokens: 1,
+            tenant: Tenant::NONE,
             stated: None,
         };
         s.report(&scope("c", route), batch, &p)

@@ -6,9 +6,11 @@
 //! both share a caller scope, one token's reported counts do not raise the
 //! other's budget (`crate::budget`, "Counts of several tokens").
 
+use crate::budget::GrantAsk;
 use crate::hints::{EvidenceInput, assess};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
+use crate::slots::SlotAsk;
 use crate::store::{LeaseOutcome, LevelHint, ReportBatch, ScopeFilter, Store, StoreError, Tenant};
 use crate::tenancy::Owner;
 
@@ -43,18 +45,20 @@ async fn lease(
     key: &ScopeKey,
     now_ms: i64,
 ) -> Result<LeaseOutcome, StoreError> {
-    s.lease_as(tenant(who), key, ask("w", 1, now_ms), &Policy::default())
-        .await
+    let ask = GrantAsk {
+        tenant: tenant(who),
+        ..ask("w", 1, now_ms)
+    };
+    s.lease(key, ask, &Policy::default()).await
 }
 
 async fn deposit(s: &dyn Store, who: usize, key: &ScopeKey, now_ms: i64) -> Result<(), StoreError> {
     let batch = ReportBatch {
         first_attempts: 1,
+        tenant: tenant(who),
         ..ReportBatch::empty("w", now_ms)
     };
-    s.report_as(tenant(who), key, batch, &Policy::default())
-        .await
-        .map(drop)
+    s.report(key, batch, &Policy::default()).await.map(drop)
 }
 
 /// A report carrying a 429 with `Retry-After: 300`: five minutes of
@@ -80,9 +84,10 @@ async fn cool_down(
         first_attempts: 1,
         rejections: 1,
         hints: &hints,
+        tenant: tenant(who),
         ..ReportBatch::empty("w", now_ms)
     };
-    s.report_as(tenant(who), key, batch, &p).await.map(drop)
+    s.report(key, batch, &p).await.map(drop)
 }
 
 async fn exists(s: &dyn Store, key: &ScopeKey, now_ms: i64) -> bool {
@@ -142,10 +147,12 @@ pub(crate) async fn a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_al
         Err(StoreError::ScopeQuota { quota: QUOTA })
     );
     let slot = s
-        .reconsider_as(
-            tenant(0),
+        .reconsider(
             &a(QUOTA).route,
-            super::common::slot_ask("i", T0 + 2),
+            SlotAsk {
+                tenant: tenant(0),
+                ..super::common::slot_ask("i", T0 + 2)
+            },
             &Policy::default(),
         )
         .await;
@@ -223,9 +230,10 @@ pub(crate) async fn a_caller_scope_is_charged_and_idle_scopes_give_their_places_
         first_attempts: 1,
         rejections: 1,
         hints: &hints,
+        tenant: tenant(0),
         ..ReportBatch::empty("w", T0)
     };
-    s.report_as(tenant(0), &scope("a", "r0"), batch, &p)
+    s.report(&scope("a", "r0"), batch, &p)
         .await
         .expect("a's report");
     assert_eq!(held(s, 0), 2);
@@ -252,26 +260,41 @@ pub(crate) async fn a_huge_report_from_one_token_does_not_raise_anothers_budget(
         tokens: 2,
     };
     let key = scope("shared", "r");
-    let report = |worker, first_attempts| ReportBatch {
+    let report = |who, worker, first_attempts| ReportBatch {
         first_attempts,
+        tenant: shared(who),
         ..ReportBatch::empty(worker, T0)
     };
-    s.report_as(shared(0), &key, report("one:w", 100), &p)
+    s.report(&key, report(0, "one:w", 100), &p)
         .await
         .expect("one's report");
-    s.report_as(shared(1), &key, report("two:w", 1_000_000), &p)
+    s.report(&key, report(1, "two:w", 1_000_000), &p)
         .await
         .expect("two's claim");
     // Alone, a hundred first attempts earn the floor (10/s over 10 s)
     // plus 0.2 × 100: 120 tokens, whatever the other token claims.
     let bound = 10 * 10 + 100 / 5;
     let mine = s
-        .lease_as(shared(0), &key, ask("one:w", 10_000, T0), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(0),
+                ..ask("one:w", 10_000, T0)
+            },
+            &p,
+        )
         .await
         .expect("one's lease");
     assert_eq!((mine.grant.granted, mine.grant.remaining), (bound, 0));
     let again = s
-        .lease_as(shared(0), &key, ask("one:w", 10_000, T0 + 1), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(0),
+                ..ask("one:w", 10_000, T0 + 1)
+            },
+            &p,
+        )
         .await
         .expect("one's lease");
     assert_eq!(again.grant.granted, 0, "one's own budget is spent");
@@ -281,13 +304,27 @@ pub(crate) async fn a_huge_report_from_one_token_does_not_raise_anothers_budget(
         .await
         .expect("release");
     let refunded = s
-        .lease_as(shared(0), &key, ask("one:w", 10_000, T0 + 3), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(0),
+                ..ask("one:w", 10_000, T0 + 3)
+            },
+            &p,
+        )
         .await
         .expect("one's lease");
     assert_eq!(refunded.grant.granted, bound - 20);
     // The claiming token's own retries are what its claim earns it.
     let theirs = s
-        .lease_as(shared(1), &key, ask("two:w", 10_000, T0 + 3), &p)
+        .lease(
+            &key,
+            GrantAsk {
+                tenant: shared(1),
+                ..ask("two:w", 10_000, T0 + 3)
+            },
+            &p,
+        )
         .await
         .expect("two's lease");
     assert_eq!(theirs.grant.granted, 10_000);

@@ -9,7 +9,7 @@ use crate::pacing::Mode;
 use crate::pacing::stated::{InForce, STATED_HOLD_MS, StatedVerdict};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
-use crate::store::{ReportBatch, ScopeDetail, Store};
+use crate::store::{ReportBatch, ScopeDetail, Store, Tenant};
 use tollgate_vocab::ratelimit::StatedField;
 
 fn key() -> ScopeKey {
@@ -49,7 +49,7 @@ async fn report(s: &dyn Store, worker: &str, stated: &[StatedField], now_ms: i64
         counts_age_ms: 0,
         hints: &[],
         now_ms,
-        tokens: 1,
+        tenant: Tenant::NONE,
         stated: Some(&statement),
     };
     s.report(&key(), batch, p).await.expect("report");

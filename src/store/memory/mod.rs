@@ -71,7 +71,7 @@ use super::{
     LeaseOutcome, OwnerCounts, Reconsidered, ReportBatch, Reported, RouteView, ScopeCounts,
     ScopeDetail, ScopeFilter, ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
-use crate::tenancy::{Owner, Tenant};
+use crate::tenancy::Owner;
 use route::{RouteLookup, RouteName, RouteState};
 
 /// The share of `max_scopes` (permille) one room-making pass evicts: 1/64
@@ -431,7 +431,6 @@ impl MemoryStore {
 
     fn lease_now(
         &self,
-        tenant: Tenant,
         scope: &ScopeKey,
         ask: GrantAsk<'_>,
         policy: &Policy,
@@ -439,7 +438,7 @@ impl MemoryStore {
         let caller = self.caller_floor(&scope.route.caller_scope);
         let id = crate::budget::new_lease_id();
         let route = RouteLookup::of(&scope.route);
-        self.with_route(&route, tenant.owner, ask.now_ms, |state| {
+        self.with_route(&route, ask.tenant.owner, ask.now_ms, |state| {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {
                 let remaining =
@@ -458,9 +457,7 @@ impl MemoryStore {
                     view,
                 });
             }
-            let grant = state
-                .budget(ask.now_ms)
-                .grant_for(policy, ask, &id, tenant)?;
+            let grant = state.budget(ask.now_ms).grant(policy, ask, &id)?;
             Ok(LeaseOutcome {
                 lease_id: (grant.granted > 0).then_some(id),
                 grant,
@@ -499,12 +496,12 @@ impl MemoryStore {
 
     fn reconsider_now(
         &self,
-        tenant: Tenant,
         route: &RouteKey,
         ask: SlotAsk<'_>,
         policy: &Policy,
     ) -> Result<Slotted, StoreError> {
         let caller = self.caller_floor(&route.caller_scope);
+        let tenant = ask.tenant;
         self.with_route(&RouteLookup::of(route), tenant.owner, ask.now_ms, |state| {
             let view = Self::view_of(state, caller);
             if view.frozen.is_some() {
@@ -543,17 +540,7 @@ impl Store for MemoryStore {
         ask: GrantAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(ready(self.lease_now(Tenant::NONE, scope, ask, policy)))
-    }
-
-    fn lease_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        ask: GrantAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(ready(self.lease_now(tenant, scope, ask, policy)))
+        Box::pin(ready(self.lease_now(scope, ask, policy)))
     }
 
     fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
@@ -573,17 +560,7 @@ impl Store for MemoryStore {
         report: ReportBatch<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Reported> {
-        Box::pin(ready(self.report_now(Tenant::NONE, scope, report, policy)))
-    }
-
-    fn report_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        report: ReportBatch<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Reported> {
-        Box::pin(ready(self.report_now(tenant, scope, report, policy)))
+        Box::pin(ready(self.report_now(scope, report, policy)))
     }
 
     fn reconsider<'a>(
@@ -592,17 +569,7 @@ impl Store for MemoryStore {
         ask: SlotAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Slotted> {
-        Box::pin(ready(self.reconsider_now(Tenant::NONE, route, ask, policy)))
-    }
-
-    fn reconsider_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        route: &'a RouteKey,
-        ask: SlotAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Slotted> {
-        Box::pin(ready(self.reconsider_now(tenant, route, ask, policy)))
+        Box::pin(ready(self.reconsider_now(route, ask, policy)))
     }
 
     fn view<'a>(&'a self, route: &'a RouteKey, _now_ms: i64) -> StoreFuture<'a, RouteView> {
@@ -812,6 +779,7 @@ mod tests {
     use crate::budget::GrantAsk;
     use crate::scope::{Priority, RetryClass};
     use crate::store::contract::deposit;
+    use crate::tenancy::Tenant;
 
     const T0: i64 = 1_700_000_000_000;
 
@@ -826,6 +794,7 @@ mod tests {
             retry_class: RetryClass::Transient,
             want: 1,
             now_ms,
+            tenant: Tenant::NONE,
         };
         s.lease(&key(i), ask, &Policy::default()).await
     }
@@ -906,10 +875,10 @@ mod tests {
             counts_age_ms: 0,
             hints: &hints,
             now_ms,
-            tokens: 1,
+            tenant,
             stated: None,
         };
-        s.report_as(tenant, key, batch, &p).await
+        s.report(key, batch, &p).await
     }
 
     fn tenant(i: usize) -> Tenant {
@@ -919,7 +888,7 @@ mod tests {
         }
     }
 
-    async fn lease_as(
+    async fn lease_by(
         s: &MemoryStore,
         who: Tenant,
         key: &ScopeKey,
@@ -931,8 +900,9 @@ mod tests {
             retry_class: RetryClass::Transient,
             want: 1,
             now_ms,
+            tenant: who,
         };
-        s.lease_as(who, key, ask, &Policy::default()).await
+        s.lease(key, ask, &Policy::default()).await
     }
 
     fn b_key(i: usize) -> ScopeKey {
@@ -944,7 +914,7 @@ mod tests {
         let s = MemoryStore::with_quotas(8, vec![4, 4]);
         let (a, b) = (tenant(0), tenant(1));
         // B's scope is busy with a lease; its other scope is only cold.
-        lease_as(&s, b, &b_key(0), T0).await.expect("b busy");
+        lease_by(&s, b, &b_key(0), T0).await.expect("b busy");
         deposit(&s, &b_key(1), 1, T0).await.expect("unowned");
         // A fills its quota with scopes it cooled down itself.
         for i in 0..4 {
@@ -970,7 +940,7 @@ mod tests {
         );
         assert!(!s.routes.contains_key(RouteLookup::of(&key(0).route).name()));
         // B is under its quota: a new scope of its own is admitted.
-        lease_as(&s, b, &b_key(2), T0 + 200)
+        lease_by(&s, b, &b_key(2), T0 + 200)
             .await
             .expect("b's room");
         assert_eq!(s.held(b.owner), 2);
@@ -983,16 +953,16 @@ mod tests {
         let s = MemoryStore::with_quotas(8, vec![2, 2]);
         let (a, b) = (tenant(0), tenant(1));
         for i in 0..2 {
-            lease_as(&s, a, &key(i), T0).await.expect("a's quota");
+            lease_by(&s, a, &key(i), T0).await.expect("a's quota");
         }
-        let refused = lease_as(&s, a, &key(2), T0 + 1).await;
+        let refused = lease_by(&s, a, &key(2), T0 + 1).await;
         assert_eq!(refused, Err(StoreError::ScopeQuota { quota: 2 }));
         assert_eq!(s.owner_counts()[0].refused, 1);
         // B is not held out by A's full quota, and the table is not full.
-        lease_as(&s, b, &b_key(0), T0 + 1).await.expect("b's room");
+        lease_by(&s, b, &b_key(0), T0 + 1).await.expect("b's room");
         assert_eq!(s.counts().refused, 0);
         // Once A's leases expire, its own coldest makes room.
-        lease_as(&s, a, &key(2), T0 + 10_000)
+        lease_by(&s, a, &key(2), T0 + 10_000)
             .await
             .expect("a's own room");
         assert_eq!(s.held(a.owner), 2);
@@ -1026,9 +996,10 @@ mod tests {
     async fn deposit_as(s: &MemoryStore, who: Tenant, key: &ScopeKey, now_ms: i64) {
         let batch = ReportBatch {
             first_attempts: 1,
+            tenant: who,
             ..ReportBatch::empty("w", now_ms)
         };
-        s.report_as(who, key, batch, &Policy::default())
+        s.report(key, batch, &Policy::default())
             .await
             .expect("room");
     }

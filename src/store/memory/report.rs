@@ -8,7 +8,7 @@ use crate::hints::{Assessment, Merge, Reporter};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{ReportBatch, Reported, RouteView, StoreError};
-use crate::tenancy::{Owner, Tenant};
+use crate::tenancy::Owner;
 
 use super::MemoryStore;
 use super::route::RouteLookup;
@@ -19,12 +19,12 @@ impl MemoryStore {
     /// locks at once (see the module doc for what that costs).
     pub(super) fn report_now(
         &self,
-        tenant: Tenant,
         scope: &ScopeKey,
         report: ReportBatch<'_>,
         policy: &Policy,
     ) -> Result<Reported, StoreError> {
         let now_ms = report.now_ms;
+        let tenant = report.tenant;
         let route = RouteLookup::of(&scope.route);
         if report.successes > 0
             && self.callers_used.load(Ordering::Acquire)
@@ -37,7 +37,7 @@ impl MemoryStore {
         // by it: pacing is told the cooldown as it was before this report.
         let cooldown_before = self.view_now(&route).cooldown_until_ms;
         let active = self.with_route(&route, tenant.owner, now_ms, |state| {
-            state.budget(now_ms).deposit_for(
+            state.budget(now_ms).deposit(
                 policy,
                 report.worker_id,
                 scope.priority,
@@ -53,7 +53,7 @@ impl MemoryStore {
                 active: state
                     .budget(now_ms)
                     .active_workers(now_ms, policy.window_ms()),
-                tokens: report.tokens,
+                tokens: tenant.tokens,
             };
             for (merge, hint) in merges.iter_mut().zip(report.hints) {
                 if !hint.caller_wide {
@@ -72,7 +72,7 @@ impl MemoryStore {
         let reporter = Reporter {
             worker_id: report.worker_id,
             active,
-            tokens: report.tokens,
+            tokens: tenant.tokens,
         };
         for (merge, hint) in merges.iter_mut().zip(report.hints) {
             if hint.caller_wide {
@@ -95,7 +95,7 @@ impl MemoryStore {
             let pacing = state.pacing_mut(now_ms, &policy.pacing);
             let was = pacing.mode();
             if let Some(statement) = report.stated {
-                let weighing = crate::hints::stated::weighing(policy, active, report.tokens);
+                let weighing = crate::hints::stated::weighing(policy, active, tenant.tokens);
                 pacing.observe_statement(statement.clone(), weighing, now_ms, &policy.pacing);
             }
             pacing.observe(&observation, &policy.pacing);

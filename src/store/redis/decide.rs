@@ -90,11 +90,11 @@ impl RedisStore {
     /// `slot_commit` record it.
     pub(super) async fn reconsider_now(
         &self,
-        owner: Owner,
         route: &RouteKey,
         ask: SlotAsk<'_>,
         policy: &Policy,
     ) -> Result<Slotted, StoreError> {
+        let owner = ask.tenant.owner;
         let (keys, ccd, cfloor) = self.route_keys(route).await?;
         let _turn = self.turns.take(&keys[0]).await;
         let now = ask.now_ms;

@@ -1,5 +1,5 @@
 //! A Lease on Redis: every budget rule applied here, in Rust, by the
-//! functions [`BudgetLedger::grant_for`](crate::budget::BudgetLedger::grant_for)
+//! functions [`BudgetLedger::grant`](crate::budget::BudgetLedger::grant)
 //! runs ([`crate::budget::ClassLimits`], [`fair_tokens`], [`decide`]);
 //! `lua/lease.lua` only takes up to a count of tokens under limits passed
 //! in, atomically, and records the lease.
@@ -62,7 +62,6 @@ use crate::budget::{
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{LeaseOutcome, RouteView, StoreError};
-use crate::tenancy::Tenant;
 
 use super::connection::run_on;
 use super::decide::MAX_ROUNDS;
@@ -240,11 +239,11 @@ fn number(bytes: &[u8], i: usize) -> i64 {
 impl RedisStore {
     pub(super) async fn lease_now(
         &self,
-        tenant: Tenant,
         scope: &ScopeKey,
         ask: GrantAsk<'_>,
         policy: &Policy,
     ) -> Result<LeaseOutcome, StoreError> {
+        let tenant = ask.tenant;
         let owner = tenant.owner;
         let (keys, ccd, cfloor) = self.route_keys(&scope.route).await?;
         // A token with a quota takes only a route that exists, until a

@@ -147,7 +147,7 @@ mod tests {
     use crate::policy::Policy;
     use crate::scope::{Priority, RetryClass, ScopeKey};
     use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
-    use crate::store::{Store, StoreError};
+    use crate::store::{Store, StoreError, Tenant};
     use tollgate_testkit::RedisServer;
 
     const T0: i64 = 1_700_000_000_000;
@@ -196,6 +196,7 @@ mod tests {
                     retry_class: RetryClass::Transient,
                     want: 1,
                     now_ms: T0,
+                    tenant: Tenant::NONE,
                 };
                 let out = store.lease(&key, ask, &Policy::default()).await;
                 (key, worker, out)

@@ -379,8 +379,9 @@ mod tests {
                     retry_class: RetryClass::Transient,
                     want: 1,
                     now_ms: T0 + i as i64,
+                    tenant,
                 };
-                store.lease_as(tenant, &key, ask, &Policy::default()).await
+                store.lease(&key, ask, &Policy::default()).await
             })
         });
         let mut granted = 0;

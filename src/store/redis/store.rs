@@ -16,7 +16,7 @@ use crate::store::{
     LeaseOutcome, OwnerCounts, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
     ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
-use crate::tenancy::{Owner, Tenant};
+use crate::tenancy::Owner;
 
 use super::connection::{Conn, RedisTarget};
 use super::decide::{
@@ -247,11 +247,11 @@ impl RedisStore {
     /// same window).
     async fn report_now(
         &self,
-        tenant: Tenant,
         scope: &ScopeKey,
         report: ReportBatch<'_>,
         policy: &Policy,
     ) -> Result<Reported, StoreError> {
+        let tenant = report.tenant;
         let owner = tenant.owner;
         let now = report.now_ms;
         let route_key = self.route_key(&scope.route);
@@ -305,7 +305,7 @@ impl RedisStore {
         let reporter = Reporter {
             worker_id: report.worker_id,
             active: count(reply.int(1)?),
-            tokens: report.tokens,
+            tokens: tenant.tokens,
         };
         let route = RouteRead::at(&reply, 2)?;
         let (caller_version, caller_stored) = if clustered {
@@ -509,17 +509,7 @@ impl Store for RedisStore {
         ask: GrantAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(self.lease_now(Tenant::NONE, scope, ask, policy))
-    }
-
-    fn lease_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        ask: GrantAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, LeaseOutcome> {
-        Box::pin(self.lease_now(tenant, scope, ask, policy))
+        Box::pin(self.lease_now(scope, ask, policy))
     }
 
     fn release<'a>(&'a self, scope: &'a ScopeKey, end: LeaseEnd<'a>) -> StoreFuture<'a, u32> {
@@ -551,17 +541,7 @@ impl Store for RedisStore {
         report: ReportBatch<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Reported> {
-        Box::pin(self.report_now(Tenant::NONE, scope, report, policy))
-    }
-
-    fn report_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        scope: &'a ScopeKey,
-        report: ReportBatch<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Reported> {
-        Box::pin(self.report_now(tenant, scope, report, policy))
+        Box::pin(self.report_now(scope, report, policy))
     }
 
     fn reconsider<'a>(
@@ -570,17 +550,7 @@ impl Store for RedisStore {
         ask: SlotAsk<'a>,
         policy: &'a Policy,
     ) -> StoreFuture<'a, Slotted> {
-        Box::pin(self.reconsider_now(Owner::NONE, route, ask, policy))
-    }
-
-    fn reconsider_as<'a>(
-        &'a self,
-        tenant: Tenant,
-        route: &'a RouteKey,
-        ask: SlotAsk<'a>,
-        policy: &'a Policy,
-    ) -> StoreFuture<'a, Slotted> {
-        Box::pin(self.reconsider_now(tenant.owner, route, ask, policy))
+        Box::pin(self.reconsider_now(route, ask, policy))
     }
 
     fn view<'a>(&'a self, route: &'a RouteKey, now_ms: i64) -> StoreFuture<'a, RouteView> {

@@ -5,7 +5,7 @@ use crate::budget::GrantAsk;
 use crate::policy::Policy;
 use crate::scope::{Priority, RetryClass, ScopeKey};
 use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
-use crate::store::{MemoryStore, ReportBatch, Store};
+use crate::store::{MemoryStore, ReportBatch, Store, Tenant};
 use tollgate_testkit::RedisServer;
 
 const T0: i64 = 1_700_000_000_000;
@@ -103,6 +103,7 @@ async fn alike(route: &str, steps: &[Step]) {
                     retry_class: RetryClass::Transient,
                     want,
                     now_ms: at,
+                    tenant: Tenant::NONE,
                 };
                 let expected = memory.lease(&key, ask, &policy).await.expect("lease");
                 let before = fcalls(&mut conn).await;
