@@ -121,19 +121,27 @@ mod tests {
 
     use super::*;
     use crate::store::contract::Fixture;
+    use crate::tenancy::TenantLimits;
     use tollgate_testkit::RedisServer;
 
-    async fn make() -> Option<Fixture> {
-        let server = RedisServer::start()?;
-        let store = RedisStore::connect(
+    /// A store on `server` as the contract runs it (a minute's idle TTL),
+    /// with these quotas.
+    async fn store_on(server: &RedisServer, tenants: TenantLimits) -> RedisStore {
+        RedisStore::connect(
             RedisTarget::parse(&server.url()).expect("url"),
             RedisOptions {
                 idle_ttl: Duration::from_secs(60),
+                tenants,
                 ..RedisOptions::default()
             },
         )
         .await
-        .expect("connect");
+        .expect("connect")
+    }
+
+    async fn make() -> Option<Fixture> {
+        let server = RedisServer::start()?;
+        let store = store_on(&server, TenantLimits::default()).await;
         Some(Fixture::new(store, server))
     }
 
@@ -145,16 +153,7 @@ mod tests {
 
         async fn make() -> Option<Fixture> {
             let server = RedisServer::start()?;
-            let store = RedisStore::connect(
-                RedisTarget::parse(&server.url()).expect("url"),
-                RedisOptions {
-                    idle_ttl: Duration::from_secs(60),
-                    tenants: crate::store::contract::quotas::limits(),
-                    ..RedisOptions::default()
-                },
-            )
-            .await
-            .expect("connect");
+            let store = store_on(&server, crate::store::contract::quotas::limits()).await;
             Some(Fixture::new(store, server))
         }
 
@@ -170,15 +169,7 @@ mod tests {
 
         async fn make() -> Option<Fixture> {
             let server = RedisServer::start_cluster()?;
-            let store = RedisStore::connect(
-                RedisTarget::parse(&server.url()).expect("url"),
-                RedisOptions {
-                    idle_ttl: Duration::from_secs(60),
-                    ..RedisOptions::default()
-                },
-            )
-            .await
-            .expect("connect");
+            let store = store_on(&server, TenantLimits::default()).await;
             assert!(store.clustered());
             let server = Arc::new(server);
             let flush = Arc::clone(&server);
@@ -195,16 +186,7 @@ mod tests {
 
             async fn make() -> Option<Fixture> {
                 let server = RedisServer::start_cluster()?;
-                let store = RedisStore::connect(
-                    RedisTarget::parse(&server.url()).expect("url"),
-                    RedisOptions {
-                        idle_ttl: Duration::from_secs(60),
-                        tenants: crate::store::contract::quotas::limits(),
-                        ..RedisOptions::default()
-                    },
-                )
-                .await
-                .expect("connect");
+                let store = store_on(&server, crate::store::contract::quotas::limits()).await;
                 assert!(store.clustered());
                 Some(Fixture::new(store, server))
             }
