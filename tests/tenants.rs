@@ -6,7 +6,9 @@
 mod support;
 
 use support::{ADMIN_TOKEN, Coordinator, config, lease, rate_limited, scope, with_token};
+use tollgate_proto::v1::budget_client::BudgetClient;
 use tollgate_proto::v1::{self, Priority, ScopeCertainty};
+use tonic::transport::Channel;
 
 const A: &str = "token-of-tenant-a";
 const B: &str = "token-of-tenant-b";
@@ -53,17 +55,13 @@ async fn held_by(coordinator: &Coordinator, tenant: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_tenant_filling_its_quota_with_cooled_down_scopes_evicts_only_its_own() {
-    let coordinator = Coordinator::start(config(TWO_TENANTS)).await;
-    let mut client = coordinator.client().await;
-    // Tenant B's scope: reported on, nothing live in it now, the coldest
-    // scope of the table. Before quotas it was the first to go.
-    let busy = scope("tenant-b", "GET /orders", Priority::Normal);
+/// Tenant B reports fifty first attempts on `GET /orders`: its scope is
+/// reported on, nothing live in it now, the coldest scope of the table.
+async fn b_reports_on_its_scope(client: &mut BudgetClient<Channel>) {
     client
         .report(with_token(
             v1::ReportRequest {
-                scope: busy.clone(),
+                scope: scope("tenant-b", "GET /orders", Priority::Normal),
                 worker_id: "b-1".into(),
                 first_attempts: 50,
                 ..v1::ReportRequest::default()
@@ -72,11 +70,17 @@ async fn a_tenant_filling_its_quota_with_cooled_down_scopes_evicts_only_its_own(
         ))
         .await
         .expect("b's report");
-    // Tenant A cools down forty invented routes with its own 429s.
+}
+
+/// Tenant A cools down forty invented routes with its own 429s (300 s
+/// each), through each of `clients` in turn; what each report got.
+async fn a_cools_down_forty_routes(
+    clients: &mut [BudgetClient<Channel>],
+) -> Vec<Result<(), tonic::Code>> {
     let mut flooded = Vec::new();
     for i in 0..40 {
         let s = scope("tenant-a", &format!("GET /invented/{i}"), Priority::Normal);
-        let answer = client
+        let answer = clients[i % clients.len()]
             .report(with_token(
                 rate_limited(s, "a-1", "300", ScopeCertainty::Known),
                 A,
@@ -84,6 +88,16 @@ async fn a_tenant_filling_its_quota_with_cooled_down_scopes_evicts_only_its_own(
             .await;
         flooded.push(answer.map(drop).map_err(|s| s.code()));
     }
+    flooded
+}
+
+#[tokio::test]
+async fn a_tenant_filling_its_quota_with_cooled_down_scopes_evicts_only_its_own() {
+    let coordinator = Coordinator::start(config(TWO_TENANTS)).await;
+    let mut client = coordinator.client().await;
+    // Before quotas, B's scope was the first to go.
+    b_reports_on_its_scope(&mut client).await;
+    let flooded = a_cools_down_forty_routes(std::slice::from_mut(&mut client)).await;
     // B's scope is still there, with its first attempts.
     assert_eq!(held_by(&coordinator, "team-b").await, ["GET /orders"]);
     let state = coordinator
@@ -194,31 +208,9 @@ mod on_redis {
             return;
         };
         let mut clients = [one.client().await, two.client().await];
-        let busy = scope("tenant-b", "GET /orders", Priority::Normal);
-        clients[0]
-            .report(with_token(
-                v1::ReportRequest {
-                    scope: busy.clone(),
-                    worker_id: "b-1".into(),
-                    first_attempts: 50,
-                    ..v1::ReportRequest::default()
-                },
-                B,
-            ))
-            .await
-            .expect("b's report");
-        // A cools down forty invented routes, alternating replicas.
-        let mut flooded = Vec::new();
-        for i in 0..40 {
-            let s = scope("tenant-a", &format!("GET /invented/{i}"), Priority::Normal);
-            let answer = clients[i % 2]
-                .report(with_token(
-                    rate_limited(s, "a-1", "300", ScopeCertainty::Known),
-                    A,
-                ))
-                .await;
-            flooded.push(answer.map(drop).map_err(|s| s.code()));
-        }
+        b_reports_on_its_scope(&mut clients[0]).await;
+        // A's reports alternate replicas.
+        let flooded = a_cools_down_forty_routes(&mut clients).await;
         assert_eq!(flooded, vec![Ok(()); 40]);
         // Either replica lists what each tenant holds (no FAILED_PRECONDITION).
         assert_eq!(held_by(&two, "team-b").await, ["GET /orders"]);
