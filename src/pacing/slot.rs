@@ -204,8 +204,9 @@ impl PacingState {
         // rate doubling every window), so this rarely overshoots the slot
         // even with the spread below (at most an eighth past it), and a long
         // wait costs a few calls (the distance shrinks eightfold each time).
-        // Three quarters cost the storm a tenth more Reconsider calls for
-        // no intent saved.
+        // Three quarters cost a tenth more Reconsider calls for no intent
+        // saved (docs/storm/README.md's reference command: its RPCs per
+        // worker per second).
         let gap = estimate.saturating_sub(now + horizon);
         let toward = now + (gap.saturating_mul(7) / 8).max(horizon / 2);
         // Intents the rate turned away together are spread over a quarter
