@@ -23,7 +23,7 @@
 //!   runtime control state), and the contract suite both must pass.
 //! - [`events`]: `StateChange`, scope snapshots and the `EventHub` every
 //!   change is published on.
-//! - [`admin`]: runtime control — policy changes with optimistic versions,
+//! - [`control`]: runtime control — policy changes with optimistic versions,
 //!   laid over the policy file, freezes, resets, the audit log, kept in the
 //!   state file (one coordinator) or shared through the store (replicas),
 //!   and live reload.
@@ -68,11 +68,11 @@
 //! crate (`bench/`) and the tests' Redis fixtures `tollgate-testkit`
 //! (`testkit/`): neither is part of this library or its binary.
 
-pub mod admin;
 pub mod auth;
 pub mod budget;
 pub mod codec;
 pub mod config;
+pub mod control;
 pub mod coordinator;
 pub mod events;
 pub mod hints;

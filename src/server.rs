@@ -54,9 +54,9 @@ use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::{info, warn};
 
-use crate::admin::audit::AuditLog;
-use crate::admin::{AdminError, Control, Paths};
 use crate::config::Config;
+use crate::control::audit::AuditLog;
+use crate::control::{AdminError, Control, Paths};
 use crate::coordinator::{Coordinator, CoreParts};
 use crate::events::EventHub;
 use crate::policy::SharedPolicies;

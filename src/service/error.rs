@@ -2,9 +2,9 @@
 
 use tonic::Status;
 
-use crate::admin::AdminError;
 use crate::auth::{AdminDenied, AuthError};
 use crate::budget::BudgetError;
+use crate::control::AdminError;
 use crate::store::StoreError;
 
 /// Why a Budget call failed.

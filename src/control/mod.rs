@@ -8,14 +8,14 @@
 //!    ([`PolicyDoc::build`]);
 //! 2. make it durable with its audit records: the state file with one
 //!    coordinator; with replicas on a shared store, a compare-and-set of the
-//!    shared document (see `sync`), so a change through any replica is one
+//!    shared document (see `commit`), so a change through any replica is one
 //!    change of the fleet and an acknowledged change survives any replica;
 //! 3. put it in force ([`SharedPolicies::replace`]) and publish it to Watch
 //!    streams (other replicas follow within a second).
 //!
 //! # Layers
 //! The running policy is the policy file with runtime changes laid over it
-//! (see `layers`): a reload keeps an SRE's change to a rule the file did
+//! (see `overrides`): a reload keeps an SRE's change to a rule the file did
 //! not touch; `policy clear` hands a rule back to the file.
 //!
 //! # Versions
@@ -37,12 +37,12 @@
 //! freeze: no new lease or slot, outstanding leases run out.
 
 pub mod audit;
-pub mod layers;
+mod commit;
 mod mute;
+pub mod overrides;
 pub mod persist;
 mod plan;
 mod scopes;
-mod sync;
 mod versions;
 
 use std::collections::BTreeMap;
@@ -58,14 +58,14 @@ use crate::scope::RouteKey;
 use crate::store::{Store, StoreError};
 
 use self::audit::{AuditLog, AuditRecord};
-use self::layers::Overrides;
+use self::commit::{Outcome, State, to_json};
+use self::overrides::Overrides;
 use self::persist::{FreezeRecord, PersistError};
-use self::sync::{Outcome, State, to_json};
 use self::versions::{pin_versions, relayer};
 
+pub use self::commit::RECONCILE_EVERY;
 pub use self::mute::MUTE_FOREVER_MS;
 pub use self::plan::{Change, ChangeKind, plan, spec_fields};
-pub use self::sync::RECONCILE_EVERY;
 
 /// Who a policy-file reload is recorded as.
 pub const FILE_ACTOR: &str = "policy-file";
@@ -472,7 +472,7 @@ impl Control {
         let action = req.action();
         let (defaults, _) = self
             .change(|st, now| {
-                let target = layers::DEFAULTS.to_owned();
+                let target = overrides::DEFAULTS.to_owned();
                 let before = st.doc.defaults.clone();
                 let current = before.policy_version.unwrap_or(0);
                 if current != req.expected_version {

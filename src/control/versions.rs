@@ -4,9 +4,9 @@
 
 use crate::config::{PolicyDoc, RuleSpec};
 
-use super::layers::{DEFAULTS, Overrides};
+use super::commit::State;
+use super::overrides::{DEFAULTS, Overrides};
 use super::plan::{Change, ChangeKind, plan};
-use super::sync::State;
 use super::{AdminError, check_size};
 
 /// Every version in `doc` made explicit, so the document alone says what

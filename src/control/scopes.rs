@@ -6,8 +6,8 @@
 use crate::events::StateChange;
 use crate::scope::RouteKey;
 
+use super::commit::{Outcome, to_json};
 use super::persist::FreezeRecord;
-use super::sync::{Outcome, to_json};
 use super::{AdminError, Control, EXPIRY_ACTOR, Note};
 
 impl Control {

@@ -25,7 +25,7 @@ use crate::scope::RouteKey;
 use crate::store::{AdminStateStore, StoreError};
 
 use super::audit::{self, AuditRecord};
-use super::layers::Overrides;
+use super::overrides::Overrides;
 use super::persist::{self, FreezeRecord, PersistError, StateFile};
 use super::{AdminError, Control};
 

@@ -11,8 +11,8 @@ use crate::config::ConfigError;
 use crate::hints::corroboration::MAX_MUTES;
 use crate::scope::RouteKey;
 
+use super::commit::Outcome;
 use super::persist::MuteRecord;
-use super::sync::Outcome;
 use super::{AdminError, Control, Note, to_json};
 
 /// Mutes by scope and worker.
