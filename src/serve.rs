@@ -304,12 +304,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// A start-up error in one line, naming the flag that moves a file the
 /// process could not write (a read-only mount is the usual cause).
 fn with_hint(err: server::ServeError) -> anyhow::Error {
-    use crate::control::{AdminError, persist::PersistError};
+    use crate::control::{ControlError, persist::PersistError};
     let hint = match &err {
         server::ServeError::Audit { .. } => {
             " (--audit-log moves it; with a Redis store no audit file is needed)"
         }
-        server::ServeError::Admin(AdminError::Persist(PersistError::Io { .. })) => {
+        server::ServeError::Control(ControlError::Persist(PersistError::Io { .. })) => {
             " (--state moves it; with a Redis store no state file is needed)"
         }
         _ => "",

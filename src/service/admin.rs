@@ -159,7 +159,7 @@ impl Admin for AdminService {
             return Ok(Response::new(defaults_rule(&doc)));
         }
         let i = doc.find(&req.caller_scope, &req.route).ok_or_else(|| {
-            ServiceError::from(crate::control::AdminError::NotFound(format!(
+            ServiceError::from(crate::control::ControlError::NotFound(format!(
                 "{}|{}",
                 req.caller_scope, req.route
             )))
@@ -273,12 +273,14 @@ impl Admin for AdminService {
         }
         // The document is one field of the request: its errors name the
         // field first, then the place inside the document.
-        let in_toml = |e: crate::control::AdminError| match e {
-            crate::control::AdminError::Invalid(e) => ServiceError::invalid("toml", e.to_string()),
+        let in_toml = |e: crate::control::ControlError| match e {
+            crate::control::ControlError::Invalid(e) => {
+                ServiceError::invalid("toml", e.to_string())
+            }
             other => ServiceError::from(other),
         };
         let doc = PolicyDoc::from_toml(&req.toml)
-            .map_err(|e| in_toml(crate::control::AdminError::from(e)))?;
+            .map_err(|e| in_toml(crate::control::ControlError::from(e)))?;
         let (changes, version) = self
             .control()
             .apply(&who, doc, req.dry_run, "policy.apply", &req.reason)
