@@ -23,7 +23,7 @@
 //!   runtime control state), and the contract suite both must pass.
 //! - [`events`]: `StateChange`, scope snapshots and the `EventHub` every
 //!   change is published on.
-//! - [`admin`]: runtime control — policy changes with optimistic versions,
+//! - [`control`]: runtime control — policy changes with optimistic versions,
 //!   laid over the policy file, freezes, resets, the audit log, kept in the
 //!   state file (one coordinator) or shared through the store (replicas),
 //!   and live reload.
@@ -43,7 +43,9 @@
 //!   health and both reflection versions behind tower layers, background
 //!   tasks, a graceful drain; `run_tcp` adds TLS with certificate reload,
 //!   the connection limits and the idle timeout (docs/security.md).
-//! - [`signal`], [`serve`]: SIGINT/SIGTERM/SIGHUP and the `serve` subcommand.
+//! - [`signal`], [`serve_command`]: SIGINT/SIGTERM/SIGHUP, and the `serve`
+//!   subcommand: its flags read into a store, telemetry and a [`server`]
+//!   `Setup` (the server itself knows no flags).
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with one renderer (table, JSON, YAML) and documented
 //!   exit codes, and `top`, the live terminal view of the hottest scopes.
@@ -68,11 +70,11 @@
 //! crate (`bench/`) and the tests' Redis fixtures `tollgate-testkit`
 //! (`testkit/`): neither is part of this library or its binary.
 
-pub mod admin;
 pub mod auth;
 pub mod budget;
 pub mod codec;
 pub mod config;
+pub mod control;
 pub mod coordinator;
 pub mod events;
 pub mod hints;
@@ -81,7 +83,7 @@ pub mod pacing;
 pub mod policy;
 pub mod proxy;
 pub mod scope;
-pub mod serve;
+pub mod serve_command;
 pub mod server;
 pub mod service;
 pub mod signal;

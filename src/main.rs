@@ -40,7 +40,7 @@ enum Command {
   tollgate serve                                   # 127.0.0.1:50051, in memory, open dev mode
   tollgate serve --listen 0.0.0.0:50051 --config policy.toml
   TOLLGATE_STORE=redis://redis:6379 tollgate serve --config policy.toml")]
-    Serve(tollgate::serve::ServeArgs),
+    Serve(tollgate::serve_command::ServeArgs),
     /// Run the sidecar proxy: a local listener per upstream, every request
     /// run through the gate (docs/proxy.md).
     #[command(after_help = "Examples:
@@ -139,7 +139,7 @@ fn one_line(err: &anyhow::Error) -> String {
 fn main() -> anyhow::Result<ExitCode> {
     let Cli { connect, command } = Cli::parse();
     match command {
-        Command::Serve(args) => match tollgate::serve::serve(args) {
+        Command::Serve(args) => match tollgate::serve_command::serve(args) {
             Ok(()) => Ok(ExitCode::SUCCESS),
             // One line an operator reads in a pod's log, not a chain dump.
             Err(err) => {

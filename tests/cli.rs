@@ -267,7 +267,7 @@ async fn a_kill_during_a_burst_of_changes_leaves_a_loadable_state_file() {
     // with 20 logged, at least 19 answers came back.
     assert!(acked.len() >= 19, "{acked:?}");
     let state = server.dir.join("policy.toml.state.json");
-    let saved = tollgate::admin::persist::load(&state)
+    let saved = tollgate::control::persist::load(&state)
         .expect("the state file loads")
         .expect("and exists");
     // Route → (wake_rate, policy_version) of every runtime rule saved (the

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
-use tollgate::admin::persist::{self, StateFile};
 use tollgate::config::{Config, PolicyDoc};
+use tollgate::control::persist::{self, StateFile};
 use tollgate::hints::{EvidenceInput, assess};
 use tollgate::policy::Policy;
 use tollgate_client::hint::{HintRules, HintVerdict, read_pushback_ms, read_retry_after};

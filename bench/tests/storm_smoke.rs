@@ -76,10 +76,12 @@ fn every_strategy_runs_and_keeps_the_invariants() {
         // gate held inside a known cooldown that then ran out of time or
         // was cancelled before its slot.
         let unattempted = match r.strategy {
-            StrategyKind::E | StrategyKind::F => ["deadline_infeasible", "cancelled"]
-                .iter()
-                .map(|o| r.outcomes.get(o).copied().unwrap_or(0))
-                .sum(),
+            StrategyKind::Tollgate | StrategyKind::TollgateTold => {
+                ["deadline_infeasible", "cancelled"]
+                    .iter()
+                    .map(|o| r.outcomes.get(o).copied().unwrap_or(0))
+                    .sum()
+            }
             _ => 0,
         };
         assert!(
@@ -88,7 +90,7 @@ fn every_strategy_runs_and_keeps_the_invariants() {
         );
         // (a) is over in tens of milliseconds, before most cancellations;
         // the patient strategies wait seconds, so some land mid-intent.
-        if r.strategy != StrategyKind::A {
+        if r.strategy != StrategyKind::Naive {
             assert!(
                 r.outcomes.get("cancelled").copied().unwrap_or(0) > 0,
                 "{key}: cancellation was exercised"
@@ -102,8 +104,8 @@ fn every_strategy_runs_and_keeps_the_invariants() {
     // budget caps retries at a fraction of first attempts (plus a floor),
     // so the budget amplifies less. A strategy that stopped retrying, or
     // an upstream that stopped refusing, would fail this.
-    let naive = result(&report, StrategyKind::A);
-    let budget = result(&report, StrategyKind::D);
+    let naive = result(&report, StrategyKind::Naive);
+    let budget = result(&report, StrategyKind::LocalBudget);
     assert!(
         naive.amplification > budget.amplification,
         "naive {} vs local budget {}",
@@ -114,7 +116,7 @@ fn every_strategy_runs_and_keeps_the_invariants() {
     // (e) and (f) run every retry through the real gate and coordinator:
     // they must serve, retry less than the naive loop, and their workers'
     // RPCs and the coordinator's view of the scope must have been recorded.
-    for kind in [StrategyKind::E, StrategyKind::F] {
+    for kind in [StrategyKind::Tollgate, StrategyKind::TollgateTold] {
         let tollgate = result(&report, kind);
         assert!(
             tollgate.succeeded_in_deadline > 0,
@@ -144,7 +146,7 @@ fn every_strategy_runs_and_keeps_the_invariants() {
     // (e) runs the shipped defaults: the wake rate is learned (it moves,
     // never below the floor of min_retries_per_sec, 10/s) and a capacity
     // estimate is sampled.
-    let scope = &result(&report, StrategyKind::E)
+    let scope = &result(&report, StrategyKind::Tollgate)
         .coordinator
         .as_ref()
         .expect("sampled")
@@ -161,7 +163,7 @@ fn every_strategy_runs_and_keeps_the_invariants() {
         scope["capacity_per_s"]
     );
     // (f) is told C − λ = 100 − 80.
-    let scope = &result(&report, StrategyKind::F)
+    let scope = &result(&report, StrategyKind::TollgateTold)
         .coordinator
         .as_ref()
         .expect("sampled")
@@ -261,8 +263,8 @@ fn brownout_penalty_liars_and_an_explicit_policy() {
         // every attempt would extend: (e) holds first attempts and retries
         // alike while the fleet's cooldown says the route is closed.
         match r.strategy {
-            StrategyKind::A => {}
-            StrategyKind::E => assert_eq!(
+            StrategyKind::Naive => {}
+            StrategyKind::Tollgate => assert_eq!(
                 r.offered_per_s[3..5].iter().sum::<u32>(),
                 0,
                 "{key}: attempts inside the penalty {:?}",
@@ -289,7 +291,7 @@ fn brownout_penalty_liars_and_an_explicit_policy() {
         restarted < plain,
         "penalty restarted {restarted} vs not {plain}"
     );
-    let tollgate = result(&report, StrategyKind::E);
+    let tollgate = result(&report, StrategyKind::Tollgate);
     assert!(
         tollgate
             .description
@@ -376,7 +378,7 @@ fn demand_above_capacity_for_the_whole_run() {
         }
     }
     // (f) is told C − λ, below 0 here: its wake rate floors at 1 slot/s.
-    let told = result(&report, StrategyKind::F);
+    let told = result(&report, StrategyKind::TollgateTold);
     assert!(
         told.description.contains("wake rate: 1 slots/s"),
         "{}",

@@ -20,7 +20,7 @@
 //! - [`engine`]: the decision engine, a sans-IO state machine per intent,
 //!   and the [`IntentPolicy`] it runs under (built from a deadline, with
 //!   named defaults for the rest).
-//! - [`script`]: a driver that runs the engine on scripted responses and a
+//! - [`script_driver`]: a driver that runs the engine on scripted responses and a
 //!   virtual clock (`tollgate simulate`, property tests).
 //! - [`fallback`]: the conservative per-process budget and adaptive throttle.
 //!
@@ -73,7 +73,7 @@ pub mod layer;
 pub mod lease;
 pub mod link;
 pub mod owner;
-pub mod script;
+pub mod script_driver;
 pub mod setup;
 pub mod telemetry;
 mod wire;

@@ -26,8 +26,8 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 use tokio::sync::broadcast;
 use tollgate_vocab::clock::{Clock, to_unix_ms};
 
-use crate::admin::Control;
 use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
+use crate::control::Control;
 use crate::events::{EventHub, ScopeSnapshot, StateChange};
 use crate::pacing::{Asker, PacingView};
 use crate::policy::SharedPolicies;

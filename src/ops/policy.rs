@@ -37,8 +37,8 @@ fn read_policy_file(file: &Path) -> Result<String, Failure> {
 /// `[defaults]` (which the Admin API answers with empty patterns).
 fn rule_name(caller_scope: &str, route: &str) -> String {
     if route.is_empty() {
-        crate::admin::layers::DEFAULTS.to_owned()
-    } else if route == crate::admin::layers::DEFAULTS {
+        crate::control::overrides::DEFAULTS.to_owned()
+    } else if route == crate::control::overrides::DEFAULTS {
         route.to_owned()
     } else {
         format!("{caller_scope}|{route}")
@@ -83,7 +83,7 @@ fn spec_json(fields: Option<v1::PolicyFields>) -> Value {
 
 fn fields_text(fields: Option<v1::PolicyFields>) -> String {
     match spec_of(fields) {
-        Ok(spec) => crate::admin::spec_fields(&spec)
+        Ok(spec) => crate::control::spec_fields(&spec)
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()

@@ -87,7 +87,7 @@ impl PacingState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pacing::{MILLI, Observation, WINDOW_MS};
+    use crate::pacing::{MILLI, ReportSample, WINDOW_MS};
     use proptest::prelude::*;
 
     /// A route whose model has measured, kept a span and is mid-phase.
@@ -97,12 +97,12 @@ mod tests {
         for tick in 1..=40 {
             let now_ms = tick * WINDOW_MS / 10;
             st.observe(
-                &Observation {
+                &ReportSample {
                     now_ms,
                     first_attempts: 50,
                     successes: 50,
                     rejections: u32::from(tick % 7 == 0) * 5,
-                    ..Observation::default()
+                    ..ReportSample::default()
                 },
                 &p,
             );

@@ -249,9 +249,11 @@ impl PacingView {
     }
 }
 
-/// What one Report tells the controller.
+/// What one Report tells the controller: its sample of the route, in the
+/// sense of BBR's rate sample. Not the client's `Observation` (one response
+/// as a worker saw it), which a report's counts are made from.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Observation<'a> {
+pub struct ReportSample<'a> {
     /// The coordinator's clock.
     pub now_ms: i64,
     /// First attempts the worker made since its last report.
@@ -509,7 +511,7 @@ impl PacingState {
     }
 
     /// Takes in one report.
-    pub fn observe(&mut self, obs: &Observation<'_>, policy: &PacingPolicy) {
+    pub fn observe(&mut self, obs: &ReportSample<'_>, policy: &PacingPolicy) {
         self.advance(obs.now_ms, policy);
         let now = obs.now_ms;
         self.w_first += i64::from(obs.first_attempts);

@@ -205,7 +205,7 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
             }
         }
         st.observe(
-            &Observation {
+            &ReportSample {
                 now_ms: now,
                 first_attempts: first as u32,
                 successes: served as u32,

@@ -19,7 +19,7 @@ fn report(
     cooldown: i64,
 ) {
     st.observe(
-        &Observation {
+        &ReportSample {
             now_ms: at,
             first_attempts: first,
             successes: ok,
@@ -683,13 +683,13 @@ fn a_measurement_begins_when_serving_does() {
     }
     for i in 0..12 {
         st.observe(
-            &Observation {
+            &ReportSample {
                 now_ms: at + 2_000 + i * 100,
                 first_attempts: 80,
                 successes: 100,
                 rejections: 2,
                 counts_age_ms: 100,
-                ..Observation::default()
+                ..ReportSample::default()
             },
             &p,
         );

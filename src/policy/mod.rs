@@ -21,7 +21,7 @@ mod pacing;
 
 pub use pacing::{MAX_WAKE_RATE, WakeRate, parse_rate};
 
-/// The target a [`crate::admin::Change`] names for `[defaults]`: a policy
+/// The target a [`crate::control::Change`] names for `[defaults]`: a policy
 /// file's rule may not use it as a route, so it lives with the rules both
 /// the file and runtime control check it against.
 pub const DEFAULTS: &str = "[defaults]";

@@ -2,9 +2,9 @@
 
 use tonic::Status;
 
-use crate::admin::AdminError;
 use crate::auth::{AdminDenied, AuthError};
 use crate::budget::BudgetError;
+use crate::control::ControlError;
 use crate::store::StoreError;
 
 /// Why a Budget call failed.
@@ -29,7 +29,7 @@ pub enum ServiceError {
     AdminDenied(#[from] AdminDenied),
     /// An Admin operation was refused.
     #[error(transparent)]
-    Admin(#[from] AdminError),
+    Control(#[from] ControlError),
 }
 
 impl ServiceError {
@@ -102,16 +102,20 @@ impl From<ServiceError> for Status {
                 Status::permission_denied(message)
             }
             // The rule changed since it was read: re-read, then decide again.
-            ServiceError::Admin(AdminError::Stale { .. }) => Status::failed_precondition(message),
-            ServiceError::Admin(AdminError::NotFound(_) | AdminError::NoRuntimeChange(_)) => {
+            ServiceError::Control(ControlError::Stale { .. }) => {
+                Status::failed_precondition(message)
+            }
+            ServiceError::Control(ControlError::NotFound(_) | ControlError::NoRuntimeChange(_)) => {
                 Status::not_found(message)
             }
             // The policy (or file) is invalid; the message names the place.
-            ServiceError::Admin(AdminError::Invalid(_)) => Status::invalid_argument(message),
+            ServiceError::Control(ControlError::Invalid(_)) => Status::invalid_argument(message),
             // Nothing changed because it could not be made durable.
-            ServiceError::Admin(AdminError::Persist(_)) => Status::internal(message),
-            ServiceError::Admin(AdminError::NoPolicyFile) => Status::failed_precondition(message),
-            ServiceError::Admin(AdminError::Store(err)) => ServiceError::Store(err).into(),
+            ServiceError::Control(ControlError::Persist(_)) => Status::internal(message),
+            ServiceError::Control(ControlError::NoPolicyFile) => {
+                Status::failed_precondition(message)
+            }
+            ServiceError::Control(ControlError::Store(err)) => ServiceError::Store(err).into(),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! ```text
 //! file text ──load──▶ ScenarioInput (serde, unknown fields refused)
 //!           ──validate──▶ Scenario (IntentPolicy, IntentSpec, Script, seed)
-//!           ──simulate──▶ tollgate_client::script::run(engine) ──▶ Report
+//!           ──simulate──▶ tollgate_client::script_driver::run(engine) ──▶ Report
 //!           ──▶ one JSON line (--json) or a readable table
 //! ```
 //! There is no decision logic here: classification, hint reading, backoff,
@@ -30,7 +30,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Serialize, Serializer};
 use tollgate_client::engine::Intent;
-use tollgate_client::script::{self, ScriptError};
+use tollgate_client::script_driver::{self, ScriptError};
 use tollgate_vocab::hint::{HintForm, HintReading, HintVerdict};
 use tollgate_vocab::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 
@@ -200,7 +200,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Report, SimulateError> {
     };
     let mut intent = Intent::new(scenario.spec.clone(), scenario.policy);
     let mut rng = StdRng::seed_from_u64(scenario.seed);
-    script::run(&mut intent, &scenario.script, &mut rng).map_err(|e| match e {
+    script_driver::run(&mut intent, &scenario.script, &mut rng).map_err(|e| match e {
         ScriptError::MissingResponse { attempt } => bad(
             "responses",
             format!(

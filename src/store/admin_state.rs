@@ -3,7 +3,7 @@
 //! versions, the freezes with their expiry, and the audit log.
 //!
 //! With one coordinator that state is the process's own (the state file and
-//! the audit file in [`crate::admin`]). With replicas on one Redis, an SRE's
+//! the audit file in [`crate::control`]). With replicas on one Redis, an SRE's
 //! change through any replica must be in force on all of them and survive
 //! any of them dying, so the state is one document in the store, changed
 //! only by compare-and-set on its revision (two SREs on two replicas: one
@@ -13,7 +13,7 @@
 //! the revision periodically as well, because a notice can be missed.
 //!
 //! The document is opaque here (JSON written and read by
-//! [`crate::admin`]): the store keeps it, it does not interpret it.
+//! [`crate::control`]): the store keeps it, it does not interpret it.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -250,9 +250,9 @@ impl ReportBatch<'_> {
         hint_ends: &'h [i64],
         cooldown_before_ms: i64,
         cooldown_after_ms: i64,
-    ) -> crate::pacing::Observation<'h> {
+    ) -> crate::pacing::ReportSample<'h> {
         let counted = self.window_counts();
-        crate::pacing::Observation {
+        crate::pacing::ReportSample {
             now_ms: self.now_ms,
             first_attempts: counted.first_attempts,
             successes: counted.successes,

@@ -3,7 +3,7 @@
 //! expiry did not lift it) from one nobody set an expiry on and forgot.
 //!
 //! # Why a process-wide book
-//! The freezes are kept by the runtime control (`crate::admin`), which
+//! The freezes are kept by the runtime control (`crate::control`), which
 //! reports every change here with [`record_freezes`]; the gauges read the
 //! book at collection. The meter provider these gauges feed is process-wide
 //! too, and a process runs one coordinator, so one book per process is the

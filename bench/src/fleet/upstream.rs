@@ -96,7 +96,7 @@ impl UpstreamArgs {
             seed: 1,
             mode: Mode::Realtime,
             out: PathBuf::from("results"),
-            strategies: vec![StrategyKind::E],
+            strategies: vec![StrategyKind::Tollgate],
             cancel_fraction: 0.0,
             max_attempts: 1,
         };

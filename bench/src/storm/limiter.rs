@@ -1,7 +1,7 @@
 //! The upstream's limiter as a pure state machine over the time since the
 //! run's start: one of three shapes ([`LimiterShape`]), scaled by the
 //! capacity in force. `upstream.rs` documents what each shape does and asks
-//! it about every attempt; the clairvoyant bound (`bound.rs`) replays its
+//! it about every attempt; the clairvoyant bound (`bound/`) replays its
 //! schedules through the same code, so the bound and the benchmark cannot
 //! disagree about what the upstream admits.
 //!

@@ -23,7 +23,7 @@
 //! - after deadline / after cancel: attempts the upstream saw at or after
 //!   their intent's deadline, or after its cancellation. Both must be 0.
 //!
-//! Against the clairvoyant bound (`bound.rs`), once per run:
+//! Against the clairvoyant bound (`bound/`), once per run:
 //! - bound served / bound lost: the most intents any scheduler could serve
 //!   on the same arrivals, deadlines, cancellations and limiter, never
 //!   refused (an upper bound, solved exactly), and the intents it must lose

@@ -44,52 +44,61 @@ pub use super::runner::{
 use super::{StormConfig, StormError};
 
 /// The strategies the command line can name.
+///
+/// Each is named for what it does; the letters (a)–(f) that the command
+/// line, the report's JSON and the docs use stay its key, so
+/// `--strategies a,e` and the published reports read as before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
 pub enum StrategyKind {
     /// Naive: retry at once, 3 attempts in all.
     #[value(name = "a", alias = "naive")]
-    A,
+    #[serde(rename = "a")]
+    Naive,
     /// Sleep exactly the `Retry-After`, then retry.
     #[value(name = "b", alias = "sleep-hint")]
-    B,
+    #[serde(rename = "b")]
+    SleepHint,
     /// Capped exponential backoff with full jitter, never before the hint.
     #[value(name = "c", alias = "full-jitter")]
-    C,
+    #[serde(rename = "c")]
+    FullJitter,
     /// (c) with a per-worker local budget (ratio 0.2 plus a floor).
     #[value(name = "d", alias = "local-budget")]
-    D,
+    #[serde(rename = "d")]
+    LocalBudget,
     /// Tollgate: every retry through a gate and the real coordinator, under
     /// the coordinator's shipped defaults (or `--e-policy`).
     #[value(name = "e", alias = "tollgate")]
-    E,
+    #[serde(rename = "e")]
+    Tollgate,
     /// Tollgate told the upstream's spare capacity: wake rate `C − λ`.
     #[value(name = "f", alias = "tollgate-told")]
-    F,
+    #[serde(rename = "f")]
+    TollgateTold,
 }
 
 impl StrategyKind {
     /// The key, as on the command line.
     pub fn key(self) -> &'static str {
         match self {
-            StrategyKind::A => "a",
-            StrategyKind::B => "b",
-            StrategyKind::C => "c",
-            StrategyKind::D => "d",
-            StrategyKind::E => "e",
-            StrategyKind::F => "f",
+            StrategyKind::Naive => "a",
+            StrategyKind::SleepHint => "b",
+            StrategyKind::FullJitter => "c",
+            StrategyKind::LocalBudget => "d",
+            StrategyKind::Tollgate => "e",
+            StrategyKind::TollgateTold => "f",
         }
     }
 
     /// A few words for the chart's legend.
     pub fn label(self) -> &'static str {
         match self {
-            StrategyKind::A => "naive, 3 attempts",
-            StrategyKind::B => "sleep Retry-After",
-            StrategyKind::C => "full jitter ≥ hint",
-            StrategyKind::D => "full jitter + local budget",
-            StrategyKind::E => "Tollgate, default policy",
-            StrategyKind::F => "Tollgate, wake rate told C − λ",
+            StrategyKind::Naive => "naive, 3 attempts",
+            StrategyKind::SleepHint => "sleep Retry-After",
+            StrategyKind::FullJitter => "full jitter ≥ hint",
+            StrategyKind::LocalBudget => "full jitter + local budget",
+            StrategyKind::Tollgate => "Tollgate, default policy",
+            StrategyKind::TollgateTold => "Tollgate, wake rate told C − λ",
         }
     }
 
@@ -101,7 +110,7 @@ impl StrategyKind {
 
     /// Whether this runs through the real coordinator, (e) or (f).
     pub fn is_coordinated(self) -> bool {
-        matches!(self, StrategyKind::E | StrategyKind::F)
+        matches!(self, StrategyKind::Tollgate | StrategyKind::TollgateTold)
     }
 
     /// Builds the strategy for one run, inside the run's runtime; async so
@@ -109,26 +118,26 @@ impl StrategyKind {
     /// it here.
     pub async fn start(self, config: &StormConfig) -> Result<Box<dyn Strategy>, StormError> {
         let (wait, max_attempts, budget_floor) = match self {
-            StrategyKind::A => (WaitRule::Immediate, 3, None),
-            StrategyKind::B => (WaitRule::Hint, config.max_attempts, None),
-            StrategyKind::C => (
+            StrategyKind::Naive => (WaitRule::Immediate, 3, None),
+            StrategyKind::SleepHint => (WaitRule::Hint, config.max_attempts, None),
+            StrategyKind::FullJitter => (
                 WaitRule::HintOrJitter(JITTER_BACKOFF),
                 config.max_attempts,
                 None,
             ),
-            StrategyKind::D => (
+            StrategyKind::LocalBudget => (
                 WaitRule::HintOrJitter(JITTER_BACKOFF),
                 config.max_attempts,
                 Some(BUDGET_FLOOR_PER_SEC),
             ),
-            StrategyKind::E => {
+            StrategyKind::Tollgate => {
                 let source = match &config.e_policy {
                     Some(path) => PolicySource::File(path.clone()),
                     None => PolicySource::Defaults,
                 };
                 return Ok(Box::new(Coordinated::start(config, self.key(), source)?));
             }
-            StrategyKind::F => {
+            StrategyKind::TollgateTold => {
                 let source = PolicySource::ToldSpareCapacity;
                 return Ok(Box::new(Coordinated::start(config, self.key(), source)?));
             }

@@ -168,11 +168,11 @@ fn a_corroborated_statement_paces_every_attempt_from_the_start() {
             st.observe_statement(said(w, at, 1000, 1000, 1000), weighing(2), at, &p);
         }
         st.observe(
-            &crate::pacing::Observation {
+            &crate::pacing::ReportSample {
                 now_ms: at,
                 first_attempts: if s < 2 { 400 } else { 1000 },
                 successes: 400,
-                ..crate::pacing::Observation::default()
+                ..crate::pacing::ReportSample::default()
             },
             &p,
         );

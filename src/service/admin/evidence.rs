@@ -4,7 +4,7 @@
 use tollgate_proto::v1;
 use tonic::{Request, Response, Status};
 
-use crate::admin::persist::MuteRecord;
+use crate::control::persist::MuteRecord;
 use crate::hints::EvidenceDetail;
 
 use super::super::error::ServiceError;
@@ -43,7 +43,7 @@ pub(super) fn evidence_of(d: &EvidenceDetail, recorded: &[MuteRecord]) -> v1::Ev
                     worker_id: id.clone(),
                     reason: record.map(|m| m.reason.clone()).unwrap_or_default(),
                     by: record.map(|m| m.by.clone()).unwrap_or_default(),
-                    expires_at_unix_ms: if *until >= crate::admin::MUTE_FOREVER_MS {
+                    expires_at_unix_ms: if *until >= crate::control::MUTE_FOREVER_MS {
                         0
                     } else {
                         *until

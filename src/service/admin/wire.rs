@@ -4,9 +4,9 @@
 
 use tollgate_proto::v1;
 
-use crate::admin::persist::FreezeRecord;
-use crate::admin::{Change, ChangeKind};
 use crate::config::{PolicyDoc, RuleSpec};
+use crate::control::persist::FreezeRecord;
+use crate::control::{Change, ChangeKind};
 use crate::hints::HintRecord;
 use crate::policy::{PolicySpec, Shares, WakeRate};
 use crate::scope::RouteKey;

@@ -17,7 +17,7 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use crate::hints::HintState;
 use crate::pacing::stated::{Statement, Weighing};
-use crate::pacing::{Observation, PacingPolicy, PacingState};
+use crate::pacing::{PacingPolicy, PacingState, ReportSample};
 use crate::policy::Policy;
 use crate::scope::RouteKey;
 use crate::slots::{SlotAsk, SlotBook, SlotChange, ahead_range, plan};
@@ -56,7 +56,7 @@ impl Turns {
 /// What one report gives a route's pacing: its counts, and the worker's
 /// statement of the upstream's limit with how it is weighed.
 pub(super) struct PacingInput<'a> {
-    pub(super) observation: &'a Observation<'a>,
+    pub(super) observation: &'a ReportSample<'a>,
     pub(super) stated: Option<(&'a Statement, Weighing)>,
 }
 

@@ -11,9 +11,9 @@ use crate::config::ConfigError;
 use crate::hints::corroboration::MAX_MUTES;
 use crate::scope::RouteKey;
 
+use super::commit::Outcome;
 use super::persist::MuteRecord;
-use super::sync::Outcome;
-use super::{AdminError, Control, Note, to_json};
+use super::{Control, ControlError, Note, to_json};
 
 /// Mutes by scope and worker.
 pub(super) type Mutes = BTreeMap<(RouteKey, String), MuteRecord>;
@@ -44,7 +44,7 @@ impl Control {
         &self,
         saved: Vec<MuteRecord>,
         now: i64,
-    ) -> Result<(), AdminError> {
+    ) -> Result<(), ControlError> {
         for m in saved {
             if m.expires_at_ms.is_some_and(|at| at <= now) {
                 continue;
@@ -75,7 +75,7 @@ impl Control {
 
     /// Swaps in `next`, writes the state file, and restores the old map if
     /// the write fails (an unacknowledged change is not made).
-    async fn save_mutes(&self, next: Mutes) -> Result<Mutes, AdminError> {
+    async fn save_mutes(&self, next: Mutes) -> Result<Mutes, ControlError> {
         let st = self.state.lock().await;
         let before = std::mem::replace(&mut *self.mutes_map(), next);
         if let Err(err) = self.save(&st) {
@@ -94,7 +94,7 @@ impl Control {
         worker_id: &str,
         reason: &str,
         expires_at_ms: Option<i64>,
-    ) -> Result<MuteRecord, AdminError> {
+    ) -> Result<MuteRecord, ControlError> {
         let now = self.now_ms();
         let record = MuteRecord {
             caller_scope: route.caller_scope.clone(),
@@ -147,7 +147,7 @@ impl Control {
         route: &RouteKey,
         worker_id: &str,
         reason: &str,
-    ) -> Result<Option<MuteRecord>, AdminError> {
+    ) -> Result<Option<MuteRecord>, ControlError> {
         let key = (route.clone(), worker_id.to_owned());
         let mut next = self.mutes_map().clone();
         let lifted = next.remove(&key);
@@ -181,7 +181,7 @@ impl Control {
         before: String,
         after: String,
         version: u64,
-    ) -> Result<(), AdminError> {
+    ) -> Result<(), ControlError> {
         self.change(|_, _| {
             Ok(Outcome {
                 next: None,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::PolicyDoc;
 
-use super::layers::Overrides;
+use super::overrides::Overrides;
 
 /// The state file's format version; a newer one is refused, not misread.
 pub const FORMAT: u32 = 1;

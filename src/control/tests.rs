@@ -102,7 +102,7 @@ async fn a_runtime_change_outlives_unrelated_file_edits_until_cleared_or_the_fil
     assert!(c.diff_file().await.expect("diff").is_empty());
     assert!(matches!(
         c.clear_rule("oncall", "*|GET /a", "").await,
-        Err(AdminError::NoRuntimeChange(_))
+        Err(ControlError::NoRuntimeChange(_))
     ));
 
     // Changed at runtime again, then the file changes that same rule: the
@@ -212,7 +212,10 @@ async fn two_coordinators_on_one_redis_share_policies_freezes_and_audit() {
         .await
         .expect("bob wins");
     let stale = a.set_rule("alice", set("GET /x", version, 0.2)).await;
-    assert!(matches!(stale, Err(AdminError::Stale { .. })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(ControlError::Stale { .. })),
+        "{stale:?}"
+    );
 
     let route = RouteKey {
         caller_scope: "tenant-a".into(),

@@ -25,9 +25,9 @@ use crate::scope::RouteKey;
 use crate::store::{AdminStateStore, StoreError};
 
 use super::audit::{self, AuditRecord};
-use super::layers::Overrides;
+use super::overrides::Overrides;
 use super::persist::{self, FreezeRecord, PersistError, StateFile};
-use super::{AdminError, Control};
+use super::{Control, ControlError};
 
 /// How often a replica re-checks the shared revision without a notice.
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
@@ -116,8 +116,8 @@ impl Control {
     /// a newer state when another replica committed first.
     pub(super) async fn change<T>(
         &self,
-        op: impl Fn(&State, i64) -> Result<Outcome<T>, AdminError>,
-    ) -> Result<(T, Vec<AuditRecord>), AdminError> {
+        op: impl Fn(&State, i64) -> Result<Outcome<T>, ControlError>,
+    ) -> Result<(T, Vec<AuditRecord>), ControlError> {
         let mut st = self.state.lock().await;
         for _ in 0..CAS_ATTEMPTS {
             self.refresh_locked(&mut st).await?;
@@ -141,7 +141,7 @@ impl Control {
         st: &mut State,
         next: Option<State>,
         mut records: Vec<AuditRecord>,
-    ) -> Result<Option<Vec<AuditRecord>>, AdminError> {
+    ) -> Result<Option<Vec<AuditRecord>>, ControlError> {
         if let Some(next) = &next {
             next.doc.build()?;
         }
@@ -194,7 +194,7 @@ impl Control {
 
     /// Replaces the running state with `next`, telling watchers when the
     /// policies changed.
-    pub(super) fn put_in_force(&self, st: &mut State, next: State) -> Result<(), AdminError> {
+    pub(super) fn put_in_force(&self, st: &mut State, next: State) -> Result<(), ControlError> {
         let changed = next.doc != st.doc;
         let set = changed.then(|| next.doc.build()).transpose()?;
         let local_digest = st.local_digest;
@@ -217,7 +217,7 @@ impl Control {
     /// Brings `st` up to the shared revision (nothing without a shared
     /// store). With nothing shared yet — the first replica to start, or a
     /// Redis that lost its data — this replica's state becomes the shared one.
-    pub(super) async fn refresh_locked(&self, st: &mut State) -> Result<(), AdminError> {
+    pub(super) async fn refresh_locked(&self, st: &mut State) -> Result<(), ControlError> {
         let Some(shared) = self.shared() else {
             return Ok(());
         };
@@ -263,7 +263,7 @@ impl Control {
         &self,
         before: &BTreeMap<RouteKey, FreezeRecord>,
         after: &BTreeMap<RouteKey, FreezeRecord>,
-    ) -> Result<(), AdminError> {
+    ) -> Result<(), ControlError> {
         let now = self.now_ms();
         for (route, f) in after {
             if before.get(route).map(|b| &b.reason) != Some(&f.reason) {

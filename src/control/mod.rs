@@ -8,14 +8,14 @@
 //!    ([`PolicyDoc::build`]);
 //! 2. make it durable with its audit records: the state file with one
 //!    coordinator; with replicas on a shared store, a compare-and-set of the
-//!    shared document (see `sync`), so a change through any replica is one
+//!    shared document (see `commit`), so a change through any replica is one
 //!    change of the fleet and an acknowledged change survives any replica;
 //! 3. put it in force ([`SharedPolicies::replace`]) and publish it to Watch
 //!    streams (other replicas follow within a second).
 //!
 //! # Layers
 //! The running policy is the policy file with runtime changes laid over it
-//! (see `layers`): a reload keeps an SRE's change to a rule the file did
+//! (see `overrides`): a reload keeps an SRE's change to a rule the file did
 //! not touch; `policy clear` hands a rule back to the file.
 //!
 //! # Versions
@@ -37,12 +37,12 @@
 //! freeze: no new lease or slot, outstanding leases run out.
 
 pub mod audit;
-pub mod layers;
+mod commit;
 mod mute;
+pub mod overrides;
 pub mod persist;
 mod plan;
 mod scopes;
-mod sync;
 mod versions;
 
 use std::collections::BTreeMap;
@@ -58,14 +58,14 @@ use crate::scope::RouteKey;
 use crate::store::{Store, StoreError};
 
 use self::audit::{AuditLog, AuditRecord};
-use self::layers::Overrides;
+use self::commit::{Outcome, State, to_json};
+use self::overrides::Overrides;
 use self::persist::{FreezeRecord, PersistError};
-use self::sync::{Outcome, State, to_json};
 use self::versions::{pin_versions, relayer};
 
+pub use self::commit::RECONCILE_EVERY;
 pub use self::mute::MUTE_FOREVER_MS;
 pub use self::plan::{Change, ChangeKind, plan, spec_fields};
-pub use self::sync::RECONCILE_EVERY;
 
 /// Who a policy-file reload is recorded as.
 pub const FILE_ACTOR: &str = "policy-file";
@@ -79,7 +79,7 @@ pub const FILE_SETTLE: std::time::Duration = std::time::Duration::from_millis(10
 
 /// Why a control operation was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum AdminError {
+pub enum ControlError {
     /// The version named is not the rule's current one.
     #[error("{target} is at policy_version {current}, not {expected}; read it again and retry")]
     Stale {
@@ -218,7 +218,7 @@ impl Note<'_> {
     }
 }
 
-fn check_size(doc: &PolicyDoc) -> Result<(), AdminError> {
+fn check_size(doc: &PolicyDoc) -> Result<(), ControlError> {
     if doc.rules.len() > MAX_RULES {
         return Err(ConfigError::Invalid {
             place: "[[rule]]".into(),
@@ -248,7 +248,7 @@ impl Control {
         audit: AuditLog,
         clock: Arc<dyn Clock>,
         paths: Paths,
-    ) -> Result<Control, AdminError> {
+    ) -> Result<Control, ControlError> {
         let raw = doc;
         let mut file_doc = raw.clone();
         pin_versions(&mut file_doc)?;
@@ -324,7 +324,7 @@ impl Control {
     async fn start_local(
         &self,
         saved: Option<persist::StateFile>,
-    ) -> Result<Option<u64>, AdminError> {
+    ) -> Result<Option<u64>, ControlError> {
         let mut st = self.state.lock().await;
         let Some(saved) = saved else {
             self.save(&st)?;
@@ -379,7 +379,7 @@ impl Control {
         &self,
         before_seq: u64,
         limit: usize,
-    ) -> Result<Vec<AuditRecord>, AdminError> {
+    ) -> Result<Vec<AuditRecord>, ControlError> {
         let Some(shared) = self.store.admin_state() else {
             return Ok(self.audit.list(before_seq, limit));
         };
@@ -400,7 +400,7 @@ impl Control {
     /// Creates, replaces or patches one rule (optimistic on its version).
     /// The rule is a runtime change: it stays over the policy file until
     /// cleared or until the file changes that same rule.
-    pub async fn set_rule(&self, who: &str, req: SetRule) -> Result<RuleSpec, AdminError> {
+    pub async fn set_rule(&self, who: &str, req: SetRule) -> Result<RuleSpec, ControlError> {
         let action = req.action();
         let (rule, _) = self
             .change(|st, now| {
@@ -412,7 +412,7 @@ impl Control {
                     .and_then(|r| r.policy.policy_version)
                     .unwrap_or(0);
                 if current != req.expected_version {
-                    return Err(AdminError::Stale {
+                    return Err(ControlError::Stale {
                         target,
                         current,
                         expected: req.expected_version,
@@ -440,7 +440,7 @@ impl Control {
                 let rule = next.doc.rules[next
                     .doc
                     .find(&req.caller_scope, &req.route)
-                    .ok_or_else(|| AdminError::NotFound(target.clone()))?]
+                    .ok_or_else(|| ControlError::NotFound(target.clone()))?]
                 .clone();
                 let note = Note {
                     who,
@@ -468,15 +468,15 @@ impl Control {
     /// [`Control::set_rule`] does a rule: a runtime change over the policy
     /// file until cleared or until the file changes `[defaults]` itself.
     /// `req`'s patterns are not read. Returns the running `[defaults]`.
-    pub async fn set_defaults(&self, who: &str, req: SetRule) -> Result<PolicySpec, AdminError> {
+    pub async fn set_defaults(&self, who: &str, req: SetRule) -> Result<PolicySpec, ControlError> {
         let action = req.action();
         let (defaults, _) = self
             .change(|st, now| {
-                let target = layers::DEFAULTS.to_owned();
+                let target = overrides::DEFAULTS.to_owned();
                 let before = st.doc.defaults.clone();
                 let current = before.policy_version.unwrap_or(0);
                 if current != req.expected_version {
-                    return Err(AdminError::Stale {
+                    return Err(ControlError::Stale {
                         target,
                         current,
                         expected: req.expected_version,
@@ -524,17 +524,17 @@ impl Control {
         route: &str,
         expected_version: u64,
         reason: &str,
-    ) -> Result<u64, AdminError> {
+    ) -> Result<u64, ControlError> {
         let (version, _) = self
             .change(|st, now| {
                 let target = format!("{caller_scope}|{route}");
                 let i = st
                     .doc
                     .find(caller_scope, route)
-                    .ok_or_else(|| AdminError::NotFound(target.clone()))?;
+                    .ok_or_else(|| ControlError::NotFound(target.clone()))?;
                 let current = st.doc.rules[i].policy.policy_version.unwrap_or(0);
                 if current != expected_version {
-                    return Err(AdminError::Stale {
+                    return Err(ControlError::Stale {
                         target,
                         current,
                         expected: expected_version,
@@ -574,12 +574,12 @@ impl Control {
         who: &str,
         target: &str,
         reason: &str,
-    ) -> Result<(Vec<Change>, u64), AdminError> {
+    ) -> Result<(Vec<Change>, u64), ControlError> {
         let (out, _) = self
             .change(|st, now| {
                 let mut overrides = st.overrides.clone();
                 if !overrides.clear(target) {
-                    return Err(AdminError::NoRuntimeChange(target.to_owned()));
+                    return Err(ControlError::NoRuntimeChange(target.to_owned()));
                 }
                 let (next, changes, version) =
                     relayer(st, st.file_doc.clone(), overrides, &[], |_| None)?;
@@ -614,7 +614,7 @@ impl Control {
         dry_run: bool,
         action: &str,
         reason: &str,
-    ) -> Result<(Vec<Change>, u64), AdminError> {
+    ) -> Result<(Vec<Change>, u64), ControlError> {
         target.build()?;
         check_size(&target)?;
         if dry_run {
@@ -661,7 +661,7 @@ impl Control {
         raw: PolicyDoc,
         digest: u64,
         reason: &str,
-    ) -> Result<(Vec<Change>, u64), AdminError> {
+    ) -> Result<(Vec<Change>, u64), ControlError> {
         raw.build()?;
         check_size(&raw)?;
         let (out, _) = self
@@ -695,12 +695,12 @@ impl Control {
 
     /// Compares the running policy with the policy file now on disk; a
     /// runtime change over the file shows here as drift.
-    pub async fn diff_file(&self) -> Result<Vec<Change>, AdminError> {
+    pub async fn diff_file(&self) -> Result<Vec<Change>, ControlError> {
         let path = self
             .paths
             .policy_file
             .as_ref()
-            .ok_or(AdminError::NoPolicyFile)?;
+            .ok_or(ControlError::NoPolicyFile)?;
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.clone(),
             source,

@@ -54,9 +54,9 @@ use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tracing::{info, warn};
 
-use crate::admin::audit::AuditLog;
-use crate::admin::{AdminError, Control, Paths};
 use crate::config::Config;
+use crate::control::audit::AuditLog;
+use crate::control::{Control, ControlError, Paths};
 use crate::coordinator::{Coordinator, CoreParts};
 use crate::events::EventHub;
 use crate::policy::SharedPolicies;
@@ -208,7 +208,7 @@ pub enum ServeError {
     PlaintextMetrics(std::net::SocketAddr),
     /// The saved runtime state could not be restored.
     #[error("restoring runtime state: {0}")]
-    Admin(#[from] AdminError),
+    Control(#[from] ControlError),
     /// The audit file could not be opened.
     #[error("audit file {path}: {source}")]
     Audit {

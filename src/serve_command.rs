@@ -188,7 +188,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // replica needs no writable file (a read-only root and config mount).
     let local = args.store == "memory";
     let kept = server::Setup {
-        paths: crate::admin::Paths {
+        paths: crate::control::Paths {
             policy_file: args.config.clone(),
             state_file: args.state.clone().or_else(|| {
                 let config = args.config.as_deref().filter(|_| local)?;
@@ -304,12 +304,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// A start-up error in one line, naming the flag that moves a file the
 /// process could not write (a read-only mount is the usual cause).
 fn with_hint(err: server::ServeError) -> anyhow::Error {
-    use crate::admin::{AdminError, persist::PersistError};
+    use crate::control::{ControlError, persist::PersistError};
     let hint = match &err {
         server::ServeError::Audit { .. } => {
             " (--audit-log moves it; with a Redis store no audit file is needed)"
         }
-        server::ServeError::Admin(AdminError::Persist(PersistError::Io { .. })) => {
+        server::ServeError::Control(ControlError::Persist(PersistError::Io { .. })) => {
             " (--state moves it; with a Redis store no state file is needed)"
         }
         _ => "",

@@ -4,14 +4,14 @@
 
 use crate::config::{PolicyDoc, RuleSpec};
 
-use super::layers::{DEFAULTS, Overrides};
+use super::commit::State;
+use super::overrides::{DEFAULTS, Overrides};
 use super::plan::{Change, ChangeKind, plan};
-use super::sync::State;
-use super::{AdminError, check_size};
+use super::{ControlError, check_size};
 
 /// Every version in `doc` made explicit, so the document alone says what
 /// workers are told (and survives a reload of the state file unchanged).
-pub(super) fn pin_versions(doc: &mut PolicyDoc) -> Result<(), AdminError> {
+pub(super) fn pin_versions(doc: &mut PolicyDoc) -> Result<(), ControlError> {
     let set = doc.build()?;
     let default_version = set.default_policy().policy_version;
     doc.defaults.policy_version = Some(default_version);
@@ -95,7 +95,7 @@ pub(super) fn relayer(
     overrides: Overrides,
     forced: &[String],
     named: impl Fn(&str) -> Option<u64>,
-) -> Result<(State, Vec<Change>, u64), AdminError> {
+) -> Result<(State, Vec<Change>, u64), ControlError> {
     let mut target = overrides.compose(&file);
     target.build()?;
     check_size(&target)?;

@@ -1,7 +1,7 @@
 //! The `tollgate.v1.Admin` gRPC service: admin identity, validation and the
 //! wire ↔ core translation. The operations themselves (and their ordering,
 //! persistence, audit and Watch events) live in the core: the changes in
-//! [`crate::admin::Control`] (reached through [`Coordinator::admin`]), the
+//! [`crate::control::Control`] (reached through [`Coordinator::admin`]), the
 //! scope reads in [`Coordinator`]; errors go through the one mapping in
 //! [`super::error`].
 
@@ -11,10 +11,10 @@ use tollgate_proto::v1::{self, admin_server::Admin};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use crate::admin::layers::DEFAULTS;
-use crate::admin::{Control, SetRule};
 use crate::auth::Authenticator;
 use crate::config::PolicyDoc;
+use crate::control::overrides::DEFAULTS;
+use crate::control::{Control, SetRule};
 use crate::coordinator::Coordinator;
 use crate::pacing::PacingView;
 use crate::policy::Pattern;
@@ -159,7 +159,7 @@ impl Admin for AdminService {
             return Ok(Response::new(defaults_rule(&doc)));
         }
         let i = doc.find(&req.caller_scope, &req.route).ok_or_else(|| {
-            ServiceError::from(crate::admin::AdminError::NotFound(format!(
+            ServiceError::from(crate::control::ControlError::NotFound(format!(
                 "{}|{}",
                 req.caller_scope, req.route
             )))
@@ -273,12 +273,14 @@ impl Admin for AdminService {
         }
         // The document is one field of the request: its errors name the
         // field first, then the place inside the document.
-        let in_toml = |e: crate::admin::AdminError| match e {
-            crate::admin::AdminError::Invalid(e) => ServiceError::invalid("toml", e.to_string()),
+        let in_toml = |e: crate::control::ControlError| match e {
+            crate::control::ControlError::Invalid(e) => {
+                ServiceError::invalid("toml", e.to_string())
+            }
             other => ServiceError::from(other),
         };
         let doc = PolicyDoc::from_toml(&req.toml)
-            .map_err(|e| in_toml(crate::admin::AdminError::from(e)))?;
+            .map_err(|e| in_toml(crate::control::ControlError::from(e)))?;
         let (changes, version) = self
             .control()
             .apply(&who, doc, req.dry_run, "policy.apply", &req.reason)

@@ -6,9 +6,9 @@
 use crate::events::StateChange;
 use crate::scope::RouteKey;
 
+use super::commit::{Outcome, to_json};
 use super::persist::FreezeRecord;
-use super::sync::{Outcome, to_json};
-use super::{AdminError, Control, EXPIRY_ACTOR, Note};
+use super::{Control, ControlError, EXPIRY_ACTOR, Note};
 
 impl Control {
     /// Freezes `route`: no new leases or slots until unfrozen or `expires_at_ms`.
@@ -18,7 +18,7 @@ impl Control {
         route: &RouteKey,
         reason: &str,
         expires_at_ms: Option<i64>,
-    ) -> Result<FreezeRecord, AdminError> {
+    ) -> Result<FreezeRecord, ControlError> {
         // The record first, with its audit: it is what every replica follows
         // (`Control::follow_freezes`), so a coordinator that dies before the
         // store has the freeze leaves it to the others, or to its restart.
@@ -69,7 +69,7 @@ impl Control {
         who: &str,
         route: &RouteKey,
         reason: &str,
-    ) -> Result<Option<FreezeRecord>, AdminError> {
+    ) -> Result<Option<FreezeRecord>, ControlError> {
         // The record first, as for a freeze; the store is unfrozen even
         // with no record left (a freeze a crash left behind).
         let (before, _) = self
@@ -136,7 +136,7 @@ impl Control {
         who: &str,
         route: &RouteKey,
         reason: &str,
-    ) -> Result<bool, AdminError> {
+    ) -> Result<bool, ControlError> {
         let now = self.now_ms();
         let existed = self.store.reset_scope(route, now).await?;
         if existed {
