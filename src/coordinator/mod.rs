@@ -153,7 +153,7 @@ impl Coordinator {
     /// The runtime controls: policy set/delete/apply, freeze, unfreeze,
     /// reset, reload, the audit log. Each publishes its change on this
     /// core's hub.
-    pub fn admin(&self) -> &Control {
+    pub fn control(&self) -> &Control {
         &self.control
     }
 

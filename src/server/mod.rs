@@ -419,7 +419,7 @@ where
         // With replicas, changes made through the others. Its own branch:
         // it holds the runtime state's lock while it reads the store, so it
         // must keep being polled while `follow` waits for that lock.
-        () = core.admin().follow_shared() => {}
+        () = core.control().follow_shared() => {}
         () = watch_health(Arc::clone(&store), health.clone()) => {}
         () = relaying => {}
         () = following_tokens => {}
@@ -636,7 +636,7 @@ fn warn_about_auth(config: &Config) {
 /// changes (polled every `reload_every`) or on SIGHUP; runs as long as it
 /// is polled.
 async fn follow(core: Arc<Coordinator>, reload_every: Option<Duration>) {
-    let control = core.admin();
+    let control = core.control();
     let mut expire = tokio::time::interval(EXPIRE_EVERY);
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut poll = tokio::time::interval(reload_every.unwrap_or(Duration::from_secs(3600)));

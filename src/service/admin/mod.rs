@@ -68,7 +68,7 @@ impl AdminService {
     }
 
     fn control(&self) -> &Control {
-        self.core.admin()
+        self.core.control()
     }
 
     /// The admin's name for the audit log.
