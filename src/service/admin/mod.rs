@@ -1,7 +1,7 @@
 //! The `tollgate.v1.Admin` gRPC service: admin identity, validation and the
 //! wire ↔ core translation. The operations themselves (and their ordering,
 //! persistence, audit and Watch events) live in the core: the changes in
-//! [`crate::control::Control`] (reached through [`Coordinator::admin`]), the
+//! [`crate::control::Control`] (reached through [`Coordinator::control`]), the
 //! scope reads in [`Coordinator`]; errors go through the one mapping in
 //! [`super::error`].
 
