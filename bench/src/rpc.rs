@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_proto::v1::{
     self, LeaseRequest, ReconsiderRequest, ReportRequest, budget_client::BudgetClient,
 };
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -77,6 +78,14 @@ pub struct RpcArgs {
     /// read from `/proc` (an in-process server's always is).
     #[arg(long, requires = "addr")]
     pub server_pid: Option<u32>,
+    /// A caller token for caller scope `bench`, sent as `authorization:
+    /// Bearer …` with every coordinator call. With no `--addr` the
+    /// in-process coordinator gets it as its one `[[token]]`, so the same
+    /// command with and without it gives the per-call cost of the token
+    /// path (authentication, per-token request counts, scope quotas, ids
+    /// owned by the token).
+    #[arg(long)]
+    pub token: Option<String>,
 }
 
 /// The weights of Lease, Report and Reconsider, as `lease=60,report=20,reconsider=20`.
@@ -307,7 +316,14 @@ async fn run_async(
             // bounds such calls per connection and per peer; all of the
             // bench's come from one address, so lift the bound to the
             // concurrency or the ceiling would measure the bound.
-            let mut config = tollgate::config::Config::default();
+            let mut config = match &args.token {
+                None => tollgate::config::Config::default(),
+                Some(token) => tollgate::config::Config::from_toml(
+                    &format!("[[token]]\ntoken = {token:?}\ncaller_scopes = [\"bench\"]\n"),
+                    |_| None,
+                )
+                .context("--token as the in-process coordinator's [[token]]")?,
+            };
             let transport = &mut config.transport;
             transport.max_unauthenticated_calls_per_connection = transport
                 .max_unauthenticated_calls_per_connection
@@ -408,6 +424,12 @@ async fn phase(
     server: Option<&Threads>,
 ) -> anyhow::Result<PhaseStats> {
     let issued = Arc::new(AtomicU64::new(0));
+    let bearer: Option<MetadataValue<Ascii>> = args
+        .token
+        .as_ref()
+        .map(|t| format!("Bearer {t}").parse())
+        .transpose()
+        .context("--token must be printable ASCII")?;
     let cpu_before = server.and_then(Threads::cpu);
     let start = Instant::now();
     let end = start + args.duration;
@@ -416,9 +438,11 @@ async fn phase(
         let channel = channels[task % channels.len()].clone();
         let issued = Arc::clone(&issued);
         let (mix, scopes, max) = (args.mix, args.scopes, args.max_requests);
+        let bearer = bearer.clone();
         tasks.spawn(async move {
             let mut tally = TaskTally::new()?;
             let mut budget = BudgetClient::new(channel.clone());
+            let bearer = bearer.clone();
             let mut health = HealthClient::new(channel);
             // A per-task xorshift: spreads ops and scopes without sharing
             // an RNG between tasks (which would serialise them).
@@ -435,7 +459,15 @@ async fn phase(
                 };
                 let scope = ((rng >> 32) % u64::from(scopes)) as u32;
                 let began = Instant::now();
-                let ok = call(op, scope, &worker_id, &mut budget, &mut health).await;
+                let ok = call(
+                    op,
+                    scope,
+                    &worker_id,
+                    bearer.as_ref(),
+                    &mut budget,
+                    &mut health,
+                )
+                .await;
                 let us = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
                 tally.hist[op.index()].saturating_record(us.clamp(1, MAX_LATENCY_US));
                 if ok {
@@ -525,50 +557,71 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// `message` as a request, carrying `bearer` when there is one.
+fn bearing<T>(message: T, bearer: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(bearer) = bearer {
+        request
+            .metadata_mut()
+            .insert("authorization", bearer.clone());
+    }
+    request
+}
+
 /// Issues one call; whether it was answered OK.
 async fn call(
     op: Op,
     scope: u32,
     worker_id: &str,
+    bearer: Option<&MetadataValue<Ascii>>,
     budget: &mut BudgetClient<Channel>,
     health: &mut HealthClient<Channel>,
 ) -> bool {
     match op {
         Op::Lease => budget
-            .lease(LeaseRequest {
-                scope: scope_of(scope),
-                worker_id: worker_id.to_owned(),
-                want: 1,
-                retry_class: v1::RetryClass::Transient.into(),
-            })
+            .lease(bearing(
+                LeaseRequest {
+                    scope: scope_of(scope),
+                    worker_id: worker_id.to_owned(),
+                    want: 1,
+                    retry_class: v1::RetryClass::Transient.into(),
+                },
+                bearer,
+            ))
             .await
             .is_ok(),
         Op::Report => budget
-            .report(ReportRequest {
-                rejections: 0,
-                counts_age_ms: 0,
-                scope: scope_of(scope),
-                worker_id: worker_id.to_owned(),
-                first_attempts: 10,
-                successes: 9,
-                evidence: Vec::new(),
-                stated_limit: None,
-            })
+            .report(bearing(
+                ReportRequest {
+                    rejections: 0,
+                    counts_age_ms: 0,
+                    scope: scope_of(scope),
+                    worker_id: worker_id.to_owned(),
+                    first_attempts: 10,
+                    successes: 9,
+                    evidence: Vec::new(),
+                    stated_limit: None,
+                },
+                bearer,
+            ))
             .await
             .is_ok(),
         Op::Reconsider => {
             let now = now_ms();
             budget
-                .reconsider(ReconsiderRequest {
-                    scope: scope_of(scope),
-                    worker_id: worker_id.to_owned(),
-                    intent_id: format!("{worker_id}-{now}"),
-                    not_before_unix_ms: now,
-                    deadline_unix_ms: now + 30_000,
-                    attempt_reserve_ms: 100,
-                    first_attempt: false,
-                    arriving: false,
-                })
+                .reconsider(bearing(
+                    ReconsiderRequest {
+                        scope: scope_of(scope),
+                        worker_id: worker_id.to_owned(),
+                        intent_id: format!("{worker_id}-{now}"),
+                        not_before_unix_ms: now,
+                        deadline_unix_ms: now + 30_000,
+                        attempt_reserve_ms: 100,
+                        first_attempt: false,
+                        arriving: false,
+                    },
+                    bearer,
+                ))
                 .await
                 .is_ok()
         }
@@ -594,10 +647,11 @@ fn write_report(r: &RpcReport, args: &RpcArgs, out: &mut dyn Write) -> std::io::
         out,
         "tollgate-bench rpc: {} ({}), concurrency {} over {} HTTP/2 connections, {} per phase, {} scopes, mix {}",
         r.addr,
-        if r.in_process {
-            "in-process coordinator, default config"
-        } else {
-            "external coordinator"
+        match (r.in_process, args.token.is_some()) {
+            (true, false) => "in-process coordinator, default config",
+            (true, true) => "in-process coordinator, default config and one caller token",
+            (false, false) => "external coordinator",
+            (false, true) => "external coordinator, with a caller token",
         },
         r.concurrency,
         r.connections,

@@ -151,6 +151,7 @@ pub fn run(args: &SoakArgs, out: &mut dyn Write) -> anyhow::Result<SoakReport> {
                     scopes: 1000,
                     max_requests: 50_000_000,
                     server_pid: None,
+                    token: None,
                 },
                 &mut std::io::sink(),
             )?;

@@ -102,6 +102,35 @@ fn rpc_bench_runs_against_an_in_process_coordinator() {
     }
 }
 
+/// With `--token` the in-process coordinator requires it and every call
+/// carries it: none is refused, and the header says so.
+#[test]
+fn rpc_bench_runs_with_a_caller_token() {
+    let args = RpcCli::parse_from([
+        "rpc",
+        "--concurrency",
+        "2",
+        "--connections",
+        "1",
+        "--duration",
+        "200ms",
+        "--scopes",
+        "10",
+        "--token",
+        "bench-token-for-the-smoke-test",
+    ])
+    .args;
+    let mut out = Vec::new();
+    let report = rpc::run(&args, &mut out).expect("the benchmark runs");
+    let text = String::from_utf8(out).expect("UTF-8 output");
+    assert!(report.coordinator.total.ok > 0, "{text}");
+    assert_eq!(report.coordinator.total.errors, 0, "{text}");
+    for op in &report.coordinator.per_op {
+        assert!(op.ok > 0, "{} never ran:\n{text}", op.name);
+    }
+    assert!(text.contains("one caller token"), "{text}");
+}
+
 #[test]
 fn rpc_bench_refuses_a_non_loopback_address() {
     let args = RpcCli::parse_from(["rpc", "--addr", "192.0.2.1:50051", "--duration", "1s"]).args;
