@@ -22,7 +22,7 @@ use tracing::{debug, warn};
 use crate::config::PolicyDoc;
 use crate::events::{PolicySnapshot, StateChange};
 use crate::scope::RouteKey;
-use crate::store::{AdminStateStore, StoreError};
+use crate::store::{ControlStateStore, StoreError};
 
 use super::audit::{self, AuditRecord};
 use super::overrides::Overrides;
@@ -108,8 +108,8 @@ pub(super) struct Outcome<T> {
 }
 
 impl Control {
-    fn shared(&self) -> Option<&dyn AdminStateStore> {
-        self.store.admin_state()
+    fn shared(&self) -> Option<&dyn ControlStateStore> {
+        self.store.control_state()
     }
 
     /// Runs `op` on the latest state and commits its outcome, again from

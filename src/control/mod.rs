@@ -253,7 +253,7 @@ impl Control {
         let mut file_doc = raw.clone();
         pin_versions(&mut file_doc)?;
         let file_digest = file_text.map_or(0, persist::digest);
-        let shared = store.admin_state().is_some();
+        let shared = store.control_state().is_some();
         let saved = match &paths.state_file {
             Some(path) if !shared => persist::load(path)?,
             _ => None,
@@ -380,7 +380,7 @@ impl Control {
         before_seq: u64,
         limit: usize,
     ) -> Result<Vec<AuditRecord>, ControlError> {
-        let Some(shared) = self.store.admin_state() else {
+        let Some(shared) = self.store.control_state() else {
             return Ok(self.audit.list(before_seq, limit));
         };
         Ok(shared

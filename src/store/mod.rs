@@ -17,7 +17,7 @@
 //! Futures are boxed (`StoreFuture`) so the trait is object-safe and the
 //! server holds an `Arc<dyn Store>`, chosen at start (limitador's shape).
 
-pub mod admin_state;
+pub mod control_state;
 pub mod memory;
 pub mod redis;
 
@@ -33,7 +33,7 @@ use crate::slots::{SlotAsk, SlotError, SlotOutcome};
 
 pub use crate::telemetry::scopes::{OwnerCounts, ScopeCounts};
 pub use crate::tenancy::{Owner, Tenant};
-pub use admin_state::{AdminSnapshot, AdminStateStore, Committed, MEMORY_RECORDS};
+pub use control_state::{Committed, ControlSnapshot, ControlStateStore, MEMORY_RECORDS};
 pub use memory::MemoryStore;
 pub use redis::{RedisOptions, RedisStore, RedisTarget};
 
@@ -518,7 +518,7 @@ pub trait Store: Send + Sync + 'static {
     /// Where the runtime control state (policies, freezes, audit) is
     /// shared with other replicas; `None` for a store only this process
     /// uses, whose runtime state is the process's own.
-    fn admin_state(&self) -> Option<&dyn AdminStateStore> {
+    fn control_state(&self) -> Option<&dyn ControlStateStore> {
         None
     }
 }

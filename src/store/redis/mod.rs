@@ -90,12 +90,12 @@
 //!   still its own atomic state change.
 //! - `sentinel`: a primary behind Redis Sentinel, asked for again after a
 //!   failure.
-//! - `admin_state`: the replicas' shared runtime control state (policies,
+//! - `control_state`: the replicas' shared runtime control state (policies,
 //!   freezes, audit) with compare-and-set commits and change notices.
 
-mod admin_state;
 mod clock;
 mod connection;
+mod control_state;
 mod decide;
 mod format;
 mod keys;

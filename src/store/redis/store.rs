@@ -642,7 +642,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn admin_state(&self) -> Option<&dyn crate::store::AdminStateStore> {
+    fn control_state(&self) -> Option<&dyn crate::store::ControlStateStore> {
         Some(self)
     }
 }

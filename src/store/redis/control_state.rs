@@ -1,5 +1,5 @@
 //! The replicas' shared runtime control state in Redis
-//! ([`AdminStateStore`]): one hash with the revision and the state
+//! ([`ControlStateStore`]): one hash with the revision and the state
 //! document, the audit list (newest first, bounded) and its sequence, all
 //! under one hash tag so a commit is one script on one cluster slot, and a
 //! notice channel.
@@ -26,7 +26,7 @@ use tokio_stream::StreamExt;
 use tracing::{debug, warn};
 
 use crate::store::{
-    AdminSnapshot, AdminStateStore, Committed, MEMORY_RECORDS, StoreError, StoreFuture,
+    Committed, ControlSnapshot, ControlStateStore, MEMORY_RECORDS, StoreError, StoreFuture,
 };
 
 use super::connection::Conn;
@@ -136,15 +136,15 @@ impl RedisStore {
     }
 }
 
-impl AdminStateStore for RedisStore {
+impl ControlStateStore for RedisStore {
     fn revision(&self) -> StoreFuture<'_, u64> {
         Box::pin(async move { Ok(self.hmget().await?.0.unwrap_or(0)) })
     }
 
-    fn load(&self) -> StoreFuture<'_, Option<AdminSnapshot>> {
+    fn load(&self) -> StoreFuture<'_, Option<ControlSnapshot>> {
         Box::pin(async move {
             Ok(match self.hmget().await? {
-                (Some(rev), Some(state)) => Some(AdminSnapshot { rev, state }),
+                (Some(rev), Some(state)) => Some(ControlSnapshot { rev, state }),
                 _ => None,
             })
         })

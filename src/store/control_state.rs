@@ -29,7 +29,7 @@ pub const MEMORY_RECORDS: usize = 1000;
 
 /// The shared runtime state as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdminSnapshot {
+pub struct ControlSnapshot {
     /// Increases by one per committed change; 0 before the first.
     pub rev: u64,
     /// The state document (JSON).
@@ -46,13 +46,13 @@ pub struct Committed {
 }
 
 /// Runtime control state shared by replicas (see the module doc).
-pub trait AdminStateStore: Send + Sync {
+pub trait ControlStateStore: Send + Sync {
     /// The current revision (0: none written yet); the cheap check the
     /// periodic reconcile makes.
     fn revision(&self) -> StoreFuture<'_, u64>;
 
     /// The revision and the document; `None` when none is written yet.
-    fn load(&self) -> StoreFuture<'_, Option<AdminSnapshot>>;
+    fn load(&self) -> StoreFuture<'_, Option<ControlSnapshot>>;
 
     /// Writes `state` if the revision is still `expected_rev` and appends
     /// `audit` (each a JSON object's members after its `seq`, which the
