@@ -11,6 +11,28 @@ struct RpcCli {
     args: rpc::RpcArgs,
 }
 
+/// `tollgate-bench rpc` on a tiny in-process run (2 tasks, one
+/// connection, 200 ms, 10 scopes) with `extra` flags: its report and what
+/// it printed.
+fn tiny_rpc(extra: &[&str]) -> (rpc::RpcReport, String) {
+    let mut argv = vec![
+        "rpc",
+        "--concurrency",
+        "2",
+        "--connections",
+        "1",
+        "--duration",
+        "200ms",
+        "--scopes",
+        "10",
+    ];
+    argv.extend_from_slice(extra);
+    let args = RpcCli::parse_from(argv).args;
+    let mut out = Vec::new();
+    let report = rpc::run(&args, &mut out).expect("the benchmark runs");
+    (report, String::from_utf8(out).expect("UTF-8 output"))
+}
+
 #[derive(Parser)]
 struct ProxyCli {
     #[command(flatten)]
@@ -52,21 +74,7 @@ struct MemoryCli {
 
 #[test]
 fn rpc_bench_runs_against_an_in_process_coordinator() {
-    let args = RpcCli::parse_from([
-        "rpc",
-        "--concurrency",
-        "2",
-        "--connections",
-        "1",
-        "--duration",
-        "200ms",
-        "--scopes",
-        "10",
-    ])
-    .args;
-    let mut out = Vec::new();
-    let report = rpc::run(&args, &mut out).expect("the benchmark runs");
-    let text = String::from_utf8(out).expect("UTF-8 output");
+    let (report, text) = tiny_rpc(&[]);
 
     assert!(report.in_process);
     assert!(report.coordinator.total.ok > 0, "{text}");
@@ -106,23 +114,7 @@ fn rpc_bench_runs_against_an_in_process_coordinator() {
 /// carries it: none is refused, and the header says so.
 #[test]
 fn rpc_bench_runs_with_a_caller_token() {
-    let args = RpcCli::parse_from([
-        "rpc",
-        "--concurrency",
-        "2",
-        "--connections",
-        "1",
-        "--duration",
-        "200ms",
-        "--scopes",
-        "10",
-        "--token",
-        "bench-token-for-the-smoke-test",
-    ])
-    .args;
-    let mut out = Vec::new();
-    let report = rpc::run(&args, &mut out).expect("the benchmark runs");
-    let text = String::from_utf8(out).expect("UTF-8 output");
+    let (report, text) = tiny_rpc(&["--token", "bench-token-for-the-smoke-test"]);
     assert!(report.coordinator.total.ok > 0, "{text}");
     assert_eq!(report.coordinator.total.errors, 0, "{text}");
     for op in &report.coordinator.per_op {
