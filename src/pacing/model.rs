@@ -238,11 +238,19 @@ struct CreditReturns {
 }
 
 /// Windows served beyond a rate not yet measured, awaiting a
-/// measurement: whatever they served over the ρ it finds was the bank.
+/// measurement: whatever they served over the ρ it finds was the bank,
+/// unless it finds the capacity fell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Unexplained {
     /// Served per window, oldest first.
     windows: Vec<i64>,
+    /// ρ̂ when they were served (a probe's proof raised it from this;
+    /// `None` at first contact, when nothing was measured). A measurement
+    /// under this less the cruise margin is a capacity that fell: the
+    /// windows were served at the capacity of their time, and judged
+    /// against the fall they would read as a bank the limiter never had,
+    /// one that no probe could ever prove more than.
+    before_m: Option<i64>,
 }
 
 /// The estimates of one route's limiter and the pacing phase.
@@ -763,9 +771,13 @@ impl LimiterModel {
     }
 
     /// ρ is `rate_m`, measured: what was served over it while a guess
-    /// stood was the bank.
+    /// stood was the bank, unless the capacity fell since.
     fn judged(&mut self, rate_m: i64) {
-        if let Some(unexplained) = self.unexplained_m.take() {
+        if let Some(unexplained) = self.unexplained_m.take()
+            && !unexplained
+                .before_m
+                .is_some_and(|before| rate_m < CRUISE_GAIN.of(before))
+        {
             self.saw_bank(excess_m(&unexplained.windows, rate_m));
         }
         self.rate_m = Some(rate_m.max(1));
@@ -818,6 +830,7 @@ impl LimiterModel {
             // apart.
             self.unexplained_m = Some(Unexplained {
                 windows: self.climb_windows().to_vec(),
+                before_m: None,
             });
         }
         let span = std::mem::take(&mut self.span);
@@ -935,6 +948,7 @@ impl LimiterModel {
                     // measurement tells which.
                     self.unexplained_m = Some(Unexplained {
                         windows: self.span.clone(),
+                        before_m: Some(rate),
                     });
                     self.rate_m = Some(PROBE_GAIN.of(rate));
                     self.span.clear();
@@ -1025,6 +1039,7 @@ impl LimiterModel {
         w.flag(self.unexplained_m.is_some());
         if let Some(unexplained) = &self.unexplained_m {
             write_windows(w, &unexplained.windows);
+            w.opt_int(unexplained.before_m);
         }
         write_windows(w, &self.span);
         w.flag(self.span_anchored)
@@ -1072,6 +1087,7 @@ impl LimiterModel {
         let unexplained_m = if r.flag()? {
             Some(Unexplained {
                 windows: read_windows(r, what)?,
+                before_m: r.opt_int()?,
             })
         } else {
             None

@@ -681,3 +681,56 @@ fn a_fall_read_while_refusals_outnumber_what_was_served_restarts_the_search() {
         }
     );
 }
+
+#[test]
+fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
+    // ρ̂ = 1 000/s measured at first contact; the probe after it is due.
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    for now_ms in [3_900, 4_000, 4_100] {
+        tell(&mut model, now_ms, 100, 10);
+    }
+    close(&mut model, 4_000);
+    tell(&mut model, 5_000, 930, 0);
+    close(&mut model, 5_000);
+    assert_eq!(model.phase(), Phase::Probe);
+    // The probe is served whole for two windows: more than a window's
+    // excess and any bank seen, a proof. ρ̂ rises by the probe's gain.
+    let mut at = 5_000;
+    for _ in 0..2 {
+        at += WINDOW_MS;
+        tell(&mut model, at, 1_062, 0);
+        close(&mut model, at);
+    }
+    assert_eq!(model.rate_m(), Some(1_062_500));
+    // Then the capacity falls to 120/s; refused no more than served, so
+    // the reading is a fall, measured over the limiter's 1 s memory.
+    for _ in 0..12 {
+        at += 100;
+        tell(&mut model, at, 12, 10);
+        if at % WINDOW_MS == 0 {
+            close(&mut model, at);
+        }
+    }
+    assert_eq!(model.rate_m(), Some(120 * MILLI));
+    // The windows the proof left unexplained were served at the capacity
+    // of their time: judged against the fall they would be a bank of
+    // nearly 2 000 attempts, sixteen seconds of 120/s.
+    assert!(model.burst_m() < 120 * MILLI, "σ̂ {}", model.burst_m());
+    // Back at 1 000/s, everything offered is served: a probe from 120/s
+    // proves more within a few windows of being due.
+    let mut windows = 0;
+    while model.rate_m() == Some(120 * MILLI) && windows < 20 {
+        at += WINDOW_MS;
+        let served = model.target_m(at) / MILLI;
+        tell(&mut model, at, served, 0);
+        close(&mut model, at);
+        windows += 1;
+    }
+    assert!(
+        model.rate_m() > Some(120 * MILLI),
+        "still {:?} after {windows} windows, {:?}",
+        model.rate_m(),
+        model.phase()
+    );
+}
