@@ -63,7 +63,7 @@ fn text(path: &Path) -> String {
 }
 
 #[test]
-fn the_deployment_runs_three_non_root_replicas_probed_over_grpc() {
+fn the_deployment_asks_for_three_non_root_replicas_probed_over_grpc() {
     let all = manifests();
     let deployment = get(&all, "Deployment/tollgate");
     assert_eq!(deployment["spec"]["replicas"].as_u64(), Some(3));
@@ -195,8 +195,10 @@ fn the_policy_file_is_valid_and_its_tokens_come_from_the_secret() {
     );
 }
 
+/// The Dockerfile is read, not built (no Docker engine here): its stages,
+/// runtime image, user and listen address, and the image name the docs use.
 #[test]
-fn the_dockerfile_builds_then_runs_non_root_in_a_small_image() {
+fn the_dockerfile_has_a_locked_build_stage_and_a_distroless_non_root_runtime() {
     let dockerfile = text(Path::new("deploy/Dockerfile"));
     let stages: Vec<(String, String)> = dockerfile
         .lines()

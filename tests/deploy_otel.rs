@@ -69,8 +69,10 @@ fn the_collector_pipelines_use_only_defined_components() {
     }
 }
 
+/// The compose file is read, not run: its services, the coordinator's
+/// /metrics flags, its mounts' sources and Prometheus's scrape target.
 #[test]
-fn compose_brings_up_the_stack_with_existing_files() {
+fn compose_names_the_stack_mounts_files_that_exist_and_is_scraped_where_it_serves() {
     let compose = yaml("compose.yaml");
     let services = keys(&compose["services"]);
     for service in [

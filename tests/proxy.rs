@@ -294,6 +294,12 @@ fn coordinator_on_defaults(dir: &Path) -> Served {
 /// [`coordinator_with_tokens`].
 const FLEET_TOKEN: &str = "token-of-the-fleet";
 const ADMIN_TOKEN: &str = "admin-of-the-test";
+/// What a proxy's log says when the coordinator refused one of its
+/// reports (the client's lease background task writes it).
+const REPORT_REFUSED: &str = "report refused; dropping it";
+/// What a proxy's log says when its link to the coordinator failed and
+/// it uses its local fallback budget.
+const FELL_BACK: &str = "coordinator unreachable; using the local fallback budget";
 
 /// A coordinator that requires caller tokens: [`FLEET_TOKEN`] for the
 /// `fleet` caller scope, [`ADMIN_TOKEN`] to read its scopes.
@@ -1175,7 +1181,11 @@ async fn the_coordinator_link_uses_the_token_file() {
             })
             .await;
         } else {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
+            // The report was made and refused, not merely not made yet.
+            eventually("the proxy's report refused", async || {
+                proxy.log().contains(REPORT_REFUSED)
+            })
+            .await;
             assert_eq!(
                 cooldown_as(coordinator, route, Some(ADMIN_TOKEN)).await,
                 0,
@@ -1306,7 +1316,15 @@ async fn the_coordinator_link_verifies_tls_with_its_ca_file() {
             .await;
             assert_eq!(answer.header("tollgate-coordinator"), "connected");
         } else {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
+            // Its first call failed on the certificate and it fell back
+            // (a fallen-back proxy holds its reports until the
+            // coordinator answers, which this one never does).
+            eventually("the proxy's fallback", async || {
+                proxy.log().contains(FELL_BACK)
+            })
+            .await;
+            let log = proxy.log();
+            assert!(log.contains("UnknownIssuer"), "{log}");
             assert_eq!(
                 cooldown_at(admin.clone(), route, None).await,
                 0,
@@ -1379,7 +1397,10 @@ async fn a_rewritten_token_file_is_used_without_a_restart() {
     );
     let answer = curl(&["-H", "request-timeout: 1", &proxy.url("/wrong")]).await;
     assert_eq!(answer.status, 429, "{answer:?}\n{}", proxy.log());
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    eventually("the report with the old token refused", async || {
+        proxy.log().contains(REPORT_REFUSED)
+    })
+    .await;
     assert_eq!(
         cooldown_as(coordinator, "GET /wrong", Some(ADMIN_TOKEN)).await,
         0,

@@ -256,21 +256,28 @@ fn water_filling_meets_small_demands_first() {
     assert_eq!(max_min_share(100, 1000, &mut []), 100);
 }
 
-/// Water-filling over every demand sorted, the requester's turn found in
-/// the whole order: the oracle for [`max_min_share`], which sorts only the
-/// demands below the requester's.
-fn share_by_sorting_everyone(capacity: u64, own: u64, others: &[u64]) -> u64 {
-    let mut all = others.to_vec();
-    all.sort_unstable();
-    let (mut left, mut n) = (capacity, all.len() as u64 + 1);
-    for demand in all {
-        if own <= demand {
-            break;
-        }
-        left -= demand.min(left / n);
-        n -= 1;
+/// The water level of max-min fairness found from its definition, not by
+/// the steps [`max_min_share`] takes: the largest whole level `l` at which
+/// giving every demand `min(demand, l)` fits `capacity`, and whether that
+/// fills it exactly; `None` when every demand fits in full.
+fn water_level(capacity: u64, demands: &[u64]) -> Option<(u64, bool)> {
+    let given = |level: u64| -> u128 { demands.iter().map(|&d| u128::from(d.min(level))).sum() };
+    let capacity = u128::from(capacity);
+    if demands.iter().map(|&d| u128::from(d)).sum::<u128>() <= capacity {
+        return None;
     }
-    own.min(left / n)
+    // given(lo) fits and given(hi) does not: at the largest demand every
+    // demand is met, which was just found not to fit.
+    let (mut lo, mut hi) = (0, demands.iter().copied().max().unwrap_or(0));
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if given(mid) <= capacity {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some((lo, given(lo) == capacity))
 }
 
 proptest::proptest! {
@@ -283,9 +290,34 @@ proptest::proptest! {
             0..64,
         ),
     ) {
-        let expected = share_by_sorting_everyone(capacity, own, &others);
-        let mut others = others;
-        proptest::prop_assert_eq!(max_min_share(capacity, own, &mut others), expected);
+        let mut everyone = others;
+        everyone.push(own);
+        let level = water_level(capacity, &everyone);
+        let mut given = 0u128;
+        // Each demand in turn as the one asking, the rest as the others.
+        for asking in 0..everyone.len() {
+            let demand = everyone[asking];
+            let mut rest = everyone.clone();
+            rest.remove(asking);
+            let share = max_min_share(capacity, demand, &mut rest);
+            given += u128::from(share);
+            match level {
+                // Every demand fits, or this one is below the level: met in full.
+                None => proptest::prop_assert_eq!(share, demand),
+                Some((level, _)) if demand <= level => proptest::prop_assert_eq!(share, demand),
+                // Capped at a whole level: exactly it.
+                Some((level, true)) => proptest::prop_assert_eq!(share, level),
+                // A level between two whole numbers: a capped demand gets
+                // the whole level or one more (the sum below keeps the
+                // "one more" to what the remainder pays for).
+                Some((level, false)) => proptest::prop_assert!(
+                    share == level || share == level + 1,
+                    "share {} at a level between {} and {}", share, level, level + 1
+                ),
+            }
+        }
+        // What everyone is told they may take fits the capacity together.
+        proptest::prop_assert!(given <= u128::from(capacity), "{} given of {}", given, capacity);
     }
 
     /// What `BudgetLedger::grant` relies on to skip weighing the fleet: a

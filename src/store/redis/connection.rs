@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::OnceLock;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -211,10 +211,24 @@ impl RedisStore {
 
     /// Runs a library function's call within the operation bound.
     pub(super) async fn run(&self, inv: &Call) -> Result<Vec<Value>, StoreError> {
-        if let Some(reason) = self.refused.get() {
-            return Err(super::format::refusal(reason));
-        }
+        self.claimed().await?;
         run_on(&self.conn, inv, self.op_timeout).await
+    }
+
+    /// What every call to a library function asks first: the prefix is
+    /// this build's. A store whose format was not claimed yet (Redis did
+    /// not answer at start) claims it now, before the call writes scope
+    /// keys: a claim made after them would find state with no format
+    /// named and refuse this store's own keys as another build's. Once
+    /// refused, the refusal.
+    pub(super) async fn claimed(&self) -> Result<(), StoreError> {
+        if !self.format_checked.load(Ordering::Acquire) {
+            self.claim_format().await?;
+        }
+        match self.refused.get() {
+            Some(reason) => Err(super::format::refusal(reason)),
+            None => Ok(()),
+        }
     }
 
     pub(super) async fn bounded<T>(

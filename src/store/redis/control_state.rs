@@ -95,6 +95,13 @@ impl RedisStore {
             inv.arg(record);
         }
         let reply: Vec<u64> = self.invoke(&inv).await?;
+        if expected_rev == Some(0) && reply.first() == Some(&1) {
+            // Shared state made from nothing: the first replica, or a Redis
+            // that lost its data, format key included. Name the format
+            // again before this replica's writes fill the prefix, or the
+            // next replica to start would take them for an older build's.
+            self.write_format().await?;
+        }
         match reply.as_slice() {
             [1, rev, seqs @ ..] => Ok(Some(Committed {
                 rev: *rev,

@@ -74,7 +74,7 @@ impl RedisStore {
         self.query(&cmd).await
     }
 
-    async fn write_format(&self) -> Result<(), StoreError> {
+    pub(super) async fn write_format(&self) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("SET");
         cmd.arg(self.format_key()).arg(STORE_FORMAT).arg("NX");
         self.query::<Option<String>>(&cmd).await.map(drop)
@@ -148,6 +148,36 @@ mod tests {
         assert!(other.view(&route(), 0).await.is_ok());
     }
 
+    /// Redis did not answer at start, so nothing claimed the prefix: the
+    /// first call claims it before writing, and the keys it writes are
+    /// then this build's, not state a later health check refuses.
+    #[tokio::test]
+    async fn a_store_that_never_claimed_claims_before_its_first_write() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let store = store_on(&server).await;
+        store
+            .set_freeze(&route(), Some("incident".into()), 0)
+            .await
+            .expect("freeze");
+        assert_eq!(
+            raw(&server, &["GET", "tollgate:format"]).await,
+            redis::Value::BulkString(STORE_FORMAT.to_string().into_bytes())
+        );
+        store.health().await.expect("its own keys");
+
+        // Under an older build's keys the same first call is refused.
+        let server = RedisServer::start().expect("a second redis");
+        raw(&server, &["HSET", "tollgate:{tenant-a|GET /x}:r", "k", "x"]).await;
+        let store = store_on(&server).await;
+        let refused = store.set_freeze(&route(), Some("incident".into()), 0).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Unavailable(r)) if r.contains("older Tollgate")),
+            "{refused:?}"
+        );
+    }
+
     #[tokio::test]
     async fn state_an_older_build_wrote_is_refused_with_what_to_do() {
         let Some(server) = RedisServer::start() else {
@@ -166,6 +196,23 @@ mod tests {
         // Nothing is read or written on it, and health says so.
         assert_eq!(
             store.view(&route(), 0).await,
+            Err(StoreError::Unavailable(reason.clone()))
+        );
+        // A lease too, which goes through the lease queue, not one call.
+        let key = crate::scope::ScopeKey::new("tenant-a", "GET /x", crate::scope::Priority::Normal);
+        let ask = crate::budget::GrantAsk {
+            worker_id: "w",
+            priority: crate::scope::Priority::Normal,
+            retry_class: crate::scope::RetryClass::Transient,
+            want: 1,
+            now_ms: 0,
+            tenant: crate::store::Tenant::NONE,
+        };
+        let leased = store
+            .lease(&key, ask, &crate::policy::Policy::default())
+            .await;
+        assert_eq!(
+            leased.map(drop),
             Err(StoreError::Unavailable(reason.clone()))
         );
         assert_eq!(store.health().await, Err(StoreError::Unavailable(reason)));

@@ -426,6 +426,7 @@ impl RedisStore {
         id: &str,
         owner: &str,
     ) -> Result<Value, StoreError> {
+        self.claimed().await?;
         if self.clustered() {
             let mut inv = SCRIPTS.lease.call(keys);
             inv.arg(&numbers[..]).arg(worker).arg(id).arg(owner);

@@ -173,6 +173,9 @@ mod tests {
             .get_multiplexed_async_connection()
             .await
             .expect("connect");
+        // Claimed first, as `tollgate serve` does: a key written on an
+        // unclaimed prefix would be taken for an older build's state.
+        store.claim_format().await.expect("claimed");
         let broken = ScopeKey::new("c", "broken", Priority::Normal);
         let _: () = redis::cmd("SET")
             .arg(store.route_key(&broken.route))
