@@ -46,6 +46,8 @@
 //! - [`signal`], [`serve_command`]: SIGINT/SIGTERM/SIGHUP, and the `serve`
 //!   subcommand: its flags read into a store, telemetry and a [`server`]
 //!   `Setup` (the server itself knows no flags).
+//! - [`policy_wire`]: a policy's fields to and from the Admin API's
+//!   message, shared by the Admin service and the operator CLI.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with one renderer (table, JSON, YAML) and documented
 //!   exit codes, and `top`, the live terminal view of the hottest scopes.
@@ -81,6 +83,7 @@ pub mod hints;
 pub mod ops;
 pub mod pacing;
 pub mod policy;
+pub mod policy_wire;
 pub mod proxy;
 pub mod scope;
 pub mod serve_command;
