@@ -12,10 +12,10 @@
 //! - [`hints`]: wait hints read with the client crate's one parser into
 //!   cooldowns and the backoff step, statuses read with its one
 //!   classification table (pure).
-//! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
 //! - [`pacing`]: the learned wake rate per route — capacity, spare capacity,
-//!   probing and back-off, penalty-extending limiters — and the slot
-//!   decision at wake time (pure).
+//!   probing and back-off, penalty-extending limiters — the slot decision
+//!   at wake time, and the per-route slot cursor that spreads waiting
+//!   intents ([`pacing::cursor`]) (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes (a whole worker report is one), its in-memory backend, the
 //!   Redis backend (one Lua script per operation, pub/sub for Watch across
@@ -63,7 +63,7 @@
 //! A request flows `server` → `service` (validate, authorize) →
 //! `coordinator` (resolve the policy, read the clock, assess hints) →
 //! `store` (one atomic operation applying the pure `budget` / `hints` /
-//! `slots` math) → `coordinator` (publish on the `events` hub) → `service`
+//! `pacing` math) → `coordinator` (publish on the `events` hub) → `service`
 //! (reply). Only `service` and `server` know gRPC types; nothing below
 //! `service` imports from it.
 //!
@@ -91,7 +91,6 @@ pub mod server;
 pub mod service;
 pub mod signal;
 pub mod simulate;
-pub mod slots;
 pub mod store;
 pub mod telemetry;
 pub mod tenancy;

@@ -44,10 +44,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     // store's rewrite, under way in the same files.
     ("src/", "store::redis::relay", "events"),
     // ---- circles ----
-    // Pure logic, which the pacing rewrite under way reshapes: the slot
-    // cursor takes its jitter scale and queue bound from `slots` (hints,
-    // policy and slots otherwise all build on pacing).
-    ("src/", "pacing::slot", "slots"),
     // `connection`, `decide`, `format`, `keys`, `lease` and `quota` each add
     // methods to `RedisStore` (one type's impl split by concern), so they
     // name the type `store.rs` defines, which calls them. Left for the Redis

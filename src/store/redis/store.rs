@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::budget::{BudgetError, BudgetSnapshot, GrantAsk, LeaseEnd};
 use crate::hints::{HintState, Merge, Reporter};
+use crate::pacing::cursor::SlotAsk;
 use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
-use crate::slots::SlotAsk;
 use crate::store::{
     LeaseOutcome, OwnerCounts, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
     ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
