@@ -43,17 +43,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     // the hub down beside the state it describes); left for the Redis
     // store's rewrite, under way in the same files.
     ("src/", "store::redis::relay", "events"),
-    // ---- circles ----
-    // `connection`, `decide`, `format`, `keys`, `lease` and `quota` each add
-    // methods to `RedisStore` (one type's impl split by concern), so they
-    // name the type `store.rs` defines, which calls them. Left for the Redis
-    // store's rewrite.
-    ("src/", "store::redis::connection", "store::redis::store"),
-    ("src/", "store::redis::decide", "store::redis::store"),
-    ("src/", "store::redis::format", "store::redis::store"),
-    ("src/", "store::redis::keys", "store::redis::store"),
-    ("src/", "store::redis::lease", "store::redis::store"),
-    ("src/", "store::redis::quota", "store::redis::store"),
 ];
 
 // ---- reading the page ------------------------------------------------------

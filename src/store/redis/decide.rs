@@ -24,9 +24,9 @@ use crate::scope::RouteKey;
 use crate::store::{Reconsidered, RouteView, Slotted, StoreError};
 use crate::tenancy::Owner;
 
+use super::RedisStore;
 use super::reply::{Reply, count};
 use super::scripts::SCRIPTS;
-use super::store::RedisStore;
 
 /// How many times a decision is made again after another replica moved
 /// the route under it, before the call gives up as unavailable. Each
