@@ -18,9 +18,9 @@
 //!   intents ([`pacing::cursor`]) (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes (a whole worker report is one), its in-memory backend, the
-//!   Redis backend (one Lua script per operation, pub/sub for Watch across
-//!   replicas, a clock that follows Redis's `TIME`, the replicas' shared
-//!   runtime control state), and the contract suite both must pass.
+//!   Redis backend (one Lua script per operation, a clock that follows
+//!   Redis's `TIME`, the replicas' shared runtime control state), and the
+//!   contract suite both must pass.
 //! - [`events`]: `StateChange`, scope snapshots and the `EventHub` every
 //!   change is published on.
 //! - [`control`]: runtime control — policy changes with optimistic versions,

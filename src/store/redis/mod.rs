@@ -102,7 +102,6 @@ mod keys;
 mod lease;
 mod queue;
 mod quota;
-mod relay;
 mod reply;
 pub(crate) mod scripts;
 mod sentinel;
@@ -111,7 +110,6 @@ mod store;
 pub use clock::RedisClock;
 pub use connection::{RedisOptions, RedisSetupError, RedisTarget};
 pub use format::STORE_FORMAT;
-pub use relay::EventRelay;
 pub use sentinel::SentinelTarget;
 
 use std::sync::OnceLock;
