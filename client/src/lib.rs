@@ -99,7 +99,7 @@ pub use gate::{
 };
 pub use layer::{GateError, GateReport, LayerConfig, TollgateLayer, TollgateService};
 pub use lease::LeaseCacheConfig;
-pub use link::{LinkConfig, LinkState};
+pub use link::{LinkConfig, LinkState, LinkTls};
 pub use outcome::{Outcome, ResponseStatus};
 pub use owner::OwnerMark;
 pub use scope::{Priority, Scope};
