@@ -12,15 +12,15 @@
 //! - [`hints`]: wait hints read with the client crate's one parser into
 //!   cooldowns and the backoff step, statuses read with its one
 //!   classification table (pure).
-//! - [`slots`]: the per-route slot cursor that spreads waiting intents (pure).
 //! - [`pacing`]: the learned wake rate per route — capacity, spare capacity,
-//!   probing and back-off, penalty-extending limiters — and the slot
-//!   decision at wake time (pure).
+//!   probing and back-off, penalty-extending limiters — the slot decision
+//!   at wake time, and the per-route slot cursor that spreads waiting
+//!   intents ([`pacing::cursor`]) (pure).
 //! - [`store`]: the `Store` trait whose operations are the atomic state
 //!   changes (a whole worker report is one), its in-memory backend, the
-//!   Redis backend (one Lua script per operation, pub/sub for Watch across
-//!   replicas, a clock that follows Redis's `TIME`, the replicas' shared
-//!   runtime control state), and the contract suite both must pass.
+//!   Redis backend (one Lua script per operation, a clock that follows
+//!   Redis's `TIME`, the replicas' shared runtime control state), and the
+//!   contract suite both must pass.
 //! - [`events`]: `StateChange`, scope snapshots and the `EventHub` every
 //!   change is published on.
 //! - [`control`]: runtime control — policy changes with optimistic versions,
@@ -46,6 +46,8 @@
 //! - [`signal`], [`serve_command`]: SIGINT/SIGTERM/SIGHUP, and the `serve`
 //!   subcommand: its flags read into a store, telemetry and a [`server`]
 //!   `Setup` (the server itself knows no flags).
+//! - [`policy_wire`]: a policy's fields to and from the Admin API's
+//!   message, shared by the Admin service and the operator CLI.
 //! - [`ops`]: the operator commands (`policy`, `scopes`, `audit`), thin
 //!   Admin API clients with one renderer (table, JSON, YAML) and documented
 //!   exit codes, and `top`, the live terminal view of the hottest scopes.
@@ -61,7 +63,7 @@
 //! A request flows `server` → `service` (validate, authorize) →
 //! `coordinator` (resolve the policy, read the clock, assess hints) →
 //! `store` (one atomic operation applying the pure `budget` / `hints` /
-//! `slots` math) → `coordinator` (publish on the `events` hub) → `service`
+//! `pacing` math) → `coordinator` (publish on the `events` hub) → `service`
 //! (reply). Only `service` and `server` know gRPC types; nothing below
 //! `service` imports from it.
 //!
@@ -81,6 +83,7 @@ pub mod hints;
 pub mod ops;
 pub mod pacing;
 pub mod policy;
+pub mod policy_wire;
 pub mod proxy;
 pub mod scope;
 pub mod serve_command;
@@ -88,7 +91,6 @@ pub mod server;
 pub mod service;
 pub mod signal;
 pub mod simulate;
-pub mod slots;
 pub mod store;
 pub mod telemetry;
 pub mod tenancy;

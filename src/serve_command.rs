@@ -11,7 +11,8 @@ use tokio::net::TcpListener;
 use tollgate_vocab::clock::{Clock, SystemClock};
 
 use crate::config::Config;
-use crate::store::redis::{EventRelay, RedisClock, RedisOptions, RedisStore, RedisTarget};
+use crate::server::relay::EventRelay;
+use crate::store::redis::{RedisClock, RedisOptions, RedisStore, RedisTarget};
 use crate::store::{MemoryStore, Store, StoreError};
 use crate::telemetry::{self, TelemetryConfig};
 use crate::{server, signal};

@@ -13,9 +13,9 @@ use support::{
 };
 use tokio::sync::Notify;
 use tollgate::budget::{GrantAsk, LeaseEnd};
+use tollgate::pacing::cursor::SlotAsk;
 use tollgate::policy::Policy;
 use tollgate::scope::{RouteKey, ScopeKey};
-use tollgate::slots::SlotAsk;
 use tollgate::store::{
     LeaseOutcome, MemoryStore, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
     ScopePage, Slotted, Store, StoreFuture,

@@ -20,8 +20,6 @@
 //! - [`engine`]: the decision engine, a sans-IO state machine per intent,
 //!   and the [`IntentPolicy`] it runs under (built from a deadline, with
 //!   named defaults for the rest).
-//! - [`script_driver`]: a driver that runs the engine on scripted responses and a
-//!   virtual clock (`tollgate simulate`, property tests).
 //! - [`fallback`]: the conservative per-process budget and adaptive throttle.
 //!
 //! Running intents (async):
@@ -73,7 +71,6 @@ pub mod layer;
 pub mod lease;
 pub mod link;
 pub mod owner;
-pub mod script_driver;
 pub mod setup;
 pub mod telemetry;
 mod wire;
@@ -102,7 +99,7 @@ pub use gate::{
 };
 pub use layer::{GateError, GateReport, LayerConfig, TollgateLayer, TollgateService};
 pub use lease::LeaseCacheConfig;
-pub use link::{LinkConfig, LinkState};
+pub use link::{LinkConfig, LinkState, LinkTls};
 pub use outcome::{Outcome, ResponseStatus};
 pub use owner::OwnerMark;
 pub use scope::{Priority, Scope};

@@ -7,13 +7,13 @@ use std::time::{Duration, SystemTime};
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+use tollgate::simulate::driver::{self, Script, ScriptError, ScriptedResponse};
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{
     Intent, IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner,
 };
 use tollgate_client::hint::HintVerdict;
 use tollgate_client::outcome::{Outcome, RecordDecision};
-use tollgate_client::script_driver::{self, Script, ScriptError, ScriptedResponse};
 
 fn noon() -> SystemTime {
     httpdate::parse_http_date("Mon, 01 Jan 2024 12:00:00 GMT").expect("date")
@@ -141,7 +141,7 @@ fn run(case: &Case) -> Intent {
     };
     let mut intent = Intent::new(spec, case.policy);
     let mut rng = StdRng::seed_from_u64(case.seed);
-    match script_driver::run(&mut intent, &case.script, &mut rng) {
+    match driver::run(&mut intent, &case.script, &mut rng) {
         Ok(()) | Err(ScriptError::MissingResponse { .. }) => intent,
         Err(e) => panic!("engine misuse in a generated case: {e}"),
     }

@@ -29,10 +29,10 @@ use tollgate_vocab::clock::{Clock, to_unix_ms};
 use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
 use crate::control::Control;
 use crate::events::{EventHub, ScopeSnapshot, StateChange};
+use crate::pacing::cursor::{JITTER_SCALE, SlotAsk};
 use crate::pacing::{Asker, PacingView};
 use crate::policy::SharedPolicies;
 use crate::scope::{RetryClass, RouteKey, ScopeKey};
-use crate::slots::{JITTER_SCALE, SlotAsk};
 use crate::store::{
     LeaseOutcome, Reconsidered, RouteView, ScopeDetail, ScopeFilter, ScopePage, Slotted, Store,
     StoreError,

@@ -36,9 +36,10 @@ use crate::pacing::HINT_GRANULARITY_MS;
 use crate::policy::Policy;
 
 /// Workers whose evidence is kept per route or caller scope; the one heard
-/// from longest ago is forgotten first. Matches the budget's worker bound,
-/// so every active worker of a large fleet can be counted.
-pub const MAX_EVIDENCE_WORKERS: usize = 1024;
+/// from longest ago is forgotten first. Pacing's stated limits keep as many
+/// statements (and the budget as many workers), so every active worker of a
+/// large fleet can be counted; the bound is pacing's, below this module.
+pub const MAX_EVIDENCE_WORKERS: usize = crate::pacing::stated::MAX_STATEMENT_WORKERS;
 /// Mutes kept per route or caller scope: an operator's list, not a fleet's.
 pub const MAX_MUTES: usize = 64;
 /// Disagreements a worker needs before it can be flagged noisy: one early

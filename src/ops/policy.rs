@@ -11,7 +11,7 @@ use super::render::{emit, enum_name, or_dash, print_table};
 use super::{Client, EXIT_DRIFT, EXIT_OK, Failure, Outcome};
 use crate::config::PolicyDoc;
 use crate::policy::PolicySpec;
-use crate::service::admin::{fields_of, spec_of};
+use crate::policy_wire::{fields_of, spec_of};
 
 /// The policy file a command sends, read and validated before dialling.
 pub(super) fn local_file(command: &PolicyCommand) -> Result<Option<String>, Failure> {
@@ -75,21 +75,15 @@ fn parse_assignments(pairs: &[String]) -> Result<PolicySpec, Failure> {
 }
 
 fn spec_json(fields: Option<v1::PolicyFields>) -> Value {
-    spec_of(fields)
-        .ok()
-        .and_then(|s| serde_json::to_value(s).ok())
-        .unwrap_or(Value::Null)
+    serde_json::to_value(spec_of(fields.unwrap_or_default())).unwrap_or(Value::Null)
 }
 
 fn fields_text(fields: Option<v1::PolicyFields>) -> String {
-    match spec_of(fields) {
-        Ok(spec) => crate::control::spec_fields(&spec)
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        Err(_) => String::new(),
-    }
+    crate::control::spec_fields(&spec_of(fields.unwrap_or_default()))
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn rule_json(r: &v1::PolicyRule) -> Value {

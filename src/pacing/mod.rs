@@ -34,6 +34,7 @@
 //! here, by whichever store holds it.
 
 mod codec;
+pub mod cursor;
 pub mod model;
 mod slot;
 pub mod stated;

@@ -9,8 +9,8 @@
 //! eighths of the way there each time), so a long wait costs a few
 //! coordinator calls, not one per horizon.
 
+use super::cursor::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 use super::{MILLI, Mode, PacingPolicy, PacingState, Rule, WINDOW_MS};
-use crate::slots::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
 
 /// More waiting intents than a route can hold say nothing more about the
 /// wait; the bound also keeps the estimate's arithmetic far from overflow.

@@ -18,7 +18,8 @@
 //!   request's readdressing.
 //! - `listener`: the accept loop, the handler, the gate's response headers
 //!   and the answers when the gate ends with no response.
-//! - `admin`: `/healthz`, `/readyz` and `/metrics`.
+//! - `probes`: `/healthz`, `/readyz` and `/metrics`, on the listener the
+//!   file's `[admin]` table opens.
 //! - `token`: the coordinator token file, read at start and followed.
 //!
 //! A request flows listener → intake → layer (gate: hold, attempts,
@@ -36,11 +37,11 @@ use tollgate_client::gate::GateConfig;
 use tollgate_client::link::LinkTls;
 use tollgate_client::{LinkConfig, Tollgate};
 
-mod admin;
 pub mod body;
 pub mod config;
 pub mod intake;
 pub mod listener;
+mod probes;
 pub mod route;
 pub mod token;
 pub mod upstream;
@@ -151,7 +152,7 @@ pub async fn run(
                 .local_addr()
                 .context("the admin listener's address")?;
             tracing::info!(address = %addr, "{ADMIN_LISTENING}");
-            Some(tokio::spawn(admin::serve(
+            Some(tokio::spawn(probes::serve(
                 socket,
                 tollgate.clone(),
                 registry,

@@ -3,6 +3,8 @@
 //! the caller chooses (mini-redis's `run(listener, shutdown)` shape, which is
 //! what lets every test bind `127.0.0.1:0`): one entry point, [`run`], with
 //! a [`Setup`] for everything else, and [`run_tcp`] for a bound listener.
+//! Beside the services it runs the background tasks, among them the
+//! [`relay`] that carries Watch changes between replicas over Redis pub/sub.
 //!
 //! # Shutdown
 //! When `shutdown` completes the server drains: health turns NOT_SERVING,
@@ -34,6 +36,7 @@ pub mod gate;
 pub mod guard;
 pub mod listen;
 pub mod metrics_http;
+pub mod relay;
 pub mod tls;
 
 use std::future::Future;
@@ -63,8 +66,8 @@ use crate::policy::SharedPolicies;
 use crate::service::BudgetService;
 use crate::service::admin::{AdminService, MAX_TOML_BYTES};
 use crate::signal::Hangups;
-use crate::store::redis::EventRelay;
 use crate::store::{MemoryStore, Store};
+use relay::EventRelay;
 
 /// Largest health or reflection request: a service name or a symbol.
 const MAX_SMALL_MESSAGE_BYTES: usize = 16 * 1024;

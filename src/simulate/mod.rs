@@ -5,12 +5,12 @@
 //! ```text
 //! file text ──load──▶ ScenarioInput (serde, unknown fields refused)
 //!           ──validate──▶ Scenario (IntentPolicy, IntentSpec, Script, seed)
-//!           ──simulate──▶ tollgate_client::script_driver::run(engine) ──▶ Report
+//!           ──simulate──▶ driver::run(engine) ──▶ Report
 //!           ──▶ one JSON line (--json) or a readable table
 //! ```
 //! There is no decision logic here: classification, hint reading, backoff,
 //! the deadline gate and the wake re-check are all the engine's, driven by
-//! the engine crate's scripted driver. This module only turns JSON into
+//! the scripted driver ([`driver`]). This module only turns JSON into
 //! engine inputs and engine evidence into output.
 //!
 //! Choices the scenario README leaves open, made here:
@@ -30,11 +30,13 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Serialize, Serializer};
 use tollgate_client::engine::Intent;
-use tollgate_client::script_driver::{self, ScriptError};
 use tollgate_vocab::hint::{HintForm, HintReading, HintVerdict};
 use tollgate_vocab::outcome::{AttemptRecord, Outcome, RecordDecision, ResponseStatus};
 
+pub mod driver;
 mod scenario;
+
+use driver::ScriptError;
 
 pub use scenario::{MAX_ATTEMPTS, MAX_NAME_BYTES, MAX_SECONDS, Scenario, SimulateError, load};
 
@@ -200,7 +202,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Report, SimulateError> {
     };
     let mut intent = Intent::new(scenario.spec.clone(), scenario.policy);
     let mut rng = StdRng::seed_from_u64(scenario.seed);
-    script_driver::run(&mut intent, &scenario.script, &mut rng).map_err(|e| match e {
+    driver::run(&mut intent, &scenario.script, &mut rng).map_err(|e| match e {
         ScriptError::MissingResponse { attempt } => bad(
             "responses",
             format!(

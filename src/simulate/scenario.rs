@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
+use super::driver::{Script, ScriptedResponse};
 use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 use tollgate_client::backoff::{Backoff, Jitter};
 use tollgate_client::engine::{IntentPolicy, IntentSpec, Observation, RepetitionKind, RetryOwner};
-use tollgate_client::script_driver::{Script, ScriptedResponse};
 use tollgate_vocab::classify::classify_http_listed;
 
 use super::Secs;

@@ -8,7 +8,7 @@
 //! (a server-side script, or a decision made in Rust and written by
 //! compare-and-set) and replicas stay stateless. The decision math itself
 //! lives in the pure modules ([`crate::budget`], [`crate::hints`],
-//! [`crate::slots`], [`crate::pacing`]); a store only applies it to the
+//! [`crate::pacing::cursor`], [`crate::pacing`]); a store only applies it to the
 //! state it holds.
 //!
 //! Time is passed in (`now_ms`, from the core's injected clock) instead of
@@ -26,10 +26,10 @@ use std::pin::Pin;
 
 use crate::budget::{BudgetError, BudgetSnapshot, Grant, GrantAsk, LeaseEnd};
 use crate::hints::{Assessment, EvidenceDetail, HintRecord, Merge};
+use crate::pacing::cursor::{SlotAsk, SlotError, SlotOutcome};
 use crate::pacing::{Mode, PacingView, WINDOW_MS};
 use crate::policy::{Pattern, Policy};
 use crate::scope::{EvidenceLevel, RouteKey, ScopeKey};
-use crate::slots::{SlotAsk, SlotError, SlotOutcome};
 
 pub use crate::telemetry::scopes::{OwnerCounts, ScopeCounts};
 pub use crate::tenancy::{Owner, Tenant};

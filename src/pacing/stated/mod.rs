@@ -50,10 +50,11 @@ use crate::codec::{DecodeError, Reader, Writer};
 /// calm: three windows is a missed report and its round trip, and short
 /// enough that a quota that stopped being stated stops pacing quickly.
 pub const STATED_HOLD_MS: i64 = 3 * WINDOW_MS;
-/// Workers whose latest statement is kept per route: as many as hints keep
-/// claims for, so `needed` (a fraction of a large fleet) can always be met;
-/// the one heard from longest ago is forgotten first.
-pub const MAX_STATEMENT_WORKERS: usize = crate::hints::corroboration::MAX_EVIDENCE_WORKERS;
+/// Workers whose latest statement is kept per route, so `needed` (a
+/// fraction of a large fleet) can always be met; the one heard from longest
+/// ago is forgotten first. Hint corroboration keeps claims for as many
+/// workers ([`crate::hints::corroboration::MAX_EVIDENCE_WORKERS`]).
+pub const MAX_STATEMENT_WORKERS: usize = 1024;
 /// Statements kept as evidence per route, whatever their verdict.
 pub const RECENT_STATEMENTS: usize = 4;
 /// A statement's raw fields are kept up to this many bytes as evidence.

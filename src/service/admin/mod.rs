@@ -45,8 +45,8 @@ type Result<T> = std::result::Result<T, ServiceError>;
 mod evidence;
 mod wire;
 
+use wire::spec_of;
 use wire::{changes_of, count, freeze_of, hint_of, page_token, parse_page_token, rule_of, tokens};
-pub use wire::{fields_of, spec_of};
 
 /// The Admin service. Cheap to clone.
 #[derive(Clone)]
@@ -113,13 +113,6 @@ fn names_defaults(caller_scope: &str, route: &str) -> Result<bool> {
 /// says and `ListPolicies` answers it.
 fn defaults_rule(doc: &PolicyDoc) -> v1::PolicyRule {
     rule_of(doc, None)
-}
-
-pub(super) fn duration_text(field: &str, value: Option<String>) -> Result<Option<String>> {
-    if let Some(v) = &value {
-        validate::name(&format!("fields.{field}"), v, MAX_DURATION_TEXT)?;
-    }
-    Ok(value)
 }
 
 #[tonic::async_trait]
@@ -660,6 +653,9 @@ mod tests {
             window: Some("5s".into()),
             ..PolicySpec::default()
         };
-        assert_eq!(spec_of(Some(fields_of(&spec))).expect("valid"), spec);
+        assert_eq!(
+            spec_of(Some(crate::policy_wire::fields_of(&spec))).expect("valid"),
+            spec
+        );
     }
 }

@@ -8,82 +8,35 @@ use crate::config::{PolicyDoc, RuleSpec};
 use crate::control::persist::FreezeRecord;
 use crate::control::{Change, ChangeKind};
 use crate::hints::HintRecord;
-use crate::policy::{PolicySpec, Shares, WakeRate};
+use crate::policy::PolicySpec;
+use crate::policy_wire;
 use crate::scope::RouteKey;
 use crate::service::error::ServiceError;
-use crate::service::validate::{MAX_CALLER_SCOPE, MAX_ROUTE};
+use crate::service::validate::{self, MAX_CALLER_SCOPE, MAX_ROUTE};
 
-use super::{Result, duration_text};
+use super::{MAX_DURATION_TEXT, Result};
 
-/// The wire's policy fields as a spec (bounded strings checked).
-pub fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
+/// The wire's policy fields as a spec, the bounded texts checked first
+/// (`mode` is a short word, bounded like the duration texts).
+pub(super) fn spec_of(fields: Option<v1::PolicyFields>) -> Result<PolicySpec> {
     let f = fields.unwrap_or_default();
-    Ok(PolicySpec {
-        policy_version: None,
-        window: duration_text("window", f.window)?,
-        min_retries_per_sec: f.min_retries_per_sec,
-        retry_ratio: f.retry_ratio,
-        max_retries_per_window: f.max_retries_per_window,
-        cost_transient: f.cost_transient,
-        cost_throttled: f.cost_throttled,
-        shares: f.shares.map(|s| Shares {
-            critical: s.critical,
-            normal: s.normal,
-            bulk: s.bulk,
-        }),
-        lease_ttl: duration_text("lease_ttl", f.lease_ttl)?,
-        max_hint: duration_text("max_hint", f.max_hint)?,
-        clock_skew_tolerance: duration_text("clock_skew_tolerance", f.clock_skew_tolerance)?,
-        backoff_base: duration_text("backoff_base", f.backoff_base)?,
-        backoff_max: duration_text("backoff_max", f.backoff_max)?,
-        wake_rate: f.wake_rate.map(WakeRate::from_wire),
-        upstream_limit: duration_text("upstream_limit", f.upstream_limit)?,
-        upstream_share: f.upstream_share,
-        stated_margin: f.stated_margin,
-        wake_floor: f.wake_floor,
-        wake_ceiling: f.wake_ceiling,
-        reconsider_horizon: duration_text("reconsider_horizon", f.reconsider_horizon)?,
-        hold_first_attempts: f.hold_first_attempts,
-        corroborate_workers: f.corroborate_workers,
-        corroborate_fraction: f.corroborate_fraction,
-        uncorroborated_cap: duration_text("uncorroborated_cap", f.uncorroborated_cap)?,
-        // A short word, bounded like the duration texts.
-        mode: duration_text("mode", f.mode)?,
-    })
-}
-
-/// A spec as the wire's policy fields.
-pub fn fields_of(s: &PolicySpec) -> v1::PolicyFields {
-    v1::PolicyFields {
-        window: s.window.clone(),
-        min_retries_per_sec: s.min_retries_per_sec,
-        retry_ratio: s.retry_ratio,
-        max_retries_per_window: s.max_retries_per_window,
-        cost_transient: s.cost_transient,
-        cost_throttled: s.cost_throttled,
-        shares: s.shares.as_ref().map(|s| v1::Shares {
-            critical: s.critical,
-            normal: s.normal,
-            bulk: s.bulk,
-        }),
-        lease_ttl: s.lease_ttl.clone(),
-        max_hint: s.max_hint.clone(),
-        clock_skew_tolerance: s.clock_skew_tolerance.clone(),
-        backoff_base: s.backoff_base.clone(),
-        backoff_max: s.backoff_max.clone(),
-        wake_rate: s.wake_rate.map(WakeRate::to_wire),
-        upstream_limit: s.upstream_limit.clone(),
-        upstream_share: s.upstream_share,
-        stated_margin: s.stated_margin,
-        wake_floor: s.wake_floor,
-        wake_ceiling: s.wake_ceiling,
-        reconsider_horizon: s.reconsider_horizon.clone(),
-        hold_first_attempts: s.hold_first_attempts,
-        corroborate_workers: s.corroborate_workers,
-        corroborate_fraction: s.corroborate_fraction,
-        uncorroborated_cap: s.uncorroborated_cap.clone(),
-        mode: s.mode.clone(),
+    for (field, text) in [
+        ("window", &f.window),
+        ("lease_ttl", &f.lease_ttl),
+        ("max_hint", &f.max_hint),
+        ("clock_skew_tolerance", &f.clock_skew_tolerance),
+        ("backoff_base", &f.backoff_base),
+        ("backoff_max", &f.backoff_max),
+        ("upstream_limit", &f.upstream_limit),
+        ("reconsider_horizon", &f.reconsider_horizon),
+        ("uncorroborated_cap", &f.uncorroborated_cap),
+        ("mode", &f.mode),
+    ] {
+        if let Some(v) = text {
+            validate::name(&format!("fields.{field}"), v, MAX_DURATION_TEXT)?;
+        }
     }
+    Ok(policy_wire::spec_of(f))
 }
 
 pub(super) fn rule_of(doc: &PolicyDoc, rule: Option<&RuleSpec>) -> v1::PolicyRule {
@@ -93,15 +46,15 @@ pub(super) fn rule_of(doc: &PolicyDoc, rule: Option<&RuleSpec>) -> v1::PolicyRul
             caller_scope: r.caller_scope.clone(),
             route: r.route.clone(),
             policy_version: r.policy.policy_version.unwrap_or(0),
-            fields: Some(fields_of(&r.policy)),
-            effective: Some(fields_of(&r.policy.over(&defaults))),
+            fields: Some(policy_wire::fields_of(&r.policy)),
+            effective: Some(policy_wire::fields_of(&r.policy.over(&defaults))),
         },
         None => v1::PolicyRule {
             caller_scope: String::new(),
             route: String::new(),
             policy_version: doc.defaults.policy_version.unwrap_or(0),
-            fields: Some(fields_of(&doc.defaults)),
-            effective: Some(fields_of(&defaults)),
+            fields: Some(policy_wire::fields_of(&doc.defaults)),
+            effective: Some(policy_wire::fields_of(&defaults)),
         },
     }
 }

@@ -5,9 +5,9 @@
 use crate::budget::{GrantAsk, LeaseEnd};
 use crate::hints::{Assessment, EvidenceInput, Merge, assess};
 use crate::pacing::Asker;
+use crate::pacing::cursor::SlotAsk;
 use crate::policy::Policy;
 use crate::scope::{EvidenceLevel, Priority, RetryClass, ScopeKey};
-use crate::slots::SlotAsk;
 use crate::store::{LevelHint, ReportBatch, Store, StoreError, Tenant};
 
 pub(super) const T0: i64 = 1_700_000_000_000;

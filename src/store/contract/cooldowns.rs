@@ -5,9 +5,9 @@
 use super::common::{T0, ask, deposit, merge, merge_429, scope, slot_ask};
 use crate::budget::GrantAsk;
 use crate::hints::{EvidenceInput, assess};
+use crate::pacing::cursor::SlotAsk;
 use crate::policy::{Policy, PolicySpec, WakeRate};
 use crate::scope::{EvidenceLevel, Priority, RouteKey, ScopeKey};
-use crate::slots::SlotAsk;
 use crate::store::{LevelHint, Reconsidered, ReportBatch, Slotted, Store, Tenant};
 
 /// A pinned wake rate: slots at any distance, the cursor's own

@@ -4,10 +4,10 @@
 
 use super::common::{T0, scope};
 use crate::hints::{EvidenceInput, assess};
+use crate::pacing::cursor::SlotAsk;
 use crate::pacing::{Asker, Mode, PacingView};
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
-use crate::slots::SlotAsk;
 use crate::store::{LevelHint, Reconsidered, ReportBatch, Reported, Slotted, Store, Tenant};
 
 fn key() -> ScopeKey {

@@ -8,9 +8,9 @@
 
 use crate::budget::GrantAsk;
 use crate::hints::{EvidenceInput, assess};
+use crate::pacing::cursor::SlotAsk;
 use crate::policy::Policy;
 use crate::scope::ScopeKey;
-use crate::slots::SlotAsk;
 use crate::store::{LeaseOutcome, LevelHint, ReportBatch, ScopeFilter, Store, StoreError, Tenant};
 use crate::tenancy::Owner;
 

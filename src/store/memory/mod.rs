@@ -63,9 +63,9 @@ use dashmap::mapref::one::RefMut;
 
 use crate::budget::{BudgetLedger, GrantAsk, GrantLimit, LeaseEnd, MAX_WINDOW_SECS};
 use crate::hints::{EvidenceDetail, HintState};
+use crate::pacing::cursor::SlotAsk;
 use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
-use crate::slots::SlotAsk;
 
 use super::{
     LeaseOutcome, OwnerCounts, Reconsidered, ReportBatch, Reported, RouteView, ScopeCounts,

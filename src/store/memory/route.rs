@@ -14,9 +14,9 @@
 
 use crate::budget::BudgetLedger;
 use crate::hints::{HintRecord, HintState};
+use crate::pacing::cursor::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
 use crate::pacing::{Mode, PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
-use crate::slots::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
 use crate::tenancy::Owner;
 
 /// `n` in `radix` (10 or 16, lowercase), zero-padded to `width` (at most

@@ -15,9 +15,9 @@ use redis::{AsyncConnectionConfig, FromRedisValue, Value};
 
 use crate::store::StoreError;
 
+use super::RedisStore;
 use super::scripts::{Call, SCRIPTS};
 use super::sentinel::{SentinelConn, SentinelTarget};
-use super::store::RedisStore;
 
 /// Why a Redis store could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -29,8 +29,8 @@ use crate::store::{
     Committed, ControlSnapshot, ControlStateStore, MEMORY_RECORDS, StoreError, StoreFuture,
 };
 
+use super::RedisStore;
 use super::connection::Conn;
-use super::store::RedisStore;
 
 struct AdminScripts {
     commit: Script,

@@ -1,5 +1,5 @@
 //! The decisions the Redis store makes in Rust: a Reconsider's slot
-//! ([`crate::slots::plan`]), a Report's pacing ([`PacingState::observe`])
+//! ([`crate::pacing::cursor::plan`]), a Report's pacing ([`PacingState::observe`])
 //! and every change to a level's hints (merging, corroboration, backoff,
 //! mutes: [`HintState`]). Each reads what the decision needs, decides,
 //! writes the outcome only if nothing read has moved meanwhile, and decides
@@ -16,17 +16,17 @@
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::hints::HintState;
+use crate::pacing::cursor::{SlotAsk, SlotBook, SlotChange, ahead_range, plan};
 use crate::pacing::stated::{Statement, Weighing};
 use crate::pacing::{PacingPolicy, PacingState, ReportSample};
 use crate::policy::Policy;
 use crate::scope::RouteKey;
-use crate::slots::{SlotAsk, SlotBook, SlotChange, ahead_range, plan};
 use crate::store::{Reconsidered, RouteView, Slotted, StoreError};
 use crate::tenancy::Owner;
 
+use super::RedisStore;
 use super::reply::{Reply, count};
 use super::scripts::SCRIPTS;
-use super::store::RedisStore;
 
 /// How many times a decision is made again after another replica moved
 /// the route under it, before the call gives up as unavailable. Each

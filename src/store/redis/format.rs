@@ -10,7 +10,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::store::RedisStore;
+use super::RedisStore;
 use crate::store::StoreError;
 
 /// The layout this build reads and writes. Bump it with any change to what

@@ -1,11 +1,32 @@
 //! The key layout: one key per route, one per caller scope, names
-//! percent-encoded so two scopes never share a key or a hash tag.
+//! percent-encoded so two scopes never share a key or a hash tag; and the
+//! keys a route script is called with.
 
 use crate::scope::RouteKey;
+use crate::store::StoreError;
 
-use super::store::RedisStore;
+use super::RedisStore;
+use super::reply::Reply;
+use super::scripts::SCRIPTS;
 
 impl RedisStore {
+    /// The keys of a route script and the caller floor to pass: on one node
+    /// the script reads the caller key itself; on a cluster it is read
+    /// first (another slot).
+    pub(super) async fn route_keys(
+        &self,
+        route: &RouteKey,
+    ) -> Result<(Vec<String>, i64, i64), StoreError> {
+        let route_key = self.route_key(route);
+        let caller_key = self.caller_key(&route.caller_scope);
+        if !self.clustered() {
+            return Ok((vec![route_key, caller_key], 0, 0));
+        }
+        let inv = SCRIPTS.caller.call(&[&caller_key]);
+        let reply = Reply::ok(self.run(&inv).await?)?;
+        Ok((vec![route_key], reply.int(1)?, reply.int(2)?))
+    }
+
     pub(super) fn route_key(&self, route: &RouteKey) -> String {
         format!(
             "{}:{{{}|{}}}:r",

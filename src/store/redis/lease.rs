@@ -63,12 +63,12 @@ use crate::policy::Policy;
 use crate::scope::ScopeKey;
 use crate::store::{LeaseOutcome, RouteView, StoreError};
 
+use super::RedisStore;
 use super::connection::run_on;
 use super::decide::MAX_ROUNDS;
 use super::queue::{LeaseQueue, Queued};
 use super::reply::Reply;
 use super::scripts::SCRIPTS;
-use super::store::RedisStore;
 
 /// Routes [`LastRead`] remembers at once: a direct-mapped table, so its
 /// memory is fixed however many routes the fleet uses; a route that lost

@@ -82,8 +82,8 @@
 //!   written by compare-and-set.
 //! - `format`: the prefix's layout, claimed or refused at start.
 //! - `reply`: decoding a script's reply into store types.
-//! - `store`: [`RedisStore`] and its [`Store`](crate::store::Store) implementation, one
-//!   function call per operation.
+//! - `store`: [`RedisStore`]'s [`Store`](crate::store::Store) implementation,
+//!   one function call per operation ([`RedisStore`] itself is here).
 //! - `quota`: each caller token's quota of scopes, in a sorted set per
 //!   token, charged before a call creates a scope.
 //! - `queue`: concurrent Leases on one node sent to Redis together, each
@@ -102,7 +102,6 @@ mod keys;
 mod lease;
 mod queue;
 mod quota;
-mod relay;
 mod reply;
 pub(crate) mod scripts;
 mod sentinel;
@@ -111,9 +110,50 @@ mod store;
 pub use clock::RedisClock;
 pub use connection::{RedisOptions, RedisSetupError, RedisTarget};
 pub use format::STORE_FORMAT;
-pub use relay::EventRelay;
 pub use sentinel::SentinelTarget;
-pub use store::RedisStore;
+
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use connection::Conn;
+use decide::Turns;
+use lease::LastRead;
+use queue::LeaseQueue;
+
+/// The Redis [`Store`](crate::store::Store). Defined here, its methods in
+/// the files beside this one (one concern each) and its `Store`
+/// implementation in `store`, so those files build on this module, not on
+/// one another.
+pub struct RedisStore {
+    conn: Conn,
+    target: RedisTarget,
+    prefix: String,
+    idle_ms: i64,
+    op_timeout: Duration,
+    /// Leases sent together (one node; on a cluster each goes alone),
+    /// started by the first Lease, on the runtime that serves it.
+    queue: OnceLock<LeaseQueue>,
+    /// A route's decisions in this process take turns (`decide`).
+    turns: Turns,
+    /// The counts each route's Lease limits are computed from (`lease`).
+    last_read: LastRead,
+    /// Whether the prefix's store format was checked (`format`), and why
+    /// it was refused if it was.
+    format_checked: AtomicBool,
+    refused: OnceLock<String>,
+    /// Each caller token's quota of scopes (`quota`).
+    quotas: quota::Quotas,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The target may carry a password: never printed.
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -59,11 +59,11 @@ use crate::store::memory::{ROOM_BATCH_PERMILLE, ROOM_RETRY_MS};
 use crate::store::{OwnerCounts, StoreError};
 use crate::tenancy::{Owner, TenantLimits};
 
+use super::RedisStore;
 use super::decide::stored_hints;
 use super::keys::escape;
 use super::reply::Reply;
 use super::scripts::SCRIPTS;
-use super::store::RedisStore;
 
 /// How many lowest-scored members a pass reads, in batches: enough that
 /// stale scores (touches the set has not seen) rarely hide the coldest.

@@ -4,8 +4,8 @@
 use redis::Value;
 
 use crate::budget::BudgetError;
+use crate::pacing::cursor::SlotError;
 use crate::scope::RouteKey;
-use crate::slots::SlotError;
 use crate::store::{RouteView, ScopeSummary, StoreError};
 
 pub(super) fn unsigned(n: i64) -> u64 {

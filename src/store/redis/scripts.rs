@@ -18,7 +18,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
 
 use crate::budget::{MAX_LEASES_PER_ROUTE, MAX_WINDOW_SECS, MAX_WORKERS_PER_CLASS};
-use crate::slots::MAX_PENDING_PER_ROUTE;
+use crate::pacing::cursor::MAX_PENDING_PER_ROUTE;
 
 /// One function of the library.
 pub(super) struct Function {

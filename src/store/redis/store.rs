@@ -1,80 +1,25 @@
-//! [`RedisStore`] and its [`Store`] implementation: each operation one
+//! [`RedisStore`]'s [`Store`] implementation: each operation one
 //! call of a library function (on a cluster, plus a read or write of the
 //! caller key, which lives in another slot); concurrent Leases on one node
 //! share a call (`queue`).
 
-use std::sync::OnceLock;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
-
 use crate::budget::{BudgetError, BudgetSnapshot, GrantAsk, LeaseEnd};
 use crate::hints::{HintState, Merge, Reporter};
+use crate::pacing::cursor::SlotAsk;
 use crate::policy::Policy;
 use crate::scope::{RouteKey, ScopeKey};
-use crate::slots::SlotAsk;
 use crate::store::{
     LeaseOutcome, OwnerCounts, ReportBatch, Reported, RouteView, ScopeDetail, ScopeFilter,
     ScopePage, ScopeSummary, Slotted, Store, StoreError, StoreFuture,
 };
 use crate::tenancy::Owner;
 
-use super::connection::{Conn, RedisTarget};
-use super::decide::{
-    Level, PacingInput, RouteRead, Turns, pacing_view, stored_hints, stored_pacing,
-};
-use super::lease::LastRead;
-use super::queue::LeaseQueue;
+use super::RedisStore;
+use super::decide::{Level, PacingInput, RouteRead, pacing_view, stored_hints, stored_pacing};
 use super::reply::{Reply, count, summary_of, unsigned, view_at};
 use super::scripts::SCRIPTS;
 
-/// The Redis [`Store`].
-pub struct RedisStore {
-    pub(super) conn: Conn,
-    pub(super) target: RedisTarget,
-    pub(super) prefix: String,
-    pub(super) idle_ms: i64,
-    pub(super) op_timeout: Duration,
-    /// Leases sent together (one node; on a cluster each goes alone),
-    /// started by the first Lease, on the runtime that serves it.
-    pub(super) queue: OnceLock<LeaseQueue>,
-    /// A route's decisions in this process take turns (`decide`).
-    pub(super) turns: Turns,
-    /// The counts each route's Lease limits are computed from (`lease`).
-    pub(super) last_read: LastRead,
-    /// Whether the prefix's store format was checked (`format`), and why
-    /// it was refused if it was.
-    pub(super) format_checked: AtomicBool,
-    pub(super) refused: OnceLock<String>,
-    /// Each caller token's quota of scopes (`quota`).
-    pub(super) quotas: super::quota::Quotas,
-}
-
-impl std::fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The target may carry a password: never printed.
-        f.debug_struct("RedisStore")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
-
 impl RedisStore {
-    /// The keys of a route script and the caller floor to pass: on one node
-    /// the script reads the caller key itself; on a cluster it is read
-    /// first (another slot).
-    pub(super) async fn route_keys(
-        &self,
-        route: &RouteKey,
-    ) -> Result<(Vec<String>, i64, i64), StoreError> {
-        let route_key = self.route_key(route);
-        let caller_key = self.caller_key(&route.caller_scope);
-        if !self.clustered() {
-            return Ok((vec![route_key, caller_key], 0, 0));
-        }
-        let inv = SCRIPTS.caller.call(&[&caller_key]);
-        let reply = Reply::ok(self.run(&inv).await?)?;
-        Ok((vec![route_key], reply.int(1)?, reply.int(2)?))
-    }
     /// Runs `detail.lua`: the route's summary and, with a policy, its
     /// budget and hints; `None` when Redis holds nothing for the route.
     async fn detail_reply(

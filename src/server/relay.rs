@@ -12,6 +12,10 @@
 //! acceptable because scope state is a level, not a log — every Lease,
 //! Report and Reconsider answer carries the current cooldown, and a Watch
 //! reconnect starts with a snapshot read from Redis.
+//!
+//! The relay is a task the server runs beside its services, over the Redis
+//! store's public connection target: it feeds the core's hub, so it sits
+//! above both rather than inside the store.
 
 use std::time::Duration;
 
@@ -21,9 +25,9 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{RedisSetupError, RedisTarget};
 use crate::events::{CooldownSupport, EventHub, StateChange};
 use crate::scope::{EvidenceLevel, RouteKey};
+use crate::store::redis::{RedisSetupError, RedisTarget};
 
 /// Changes waiting to be published before newer ones are dropped.
 const OUTBOX: usize = 1024;

@@ -1,4 +1,4 @@
-//! Reconsideration slots: spreading a waiting fleet over time. Pure.
+//! The slot cursor: spreading a waiting fleet over time. Pure.
 //!
 //! After a cooldown ends, every waiting intent wants to go at once. A slot
 //! cursor per route hands out one slot per `1 / wake_rate` interval, each at
@@ -6,8 +6,8 @@
 //! holds at most `wake_rate + 1` slots however large the fleet is. The
 //! cursor is kept in microseconds so the bound holds for rates that do not
 //! divide a second evenly. The wake rate and whether a slot is given now or
-//! the intent is told to ask again are [`crate::pacing`]'s decision; this
-//! module keeps the cursor and the intents waiting on it.
+//! the intent is told to ask again are pacing's decision ([`SlotDecision`]);
+//! this module keeps the cursor and the intents waiting on it.
 //!
 //! A slot reserves nothing (no token, no capacity): it is a time to re-check.
 //! A slot that would not leave the intent's attempt reserve before its

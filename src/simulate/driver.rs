@@ -1,6 +1,8 @@
-//! A scripted driver: runs an [`Intent`] against a fixed list of responses on
-//! a virtual clock. `tollgate simulate` and the property tests both use it,
-//! so there is one driver loop and one engine, and no second copy of either.
+//! A scripted driver: runs the client's [`Intent`] against a fixed list of
+//! responses on a virtual clock. `tollgate simulate` and the client's
+//! property tests both use it, so there is one driver loop and one engine,
+//! and no second copy of either. It lives here, not in the client crate,
+//! because no worker runs it: it needs only the engine's public API.
 //!
 //! The driver only plays time forward and carries out decisions; every
 //! decision is the engine's. Its tie rules, chosen so that evidence wins a
@@ -14,7 +16,9 @@ use std::time::Duration;
 use rand::Rng;
 use thiserror::Error;
 
-use crate::engine::{Decision, EngineError, Intent, Observation, WakeCheck, WakeDecision};
+use tollgate_client::engine::{
+    Decision, EngineError, Intent, Observation, WakeCheck, WakeDecision,
+};
 
 /// What one attempt will get.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,9 +105,9 @@ mod tests {
     use rand::rngs::StdRng;
 
     use super::*;
-    use crate::backoff::{Backoff, Jitter};
-    use crate::engine::{IntentPolicy, IntentSpec, RepetitionKind, RetryOwner};
-    use crate::outcome::Outcome;
+    use tollgate_client::backoff::{Backoff, Jitter};
+    use tollgate_client::engine::{IntentPolicy, IntentSpec, RepetitionKind, RetryOwner};
+    use tollgate_client::outcome::Outcome;
 
     fn s(secs: u64) -> Duration {
         Duration::from_secs(secs)

@@ -1,4 +1,5 @@
-//! The proxy's admin listener: `/healthz` (the process answers),
+//! The endpoints a platform polls, on the listener of the proxy file's
+//! `[admin]` table: `/healthz` (the process answers),
 //! `/readyz` (it accepts requests: 503 once draining, so a pod leaves its
 //! Service before its listeners close) and `/metrics` (the gate's
 //! instruments, Prometheus text). The coordinator's state is reported, not
