@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use tollgate_bench::storm::{self, StormCommand, StormReport, StrategyKind};
+use tollgate_bench::storm::{self, StormCommand, StormResults, StrategyKind};
 
 #[derive(Parser)]
 struct Cli {
@@ -46,7 +46,7 @@ fn out_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tollgate-storm-{name}-{}", std::process::id()))
 }
 
-fn result(report: &StormReport, kind: StrategyKind) -> &storm::StrategyResult {
+fn result(report: &StormResults, kind: StrategyKind) -> &storm::StrategyResult {
     report
         .results
         .iter()
@@ -337,7 +337,7 @@ fn brownout_penalty_liars_and_an_explicit_policy() {
 
 /// What must hold in any run, whatever its shape: no late attempt, every
 /// intent ended, and the bound's columns add up.
-fn keeps_the_invariants_and_the_bound(report: &StormReport) {
+fn keeps_the_invariants_and_the_bound(report: &StormResults) {
     assert!(report.bound_witnessed <= report.bound_served);
     for r in &report.results {
         let key = r.strategy.key();

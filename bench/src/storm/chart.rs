@@ -10,7 +10,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::StormError;
-use super::report::{StormReport, StrategyResult};
+use super::results::{StormResults, StrategyResult};
 
 const WIDTH: u32 = 1100;
 const PANEL_HEIGHT: u32 = 210;
@@ -22,27 +22,27 @@ fn chart_err(e: &dyn std::fmt::Display) -> StormError {
     StormError::Chart(e.to_string())
 }
 
-/// The chart of `report`, as an SVG document.
-pub(super) fn svg(report: &StormReport) -> Result<String, StormError> {
-    let seconds = report
+/// The chart of `results`, as an SVG document.
+pub(super) fn svg(results: &StormResults) -> Result<String, StormError> {
+    let seconds = results
         .results
         .iter()
         .map(|r| r.offered_per_s.len())
         .max()
         .unwrap_or(0)
         .max(1);
-    let panels = report.results.len().max(1) as u32;
+    let panels = results.results.len().max(1) as u32;
     let mut svg = String::new();
     {
         let size = (WIDTH, TITLE_HEIGHT + panels * PANEL_HEIGHT);
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).map_err(|e| chart_err(&e))?;
-        let a = &report.args;
+        let a = &results.args;
         let title = format!(
             "Requests per second by strategy: W={} C={}/s λ={}/s, outage {}–{} s at {}×C, {}×C after",
             a.workers,
             a.capacity,
-            report.arrival_rate,
+            results.arrival_rate,
             a.outage_start_s,
             a.outage_start_s + a.outage_s,
             a.outage_capacity,
@@ -51,8 +51,8 @@ pub(super) fn svg(report: &StormReport) -> Result<String, StormError> {
         let body = root
             .titled(&title, ("sans-serif", 18))
             .map_err(|e| chart_err(&e))?;
-        let areas = body.split_evenly((report.results.len().max(1), 1));
-        for (result, area) in report.results.iter().zip(&areas) {
+        let areas = body.split_evenly((results.results.len().max(1), 1));
+        for (result, area) in results.results.iter().zip(&areas) {
             panel(result, area, seconds as f64)?;
         }
         root.present().map_err(|e| chart_err(&e))?;

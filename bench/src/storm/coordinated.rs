@@ -87,6 +87,10 @@ const SCOPE_FIELDS: &[(&str, ScopeReader)] = &[
     ("wake_rate_per_s", |s, _| pacing(s, |p| p.wake_rate)),
     ("capacity_per_s", |s, _| pacing(s, |p| p.capacity_estimate)),
     ("spare_per_s", |s, _| pacing(s, |p| p.spare_capacity)),
+    ("first_attempt_rate_per_s", |s, _| {
+        pacing(s, |p| p.first_attempt_rate)
+    }),
+    ("burst_estimate", |s, _| pacing(s, |p| p.burst_estimate)),
     ("asking", |s, _| pacing(s, |p| f64::from(p.asking))),
     ("saturated", |s, _| {
         pacing(s, |p| f64::from(u8::from(p.state == "saturated")))

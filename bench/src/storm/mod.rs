@@ -26,7 +26,7 @@
 //! - `coordinated` (private): (e) and (f), the real gate per worker and the
 //!   real coordinator; the one file using the server's and client's APIs.
 //! - [`strategy`]: [`StrategyKind`], and building one for a run.
-//! - [`report`] and `chart`: metrics, the markdown tables, the SVG chart
+//! - [`results`] and `chart`: metrics, the markdown tables, the SVG chart
 //!   (one panel per strategy), the JSON.
 //!
 //! # How one run goes
@@ -36,8 +36,8 @@
 //! for each strategy, on a fresh current-thread runtime (paused clock or real):
 //!   W worker tasks, each: sleep_until(arrival) → spawn intent → runner.run_intent(IntentIo)
 //!   IntentIo::send ──▶ Upstream::offer (counts load, deadline/cancel violations)
-//!   every intent's outcome and end time ──▶ report::StrategyResult
-//! StormReport ──▶ table (stdout, storm.md), chart (storm.svg), data (storm.json)
+//!   every intent's outcome and end time ──▶ results::StrategyResult
+//! StormResults ──▶ table (stdout, storm.md), chart (storm.svg), data (storm.json)
 //! ```
 //!
 //! Every strategy starts from elapsed zero on its own runtime, so the
@@ -52,7 +52,7 @@ mod chart;
 mod coordinated;
 mod limiter;
 mod pipes;
-pub mod report;
+pub mod results;
 mod runner;
 pub mod stated;
 pub mod strategy;
@@ -72,7 +72,7 @@ use tollgate_client::outcome::Outcome;
 
 pub use bound::Bound;
 pub use limiter::LimiterShape;
-pub use report::{Checks, StormReport, StrategyResult};
+pub use results::{Checks, StormResults, StrategyResult};
 pub use runner::{CoordinatorRecord, RpcSeries, ScopeSeries};
 pub use strategy::{IntentIo, Strategy, StrategyKind, VirtualWall, WorkerIdentity, WorkerRunner};
 
@@ -510,9 +510,9 @@ impl StormConfig {
 }
 
 /// Runs every strategy in `command` on the same arrivals and returns the
-/// report, with the clairvoyant bound. Builds its own runtimes, so call it
+/// results, with the clairvoyant bound. Builds its own runtimes, so call it
 /// from synchronous code.
-pub fn run(command: &StormCommand) -> Result<StormReport, StormError> {
+pub fn run(command: &StormCommand) -> Result<StormResults, StormError> {
     let config = StormConfig::try_from_command(command)?;
     let arrivals = arrivals::generate(&config);
     let jobs: Vec<_> = arrivals
@@ -533,7 +533,7 @@ pub fn run(command: &StormCommand) -> Result<StormReport, StormError> {
         let runtime = builder.build().map_err(StormError::Runtime)?;
         results.push(runtime.block_on(run_strategy(&config, &per_worker, kind))?);
     }
-    Ok(StormReport::new(
+    Ok(StormResults::new(
         command.args.clone(),
         &config,
         results,
@@ -542,13 +542,13 @@ pub fn run(command: &StormCommand) -> Result<StormReport, StormError> {
 }
 
 /// Runs, prints the table to `stdout` and writes `storm.md`, `storm.svg`
-/// and `storm.json` to `--out`. Returns the report and the files written.
+/// and `storm.json` to `--out`. Returns the results and the files written.
 pub fn run_and_write(
     command: &StormCommand,
     stdout: &mut dyn std::io::Write,
-) -> Result<(StormReport, Vec<PathBuf>), StormError> {
-    let report = run(command)?;
-    let table = report.markdown();
+) -> Result<(StormResults, Vec<PathBuf>), StormError> {
+    let results = run(command)?;
+    let table = results.markdown();
     let out = &command.args.out;
     let write_err = |path: &Path| {
         let path = path.to_owned();
@@ -560,15 +560,15 @@ pub fn run_and_write(
     std::fs::create_dir_all(out).map_err(write_err(out))?;
     let files = [
         (out.join("storm.md"), table),
-        (out.join("storm.svg"), chart::svg(&report)?),
-        (out.join("storm.json"), report.json()),
+        (out.join("storm.svg"), chart::svg(&results)?),
+        (out.join("storm.json"), results.json()),
     ];
     let mut written = Vec::with_capacity(files.len());
     for (path, text) in files {
         std::fs::write(&path, text).map_err(write_err(&path))?;
         written.push(path);
     }
-    Ok((report, written))
+    Ok((results, written))
 }
 
 /// The harness's record of one intent: what its runner returned, and when.
@@ -623,11 +623,11 @@ async fn run_strategy(
     // Dropping the strategy ends whatever it started for the run.
     drop(strategy);
     let intents: u64 = per_worker.iter().map(|a| a.len() as u64).sum();
-    Ok(report::StrategyResult::new(
+    Ok(results::StrategyResult::new(
         kind,
         description,
         config,
-        report::Measured {
+        results::Measured {
             intents,
             records: &records,
             unfinished,

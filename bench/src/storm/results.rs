@@ -1,7 +1,7 @@
 //! What a storm run measured, and two of its three renderings: a markdown
 //! table and JSON with every series for anyone who wants to plot it
 //! differently. The third, the SVG chart (one panel per strategy), is drawn
-//! from a report by `chart.rs`, which reads this module and not the reverse.
+//! from the results by `chart.rs`, which reads this module and not the reverse.
 //!
 //! Definitions (also printed under the table):
 //! - offered load: attempts reaching the upstream (served + refused), per
@@ -371,7 +371,7 @@ impl StrategyResult {
             offered_per_100ms: observed.offered,
             rpcs: coordinator.as_ref().map(|c| RpcSummary::new(c, config)),
             coordinator,
-            // Against the bound and the baselines: filled in by the report.
+            // Against the bound and the baselines: filled in by the results.
             lost_above_bound: 0,
             lost_above_bound_vs_best_baseline: None,
             utilisation_while_waiting_min: utilisation.iter().copied().min_by(f64::total_cmp),
@@ -516,7 +516,7 @@ fn per_second(buckets: &[u32]) -> Vec<u32> {
 
 /// Every strategy's results, with the arguments that produced them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct StormReport {
+pub struct StormResults {
     /// The command's arguments.
     pub args: StormArgs,
     /// The arrival rate actually used (λ).
@@ -534,7 +534,7 @@ pub struct StormReport {
     pub bound_witnessed: u64,
 }
 
-impl StormReport {
+impl StormResults {
     pub(super) fn new(
         args: StormArgs,
         config: &StormConfig,
@@ -563,7 +563,7 @@ impl StormReport {
                 .map(|b| r.lost_above_bound as f64 / b as f64);
             r.checks = Checks::new(r, best_above);
         }
-        StormReport {
+        StormResults {
             args,
             arrival_rate: config.arrival_rate,
             results,
