@@ -774,9 +774,9 @@ impl LimiterModel {
     /// stood was the bank, unless the capacity fell since.
     fn judged(&mut self, rate_m: i64) {
         if let Some(unexplained) = self.unexplained_m.take()
-            && !unexplained
+            && unexplained
                 .before_m
-                .is_some_and(|before| rate_m < CRUISE_GAIN.of(before))
+                .is_none_or(|before| rate_m >= CRUISE_GAIN.of(before))
         {
             self.saw_bank(excess_m(&unexplained.windows, rate_m));
         }
