@@ -10,6 +10,8 @@
 //! - [`memory`]: resident memory of the in-memory store per scope.
 //! - [`soak`]: a long open-loop run with scope churn; RSS, open file
 //!   descriptors and p99 must stay flat.
+//! - [`propagation`]: how long an admin change made through one
+//!   `tollgate serve` replica on Redis takes to be in force on the others.
 //!
 //! The client's hot-path micro-benchmarks are criterion benches in
 //! `client/benches/hot_path.rs`; `docs/benchmarks.md` has the commands and
@@ -18,6 +20,7 @@
 pub mod cpu;
 pub mod fleet;
 pub mod memory;
+pub mod propagation;
 pub mod proxy;
 pub mod rpc;
 pub mod soak;

@@ -16,7 +16,8 @@ use clap::{Parser, Subcommand};
   tollgate-bench rpc --duration 10s
   tollgate-bench memory --scopes 100000
   tollgate-bench proxy --duration 5s
-  tollgate-bench limiter --limit 200 --burst 20"
+  tollgate-bench limiter --limit 200 --burst 20
+  tollgate-bench propagation --changes 50"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -66,6 +67,15 @@ enum Command {
 Needs nginx (apt-get install nginx-light) and `tollgate` beside this binary
 (cargo build --release --bin tollgate).")]
     Limiter(tollgate_bench::fleet::limiter::LimiterArgs),
+    /// How long an admin change made through one `tollgate serve` replica
+    /// on Redis takes to be in force on the others.
+    #[command(after_help = "Examples:
+  tollgate-bench propagation                       # 3 replicas, 50 changes, polled every 5 ms
+  tollgate-bench propagation --changes 200 --json propagation.json --max-ms 1000
+
+Needs redis-server on PATH and `tollgate` beside this binary
+(cargo build --release --bin tollgate).")]
+    Propagation(tollgate_bench::propagation::PropagationArgs),
     /// An HTTP/1 upstream stand-in with the storm's capacity model and an
     /// outage, printing its load per second (for bench/tests/chaos_fleet.rs).
     #[command(hide = true)]
@@ -111,6 +121,17 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("wrote {}", path.display());
             }
         }
+        Command::Propagation(args) => {
+            let report = tollgate_bench::propagation::run(&args, stdout)?;
+            if let Some(max) = args.max_ms
+                && report.all.max_ms > max
+            {
+                anyhow::bail!(
+                    "propagation: a change took {:.1} ms to reach a replica, over --max-ms {max}",
+                    report.all.max_ms
+                );
+            }
+        }
         Command::Upstream(args) => tollgate_bench::fleet::upstream::run(&args, stdout)?,
         Command::Worker(args) => tollgate_bench::fleet::worker::run(&args, stdout)?,
     }
@@ -131,7 +152,15 @@ mod tests {
     #[test]
     fn every_benchmark_help_has_examples() {
         let cli = super::Cli::command();
-        for name in ["storm", "rpc", "memory", "soak", "limiter", "proxy"] {
+        for name in [
+            "storm",
+            "rpc",
+            "memory",
+            "soak",
+            "limiter",
+            "proxy",
+            "propagation",
+        ] {
             let command = cli.find_subcommand(name).expect(name);
             let after = command.get_after_help().map(ToString::to_string);
             assert!(

@@ -1,6 +1,11 @@
-//! `tollgate-bench rpc`, `bench memory` and `bench soak` with tiny parameters, so
-//! they cannot rot: each runs end to end, prints its fields and counts
-//! something. No timing is asserted.
+//! `tollgate-bench rpc`, `bench memory`, `bench soak` and `bench
+//! propagation` with tiny parameters, so they cannot rot: each runs end to
+//! end, prints its fields and counts something. No timing is asserted.
+
+#[path = "../../tests/support/process.rs"]
+mod process;
+
+use std::process::Command;
 
 use clap::Parser;
 use tollgate_bench::{memory, proxy, rpc, soak};
@@ -289,4 +294,63 @@ fn memory_bench_traffic_evicts_cold_scopes_instead_of_refusing() {
     assert_eq!(report.refused, 0, "{text}");
     assert!(report.counts.live <= 500, "{text}");
     assert!(text.contains("refused (scope limit):"), "{text}");
+}
+
+/// `tollgate-bench propagation --changes 3` as a user runs it (the built
+/// binary, `tollgate` beside it, its own redis-server): its table, and a
+/// JSON report of 3 changes each seen by the 2 replicas it was not made
+/// through. How long they took is not asserted.
+#[test]
+fn propagation_bench_counts_every_change_on_every_other_replica() {
+    const BENCH: &str = env!("CARGO_BIN_EXE_tollgate-bench");
+    if tollgate_testkit::find_on_path("redis-server").is_none() {
+        tollgate_testkit::missing_tool(
+            "redis-server",
+            tollgate_testkit::REQUIRE_ENV,
+            "apt-get install redis-server",
+        );
+        return;
+    }
+    let dir = process::temp_dir("bench-propagation");
+    let json = dir.join("propagation.json");
+    let run = Command::new(BENCH)
+        .args(["propagation", "--changes", "3", "--coordinator-bin"])
+        .arg(process::coordinator_bin(BENCH))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run tollgate-bench");
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for row in ["commit ", "replica 0 ", "replica 2 ", "all "] {
+        assert!(text.contains(row), "{row:?} missing:\n{text}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).expect("JSON");
+    assert_eq!(report["changes"], 3, "{report}");
+    assert_eq!(report["replicas"], 3, "{report}");
+    assert_eq!(report["all"]["count"], 6, "{report}");
+    let observations = report["observations"].as_array().expect("observations");
+    for change in 0..3 {
+        let mut seen_on: Vec<u64> = observations
+            .iter()
+            .filter(|o| o["change"] == change)
+            .map(|o| {
+                assert_eq!(o["through"], change, "replicas in turn: {o}");
+                assert!(o["ms"].as_f64().is_some_and(|ms| ms > 0.0), "{o}");
+                o["replica"].as_u64().expect("replica")
+            })
+            .collect();
+        seen_on.sort_unstable();
+        let others: Vec<u64> = (0..3).filter(|r| *r != change).collect();
+        assert_eq!(seen_on, others, "change {change}: {report}");
+    }
+    for figures in report["per_replica"].as_array().expect("per_replica") {
+        assert_eq!(figures["count"], 2, "{report}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -354,7 +354,9 @@ impl Drop for RedisServer {
     }
 }
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
+/// Where the program `name` is on `PATH`, if it is: for a test that runs a
+/// binary which starts its own server, to skip as [`missing_tool`] says.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))

@@ -487,7 +487,7 @@ impl Seconds {
 }
 
 /// Nearest-rank percentile of sorted durations, in seconds.
-fn percentile(sorted: &[Duration], p: f64) -> Option<f64> {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Option<f64> {
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted.get(rank.saturating_sub(1)).map(|d| d.as_secs_f64())
 }

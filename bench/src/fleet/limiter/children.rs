@@ -1,7 +1,9 @@
 //! The benchmark's other processes: a real `tollgate serve` and the
 //! `tollgate-bench worker` fleet, each killed if still running when its
-//! handle drops, so a failed run leaves nothing behind.
+//! handle drops, so a failed run leaves nothing behind. The `serve` side is
+//! the `propagation` benchmark's too (its replicas on one Redis).
 
+use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,6 +24,23 @@ const SCOPE_SAMPLE: Duration = Duration::from_secs(1);
 /// The fleet's one scope, as `fleet::worker` names it.
 const SCOPE: [&str; 2] = ["fleet", "GET /work/{id}"];
 
+/// The `tollgate` binary to start: `explicit` (a `--coordinator-bin`), or
+/// the one beside this binary, as `cargo build` leaves them.
+pub(crate) fn coordinator_bin(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let bin = match explicit {
+        Some(path) => path.to_owned(),
+        None => std::env::current_exe()
+            .context("finding this binary")?
+            .with_file_name("tollgate"),
+    };
+    anyhow::ensure!(
+        bin.is_file(),
+        "{} not found: build it (cargo build --release --bin tollgate) or pass --coordinator-bin",
+        bin.display()
+    );
+    Ok(bin)
+}
+
 /// A free loopback port (released at once; the child binds it next).
 pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")
@@ -41,7 +60,7 @@ impl Drop for Killed {
     }
 }
 
-/// A running `tollgate serve` with the in-memory store.
+/// A running `tollgate serve`.
 #[derive(Debug)]
 pub(crate) struct Coordinator {
     child: Killed,
@@ -49,15 +68,26 @@ pub(crate) struct Coordinator {
 }
 
 impl Coordinator {
-    /// Starts `bin serve` on a free loopback port, logging to `log`, and
-    /// waits until its Budget service is SERVING.
-    pub(crate) async fn start(bin: &Path, log: &Path) -> anyhow::Result<Coordinator> {
+    /// Starts `bin serve --store STORE` (with `--config CONFIG` when given)
+    /// on a free loopback port, logging to `log`, and waits until its
+    /// Budget service is SERVING.
+    pub(crate) async fn start(
+        bin: &Path,
+        store: &str,
+        config: Option<&Path>,
+        log: &Path,
+    ) -> anyhow::Result<Coordinator> {
         let port = free_port()?;
         let stderr =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(bin)
-            .args(["serve", "--store", "memory", "--listen"])
-            .arg(format!("127.0.0.1:{port}"))
+        let mut command = Command::new(bin);
+        command
+            .args(["serve", "--store", store, "--listen"])
+            .arg(format!("127.0.0.1:{port}"));
+        if let Some(config) = config {
+            command.args([OsStr::new("--config"), config.as_os_str()]);
+        }
+        let child = command
             // Only what the command line says: not an operator's settings.
             .env_remove("TOLLGATE_STORE")
             .env_remove("TOLLGATE_LISTEN")

@@ -33,7 +33,7 @@
 //! ```
 
 pub mod access_log;
-mod children;
+pub(crate) mod children;
 pub mod config;
 pub mod figures;
 pub mod nginx;
@@ -200,15 +200,7 @@ pub fn run(
     let plan = Plan::try_new(args)?;
     let nginx = nginx::find(args.nginx.as_deref())?;
     let bench = std::env::current_exe().context("finding this binary")?;
-    let coordinator = match &args.coordinator_bin {
-        Some(path) => path.clone(),
-        None => bench.with_file_name("tollgate"),
-    };
-    anyhow::ensure!(
-        coordinator.is_file(),
-        "{} not found: build it (cargo build --release --bin tollgate) or pass --coordinator-bin",
-        coordinator.display()
-    );
+    let coordinator = children::coordinator_bin(args.coordinator_bin.as_deref())?;
     let bins = Bins {
         nginx_temp_paths: config::temp_paths(&nginx::version_text(&nginx)?),
         nginx,
@@ -274,9 +266,9 @@ async fn run_once(
     let dir = base.join(decided.as_str());
     let mut nginx = start_nginx(plan, bins, &dir, progress).await?;
     let coordinator = match decided {
-        Decided::Coordinated => {
-            Some(Coordinator::start(&bins.coordinator, &dir.join("serve.log")).await?)
-        }
+        Decided::Coordinated => Some(
+            Coordinator::start(&bins.coordinator, "memory", None, &dir.join("serve.log")).await?,
+        ),
         Decided::Alone => None,
     };
     let args = &plan.args;
