@@ -36,7 +36,7 @@ use tollgate_testkit::RedisServer;
 use tonic::transport::Channel;
 
 use crate::fleet::limiter::children::{Coordinator, coordinator_bin};
-use crate::storm::report::percentile;
+use crate::storm::results::percentile;
 
 /// The rule every change patches (`caller_scope` `*`).
 const ROUTE: &str = "GET /propagation";
