@@ -625,13 +625,14 @@ impl PacingState {
                 // fit again and go straight.
                 self.saturated = false;
             }
-            if self.w_late > 0 {
+            if self.w_late > 0 && self.model.estimates((self.win + 1) * WINDOW_MS) {
                 // Intents that wait would meet their deadline only if they
                 // went before first attempts sent straight, which have all
                 // of theirs ahead of them: every attempt is the same size,
                 // so serving the earliest deadlines first loses the fewest.
                 // Paced together, first attempts take their turn in
-                // deadline order with everything else.
+                // deadline order with everything else — at a rate the
+                // model estimates, never at the floor it starts from.
                 self.saturated = true;
             }
         }

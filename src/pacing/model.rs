@@ -325,6 +325,17 @@ impl LimiterModel {
         self.rate_m
     }
 
+    /// Whether the model has an estimate at `now_ms` to pace every attempt
+    /// by: ρ̂, or a target above the floor (startup's, from what the
+    /// upstream was seen to serve). A route first heard of while its
+    /// upstream was out (a coordinator restarted during an outage) has
+    /// neither: its target is the floor, a placeholder, and every attempt
+    /// held to it would starve the fleet that first attempts sent straight
+    /// would have found the capacity with.
+    pub fn estimates(&self, now_ms: i64) -> bool {
+        self.rate_m.is_some() || self.target_m(now_ms) > self.floor_m
+    }
+
     /// σ̂ now: the largest bank seen, or the longest one in time at ρ̂,
     /// or, on a limiter whose hints say its credit comes back more than a
     /// window later, what ρ̂ earns in that time: a window limiter's quota

@@ -288,6 +288,36 @@ fn waiting_intents_that_would_miss_their_deadline_put_first_attempts_in_line() {
 }
 
 #[test]
+fn late_intents_do_not_put_first_attempts_in_line_at_a_rate_nothing_estimates() {
+    // A coordinator restarted during an outage: the route is new to it,
+    // its target the floor, a placeholder nothing was seen to serve.
+    let p = policy();
+    let at = T0 + 20_000;
+    let mut st = PacingState::new(at, &p);
+    let queued = WakeAsk {
+        waiting: 5000,
+        deadline_ms: at + 10_000,
+        ..ask(at + 500, 1000 * (at + 1_000))
+    };
+    assert!(matches!(
+        st.decide(&queued, &p),
+        SlotDecision::AskAgain { .. }
+    ));
+    st.advance(at + 1_000, &p);
+    // Held to the floor, every attempt would wait seconds for slots first
+    // attempts sent straight would have been served in.
+    assert_ne!(st.mode(), Mode::Saturated);
+    assert!(!holds_first_attempts(
+        true,
+        st.mode(),
+        false,
+        0,
+        0,
+        at + 1_000
+    ));
+}
+
+#[test]
 fn an_outage_teaches_nothing_and_the_fleet_resumes_when_its_hint_passes() {
     let p = policy();
     let mut st = learned();
