@@ -71,7 +71,7 @@ pub struct PropagationArgs {
 
 /// One replica seeing one change.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Observation {
+pub struct Sighting {
     /// Which change (0-based).
     pub change: u32,
     /// The replica the change was made through.
@@ -85,7 +85,7 @@ pub struct Observation {
 /// Latency figures over a set of observations, ms.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Figures {
-    /// Observations counted.
+    /// Sightings counted.
     pub count: usize,
     /// Median.
     pub p50_ms: f64,
@@ -93,7 +93,7 @@ pub struct Figures {
     pub p99_ms: f64,
     /// The slowest.
     pub max_ms: f64,
-    /// Observations slower than a second (the documented claim).
+    /// Sightings slower than a second (the documented claim).
     pub over_1s: usize,
 }
 
@@ -129,7 +129,7 @@ pub struct PropagationReport {
     /// Over every replica and change.
     pub all: Figures,
     /// Every observation, in order.
-    pub observations: Vec<Observation>,
+    pub observations: Vec<Sighting>,
 }
 
 /// Runs the benchmark and writes the table (and the JSON, with `--json`).
@@ -179,7 +179,7 @@ async fn measure(
     args: &PropagationArgs,
     bin: &Path,
     dir: &Path,
-) -> anyhow::Result<(Vec<f64>, Vec<Observation>)> {
+) -> anyhow::Result<(Vec<f64>, Vec<Sighting>)> {
     let redis = RedisServer::start()
         .context("redis-server is not on PATH (apt-get install redis-server)")?;
     let config = dir.join("policy.toml");
@@ -241,7 +241,7 @@ async fn measure(
                     "replica {replica} showed version {seen} for change {change}, committed as {version}"
                 );
             }
-            observations.push(Observation {
+            observations.push(Sighting {
                 change,
                 through,
                 replica,
