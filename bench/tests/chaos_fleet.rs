@@ -14,23 +14,21 @@
 //! two differ by where the coordinator's windows (whole Unix seconds) fall
 //! in the upstream's seconds, which no run chooses.
 //!
-//! Two tests, both `#[ignore]`d: the SIGKILL storm alone (about 25 s), and
-//! the long version, which runs the no-fault control, the SIGKILL storm
-//! and the SIGSTOP storm. Each storm misses the bound in some runs, for
-//! reasons of the coordinator's pacing rather than of this test
-//! (`docs/operating.md` has the runs):
+//! Every whole second after the outage is held to 1.1 × C but the first
+//! contact's two (`FIRST_CONTACT_BOUND`, 1.25 × C): a coordinator that has
+//! never met the upstream's limit finds it by startup's climb, and the
+//! bank and the report round trip hide the edge until the climb is past
+//! it (`docs/pacing.md`, bound 3).
 //!
-//! - The control's fleet is under capacity before the outage, so the
-//!   coordinator has never met the upstream's limit when it ends and finds
-//!   it by slow start. The token bucket's 100 ms bank hides the edge until
-//!   it is spent, so the second the climb crosses it carries C, the bank
-//!   (0.1 × C) and what the climb offered in the report round trip before
-//!   the first refusal was counted (`docs/pacing.md`, bound 3).
-//! - The SIGSTOPped coordinator, once it resumes, paces the saturated
-//!   route over C for one to three seconds in some runs. It no longer
-//!   reads the reports its workers sent while it was stopped (they hold
-//!   them until it answers), which had it pace at up to 1.45 × C; what is
-//!   left is not explained yet.
+//! Two tests. The SIGKILL storm alone (about 25 s) runs in the default
+//! suite. The long version, `#[ignore]`d, runs the no-fault control, the
+//! SIGKILL storm and the SIGSTOP storm; the SIGSTOP storm misses the bound
+//! in some runs (`docs/operating.md` has the runs): the SIGSTOPped
+//! coordinator, once it resumes, paces the saturated route over C for one
+//! to three seconds (1.21 and 1.54 × C in two idle debug runs). It no
+//! longer reads the reports its workers sent while it was stopped (they
+//! hold them until it answers), which had it pace at up to 1.45 × C; what
+//! is left is not explained yet.
 
 #[path = "../../tests/support/process.rs"]
 mod process;
@@ -65,8 +63,20 @@ const DEADLINE: Duration = Duration::from_secs(6);
 /// The workers' coordinator RPC timeout.
 const RPC_TIMEOUT: Duration = Duration::from_millis(500);
 /// The bound on the upstream's load in any whole second after the outage,
-/// × C.
+/// × C, but the first contact's.
 const PEAK_BOUND: f64 = 1.1;
+/// The bound on the first contact's two seconds (the second of the first
+/// refusal after the outage's last second, and the one after), × C. A
+/// coordinator that has never met the upstream's limit (the control's, whose
+/// fleet ran under C before the outage; the SIGKILLed one's, restarted
+/// without its memory) finds it by startup's climb, and the second that
+/// crosses it carries what the limiter's bank lets through (0.1 × C here)
+/// and what the climb offers over C in the report round trip before the
+/// first refusal is counted (a few hundred ms of a step of at most a
+/// quarter of C): `docs/pacing.md`, "The bounds any controller meets, on
+/// paper", bound 3. No search for an unknown edge behind a bank does better
+/// once.
+const FIRST_CONTACT_BOUND: f64 = 1.25;
 
 fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
@@ -279,6 +289,15 @@ impl Measured {
         (best(10), best(1))
     }
 
+    /// The second of the first refusal after the outage's last second,
+    /// where the fleet's recovery first meets the limiter: the outage's
+    /// last second and the one its end falls in refuse what the outage and
+    /// the bucket it left empty turned away, not a climb.
+    fn first_contact(&self, refused: &[u64]) -> Option<usize> {
+        let from = (OUTAGE_START + OUTAGE).as_secs() as usize + 1;
+        (from..refused.len()).find(|&s| refused[s] > 0)
+    }
+
     fn per_second(&self, field: &str) -> Vec<u64> {
         self.seconds()
             .iter()
@@ -405,11 +424,23 @@ impl Measured {
                 )),
             }
         }
-        if aligned > PEAK_BOUND {
-            failures.push(format!(
-                "[{name}] upstream peak after the outage {aligned:.2} × C at {aligned_at} s \
-                 (sliding {sliding:.2}) > {PEAK_BOUND} × C"
-            ));
+        let offered = self.per_second("offered");
+        let refused = self.per_second("refused");
+        let contact = self.first_contact(&refused);
+        eprintln!("[{name}] first contact after the outage: {contact:?} s");
+        let after = (OUTAGE_START + OUTAGE).as_secs() as usize;
+        for (second, &n) in offered.iter().enumerate().skip(after) {
+            let load = n as f64 / CAPACITY;
+            let bound = match contact {
+                Some(c) if second == c || second == c + 1 => FIRST_CONTACT_BOUND,
+                _ => PEAK_BOUND,
+            };
+            if load > bound {
+                failures.push(format!(
+                    "[{name}] upstream offered {load:.2} × C at {second} s > {bound} × C \
+                     (first contact: {contact:?} s)"
+                ));
+            }
         }
         failures
     }
@@ -500,7 +531,6 @@ async fn chaos(storms: &[Fault]) {
 /// The SIGKILL storm alone (about 25 s): the coordinator restarted
 /// without its memory into the outage.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "misses the bound in some runs on an idle machine (module doc): cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
 async fn chaos_fleet_upstream_peak_stays_near_capacity_across_a_kill() {
     chaos(&[Fault::Kill]).await;
 }
@@ -509,7 +539,7 @@ async fn chaos_fleet_upstream_peak_stays_near_capacity_across_a_kill() {
 /// SIGSTOP storms (the module doc says why the control and the SIGSTOP
 /// storm are not gated).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "about 70 s of real processes; the control and SIGSTOP storms miss the bound in some runs (module doc): cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
+#[ignore = "about 70 s of real processes; the SIGSTOP storm misses the bound in some runs (module doc): cargo test -p tollgate-bench --test chaos_fleet -- --ignored"]
 async fn chaos_fleet_upstream_peak_across_kill_and_stop_after_a_control() {
     chaos(&[Fault::None, Fault::Kill, Fault::Stop]).await;
 }
