@@ -354,6 +354,22 @@ impl Drop for RedisServer {
     }
 }
 
+/// What `tollgate serve` logs once its gRPC listener is bound, followed by
+/// `address=IP:PORT`: a server started on port 0 says here which port it
+/// got, so no caller picks a port and hopes it is still free.
+pub const COORDINATOR_LISTENING: &str = "tollgate coordinator listening";
+
+/// The `address=` of the first line of `text` (a child's log) that carries
+/// `message`.
+pub fn logged_address(text: &str, message: &str) -> Option<std::net::SocketAddr> {
+    text.lines()
+        .filter(|line| line.contains(message))
+        .find_map(|line| {
+            let (_, rest) = line.split_once(" address=")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+}
+
 /// Where the program `name` is on `PATH`, if it is: for a test that runs a
 /// binary which starts its own server, to skip as [`missing_tool`] says.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {

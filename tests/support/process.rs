@@ -37,9 +37,7 @@ pub(crate) const BIN: &str = match option_env!("CARGO_BIN_EXE_tollgate") {
     None => "",
 };
 
-/// What `tollgate serve` logs once its gRPC listener is bound, followed by
-/// `address=IP:PORT`.
-pub(crate) const GRPC_LISTENING: &str = "tollgate coordinator listening";
+pub(crate) use tollgate_testkit::{COORDINATOR_LISTENING as GRPC_LISTENING, logged_address};
 /// The same for `--health-listen`.
 pub(crate) const HEALTH_LISTENING: &str = "serving grpc.health.v1 alone";
 /// The same for `--metrics-listen`.
@@ -69,16 +67,6 @@ pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
-}
-
-/// The `address=` of the first line of `text` that carries `message`.
-pub(crate) fn logged_address(text: &str, message: &str) -> Option<SocketAddr> {
-    text.lines()
-        .filter(|line| line.contains(message))
-        .find_map(|line| {
-            let (_, rest) = line.split_once(" address=")?;
-            rest.split_whitespace().next()?.parse().ok()
-        })
 }
 
 /// A loopback address that certainly refuses connections for as long as

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Deserialize;
 use tokio::time::Instant;
+use tollgate_testkit::{COORDINATOR_LISTENING, logged_address};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -69,21 +70,20 @@ pub(crate) struct Coordinator {
 
 impl Coordinator {
     /// Starts `bin serve --store STORE` (with `--config CONFIG` when given)
-    /// on a free loopback port, logging to `log`, and waits until its
-    /// Budget service is SERVING.
+    /// on a loopback port it binds itself (port 0) and names in its log
+    /// `log`, and waits until its Budget service is SERVING. A port picked
+    /// here and released for the child could be taken by another process
+    /// first, and the health check would then ask a stranger.
     pub(crate) async fn start(
         bin: &Path,
         store: &str,
         config: Option<&Path>,
         log: &Path,
     ) -> anyhow::Result<Coordinator> {
-        let port = free_port()?;
         let stderr =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut command = Command::new(bin);
-        command
-            .args(["serve", "--store", store, "--listen"])
-            .arg(format!("127.0.0.1:{port}"));
+        command.args(["serve", "--store", store, "--listen", "127.0.0.1:0"]);
         if let Some(config) = config {
             command.args([OsStr::new("--config"), config.as_os_str()]);
         }
@@ -100,7 +100,7 @@ impl Coordinator {
             .with_context(|| format!("starting {} serve", bin.display()))?;
         let mut coordinator = Coordinator {
             child: Killed(child),
-            port,
+            port: 0,
         };
         let give_up = Instant::now() + SERVING_WITHIN;
         loop {
@@ -108,7 +108,13 @@ impl Coordinator {
                 let log = std::fs::read_to_string(log).unwrap_or_default();
                 anyhow::bail!("tollgate serve exited ({status}):\n{log}");
             }
-            if coordinator.health().await == Some(ServingStatus::Serving) {
+            if coordinator.port == 0 {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                if let Some(address) = logged_address(&text, COORDINATOR_LISTENING) {
+                    coordinator.port = address.port();
+                }
+            }
+            if coordinator.port != 0 && coordinator.health().await == Some(ServingStatus::Serving) {
                 return Ok(coordinator);
             }
             if Instant::now() >= give_up {
