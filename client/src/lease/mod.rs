@@ -462,27 +462,6 @@ impl LeaseCache {
         taken.unwrap_or(Take::Exhausted)
     }
 
-    /// Puts a lease of `tokens` tokens for `scope` in the cache as if the
-    /// coordinator had granted it, so the hot path can be measured with
-    /// leases already held and no coordinator (`benches/hot_path.rs`).
-    ///
-    /// Not for production use: a real lease comes only from `Lease`, so
-    /// this exists only with the non-default `bench` feature.
-    #[cfg(feature = "bench")]
-    #[doc(hidden)]
-    pub fn seed_held_lease_for_bench(
-        &self,
-        scope: &Scope,
-        class: RetryClass,
-        tokens: u32,
-        expires_at: SystemTime,
-    ) {
-        let entry = self.entry(scope);
-        lock(&entry.class(class).state)
-            .leases
-            .push_back(HeldLease::new("bench-seeded".into(), tokens, expires_at));
-    }
-
     /// Like [`try_take`](Self::try_take), but when the cache holds nothing for
     /// the scope, waits for one lease (one RPC, bounded by the link timeout):
     /// the refill already in flight if there is one, else its own.
