@@ -91,18 +91,19 @@ pub enum SlotDecision {
 const MAX_DRAIN_WINDOWS: i64 = 64;
 
 /// How long `waiting` intents take to be woken if the rate doubles every
-/// window up to the ceiling, the fastest probing raises it; while
-/// `saturated`, at the rate in force (it is the upstream's capacity, and
-/// grows only by small steps). The estimate is optimistic on purpose: an
-/// intent asked back too early is only asked again, one asked back too
-/// late cannot use a rate that rose meanwhile.
-fn drain_ms(waiting: i64, rate_m: i64, ceiling_m: i64, saturated: bool) -> i64 {
+/// window up to the ceiling, the fastest probing raises it; at the rate in
+/// force when it is `capacity` (the target of a saturated route above the
+/// floor: the upstream's capacity, which grows only by small steps). The
+/// estimate is optimistic on purpose: an intent asked back too early is
+/// only asked again, one asked back too late cannot use a rate that rose
+/// meanwhile.
+fn drain_ms(waiting: i64, rate_m: i64, ceiling_m: i64, capacity: bool) -> i64 {
     let mut left = waiting.clamp(0, MAX_WAITING) * MILLI;
     let mut rate = rate_m.max(1);
     let mut windows = 0;
     while left > 0 && windows < MAX_DRAIN_WINDOWS {
         left -= rate;
-        if !saturated {
+        if !capacity {
             rate = (2 * rate).min(ceiling_m.max(rate));
         }
         windows += 1;
@@ -197,9 +198,16 @@ impl PacingState {
                 self.w_late += 1;
             }
         }
-        let saturated = self.mode() == Mode::Saturated;
+        // A saturated route's rate is the upstream's capacity only above
+        // the floor: at the floor it says the target came to nothing (a
+        // stated quota of zero, an outage measured), and the capacity that
+        // returns after it is unknown, so the wait is estimated as if it
+        // rose as fast as it can. Estimated at the floor, an intent asking
+        // in an outage would be told to come back at its last chance, past
+        // the turns of every intent that asked after the outage.
+        let capacity = self.mode() == Mode::Saturated && rate_m > policy.floor_m;
         let estimate =
-            slot.saturating_add(drain_ms(ask.waiting, rate_m, policy.ceiling_m, saturated));
+            slot.saturating_add(drain_ms(ask.waiting, rate_m, policy.ceiling_m, capacity));
         // Seven eighths of the way to the estimate: it is optimistic (the
         // rate doubling every window), so this rarely overshoots the slot
         // even with the spread below (at most an eighth past it), and a long

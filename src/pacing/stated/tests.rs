@@ -268,3 +268,59 @@ fn where_tokens_share_the_scope_one_tokens_workers_cannot_set_the_pace_alone() {
         Statement::pace_of(1000, 1000, 500, 1000).expect("a pace")
     );
 }
+
+#[test]
+fn a_queue_told_nothing_is_left_is_not_sent_to_its_last_chance() {
+    let p = PacingPolicy::default();
+    let mut st = PacingState::new(T0, &p);
+    // First attempts alone reach the stated pace: every attempt is paced.
+    for s in 0..16 {
+        let at = T0 + s * 1000;
+        for w in ["a", "b"] {
+            st.observe_statement(said(w, at, 1000, 1000, 1000), weighing(2), at, &p);
+        }
+        st.observe(
+            &crate::pacing::ReportSample {
+                now_ms: at,
+                first_attempts: 1000,
+                successes: 970,
+                ..crate::pacing::ReportSample::default()
+            },
+            &p,
+        );
+    }
+    // An outage: the upstream states nothing is left. The target comes to
+    // nothing, so the rate is the floor, and the route stays saturated.
+    let now = T0 + 16_000;
+    for w in ["a", "b"] {
+        st.observe_statement(said(w, now, 1000, 0, 1000), weighing(2), now, &p);
+    }
+    assert_eq!(st.mode(), Mode::Saturated);
+    assert_eq!(st.wake_rate_m(), p.floor_m);
+    // An intent behind 4 000 others, its floor a 10 s cooldown away.
+    let ask = crate::pacing::WakeAsk {
+        asker: crate::pacing::Asker::Retry,
+        now_ms: now,
+        floor_ms: now + 10_000,
+        deadline_ms: now + 30_000,
+        reserve_ms: 100,
+        jitter_ppm: 0,
+        waiting: 4000,
+        cursor_us: 0,
+    };
+    let crate::pacing::SlotDecision::AskAgain { at_ms } = st.decide(&ask, &p) else {
+        panic!("no slot is given 10 s ahead");
+    };
+    // The floor is not the capacity that returns after the outage: the wait
+    // is estimated as if the rate rose as fast as it can, so the intent asks
+    // again soon after the cooldown. At the floor's 10/s, 4 000 ahead would
+    // send it to its last chance (30 s less the reserve and the horizon),
+    // behind every intent that asks after it.
+    let last_chance = ask.deadline_ms - ask.reserve_ms - p.horizon_ms;
+    assert!(
+        at_ms >= ask.floor_ms - p.horizon_ms && at_ms < now + 20_000,
+        "asked back at {} ms, last chance {} ms",
+        at_ms - now,
+        last_chance - now
+    );
+}
