@@ -89,14 +89,20 @@ pub fn holds_first_attempts(
 
 /// How long a worker may hold a report of counts alone, in ms
 /// (`ReportResponse.counts_hold_ms`): a window while the route is calm
-/// (steady or pinned, no cooldown in force at `now_ms`, first attempts not
-/// `held`), 0 otherwise. Calm, counts change nothing before the window they
-/// land in closes, so a worker sends about one report a window instead of
-/// one per tick. While pacing learns, each window's counts must land in
-/// that window, and corroboration counts the workers heard lately: a fleet
-/// whose counts lag lets a few liars, who report at once, outnumber it.
+/// (steady, pinned or paced by a stated limit, no cooldown in force at
+/// `now_ms`, first attempts not `held`), 0 otherwise. Calm, counts change
+/// nothing before the window they land in closes, so a worker sends about
+/// one report a window instead of one per tick. While pacing learns, each
+/// window's counts must land in that window, and corroboration counts the
+/// workers heard lately: a fleet whose counts lag lets a few liars, who
+/// report at once, outnumber it. A stated pace is not learned from counts,
+/// and each report a window carries its worker's latest statement, which
+/// lives three windows ([`stated::STATED_HOLD_MS`]): every honest worker's
+/// claim stays live between its reports.
 pub fn counts_hold_ms(mode: Mode, cooldown_until_ms: i64, held: bool, now_ms: i64) -> i64 {
-    let calm = matches!(mode, Mode::Steady | Mode::Pinned) && cooldown_until_ms <= now_ms && !held;
+    let calm = matches!(mode, Mode::Steady | Mode::Pinned | Mode::Stated)
+        && cooldown_until_ms <= now_ms
+        && !held;
     if calm { WINDOW_MS } else { 0 }
 }
 

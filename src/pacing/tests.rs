@@ -657,6 +657,11 @@ fn counts_may_wait_a_window_only_while_the_route_is_calm() {
         "a cooldown that just passed"
     );
     assert_eq!(
+        counts_hold_ms(Mode::Stated, 0, false, now),
+        WINDOW_MS,
+        "paced by a stated limit"
+    );
+    assert_eq!(
         counts_hold_ms(Mode::Steady, now + 1, false, now),
         0,
         "a cooldown in force"
