@@ -10,6 +10,7 @@
 //! coordinator calls, not one per horizon.
 
 use super::cursor::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
+use super::stated::InForce;
 use super::{MILLI, Mode, PacingPolicy, PacingState, Rule, WINDOW_MS};
 
 /// More waiting intents than a route can hold say nothing more about the
@@ -92,8 +93,8 @@ const MAX_DRAIN_WINDOWS: i64 = 64;
 
 /// How long `waiting` intents take to be woken if the rate doubles every
 /// window up to the ceiling, the fastest probing raises it; at the rate in
-/// force when it is `capacity` (the target of a saturated route above the
-/// floor: the upstream's capacity, which grows only by small steps). The
+/// force when it is `capacity` (the target of a saturated route: the
+/// upstream's capacity, which grows only by small steps). The
 /// estimate is optimistic on purpose: an intent asked back too early is
 /// only asked again, one asked back too late cannot use a rate that rose
 /// meanwhile.
@@ -198,14 +199,18 @@ impl PacingState {
                 self.w_late += 1;
             }
         }
-        // A saturated route's rate is the upstream's capacity only above
-        // the floor: at the floor it says the target came to nothing (a
-        // stated quota of zero, an outage measured), and the capacity that
-        // returns after it is unknown, so the wait is estimated as if it
-        // rose as fast as it can. Estimated at the floor, an intent asking
-        // in an outage would be told to come back at its last chance, past
-        // the turns of every intent that asked after the outage.
-        let capacity = self.mode() == Mode::Saturated && rate_m > policy.floor_m;
+        // A saturated route's rate is the upstream's capacity, learned or
+        // stated, unless a statement brought it to the floor: a quota of
+        // zero, or nothing left until a reset, says what the upstream has
+        // now, not what returns after it, so the wait is estimated as if
+        // the rate rose as fast as it can. Estimated at the floor, an
+        // intent asking in an outage the upstream states would be told to
+        // come back at its last chance, behind every intent that asked
+        // after it. (A learned rate at the floor is the model's estimate
+        // of what the upstream serves, and is taken as one.)
+        let told_nothing =
+            self.stated.in_force() == InForce::Corroborated && rate_m <= policy.floor_m;
+        let capacity = self.mode() == Mode::Saturated && !told_nothing;
         let estimate =
             slot.saturating_add(drain_ms(ask.waiting, rate_m, policy.ceiling_m, capacity));
         // Seven eighths of the way to the estimate: it is optimistic (the
