@@ -30,6 +30,24 @@ fn weighing(needed: i64) -> Weighing {
     }
 }
 
+/// One second of a route two workers state 1 000/s for, with nothing
+/// spent: both statements at `at`, then a report of `first` first attempts
+/// and `ok` successes.
+fn stated_second(st: &mut PacingState, p: &PacingPolicy, at: i64, first: u32, ok: u32) {
+    for w in ["a", "b"] {
+        st.observe_statement(said(w, at, 1000, 1000, 1000), weighing(2), at, p);
+    }
+    st.observe(
+        &crate::pacing::ReportSample {
+            now_ms: at,
+            first_attempts: first,
+            successes: ok,
+            ..crate::pacing::ReportSample::default()
+        },
+        p,
+    );
+}
+
 #[test]
 fn the_pace_spreads_what_remains_and_never_passes_the_rate() {
     // 10 000 a minute, 3 000 left, 31 s stated (30 to 31 s to go): 100/s.
@@ -164,18 +182,7 @@ fn a_corroborated_statement_paces_every_attempt_from_the_start() {
     // (The first-attempt rate is a moving average, a quarter a window.)
     for s in 0..16 {
         let at = T0 + s * 1000;
-        for w in ["a", "b"] {
-            st.observe_statement(said(w, at, 1000, 1000, 1000), weighing(2), at, &p);
-        }
-        st.observe(
-            &crate::pacing::ReportSample {
-                now_ms: at,
-                first_attempts: if s < 2 { 400 } else { 1000 },
-                successes: 400,
-                ..crate::pacing::ReportSample::default()
-            },
-            &p,
-        );
+        stated_second(&mut st, &p, at, if s < 2 { 400 } else { 1000 }, 400);
         if s == 1 {
             st.advance(at + 999, &p);
             assert_eq!(
@@ -275,19 +282,7 @@ fn a_queue_told_nothing_is_left_is_not_sent_to_its_last_chance() {
     let mut st = PacingState::new(T0, &p);
     // First attempts alone reach the stated pace: every attempt is paced.
     for s in 0..16 {
-        let at = T0 + s * 1000;
-        for w in ["a", "b"] {
-            st.observe_statement(said(w, at, 1000, 1000, 1000), weighing(2), at, &p);
-        }
-        st.observe(
-            &crate::pacing::ReportSample {
-                now_ms: at,
-                first_attempts: 1000,
-                successes: 970,
-                ..crate::pacing::ReportSample::default()
-            },
-            &p,
-        );
+        stated_second(&mut st, &p, T0 + s * 1000, 1000, 970);
     }
     // An outage: the upstream states nothing is left. The target comes to
     // nothing, so the rate is the floor, and the route stays saturated.
