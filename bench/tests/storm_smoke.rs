@@ -426,3 +426,54 @@ fn every_limiter_shape_runs_and_bad_shapes_are_refused() {
         "--window: must hold at least one request at every capacity in force above 0"
     );
 }
+
+#[test]
+fn intents_csv_holds_every_intent_of_every_strategy() {
+    let out = out_dir("intents");
+    let args = tiny(&out, &["--strategies", "b,e", "--intents-csv"]);
+    let mut table = Vec::new();
+    let (report, written) = storm::run_and_write(&args, &mut table).expect("the storm runs");
+    let names: Vec<_> = written
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "storm.md",
+            "storm.svg",
+            "storm.json",
+            "intents-b.csv",
+            "intents-e.csv"
+        ]
+    );
+    for r in &report.results {
+        let path = out.join(format!("intents-{}.csv", r.strategy.key()));
+        let csv = std::fs::read_to_string(&path).expect("the intents were written");
+        let mut lines = csv.lines();
+        assert_eq!(lines.next(), Some("arrived_s,ended_s,outcome,cancel_at_s"));
+        // Every finished intent once, its outcome as the table counts it,
+        // in arrival order, never ending before it arrived.
+        let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
+        let mut last_arrival = 0.0;
+        let mut rows = 0;
+        for line in lines {
+            let fields: Vec<&str> = line.split(',').collect();
+            assert_eq!(fields.len(), 4, "{line}");
+            let arrived: f64 = fields[0].parse().expect("arrival");
+            let ended: f64 = fields[1].parse().expect("end");
+            assert!(arrived >= last_arrival && ended >= arrived, "{line}");
+            last_arrival = arrived;
+            *outcomes.entry(fields[2].to_owned()).or_default() += 1;
+            rows += 1;
+        }
+        assert_eq!(rows, r.intents - r.unfinished, "{:?}", r.strategy);
+        let counted: std::collections::BTreeMap<String, u64> = r
+            .outcomes
+            .iter()
+            .map(|(k, n)| ((*k).to_owned(), *n))
+            .collect();
+        assert_eq!(outcomes, counted, "{:?}", r.strategy);
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

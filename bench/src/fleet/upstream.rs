@@ -99,6 +99,7 @@ impl UpstreamArgs {
             strategies: vec![StrategyKind::Tollgate],
             cancel_fraction: 0.0,
             max_attempts: 1,
+            intents_csv: false,
         };
         Ok(StormConfig::try_new(&storm)?)
     }

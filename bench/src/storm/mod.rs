@@ -232,6 +232,11 @@ pub struct StormArgs {
     /// Attempts in all for (b), (c) and (d); (a) always stops at 3.
     #[arg(long, default_value_t = 10)]
     pub max_attempts: u32,
+    /// Also write every intent of each strategy, one line each (arrival,
+    /// end, outcome, cancellation), to `intents-<strategy>.csv` in `--out`:
+    /// which intents were lost, and when.
+    #[arg(long)]
+    pub intents_csv: bool,
 }
 
 /// Arguments that cannot describe a run.
@@ -558,11 +563,17 @@ pub fn run_and_write(
         .write_all(table.as_bytes())
         .map_err(write_err(Path::new("<stdout>")))?;
     std::fs::create_dir_all(out).map_err(write_err(out))?;
-    let files = [
+    let mut files = vec![
         (out.join("storm.md"), table),
         (out.join("storm.svg"), chart::svg(&results)?),
         (out.join("storm.json"), results.json()),
     ];
+    if command.args.intents_csv {
+        for r in &results.results {
+            let name = format!("intents-{}.csv", r.strategy.key());
+            files.push((out.join(name), r.intents_csv()));
+        }
+    }
     let mut written = Vec::with_capacity(files.len());
     for (path, text) in files {
         std::fs::write(&path, text).map_err(write_err(&path))?;
@@ -572,7 +583,7 @@ pub fn run_and_write(
 }
 
 /// The harness's record of one intent: what its runner returned, and when.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct IntentRecord {
     arrived: Duration,
     ended: Duration,

@@ -178,6 +178,9 @@ pub struct StrategyResult {
     pub peak_excl_drop_second: Option<usize>,
     /// The criteria, pass or fail.
     pub checks: Checks,
+    /// Every intent, in arrival order: what `--intents-csv` writes.
+    #[serde(skip)]
+    pub(super) intent_records: Vec<IntentRecord>,
 }
 
 /// Pass (`true`) or fail of each criterion (module doc); `None` where the
@@ -382,8 +385,45 @@ impl StrategyResult {
             peak_excl_drop_over_capacity_in_force: peak_excl,
             peak_excl_drop_second: peak_excl_second,
             checks: Checks::default(),
+            intent_records: in_arrival_order(records),
         }
     }
+
+    /// One line per intent (`--intents-csv`): when it arrived and ended,
+    /// in seconds of the run, how it ended, and when its caller withdrew
+    /// it (empty if it did not). Which intents a strategy lost, and when,
+    /// is what the per-second series cannot show.
+    pub fn intents_csv(&self) -> String {
+        let mut csv = String::from("arrived_s,ended_s,outcome,cancel_at_s\n");
+        for r in &self.intent_records {
+            let cancel = r
+                .cancel_at
+                .map_or(String::new(), |at| format!("{:.3}", at.as_secs_f64()));
+            let _ = writeln!(
+                csv,
+                "{:.3},{:.3},{},{cancel}",
+                r.arrived.as_secs_f64(),
+                r.ended.as_secs_f64(),
+                r.outcome.as_str()
+            );
+        }
+        csv
+    }
+}
+
+/// `records` sorted by arrival (then end, outcome and cancellation, so two
+/// runs that finished their workers in another order compare equal).
+fn in_arrival_order(records: &[IntentRecord]) -> Vec<IntentRecord> {
+    let mut sorted = records.to_vec();
+    sorted.sort_by(|a, b| {
+        (a.arrived, a.ended, a.outcome.as_str(), a.cancel_at).cmp(&(
+            b.arrived,
+            b.ended,
+            b.outcome.as_str(),
+            b.cancel_at,
+        ))
+    });
+    sorted
 }
 
 /// Intents waiting at the start of each second (module doc), from the
