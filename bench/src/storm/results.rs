@@ -415,14 +415,7 @@ impl StrategyResult {
 /// runs that finished their workers in another order compare equal).
 fn in_arrival_order(records: &[IntentRecord]) -> Vec<IntentRecord> {
     let mut sorted = records.to_vec();
-    sorted.sort_by(|a, b| {
-        (a.arrived, a.ended, a.outcome.as_str(), a.cancel_at).cmp(&(
-            b.arrived,
-            b.ended,
-            b.outcome.as_str(),
-            b.cancel_at,
-        ))
-    });
+    sorted.sort_by_key(|r| (r.arrived, r.ended, r.outcome.as_str(), r.cancel_at));
     sorted
 }
 
