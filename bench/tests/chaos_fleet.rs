@@ -20,15 +20,18 @@
 //! bank and the report round trip hide the edge until the climb is past
 //! it (`docs/pacing.md`, bound 3).
 //!
-//! Two tests. The SIGKILL storm alone (about 25 s) runs in the default
-//! suite. The long version, `#[ignore]`d, runs the no-fault control, the
-//! SIGKILL storm and the SIGSTOP storm; the SIGSTOP storm misses the bound
+//! Three tests. The SIGKILL storm alone (about 25 s) runs in the default
+//! suite; the SIGSTOP storm alone is `#[ignore]`d. The long version, also
+//! `#[ignore]`d, runs the no-fault control, the SIGKILL storm and the
+//! SIGSTOP storm; the SIGSTOP storm misses the bound
 //! in some runs (`docs/operating.md` has the runs): the SIGSTOPped
-//! coordinator, once it resumes, paces the saturated route over C for one
-//! to three seconds (1.21 and 1.54 × C in two idle debug runs). It no
-//! longer reads the reports its workers sent while it was stopped (they
-//! hold them until it answers), which had it pace at up to 1.45 × C; what
-//! is left is not explained yet.
+//! coordinator's first measurement after it resumes reads from reports
+//! whose ticks came late while it worked through its backlog, and reads
+//! up to 15 % over C; cruising at that, the route is paced at 1.11–1.14 × C
+//! for two or three seconds until the next refusal measures it again. Its
+//! measurements no longer count the counts its workers held while it was
+//! stopped, which had it measure 433/s of a limiter of 200/s and pace at
+//! up to 1.9 × C.
 
 #[path = "../../tests/support/process.rs"]
 mod process;
@@ -533,6 +536,14 @@ async fn chaos(storms: &[Fault]) {
 #[tokio::test(flavor = "multi_thread")]
 async fn chaos_fleet_upstream_peak_stays_near_capacity_across_a_kill() {
     chaos(&[Fault::Kill]).await;
+}
+
+/// The SIGSTOP storm alone (about 25 s): the coordinator stopped 5 s into
+/// the outage and resumed to a fleet recovering on its local budgets.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "misses the bound in some runs (module doc): cargo test -p tollgate-bench --test chaos_fleet -- --ignored across_a_stop"]
+async fn chaos_fleet_upstream_peak_across_a_stop() {
+    chaos(&[Fault::Stop]).await;
 }
 
 /// The long version: the no-fault control, then the SIGKILL and the

@@ -62,6 +62,22 @@ pub const MILLI: i64 = 1000;
 /// fleet is over its capacity: nothing is learned under it, and first
 /// attempts wait it out.
 pub const CLOSING_MS: i64 = 2 * WINDOW_MS;
+/// How late a worker's counts arrive in the normal course: its report
+/// tick (the client's default report interval), which is why a
+/// measurement lasts at least three of them ([`model::MEASURE_MS`]).
+pub const REPORT_TICK_MS: i64 = 100;
+
+/// The part of `count` counts, made evenly over the `age_ms` before now,
+/// that was made in the last `span_ms` (all of them when they span no
+/// more), rounded to the nearest.
+pub fn share_made_within(count: i64, age_ms: i64, span_ms: i64) -> i64 {
+    if age_ms <= span_ms {
+        return count;
+    }
+    // Counts are a report's (u32) and ages bounded by validation: no
+    // overflow.
+    (count * span_ms.max(0) + age_ms / 2) / age_ms
+}
 
 /// Whether first attempts should wait for a slot, when the policy lets them
 /// (`hold`): while the route is [`Mode::Saturated`] (first attempts alone
@@ -281,8 +297,10 @@ pub struct ReportSample<'a> {
     /// closes the route freezes the windows it covers, whether or not any
     /// one hint in the report did.
     pub cooldown_after_ms: i64,
-    /// How old the report's oldest count is (0: not said): its counts were
-    /// made in the `counts_age_ms` before `now_ms`.
+    /// How old the oldest of these counts is (0: not said): they were made
+    /// in the `counts_age_ms` before `now_ms`. For a report held back, the
+    /// share of its counts in the current window and that part of it
+    /// ([`crate::store::ReportBatch::window_counts`]).
     pub counts_age_ms: i64,
 }
 

@@ -21,7 +21,7 @@
 //! [`PacingState`](super::PacingState) splits its target between first
 //! attempts and the intents that wait.
 
-use super::{CLOSING_MS, HINT_GRANULARITY_MS, MILLI, WINDOW_MS};
+use super::{CLOSING_MS, HINT_GRANULARITY_MS, MILLI, REPORT_TICK_MS, WINDOW_MS, share_made_within};
 use crate::codec::{DecodeError, Reader, Writer};
 
 /// A fraction `num / den`, for the gains and margins below.
@@ -73,7 +73,7 @@ pub const MAX_SPAN: usize = 32;
 /// `Retry-After` says its credit comes back later than this is pressed
 /// that long (a whole-second hint: a second): a reading over less than
 /// that reads what came back, an echo of what the fleet sent before.
-pub const MEASURE_MS: i64 = 300;
+pub const MEASURE_MS: i64 = 3 * REPORT_TICK_MS;
 
 /// Limiters whose hint says credit comes back later than this are not
 /// measured by pressing (pressing a ten-second window is ten seconds of
@@ -121,6 +121,21 @@ pub struct Report {
     /// seconds, as hints are sent): a limiter's hint names when its credit
     /// comes back, which is its memory.
     pub longest_hint_ms: i64,
+}
+
+impl Report {
+    /// The report with only its counts made in the last `span_ms`, as if
+    /// made evenly over their age ([`share_made_within`]).
+    fn made_within(&self, span_ms: i64) -> Report {
+        let share = |n: i64| share_made_within(n, self.age_ms, span_ms);
+        Report {
+            age_ms: self.age_ms.min(span_ms.max(0)),
+            served: share(self.served),
+            refused: share(self.refused),
+            closing: share(self.closing),
+            ..*self
+        }
+    }
 }
 
 /// How a window ended, beyond its counts.
@@ -451,6 +466,16 @@ impl LimiterModel {
         else {
             return;
         };
+        // Counts land when their report does, a report tick after they were
+        // made, so a tick's counts straddle the measurement's start, as the
+        // refusal that started it was reported a tick late: they count
+        // whole. Counts that span more were held (a worker's calls were
+        // slow, or it kept them while its coordinator did not answer):
+        // only those made since a tick before the measurement began are
+        // its own. Read whole, a coordinator resumed after SIGSTOP took its
+        // fleet's recovery on local budgets for the limiter's rate, and
+        // measured 433/s of a limiter of 200/s.
+        let report = &report.made_within(report.now_ms - since_ms + REPORT_TICK_MS);
         let served = served + report.served;
         let refused = refused + report.refused;
         let elapsed = (report.now_ms - since_ms).max(1);

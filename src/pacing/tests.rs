@@ -732,3 +732,30 @@ fn a_measurement_begins_when_serving_does() {
     let rate = st.model().rate_m().expect("measured");
     assert!((900_000..=1_100_000).contains(&rate), "ρ̂ {rate}");
 }
+
+#[test]
+fn counts_held_for_seconds_are_not_read_as_a_measurement() {
+    // A measurement under way (the limiter refused at T0 + 1 100 and
+    // serves 50/s): a report of counts held for two seconds arrives 200 ms
+    // into it, with 100 served. Only those made since a report tick
+    // before the measurement began, 15, count: read whole, the
+    // measurement read 250/s.
+    let p = policy();
+    let mut st = PacingState::new(T0, &p);
+    report(&mut st, &p, T0, (20, 60, 0), &[], 0);
+    st.advance(T0 + 1_000, &p);
+    report(&mut st, &p, T0 + 1_100, (2, 6, 1), &[], 0);
+    report(&mut st, &p, T0 + 1_200, (2, 5, 1), &[], 0);
+    st.observe(
+        &ReportSample {
+            now_ms: T0 + 1_300,
+            first_attempts: 100,
+            successes: 100,
+            counts_age_ms: 2_000,
+            ..ReportSample::default()
+        },
+        &p,
+    );
+    report(&mut st, &p, T0 + 1_600, (8, 20, 1), &[], 0);
+    assert_eq!(st.model().rate_m(), Some(80_000));
+}

@@ -206,6 +206,10 @@ pub struct WindowCounts {
     pub successes: u32,
     /// Rejections, never fewer than the hints carried before the share.
     pub rejections: u32,
+    /// How long before the report the counts above were made in: its
+    /// `counts_age_ms`, or for a report held back the part of the current
+    /// window that its share is.
+    pub span_ms: i64,
 }
 
 impl<'a> ReportBatch<'a> {
@@ -260,7 +264,7 @@ impl ReportBatch<'_> {
             hint_until_ms: hint_ends,
             cooldown_until_ms: cooldown_before_ms,
             cooldown_after_ms,
-            counts_age_ms: self.counts_age_ms,
+            counts_age_ms: counted.span_ms,
         }
     }
 
@@ -280,18 +284,24 @@ impl ReportBatch<'_> {
             .rejections
             .max(u32::try_from(self.hints.len()).unwrap_or(u32::MAX));
         let age = self.counts_age_ms;
+        let span_ms = if age <= WINDOW_MS {
+            age
+        } else {
+            self.now_ms.rem_euclid(WINDOW_MS)
+        };
         let share = |count: u32| {
-            if age <= WINDOW_MS {
-                return count;
-            }
-            let inside = self.now_ms.rem_euclid(WINDOW_MS);
-            let scaled = (i64::from(count) * inside + age / 2) / age;
-            u32::try_from(scaled).unwrap_or(count)
+            u32::try_from(crate::pacing::share_made_within(
+                i64::from(count),
+                age,
+                span_ms,
+            ))
+            .unwrap_or(count)
         };
         WindowCounts {
             first_attempts: share(self.first_attempts),
             successes: share(self.successes),
             rejections: share(rejections),
+            span_ms,
         }
     }
 }
