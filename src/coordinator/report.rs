@@ -204,6 +204,7 @@ impl Coordinator {
             hold_first_attempts,
             counts_hold_ms: counts_hold_ms(
                 reported.pacing.mode,
+                &reported.pacing.stated,
                 cooldown_until_ms,
                 hold_first_attempts,
                 now_ms,

@@ -114,11 +114,23 @@ pub fn holds_first_attempts(
 /// report at once, outnumber it. A stated pace is not learned from counts,
 /// and each report a window carries its worker's latest statement, which
 /// lives three windows ([`stated::STATED_HOLD_MS`]): every honest worker's
-/// claim stays live between its reports.
-pub fn counts_hold_ms(mode: Mode, cooldown_until_ms: i64, held: bool, now_ms: i64) -> i64 {
-    let calm = matches!(mode, Mode::Steady | Mode::Pinned | Mode::Stated)
-        && cooldown_until_ms <= now_ms
-        && !held;
+/// claim stays live between its reports. That holds while a `stated` pace
+/// (corroborated) paces a saturated route too, first attempts held: what
+/// the slots release and whether saturation ends are the coordinator's own
+/// counts (grants and asks, not reports), and the pace is the statement's;
+/// a saturated route reporting at every tick sent one `Report` per attempt.
+pub fn counts_hold_ms(
+    mode: Mode,
+    stated: &StatedView,
+    cooldown_until_ms: i64,
+    held: bool,
+    now_ms: i64,
+) -> i64 {
+    let paced_by_statement =
+        mode == Mode::Saturated && stated.in_force == InForce::Corroborated && stated.agreed;
+    let calm = (matches!(mode, Mode::Steady | Mode::Pinned | Mode::Stated) && !held
+        || paced_by_statement)
+        && cooldown_until_ms <= now_ms;
     if calm { WINDOW_MS } else { 0 }
 }
 

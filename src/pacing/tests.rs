@@ -650,24 +650,62 @@ fn extreme_inputs_from_a_peer_do_not_panic() {
 #[test]
 fn counts_may_wait_a_window_only_while_the_route_is_calm() {
     let now = T0;
-    assert_eq!(counts_hold_ms(Mode::Steady, 0, false, now), WINDOW_MS);
+    let told = |agreed| StatedView {
+        in_force: InForce::Corroborated,
+        agreed,
+        ..StatedView::default()
+    };
     assert_eq!(
-        counts_hold_ms(Mode::Pinned, now, false, now),
+        counts_hold_ms(Mode::Steady, &StatedView::default(), 0, false, now),
+        WINDOW_MS
+    );
+    assert_eq!(
+        counts_hold_ms(Mode::Pinned, &StatedView::default(), now, false, now),
         WINDOW_MS,
         "a cooldown that just passed"
     );
     assert_eq!(
-        counts_hold_ms(Mode::Stated, 0, false, now),
+        counts_hold_ms(Mode::Stated, &told(true), 0, false, now),
         WINDOW_MS,
         "paced by a stated limit"
     );
+    // Saturated under a corroborated statement the workers agree on, first
+    // attempts held: the pace is the statement's, and what the slots
+    // release is counted by the coordinator as it grants them, so counts
+    // need not come each tick.
     assert_eq!(
-        counts_hold_ms(Mode::Steady, now + 1, false, now),
+        counts_hold_ms(Mode::Saturated, &told(true), 0, true, now),
+        WINDOW_MS,
+        "saturated at a stated pace"
+    );
+    assert_eq!(
+        counts_hold_ms(Mode::Saturated, &told(true), now + 1, true, now),
+        0,
+        "saturated at a stated pace, in a cooldown"
+    );
+    assert_eq!(
+        counts_hold_ms(Mode::Saturated, &told(false), 0, true, now),
+        0,
+        "saturated at a stated pace the workers disagree on"
+    );
+    for weak in [InForce::Uncorroborated, InForce::Expired, InForce::None] {
+        let stated = StatedView {
+            in_force: weak,
+            ..StatedView::default()
+        };
+        assert_eq!(
+            counts_hold_ms(Mode::Saturated, &stated, 0, true, now),
+            0,
+            "saturated, learning: {weak:?}"
+        );
+    }
+    assert_eq!(
+        counts_hold_ms(Mode::Steady, &StatedView::default(), now + 1, false, now),
         0,
         "a cooldown in force"
     );
     assert_eq!(
-        counts_hold_ms(Mode::Steady, 0, true, now),
+        counts_hold_ms(Mode::Steady, &StatedView::default(), 0, true, now),
         0,
         "first attempts held"
     );
@@ -678,7 +716,11 @@ fn counts_may_wait_a_window_only_while_the_route_is_calm() {
         Mode::Saturated,
         Mode::KnownLimit,
     ] {
-        assert_eq!(counts_hold_ms(learning, 0, false, now), 0, "{learning:?}");
+        assert_eq!(
+            counts_hold_ms(learning, &StatedView::default(), 0, false, now),
+            0,
+            "{learning:?}"
+        );
     }
 }
 

@@ -118,7 +118,7 @@ impl Flush {
         let cooling = view
             .cooldown_until
             .is_some_and(|until| to_unix_ms(until) > now_ms);
-        if cooling || view.hold_first_attempts || view.counts_hold.is_zero() {
+        if cooling || view.counts_hold.is_zero() {
             return true;
         }
         // Windows are whole multiples of the hold on the shared clock. Sent
@@ -303,6 +303,11 @@ async fn watch(shared: Arc<Shared>, scopes: Vec<Scope>) {
                 _ => v.cooldown_until = cooldown.max(v.cooldown_until),
             }
             v.frozen = event.frozen;
+            if event.hold_first_attempts && !v.hold_first_attempts {
+                // A hold heard of before any answer says whether counts may
+                // wait under it: they go at once until one does.
+                v.counts_hold = Duration::ZERO;
+            }
             v.hold_first_attempts = event.hold_first_attempts;
         };
         merge_view(&shared, &scope, update);

@@ -250,6 +250,11 @@ pub struct StatedView {
     pub workers: i64,
     /// Distinct workers needed.
     pub needed: i64,
+    /// Corroborated, and the workers agree: the `needed`-th highest live
+    /// pace is within the margin of the one in force. While they disagree
+    /// (a quota changing, heard by some workers and not yet by others)
+    /// each statement may move the pace, so none should wait.
+    pub agreed: bool,
 }
 
 /// A route's statements: each worker's latest claim and the recent
@@ -292,6 +297,24 @@ fn corroborating<'a>(live: &mut [&'a Claim], needed: i64, min_owners: i64) -> Op
         }
     }
     None
+}
+
+/// Whether the live claims agree with `chosen`, the corroborated one: the
+/// `needed`-th highest of their paces is within `margin_permille` of its
+/// pace. The `needed`-th highest, as the pace is the `needed`-th lowest:
+/// fewer than `needed` liars can make the claims seem to disagree no more
+/// than they can move the pace.
+fn agreed(live: &mut [&Claim], needed: i64, chosen: &Claim, margin_permille: i64) -> bool {
+    let Ok(needed) = usize::try_from(needed.max(1)) else {
+        return false;
+    };
+    let Some(k) = live.len().checked_sub(needed) else {
+        return false;
+    };
+    let (_, high, _) = live.select_nth_unstable_by_key(k, |c| c.statement.pace_m);
+    let pace = chosen.statement.pace_m.unwrap_or(0);
+    let high = high.statement.pace_m.unwrap_or(0);
+    high <= pace.saturating_add(mul_div(pace, margin_permille.clamp(0, MILLI), MILLI))
 }
 
 impl StatedState {
@@ -391,11 +414,16 @@ impl StatedState {
                 .map(|c| (InForce::Uncorroborated, *c)),
         };
         let keep = MILLI - margin_permille.clamp(0, MILLI);
+        let agreed = match chosen {
+            Some((InForce::Corroborated, c)) => agreed(&mut live, needed, c, margin_permille),
+            _ => false,
+        };
         match chosen {
             Some((in_force, c)) => {
                 let s = &c.statement;
                 StatedView {
                     in_force,
+                    agreed,
                     pace_m: mul_div(s.pace_m.unwrap_or(0), keep, MILLI),
                     quota: s.quota,
                     window_ms: s.window_ms,

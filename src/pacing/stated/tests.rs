@@ -319,3 +319,24 @@ fn a_queue_told_nothing_is_left_is_not_sent_to_its_last_chance() {
         last_chance - now
     );
 }
+
+#[test]
+fn workers_agree_once_all_but_fewer_than_needed_state_the_pace_in_force() {
+    let agreed = |paces: &[(&str, i64)]| {
+        let mut st = StatedState::default();
+        for &(w, quota) in paces {
+            st.record(said(w, T0, quota, quota, 1000), weighing(2), T0);
+        }
+        st.view(30, T0 + 10).agreed
+    };
+    assert!(agreed(&[("a", 1000), ("b", 1000), ("c", 1000)]));
+    // One of three (fewer than the two needed) states more or less: the
+    // pace holds, and so does the agreement.
+    assert!(agreed(&[("a", 1000), ("b", 1000), ("c", 5000)]));
+    assert!(agreed(&[("a", 1), ("b", 1000), ("c", 1000)]));
+    // A quota changing, heard by some workers and not yet by others: the
+    // next statements move the pace.
+    assert!(!agreed(&[("a", 400), ("b", 400), ("c", 1000), ("d", 1000)]));
+    // Too few to corroborate: nothing to agree on.
+    assert!(!agreed(&[("a", 1000)]));
+}
