@@ -403,6 +403,13 @@ async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
         },
     )
     .await;
+    // The worker's own report answered "calm" before (counts may wait a
+    // window); the hold came by Watch, which says nothing of counts: they
+    // go at once until an answer says they may wait under it.
+    assert!(
+        r.gate.cache().view(&scope()).counts_hold.is_zero(),
+        "a hold heard of from Watch lets no count wait"
+    );
 
     let upstream = Upstream::new(vec![http(200, None)]);
     let result = r
