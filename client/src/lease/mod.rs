@@ -155,8 +155,10 @@ pub struct ScopeView {
     /// slot, and records it as shadowed.
     pub shadow: bool,
     /// The coordinator's pacing window while it calls the scope calm, zero
-    /// otherwise (from `Report` answers; zero until one says so): reports of
-    /// counts alone then wait for the window's last tick.
+    /// otherwise (from `Report` answers; zero until one says so, and again
+    /// when a Watch event first tells of a first-attempt hold, until an
+    /// answer says whether counts may wait under it): reports of counts
+    /// alone then wait for the window's last tick.
     pub counts_hold: Duration,
 }
 
