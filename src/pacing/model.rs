@@ -504,7 +504,7 @@ impl LimiterModel {
             {
                 self.starved(reading, report.now_ms);
             } else if pressed(served, refused) {
-                self.measured(reading, drew_m, probe);
+                self.measured(reading, drew_m, probe, refused > served);
             } else {
                 self.unpressed(drew_m);
             }
@@ -514,7 +514,7 @@ impl LimiterModel {
             // that drew one was held: the limiter serves at least what
             // it served.
             match self.rate_m {
-                Some(rate) => self.measured(rate.max(reading), drew_m, probe),
+                Some(rate) => self.measured(rate.max(reading), drew_m, probe, false),
                 None => self.unpressed(drew_m),
             }
             return;
@@ -687,9 +687,10 @@ impl LimiterModel {
     }
 
     /// A measurement of ρ is in: the bank is what was served over it
-    /// while the last guess stood, and the edge is behind the fleet.
-    fn measured(&mut self, rate_m: i64, drew_m: i64, due: bool) {
-        let rate_m = self.not_an_echo(rate_m);
+    /// while the last guess stood, and the edge is behind the fleet. `dry`:
+    /// the limiter refused more than it served while measured.
+    fn measured(&mut self, rate_m: i64, drew_m: i64, due: bool, dry: bool) {
+        let rate_m = self.not_an_echo(rate_m, dry);
         let fell = match self.rate_m {
             Some(rate) => rate_m < CRUISE_GAIN.of(rate),
             // The first measurement, with no climb before it: the demand
@@ -756,8 +757,16 @@ impl LimiterModel {
     /// refuses (a refusal that costs what a request does), and the reading
     /// is what pressing left, not ρ. A measurement that ends inside the
     /// window of its first refusal is judged against the climb's windows
-    /// closed so far.
-    fn not_an_echo(&self, reading_m: i64) -> i64 {
+    /// closed so far. So is one that refused more than it served (`dry`)
+    /// after startup climbed, whatever bank its reading would make of the
+    /// climb: a search started again from a starved reading found the edge
+    /// again, pressed it dry again, and read 120/s of 1 000/s, seven
+    /// seconds of bank at that rate, which then proved nothing for a
+    /// minute (the storm's `--reject-cost 1.0`). Either way the reading
+    /// is only ever raised: a 10 s bucket's first contact is dry too (its
+    /// climb spent the bank, and was pressed at what the bank served), and
+    /// its climb's rate is under ρ.
+    fn not_an_echo(&self, reading_m: i64, dry: bool) -> i64 {
         if self.rate_m.is_some() {
             return reading_m;
         }
@@ -766,7 +775,9 @@ impl LimiterModel {
             None => self.climb_windows(),
         };
         let bank_m = excess_m(climb, reading_m);
-        if bank_m <= reading_m.saturating_mul(MAX_SPAN as i64) || climb.is_empty() {
+        let pressed_dry = dry && self.climbed > 0;
+        if climb.is_empty() || (!pressed_dry && bank_m <= reading_m.saturating_mul(MAX_SPAN as i64))
+        {
             return reading_m;
         }
         let served: i64 = climb.iter().sum();

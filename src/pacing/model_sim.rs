@@ -653,6 +653,23 @@ fn a_first_reading_that_refusing_starved_is_judged_by_the_climb_before_it() {
 }
 
 #[test]
+fn a_dry_reading_after_a_climb_is_judged_by_the_climb_whatever_bank_it_implies() {
+    // The same upstream, pressed less hard: 120/s read over 300 ms while
+    // it refused three times what it served. Against 120/s the climb's
+    // windows would be a bank of 19 s, short of the echo's bound, and a
+    // bank that large proves nothing for minutes; refusals outnumbering
+    // what was served say the reading is what pressing left.
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    tell(&mut model, 3_900, 12, 40);
+    tell(&mut model, 4_000, 12, 40);
+    tell(&mut model, 4_100, 12, 40);
+    let climb = [800, 850, 950];
+    let mean = climb.iter().sum::<i64>() * MILLI / climb.len() as i64;
+    assert_eq!(model.rate_m(), Some(mean));
+}
+
+#[test]
 fn a_fall_read_while_refusals_outnumber_what_was_served_restarts_the_search() {
     // ρ̂ = 1 000/s measured at first contact, the drain after it refused
     // through a window: a fall, measured over the limiter's 1 s memory.
