@@ -690,14 +690,22 @@ impl LimiterModel {
     /// while the last guess stood, and the edge is behind the fleet. `dry`:
     /// the limiter refused more than it served while measured.
     fn measured(&mut self, rate_m: i64, drew_m: i64, due: bool, dry: bool) {
-        let rate_m = self.not_an_echo(rate_m, dry);
+        let reading_m = rate_m;
+        let rate_m = self.not_an_echo(reading_m, dry);
+        // Raised to the climb's rate, the reading was not ρ, and the climb
+        // is the floor taken instead: nothing says how much of it a bank
+        // served.
+        let floor = rate_m > reading_m;
+        if floor {
+            self.unexplained_m = None;
+        }
         let fell = match self.rate_m {
             Some(rate) => rate_m < CRUISE_GAIN.of(rate),
             // The first measurement, with no climb before it: the demand
             // that fit before was refused now, so the capacity fell.
             None => self.climbed == 0,
         };
-        if fell {
+        if fell || floor {
             // A drop: the windows before it were served at the ρ of their
             // time, and judged against this one they would read as a bank
             // the limiter never had. The span restarts at the

@@ -667,6 +667,13 @@ fn a_dry_reading_after_a_climb_is_judged_by_the_climb_whatever_bank_it_implies()
     let climb = [800, 850, 950];
     let mean = climb.iter().sum::<i64>() * MILLI / climb.len() as i64;
     assert_eq!(model.rate_m(), Some(mean));
+    // The climb is a floor taken for ρ, not a measurement of it: what it
+    // served over the floor is not a bank. Judged as one, a climb over a
+    // low floor became a bank no probe could prove past (983 attempts
+    // over 283/s in the storm's reference run with `--reject-cost 1.0
+    // --seed 21`).
+    close(&mut model, 4_000);
+    assert_eq!(model.burst_m(), 0);
 }
 
 #[test]
