@@ -635,21 +635,30 @@ fn a_probe_due_after_a_measurement_survives_a_fall_measured_meanwhile() {
     assert_eq!(model.phase(), Phase::Probe);
 }
 
+/// [`climbing`]'s first refusal at 3.8 s, then a measurement pressed for
+/// three report ticks, each serving `served` and refusing 40.
+fn pressed_dry(served: i64) -> LimiterModel {
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    for now_ms in [3_900, 4_000, 4_100] {
+        tell(&mut model, now_ms, served, 40);
+    }
+    model
+}
+
+/// The mean of [`climbing`]'s closed windows, 800, 850 and 950 served
+/// without a refusal.
+const CLIMB_MEAN_M: i64 = (800 + 850 + 950) * MILLI / 3;
+
 #[test]
 fn a_first_reading_that_refusing_starved_is_judged_by_the_climb_before_it() {
     // An upstream that spends as much refusing as serving: pressed over
     // its edge it serves next to nothing, and the measurement ends inside
-    // the window of its first refusal, 20/s read over 300 ms.
-    let mut model = climbing();
-    tell(&mut model, 3_800, 800, 2);
-    tell(&mut model, 3_900, 2, 40);
-    tell(&mut model, 4_000, 2, 40);
-    tell(&mut model, 4_100, 2, 40);
-    // The climb's closed windows served 800, 850 and 950 without a
-    // refusal: a bank of two minutes of 20/s. Their mean is taken.
-    let climb = [800, 850, 950];
-    let mean = climb.iter().sum::<i64>() * MILLI / climb.len() as i64;
-    assert_eq!(model.rate_m(), Some(mean));
+    // the window of its first refusal, 20/s read over 300 ms. Against it
+    // the climb's windows would be a bank of two minutes: their mean is
+    // taken.
+    let model = pressed_dry(2);
+    assert_eq!(model.rate_m(), Some(CLIMB_MEAN_M));
 }
 
 #[test]
@@ -659,14 +668,8 @@ fn a_dry_reading_after_a_climb_is_judged_by_the_climb_whatever_bank_it_implies()
     // windows would be a bank of 19 s, short of the echo's bound, and a
     // bank that large proves nothing for minutes; refusals outnumbering
     // what was served say the reading is what pressing left.
-    let mut model = climbing();
-    tell(&mut model, 3_800, 800, 2);
-    tell(&mut model, 3_900, 12, 40);
-    tell(&mut model, 4_000, 12, 40);
-    tell(&mut model, 4_100, 12, 40);
-    let climb = [800, 850, 950];
-    let mean = climb.iter().sum::<i64>() * MILLI / climb.len() as i64;
-    assert_eq!(model.rate_m(), Some(mean));
+    let mut model = pressed_dry(12);
+    assert_eq!(model.rate_m(), Some(CLIMB_MEAN_M));
     // The climb is a floor taken for ρ, not a measurement of it: what it
     // served over the floor is not a bank. Judged as one, a climb over a
     // low floor became a bank no probe could prove past (983 attempts
