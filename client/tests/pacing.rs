@@ -13,6 +13,8 @@ mod common;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 
 use common::{Upstream, http, serve_budget};
@@ -52,6 +54,13 @@ struct Recorder {
     coordinator: BudgetClient<Channel>,
     clock: Arc<TokioClock>,
     wire: Arc<Mutex<Wire>>,
+    /// Names every slot for a held first attempt a millisecond before the
+    /// instant it asked from: a slot at that instant, as a Unix
+    /// millisecond rounded down can name it.
+    slots_before_asked: bool,
+    /// How many more `Reconsider`s for a held first attempt are to fail
+    /// (unavailable), each wait then decided alone.
+    held_asks_to_fail: Arc<AtomicU32>,
 }
 
 #[tonic::async_trait]
@@ -93,11 +102,26 @@ impl Budget for Recorder {
         let asked_at = to_unix_ms(self.clock.now());
         let request = r.into_inner();
         let kind = (request.first_attempt, request.arriving);
-        let answer = self
+        let not_before = request.not_before_unix_ms;
+        if kind.0
+            && self
+                .held_asks_to_fail
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(Status::unavailable("a held ask scripted to fail"));
+        }
+        let mut answer = self
             .coordinator
             .clone()
             .reconsider(Request::new(request))
             .await?;
+        if self.slots_before_asked
+            && kind.0
+            && answer.get_ref().decision() == ReconsiderDecision::Slot
+        {
+            answer.get_mut().slot_unix_ms = not_before - 1;
+        }
         let reply = *answer.get_ref();
         let mut wire = self.wire.lock().unwrap();
         wire.reconsiders.push((asked_at, reply));
@@ -122,12 +146,27 @@ struct Recorded {
 }
 
 fn recorded(toml: &str, gate_config: GateConfig) -> Recorded {
+    recorded_with(toml, gate_config, 0, false)
+}
+
+/// [`recorded`], with the [`Recorder`] failing the first
+/// `held_asks_to_fail` asks for held first attempts, and naming slots
+/// early if `slots_before_asked`.
+fn recorded_with(
+    toml: &str,
+    gate_config: GateConfig,
+    held_asks_to_fail: u32,
+    slots_before_asked: bool,
+) -> Recorded {
+    let held_asks_to_fail = Arc::new(AtomicU32::new(held_asks_to_fail));
     let h = harness_on(config(toml), gate_config.clone());
     let wire = Arc::new(Mutex::new(Wire::default()));
     let proxy = serve_budget(Recorder {
         coordinator: h.coordinator.client(),
         clock: h.clock.clone(),
         wire: wire.clone(),
+        slots_before_asked,
+        held_asks_to_fail,
     });
     let mut link = LinkConfig::new("http://coordinator.invalid", "worker-paced");
     link.rpc_timeout = RPC_TIMEOUT;
@@ -303,6 +342,48 @@ async fn a_first_attempt_inside_a_known_cooldown_is_held_until_its_slot() {
         .map(|(_, report)| report.first_attempts)
         .sum();
     assert_eq!(firsts, 2);
+}
+
+/// A slot named just before the instant a held first attempt asked from
+/// (the coordinator floors it there, and a Unix millisecond rounded down
+/// names a moment before) does not start it earlier: the engine holds it
+/// until that instant, and a start before it ended the intent
+/// `indeterminate` ("woke at 3.318665943s, before next_start
+/// 3.318829962s", in the chaos fleet's SIGKILL storm, where a worker
+/// paced alone asked again as its coordinator came back).
+#[tokio::test(start_paused = true)]
+async fn a_slot_named_before_the_instant_asked_from_starts_at_that_instant() {
+    let r = recorded_with(ONE_WORKER_COOLDOWNS, gate_config(), 2, true);
+    let cooldown_ends = cooldown_from_a_429(&r, "10").await;
+
+    // Two intents held in the cooldown, their first asks failing: each
+    // decides alone, and the worker's own pace lets only one go at the
+    // cooldown's end. The other asks the coordinator from the instant its
+    // pace names, still ahead, and is given a slot named a millisecond
+    // before it.
+    let upstream = Upstream::new(vec![http(200, None), http(200, None)]);
+    let began = Instant::now();
+    let (a, b) = tokio::join!(
+        r.gate.run(intent("i-held-a", roomy()), upstream.attempt()),
+        r.gate.run(intent("i-held-b", roomy()), upstream.attempt()),
+    );
+    for result in [&a, &b] {
+        assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+    }
+    let paced = [&a, &b]
+        .into_iter()
+        .find(|result| {
+            result
+                .held
+                .as_ref()
+                .is_some_and(|held| held.paced_alone > 0)
+        })
+        .expect("one intent waited for the worker's own pace");
+    let held = paced.held.clone().unwrap();
+    let slot = held.slot.expect("then asked the coordinator");
+    let start = paced.attempts[0].record.start;
+    assert!(began + start >= cooldown_ends);
+    assert!(start > slot, "{start:?} at the slot named early, {slot:?}");
 }
 
 /// Counts alone change nothing before the coordinator's one-second pacing

@@ -106,7 +106,13 @@ impl Run<'_> {
                         self.shadow(&mut evidence, shadowed);
                     }
                     evidence.slot = Some(at);
-                    until = at;
+                    // Never before the instant it asked from, which the
+                    // engine already holds it to: the coordinator floors the
+                    // slot there, and named as a Unix millisecond (rounded
+                    // down) it can fall a moment before. Started then, the
+                    // intent ended `indeterminate` (the engine refuses a
+                    // start before its hold ends).
+                    until = until.max(at);
                     (until, false)
                 }
                 Some(Slot::AskAgain(at)) => {
