@@ -460,14 +460,12 @@ impl PacingState {
     /// the policy states, or the upstream's corroborated stated pace (less
     /// the margin: what the fleet may spend, first attempts included), or
     /// ρ̂ once measured, or before that the target (what the upstream
-    /// served without refusing, and the climb past it).
-    fn capacity_m(&self, now_ms: i64) -> i64 {
+    /// served without refusing, and the climb past it). `stated` is the
+    /// statements' view at `now_ms`.
+    fn capacity_m(&self, stated: &StatedView, now_ms: i64) -> i64 {
         if let Rule::Known { limit_m } = self.rule {
             return limit_m;
         }
-        // Read at `now_ms`: statements may have expired since the last
-        // settle (an outage sends no reports to settle on).
-        let stated = self.stated.view_now(now_ms);
         if self.rule == Rule::Learned && stated.in_force == InForce::Corroborated {
             return stated.pace_m;
         }
@@ -479,7 +477,11 @@ impl PacingState {
     /// What an operator sees at `now_ms`, with `asking` intents waiting to
     /// ask again.
     pub fn view(&self, asking: usize, now_ms: i64) -> PacingView {
-        let capacity_m = self.capacity_m(now_ms);
+        // Read at `now_ms`: statements may have expired since the last
+        // settle (an outage sends no reports to settle on). Read once: the
+        // capacity and the view's own copy are the same reading.
+        let stated = self.stated.view_now(now_ms);
+        let capacity_m = self.capacity_m(&stated, now_ms);
         let penalty_until_ms = match self.rule {
             Rule::Penalty { until_ms, .. } => until_ms,
             _ => 0,
@@ -501,7 +503,7 @@ impl PacingState {
             } else {
                 ""
             },
-            stated: self.stated.view_now(now_ms),
+            stated,
         }
     }
 

@@ -708,8 +708,9 @@ impl LimiterModel {
         if fell || floor {
             // A drop: the windows before it were served at the ρ of their
             // time, and judged against this one they would read as a bank
-            // the limiter never had. The span restarts at the
-            // measurement's end, an empty instant.
+            // the limiter never had. A floor: they are what it was taken
+            // from. Either way the span restarts at the measurement's end,
+            // an empty instant.
             self.span.clear();
             self.span_anchored = true;
         }
