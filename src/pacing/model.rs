@@ -211,6 +211,11 @@ pub enum Phase {
         /// rest; a probe's own refusals are few, and cost little.
         probe: bool,
     },
+    /// Pressing over a ρ̂ a proof raised starved the limiter (bound 8 of
+    /// `docs/pacing.md`): the fleet sends only the floor until the
+    /// limiter serves without refusing, its debt repaid, and then drains
+    /// at the ρ̂ the proof was taken from.
+    Recover,
     /// An outage: nothing is learned; when it ends the fleet resumes at ρ̂
     /// less the margin, or, with nothing measured, at the startup target
     /// in force before it.
@@ -229,6 +234,7 @@ impl Phase {
             Phase::Probe => "probe",
             Phase::Measure { .. } => "measure",
             Phase::Drain { .. } => "drain",
+            Phase::Recover => "recover",
             Phase::Closed { .. } => "closed",
         }
     }
@@ -424,6 +430,7 @@ impl LimiterModel {
             (Phase::Closed { startup_m }, None) => startup_m,
             (Phase::Startup { target_m, .. }, _) => target_m,
             (Phase::Measure { drew_m, .. }, _) => drew_m,
+            (Phase::Recover, _) => self.floor_m,
             (_, None) => self.floor_m,
             (Phase::Cruise { .. }, Some(rate)) => CRUISE_GAIN.of(rate),
             (Phase::Probe, Some(rate)) => PROBE_GAIN.of(rate),
@@ -449,6 +456,14 @@ impl LimiterModel {
             self.measuring(report);
         } else if report.refused > 0 {
             self.refused_now(report);
+        } else if self.phase == Phase::Recover && report.served > 0 {
+            // Served, and nothing refused: the debt is repaid (a limiter
+            // in debt serves nothing). Refusals drawn before may still be
+            // reported in this window, which the drain expects.
+            self.phase = Phase::Drain {
+                fresh: true,
+                probe: false,
+            };
         }
     }
 
@@ -502,7 +517,10 @@ impl LimiterModel {
                     .rate_m
                     .is_some_and(|rate| reading < CRUISE_GAIN.of(rate))
             {
-                self.starved(reading, report.now_ms);
+                match self.unexplained_m.as_ref().and_then(|u| u.before_m) {
+                    Some(before_m) => self.collapsed(before_m),
+                    None => self.starved(reading, report.now_ms),
+                }
             } else if pressed(served, refused) {
                 self.measured(reading, drew_m, probe, refused > served);
             } else {
@@ -750,6 +768,30 @@ impl LimiterModel {
         };
     }
 
+    /// A fall measured while the limiter refused more than it served, and
+    /// while ρ̂ stood on a proof no measurement had judged yet (drawn by
+    /// the probe after it, mostly: one from a measured ρ̂ just ends at its
+    /// first refusal). Both readings of `starved` fit, but the proof is
+    /// the likelier cause: a bank the model had not seen serves a probe's
+    /// windows as well as a rise does. Where a refusal costs what
+    /// serving does, the limiter then serves nothing until the fleet falls
+    /// far under its rate and the debt of its refusals is repaid (bound 8
+    /// of `docs/pacing.md`), and a search restarted from what it served
+    /// climbs back from next to nothing. So ρ̂ is taken back to what it
+    /// was before the proof, the proof's windows over it are the bank, and
+    /// the fleet sends the floor until the limiter serves without
+    /// refusing. If the capacity did fall, the drain or the cruise after it
+    /// draws a refusal from it, and that one starts the search again.
+    fn collapsed(&mut self, before_m: i64) {
+        if let Some(unexplained) = self.unexplained_m.take() {
+            self.saw_bank(excess_m(&unexplained.windows, before_m));
+        }
+        self.rate_m = Some(before_m.max(1));
+        self.span.clear();
+        self.span_anchored = true;
+        self.phase = Phase::Recover;
+    }
+
     /// The first measurement, unless it reads an echo: a limiter whose
     /// memory is longer than the measurement (a sliding window of many
     /// seconds) serves, once the climb spent it, only what the fleet's
@@ -852,6 +894,11 @@ impl LimiterModel {
             self.span.clear();
             self.span_anchored = true;
             let startup_m = match self.phase {
+                // A window that refused everything and served nothing is
+                // what a limiter repaying its debt looks like too: it
+                // recovers once it serves without refusing, not when a
+                // hint passes.
+                Phase::Recover => return,
                 Phase::Closed { startup_m } => startup_m,
                 _ => self.target_m(end.at_ms),
             };
@@ -985,7 +1032,7 @@ impl LimiterModel {
         };
         self.phase = match self.phase {
             Phase::Drain { probe: true, .. } => Phase::Probe,
-            Phase::Startup { .. } | Phase::Closed { .. } | Phase::Drain { .. } => {
+            Phase::Startup { .. } | Phase::Closed { .. } | Phase::Drain { .. } | Phase::Recover => {
                 Phase::Cruise { windows: 0 }
             }
             Phase::Probe => {
@@ -1128,6 +1175,7 @@ impl LimiterModel {
                 .flag(probe),
             Phase::Drain { fresh, probe } => w.int(4).flag(fresh).flag(probe),
             Phase::Closed { startup_m } => w.int(5).int(startup_m),
+            Phase::Recover => w.int(6),
         };
     }
 
@@ -1177,6 +1225,7 @@ impl LimiterModel {
             5 => Phase::Closed {
                 startup_m: r.int()?,
             },
+            6 => Phase::Recover,
             _ => return Err(DecodeError::Malformed { what }),
         };
         Ok(Self {

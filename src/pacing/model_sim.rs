@@ -761,3 +761,91 @@ fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
         model.phase()
     );
 }
+
+#[test]
+fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_proof() {
+    // ρ̂ = 1 000/s measured, then proven 1 062.5/s by two windows a probe
+    // was served whole (what a bank the model has not seen also serves).
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    for now_ms in [3_900, 4_000, 4_100] {
+        tell(&mut model, now_ms, 100, 10);
+    }
+    close(&mut model, 4_000);
+    tell(&mut model, 5_000, 930, 0);
+    close(&mut model, 5_000);
+    let mut at = 5_000;
+    for _ in 0..2 {
+        at += WINDOW_MS;
+        tell(&mut model, at, 1_062, 0);
+        close(&mut model, at);
+    }
+    assert_eq!(model.rate_m(), Some(1_062_500));
+    assert_eq!(model.phase(), Phase::Probe);
+    // The probe from there is refused, and the limiter, whose refusals
+    // cost what serving does, serves next to nothing while pressed.
+    for _ in 0..12 {
+        at += 100;
+        tell(&mut model, at, 3, 110);
+        if at % WINDOW_MS == 0 {
+            close(&mut model, at);
+        }
+    }
+    // Not a search from 30/s: ρ̂ is what it was before the proof, the
+    // proof's windows over it were the bank, and the fleet sends the
+    // floor while the limiter repays what its refusals cost.
+    assert_eq!(model.phase(), Phase::Recover);
+    assert_eq!(model.rate_m(), Some(1_000 * MILLI));
+    assert_eq!(model.burst_m(), 124 * MILLI);
+    assert_eq!(model.target_m(at), MILLI);
+    // A store that keeps the model as bytes reads the phase back.
+    let mut w = crate::codec::Writer::new(0);
+    model.write(&mut w);
+    let bytes = w.finish();
+    let mut r = crate::codec::Reader::new(&bytes, "model", 0).expect("format");
+    assert_eq!(LimiterModel::read(&mut r, "model"), Ok(model.clone()));
+    // Refusals drawn before go on arriving: the floor holds through them.
+    at += 100;
+    tell(&mut model, at, 0, 40);
+    while at % WINDOW_MS != 0 {
+        at += 100;
+        tell(&mut model, at, 0, 0);
+    }
+    close(&mut model, at);
+    assert_eq!(model.phase(), Phase::Recover);
+    // Served without a refusal: the debt is repaid, drain at ρ̂, whose
+    // window takes the stragglers' refusals as drawn before it.
+    at += 100;
+    tell(&mut model, at, 1, 0);
+    assert_eq!(
+        model.phase(),
+        Phase::Drain {
+            fresh: true,
+            probe: false
+        }
+    );
+    assert_eq!(model.target_m(at), 937_500);
+    at += 100;
+    tell(&mut model, at, 5, 30);
+    while at % WINDOW_MS != 0 {
+        at += 100;
+        tell(&mut model, at, 90, 0);
+    }
+    close(&mut model, at);
+    at += WINDOW_MS;
+    tell(&mut model, at, 930, 0);
+    close(&mut model, at);
+    assert_eq!(model.phase(), Phase::Cruise { windows: 0 });
+    assert_eq!(model.target_m(at), 937_500);
+    // Had the capacity fallen instead, cruise starves it too; that
+    // reading, drawn by no probe, starts the search again.
+    for _ in 0..12 {
+        at += 100;
+        tell(&mut model, at, 3, 110);
+        if at % WINDOW_MS == 0 {
+            close(&mut model, at);
+        }
+    }
+    assert_eq!(model.rate_m(), None, "{:?}", model.phase());
+    assert!(model.target_m(at) < 100 * MILLI, "{:?}", model.phase());
+}
