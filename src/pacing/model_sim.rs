@@ -709,9 +709,11 @@ fn a_fall_read_while_refusals_outnumber_what_was_served_restarts_the_search() {
     );
 }
 
-#[test]
-fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
-    // ρ̂ = 1 000/s measured at first contact; the probe after it is due.
+/// ρ̂ = 1 000/s measured at first contact, then raised to 1 062.5/s by
+/// the probe after it, served whole for two windows: more than a window's
+/// excess and any bank seen, a proof (what a bank the model has not seen
+/// also gives). Returns the model, probing on, and the instant reached.
+fn proven() -> (LimiterModel, i64) {
     let mut model = climbing();
     tell(&mut model, 3_800, 800, 2);
     for now_ms in [3_900, 4_000, 4_100] {
@@ -721,8 +723,6 @@ fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
     tell(&mut model, 5_000, 930, 0);
     close(&mut model, 5_000);
     assert_eq!(model.phase(), Phase::Probe);
-    // The probe is served whole for two windows: more than a window's
-    // excess and any bank seen, a proof. ρ̂ rises by the probe's gain.
     let mut at = 5_000;
     for _ in 0..2 {
         at += WINDOW_MS;
@@ -730,15 +730,44 @@ fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
         close(&mut model, at);
     }
     assert_eq!(model.rate_m(), Some(1_062_500));
-    // Then the capacity falls to 120/s; refused no more than served, so
-    // the reading is a fall, measured over the limiter's 1 s memory.
+    assert_eq!(model.phase(), Phase::Probe);
+    (model, at)
+}
+
+/// Twelve reports of 100 ms from `at`, each `served` and `refused`, the
+/// windows closed as they end: the limiter pressed past its 1 s memory.
+/// Returns the instant reached.
+fn pressed_for_a_second(model: &mut LimiterModel, mut at: i64, served: i64, refused: i64) -> i64 {
     for _ in 0..12 {
         at += 100;
-        tell(&mut model, at, 12, 10);
+        tell(model, at, served, refused);
         if at % WINDOW_MS == 0 {
-            close(&mut model, at);
+            close(model, at);
         }
     }
+    at
+}
+
+/// A report of `first` (served, refused) 100 ms after `at`, then reports
+/// that each served `then` and refused nothing to the window's end, which
+/// closes. Returns the window's end.
+fn straggled(model: &mut LimiterModel, mut at: i64, first: (i64, i64), then: i64) -> i64 {
+    at += 100;
+    tell(model, at, first.0, first.1);
+    while at % WINDOW_MS != 0 {
+        at += 100;
+        tell(model, at, then, 0);
+    }
+    close(model, at);
+    at
+}
+
+#[test]
+fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
+    let (mut model, at) = proven();
+    // Then the capacity falls to 120/s; refused no more than served, so
+    // the reading is a fall, measured over the limiter's 1 s memory.
+    let mut at = pressed_for_a_second(&mut model, at, 12, 10);
     assert_eq!(model.rate_m(), Some(120 * MILLI));
     // The windows the proof left unexplained were served at the capacity
     // of their time: judged against the fall they would be a bank of
@@ -764,33 +793,10 @@ fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
 
 #[test]
 fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_proof() {
-    // ρ̂ = 1 000/s measured, then proven 1 062.5/s by two windows a probe
-    // was served whole (what a bank the model has not seen also serves).
-    let mut model = climbing();
-    tell(&mut model, 3_800, 800, 2);
-    for now_ms in [3_900, 4_000, 4_100] {
-        tell(&mut model, now_ms, 100, 10);
-    }
-    close(&mut model, 4_000);
-    tell(&mut model, 5_000, 930, 0);
-    close(&mut model, 5_000);
-    let mut at = 5_000;
-    for _ in 0..2 {
-        at += WINDOW_MS;
-        tell(&mut model, at, 1_062, 0);
-        close(&mut model, at);
-    }
-    assert_eq!(model.rate_m(), Some(1_062_500));
-    assert_eq!(model.phase(), Phase::Probe);
+    let (mut model, at) = proven();
     // The probe from there is refused, and the limiter, whose refusals
     // cost what serving does, serves next to nothing while pressed.
-    for _ in 0..12 {
-        at += 100;
-        tell(&mut model, at, 3, 110);
-        if at % WINDOW_MS == 0 {
-            close(&mut model, at);
-        }
-    }
+    let mut at = pressed_for_a_second(&mut model, at, 3, 110);
     // Not a search from 30/s: ρ̂ is what it was before the proof, the
     // proof's windows over it were the bank, and the fleet sends the
     // floor while the limiter repays what its refusals cost.
@@ -805,13 +811,7 @@ fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_
     let mut r = crate::codec::Reader::new(&bytes, "model", 0).expect("format");
     assert_eq!(LimiterModel::read(&mut r, "model"), Ok(model.clone()));
     // Refusals drawn before go on arriving: the floor holds through them.
-    at += 100;
-    tell(&mut model, at, 0, 40);
-    while at % WINDOW_MS != 0 {
-        at += 100;
-        tell(&mut model, at, 0, 0);
-    }
-    close(&mut model, at);
+    at = straggled(&mut model, at, (0, 40), 0);
     assert_eq!(model.phase(), Phase::Recover);
     // Served without a refusal: the debt is repaid, drain at ρ̂, whose
     // window takes the stragglers' refusals as drawn before it.
@@ -825,27 +825,15 @@ fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_
         }
     );
     assert_eq!(model.target_m(at), 937_500);
-    at += 100;
-    tell(&mut model, at, 5, 30);
-    while at % WINDOW_MS != 0 {
-        at += 100;
-        tell(&mut model, at, 90, 0);
-    }
-    close(&mut model, at);
+    at = straggled(&mut model, at, (5, 30), 90);
     at += WINDOW_MS;
     tell(&mut model, at, 930, 0);
     close(&mut model, at);
     assert_eq!(model.phase(), Phase::Cruise { windows: 0 });
     assert_eq!(model.target_m(at), 937_500);
     // Had the capacity fallen instead, cruise starves it too; that
-    // reading, drawn by no probe, starts the search again.
-    for _ in 0..12 {
-        at += 100;
-        tell(&mut model, at, 3, 110);
-        if at % WINDOW_MS == 0 {
-            close(&mut model, at);
-        }
-    }
+    // reading, with no proof standing, starts the search again.
+    let at = pressed_for_a_second(&mut model, at, 3, 110);
     assert_eq!(model.rate_m(), None, "{:?}", model.phase());
     assert!(model.target_m(at) < 100 * MILLI, "{:?}", model.phase());
 }
