@@ -512,17 +512,21 @@ impl LimiterModel {
         } else if report.now_ms >= until_ms && report.refused > 0 {
             // Empty again: what it served in between is ρ, if the
             // limiter was kept empty in between.
-            if refused > served
+            let dry = refused > served;
+            if dry
                 && self
                     .rate_m
                     .is_some_and(|rate| reading < CRUISE_GAIN.of(rate))
             {
-                match self.unexplained_m.as_ref().and_then(|u| u.before_m) {
-                    Some(before_m) => self.collapsed(before_m),
-                    None => self.starved(reading, report.now_ms),
+                match self.unexplained_m.take() {
+                    Some(Unexplained {
+                        windows,
+                        before_m: Some(before_m),
+                    }) => self.collapsed(&windows, before_m),
+                    _ => self.starved(reading, report.now_ms),
                 }
             } else if pressed(served, refused) {
-                self.measured(reading, drew_m, probe, refused > served);
+                self.measured(reading, drew_m, probe, dry);
             } else {
                 self.unpressed(drew_m);
             }
@@ -782,10 +786,9 @@ impl LimiterModel {
     /// the fleet sends the floor until the limiter serves without
     /// refusing. If the capacity did fall, the drain or the cruise after it
     /// draws a refusal from it, and that one starts the search again.
-    fn collapsed(&mut self, before_m: i64) {
-        if let Some(unexplained) = self.unexplained_m.take() {
-            self.saw_bank(excess_m(&unexplained.windows, before_m));
-        }
+    /// `windows`: the proof's, served while ρ̂ was `before_m`.
+    fn collapsed(&mut self, windows: &[i64], before_m: i64) {
+        self.saw_bank(excess_m(windows, before_m));
         self.rate_m = Some(before_m.max(1));
         self.span.clear();
         self.span_anchored = true;
