@@ -592,14 +592,22 @@ fn a_first_reading_that_makes_the_climb_a_bank_of_minutes_is_an_echo() {
     assert_eq!(model.rate_m(), Some(mean));
 }
 
+/// [`climbing`]'s first refusal at 3.8 s, then the first measurement,
+/// pressed for three report ticks, each serving `served` and refusing
+/// `refused`.
+fn first_contact(served: i64, refused: i64) -> LimiterModel {
+    let mut model = climbing();
+    tell(&mut model, 3_800, 800, 2);
+    for now_ms in [3_900, 4_000, 4_100] {
+        tell(&mut model, now_ms, served, refused);
+    }
+    model
+}
+
 #[test]
 fn a_probe_due_after_a_measurement_survives_a_fall_measured_meanwhile() {
     // The first measurement: pressed 300 ms at 1 062/s, 300 served.
-    let mut model = climbing();
-    tell(&mut model, 3_800, 800, 2);
-    tell(&mut model, 3_900, 100, 10);
-    tell(&mut model, 4_000, 100, 10);
-    tell(&mut model, 4_100, 100, 10);
+    let mut model = first_contact(100, 10);
     assert_eq!(model.rate_m(), Some(1_000 * MILLI));
     // The first measurement is followed by a probe: it was pressed only
     // 300 ms, low by what refusals cost the limiter.
@@ -635,17 +643,6 @@ fn a_probe_due_after_a_measurement_survives_a_fall_measured_meanwhile() {
     assert_eq!(model.phase(), Phase::Probe);
 }
 
-/// [`climbing`]'s first refusal at 3.8 s, then a measurement pressed for
-/// three report ticks, each serving `served` and refusing 40.
-fn pressed_dry(served: i64) -> LimiterModel {
-    let mut model = climbing();
-    tell(&mut model, 3_800, 800, 2);
-    for now_ms in [3_900, 4_000, 4_100] {
-        tell(&mut model, now_ms, served, 40);
-    }
-    model
-}
-
 /// The mean of [`climbing`]'s closed windows, 800, 850 and 950 served
 /// without a refusal.
 const CLIMB_MEAN_M: i64 = (800 + 850 + 950) * MILLI / 3;
@@ -657,7 +654,7 @@ fn a_first_reading_that_refusing_starved_is_judged_by_the_climb_before_it() {
     // the window of its first refusal, 20/s read over 300 ms. Against it
     // the climb's windows would be a bank of two minutes: their mean is
     // taken.
-    let model = pressed_dry(2);
+    let model = first_contact(2, 40);
     assert_eq!(model.rate_m(), Some(CLIMB_MEAN_M));
 }
 
@@ -668,7 +665,7 @@ fn a_dry_reading_after_a_climb_is_judged_by_the_climb_whatever_bank_it_implies()
     // windows would be a bank of 19 s, short of the echo's bound, and a
     // bank that large proves nothing for minutes; refusals outnumbering
     // what was served say the reading is what pressing left.
-    let mut model = pressed_dry(12);
+    let mut model = first_contact(12, 40);
     assert_eq!(model.rate_m(), Some(CLIMB_MEAN_M));
     // The climb is a floor taken for ρ, not a measurement of it: what it
     // served over the floor is not a bank. Judged as one, a climb over a
@@ -683,11 +680,7 @@ fn a_dry_reading_after_a_climb_is_judged_by_the_climb_whatever_bank_it_implies()
 fn a_fall_read_while_refusals_outnumber_what_was_served_restarts_the_search() {
     // ρ̂ = 1 000/s measured at first contact, the drain after it refused
     // through a window: a fall, measured over the limiter's 1 s memory.
-    let mut model = climbing();
-    tell(&mut model, 3_800, 800, 2);
-    for now_ms in [3_900, 4_000, 4_100] {
-        tell(&mut model, now_ms, 100, 10);
-    }
+    let mut model = first_contact(100, 10);
     close(&mut model, 4_000);
     tell(&mut model, 4_500, 0, 100);
     // The limiter spends its capacity refusing: 38 served and 1 000
@@ -714,11 +707,7 @@ fn a_fall_read_while_refusals_outnumber_what_was_served_restarts_the_search() {
 /// excess and any bank seen, a proof (what a bank the model has not seen
 /// also gives). Returns the model, probing on, and the instant reached.
 fn proven() -> (LimiterModel, i64) {
-    let mut model = climbing();
-    tell(&mut model, 3_800, 800, 2);
-    for now_ms in [3_900, 4_000, 4_100] {
-        tell(&mut model, now_ms, 100, 10);
-    }
+    let mut model = first_contact(100, 10);
     close(&mut model, 4_000);
     tell(&mut model, 5_000, 930, 0);
     close(&mut model, 5_000);
