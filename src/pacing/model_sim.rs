@@ -780,12 +780,18 @@ fn a_fall_measured_after_a_proof_is_no_bank_and_a_rise_is_proven_from_it() {
     );
 }
 
+/// [`proven`], then the probe from there is refused, and the limiter,
+/// whose refusals cost what serving does, serves next to nothing while
+/// pressed. Returns the model and the instant reached.
+pub(super) fn starved_by_a_probe_from_a_proof() -> (LimiterModel, i64) {
+    let (mut model, at) = proven();
+    let at = pressed_for_a_second(&mut model, at, 3, 110);
+    (model, at)
+}
+
 #[test]
 fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_proof() {
-    let (mut model, at) = proven();
-    // The probe from there is refused, and the limiter, whose refusals
-    // cost what serving does, serves next to nothing while pressed.
-    let mut at = pressed_for_a_second(&mut model, at, 3, 110);
+    let (mut model, mut at) = starved_by_a_probe_from_a_proof();
     // Not a search from 30/s: ρ̂ is what it was before the proof, the
     // proof's windows over it were the bank, and the fleet sends the
     // floor while the limiter repays what its refusals cost.

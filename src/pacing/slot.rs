@@ -10,6 +10,7 @@
 //! coordinator calls, not one per horizon.
 
 use super::cursor::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
+use super::model::Phase;
 use super::stated::InForce;
 use super::{MILLI, Mode, PacingPolicy, PacingState, Rule, WINDOW_MS};
 
@@ -210,9 +211,23 @@ impl PacingState {
         // of what the upstream serves, and is taken as one.)
         let told_nothing =
             self.stated.in_force() == InForce::Corroborated && rate_m <= policy.floor_m;
-        let capacity = self.mode() == Mode::Saturated && !told_nothing;
-        let estimate =
-            slot.saturating_add(drain_ms(ask.waiting, rate_m, policy.ceiling_m, capacity));
+        let saturated = self.mode() == Mode::Saturated;
+        // Recovering, the model holds the floor only until the limiter has
+        // repaid what the refusals cost it, then drains at ρ̂: the wait is
+        // estimated at ρ̂. At the floor, every intent asking in those
+        // seconds would be told to come back at its last chance, and the
+        // backlog would reach the upstream in deadline order only after
+        // the first attempts that arrived behind it.
+        let (wait_rate_m, capacity) = match (self.model.phase(), self.model.rate_m()) {
+            (Phase::Recover, Some(rho_m)) if saturated => (rho_m.max(rate_m), true),
+            _ => (rate_m, saturated && !told_nothing),
+        };
+        let estimate = slot.saturating_add(drain_ms(
+            ask.waiting,
+            wait_rate_m,
+            policy.ceiling_m,
+            capacity,
+        ));
         // Seven eighths of the way to the estimate: it is optimistic (the
         // rate doubling every window), so this rarely overshoots the slot
         // even with the spread below (at most an eighth past it), and a long

@@ -801,3 +801,40 @@ fn counts_held_for_seconds_are_not_read_as_a_measurement() {
     report(&mut st, &p, T0 + 1_600, (8, 20, 1), &[], 0);
     assert_eq!(st.model().rate_m(), Some(80_000));
 }
+
+#[test]
+fn a_queue_waiting_out_a_starved_limiters_debt_is_asked_back_at_the_rate_it_returns_to() {
+    let p = policy();
+    // A probe from a proof starved the limiter: ρ̂ is back at 1 000/s and
+    // the fleet sends the floor until the limiter has repaid its debt.
+    let (model, at) = super::model_sim::starved_by_a_probe_from_a_proof();
+    let mut st = PacingState::new(at, &p);
+    st.model = model;
+    // First attempts arrive at 800/s: more than the floor, every attempt
+    // is paced.
+    st.lam_m = 800 * MILLI;
+    st.advance(at, &p);
+    assert_eq!(st.model().phase(), model::Phase::Recover);
+    assert_eq!(st.mode(), Mode::Saturated);
+    assert_eq!(st.wake_rate_m(), p.floor_m);
+    // An intent behind 4 000 others, 30 s from its deadline, the slots
+    // booked a second ahead.
+    let queued = WakeAsk {
+        waiting: 4000,
+        deadline_ms: at + 30_000,
+        ..ask(at, 1000 * (at + 1_000))
+    };
+    let SlotDecision::AskAgain { at_ms } = st.decide(&queued, &p) else {
+        panic!("no slot is given 4 000 intents ahead at the floor");
+    };
+    // Its turn at ρ̂ is five windows away (the second booked, then four
+    // at 1 000/s); at the floor's 1/s it would be past its deadline, and
+    // it would be asked back at its last chance.
+    let last_chance = queued.deadline_ms - queued.reserve_ms - p.horizon_ms;
+    assert!(
+        at_ms > at && at_ms <= at + 5 * WINDOW_MS,
+        "asked back at {} ms, last chance {} ms",
+        at_ms - at,
+        last_chance - at
+    );
+}
