@@ -11,7 +11,7 @@ use crate::codec::{DecodeError, Reader, Writer};
 
 /// The format [`PacingState::encode`] writes and [`PacingState::decode`]
 /// reads.
-const FORMAT: u8 = 8;
+const FORMAT: u8 = 9;
 const WHAT: &str = "pacing state";
 
 impl PacingState {

@@ -436,7 +436,9 @@ impl PacingState {
             Rule::Learned => match self.model.phase() {
                 Phase::Startup { step_m, .. } if step_m > 0 => Mode::Probing,
                 Phase::Probe => Mode::Probing,
-                Phase::Measure { .. } | Phase::Drain { .. } | Phase::Recover => Mode::BackingOff,
+                Phase::Measure { .. } | Phase::Drain { .. } | Phase::Recover { .. } => {
+                    Mode::BackingOff
+                }
                 _ => Mode::Steady,
             },
         }

@@ -215,7 +215,10 @@ pub enum Phase {
     /// `docs/pacing.md`): the fleet sends only the floor until the
     /// limiter serves without refusing, its debt repaid, and then drains
     /// at the ρ̂ the proof was taken from.
-    Recover,
+    Recover {
+        /// When it began: only counts made since say the debt is repaid.
+        since_ms: i64,
+    },
     /// An outage: nothing is learned; when it ends the fleet resumes at ρ̂
     /// less the margin, or, with nothing measured, at the startup target
     /// in force before it.
@@ -234,7 +237,7 @@ impl Phase {
             Phase::Probe => "probe",
             Phase::Measure { .. } => "measure",
             Phase::Drain { .. } => "drain",
-            Phase::Recover => "recover",
+            Phase::Recover { .. } => "recover",
             Phase::Closed { .. } => "closed",
         }
     }
@@ -430,7 +433,7 @@ impl LimiterModel {
             (Phase::Closed { startup_m }, None) => startup_m,
             (Phase::Startup { target_m, .. }, _) => target_m,
             (Phase::Measure { drew_m, .. }, _) => drew_m,
-            (Phase::Recover, _) => self.floor_m,
+            (Phase::Recover { .. }, _) => self.floor_m,
             (_, None) => self.floor_m,
             (Phase::Cruise { .. }, Some(rate)) => CRUISE_GAIN.of(rate),
             (Phase::Probe, Some(rate)) => PROBE_GAIN.of(rate),
@@ -456,10 +459,19 @@ impl LimiterModel {
             self.measuring(report);
         } else if report.refused > 0 {
             self.refused_now(report);
-        } else if self.phase == Phase::Recover && report.served > 0 {
-            // Served, and nothing refused: the debt is repaid (a limiter
-            // in debt serves nothing). Refusals drawn before may still be
-            // reported in this window, which the drain expects.
+        } else if let Phase::Recover { since_ms } = self.phase
+            && report.served > 0
+            && report.now_ms - report.age_ms.max(REPORT_TICK_MS) >= since_ms
+        {
+            // Served, and nothing refused, by counts all made since the
+            // fleet fell to the floor: the debt is repaid (a limiter in
+            // debt serves nothing). A report holding counts from before
+            // says nothing: a worker whose attempts were served just
+            // before the collapse reports them with no refusal, and ended
+            // the recovery in the collapse's own window, into the debt.
+            // Counts of unsaid age are taken as a tick old. Refusals drawn
+            // before may still be reported in this window, which the drain
+            // expects.
             self.phase = Phase::Drain {
                 fresh: true,
                 probe: false,
@@ -522,7 +534,7 @@ impl LimiterModel {
                     Some(Unexplained {
                         windows,
                         before_m: Some(before_m),
-                    }) => self.collapsed(&windows, before_m),
+                    }) => self.collapsed(&windows, before_m, report.now_ms),
                     _ => self.starved(reading, report.now_ms),
                 }
             } else if pressed(served, refused) {
@@ -787,12 +799,12 @@ impl LimiterModel {
     /// refusing. If the capacity did fall, the drain or the cruise after it
     /// draws a refusal from it, and that one starts the search again.
     /// `windows`: the proof's, served while ρ̂ was `before_m`.
-    fn collapsed(&mut self, windows: &[i64], before_m: i64) {
+    fn collapsed(&mut self, windows: &[i64], before_m: i64, now_ms: i64) {
         self.saw_bank(excess_m(windows, before_m));
         self.rate_m = Some(before_m.max(1));
         self.span.clear();
         self.span_anchored = true;
-        self.phase = Phase::Recover;
+        self.phase = Phase::Recover { since_ms: now_ms };
     }
 
     /// The first measurement, unless it reads an echo: a limiter whose
@@ -901,7 +913,7 @@ impl LimiterModel {
                 // what a limiter repaying its debt looks like too: it
                 // recovers once it serves without refusing, not when a
                 // hint passes.
-                Phase::Recover => return,
+                Phase::Recover { .. } => return,
                 Phase::Closed { startup_m } => startup_m,
                 _ => self.target_m(end.at_ms),
             };
@@ -1035,9 +1047,10 @@ impl LimiterModel {
         };
         self.phase = match self.phase {
             Phase::Drain { probe: true, .. } => Phase::Probe,
-            Phase::Startup { .. } | Phase::Closed { .. } | Phase::Drain { .. } | Phase::Recover => {
-                Phase::Cruise { windows: 0 }
-            }
+            Phase::Startup { .. }
+            | Phase::Closed { .. }
+            | Phase::Drain { .. }
+            | Phase::Recover { .. } => Phase::Cruise { windows: 0 },
             Phase::Probe => {
                 // Clean: proof of more only once what was served over ρ̂
                 // since the limiter was last empty is more than its bank,
@@ -1178,7 +1191,7 @@ impl LimiterModel {
                 .flag(probe),
             Phase::Drain { fresh, probe } => w.int(4).flag(fresh).flag(probe),
             Phase::Closed { startup_m } => w.int(5).int(startup_m),
-            Phase::Recover => w.int(6),
+            Phase::Recover { since_ms } => w.int(6).int(since_ms),
         };
     }
 
@@ -1228,7 +1241,7 @@ impl LimiterModel {
             5 => Phase::Closed {
                 startup_m: r.int()?,
             },
-            6 => Phase::Recover,
+            6 => Phase::Recover { since_ms: r.int()? },
             _ => return Err(DecodeError::Malformed { what }),
         };
         Ok(Self {

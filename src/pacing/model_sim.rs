@@ -795,7 +795,10 @@ fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_
     // Not a search from 30/s: ρ̂ is what it was before the proof, the
     // proof's windows over it were the bank, and the fleet sends the
     // floor while the limiter repays what its refusals cost.
-    assert_eq!(model.phase(), Phase::Recover);
+    let Phase::Recover { since_ms } = model.phase() else {
+        panic!("{:?}", model.phase());
+    };
+    assert!(since_ms <= at);
     assert_eq!(model.rate_m(), Some(1_000 * MILLI));
     assert_eq!(model.burst_m(), 124 * MILLI);
     assert_eq!(model.target_m(at), MILLI);
@@ -805,9 +808,21 @@ fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_
     let bytes = w.finish();
     let mut r = crate::codec::Reader::new(&bytes, "model", 0).expect("format");
     assert_eq!(LimiterModel::read(&mut r, "model"), Ok(model.clone()));
+    // A worker whose attempts were served just before the collapse
+    // reports them with no refusal: counts made before the floor say
+    // nothing of the debt, and the floor holds.
+    model.on_report(&Report {
+        now_ms: at + 50,
+        age_ms: at + 50 - since_ms + REPORT_MS,
+        served: 2,
+        refused: 0,
+        closing: 0,
+        longest_hint_ms: 0,
+    });
+    assert_eq!(model.phase(), Phase::Recover { since_ms });
     // Refusals drawn before go on arriving: the floor holds through them.
     at = straggled(&mut model, at, (0, 40), 0);
-    assert_eq!(model.phase(), Phase::Recover);
+    assert_eq!(model.phase(), Phase::Recover { since_ms });
     // Served without a refusal: the debt is repaid, drain at ρ̂, whose
     // window takes the stragglers' refusals as drawn before it.
     at += 100;

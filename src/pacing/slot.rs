@@ -219,7 +219,7 @@ impl PacingState {
         // backlog would reach the upstream in deadline order only after
         // the first attempts that arrived behind it.
         let (wait_rate_m, capacity) = match (self.model.phase(), self.model.rate_m()) {
-            (Phase::Recover, Some(rho_m)) if saturated => (rho_m.max(rate_m), true),
+            (Phase::Recover { .. }, Some(rho_m)) if saturated => (rho_m.max(rate_m), true),
             _ => (rate_m, saturated && !told_nothing),
         };
         let estimate = slot.saturating_add(drain_ms(

@@ -15,7 +15,7 @@ use crate::store::StoreError;
 
 /// The layout this build reads and writes. Bump it with any change to what
 /// a key holds or how it is named.
-pub const STORE_FORMAT: u32 = 9;
+pub const STORE_FORMAT: u32 = 10;
 
 impl RedisStore {
     fn format_key(&self) -> String {
