@@ -261,6 +261,28 @@ struct CreditReturns {
     gap_ms: i64,
 }
 
+/// What the model knows of a limiter's cliff (bound 8 of `docs/pacing.md`):
+/// whether pressing it over its edge serves next to nothing, because each
+/// refusal costs it what serving does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cliff {
+    /// Not seen: a probe refused over a proof presses the limiter to judge
+    /// the proof, and one refused over a measured ρ̂ drains.
+    Unseen,
+    /// Pressing over a proof starved the limiter and ρ̂ went back to before
+    /// the proof ([`LimiterModel::collapsed`]): a cliff, or a capacity that
+    /// fell as it was pressed. The drain at that ρ̂ tells which: a fall
+    /// refuses it.
+    Suspected,
+    /// The drain at the ρ̂ before the proof served a clean window: the
+    /// capacity had not fallen, pressing starved the limiter. A probe's
+    /// refusal here runs the limiter into a debt that a drain at 15/16
+    /// repays at a sixteenth of the capacity, refusing everything
+    /// meanwhile, and pressing to judge a proof runs up more: a refused
+    /// probe goes to the floor at once, and undoes the proof it stood on.
+    Seen,
+}
+
 /// Windows served beyond a rate not yet measured, awaiting a
 /// measurement: whatever they served over the ρ it finds was the bank,
 /// unless it finds the capacity fell.
@@ -314,6 +336,8 @@ pub struct LimiterModel {
     w_refused: i64,
     /// The pacing phase.
     phase: Phase,
+    /// Whether pressing this limiter over its edge starves it.
+    cliff: Cliff,
     /// The floor no target goes under: a route paced to nothing never
     /// learns that its upstream came back.
     floor_m: i64,
@@ -340,6 +364,7 @@ impl LimiterModel {
                 step_m: 0,
                 from_ms: 0,
             },
+            cliff: Cliff::Unseen,
             floor_m,
         }
     }
@@ -613,6 +638,24 @@ impl LimiterModel {
             };
             return;
         }
+        if self.phase == Phase::Probe && self.cliff == Cliff::Seen {
+            // A probe refused on a cliff: the floor until the debt it ran
+            // up is repaid, then a drain at ρ̂, which a proof since (the
+            // bank served it) no longer raises.
+            match self.unexplained_m.take() {
+                Some(Unexplained {
+                    windows,
+                    before_m: Some(before_m),
+                }) => self.collapsed(&windows, before_m, report.now_ms),
+                unexplained => {
+                    self.unexplained_m = unexplained;
+                    self.phase = Phase::Recover {
+                        since_ms: report.now_ms,
+                    };
+                }
+            }
+            return;
+        }
         if self.phase == Phase::Probe && self.unexplained_m.is_none() {
             // A probe refused against a ρ̂ that was measured, not raised by
             // a proof since: the edge is where it was. Pressing to measure
@@ -628,6 +671,10 @@ impl LimiterModel {
         // what drew it, but a capacity that fell (it may fall during a
         // probe too).
         let fell = matches!(self.phase, Phase::Drain { fresh: false, .. });
+        if self.cliff == Cliff::Suspected && (fell || matches!(self.phase, Phase::Cruise { .. })) {
+            // The ρ̂ before the proof was refused: the capacity fell.
+            self.cliff = Cliff::Unseen;
+        }
         if fell
             || matches!(
                 self.phase,
@@ -800,6 +847,9 @@ impl LimiterModel {
     /// draws a refusal from it, and that one starts the search again.
     /// `windows`: the proof's, served while ρ̂ was `before_m`.
     fn collapsed(&mut self, windows: &[i64], before_m: i64, now_ms: i64) {
+        if self.cliff == Cliff::Unseen {
+            self.cliff = Cliff::Suspected;
+        }
         self.saw_bank(excess_m(windows, before_m));
         self.rate_m = Some(before_m.max(1));
         self.span.clear();
@@ -1045,6 +1095,9 @@ impl LimiterModel {
             };
             return;
         };
+        if self.cliff == Cliff::Suspected && matches!(self.phase, Phase::Drain { .. }) {
+            self.cliff = Cliff::Seen;
+        }
         self.phase = match self.phase {
             Phase::Drain { probe: true, .. } => Phase::Probe,
             Phase::Startup { .. }
@@ -1193,6 +1246,7 @@ impl LimiterModel {
             Phase::Closed { startup_m } => w.int(5).int(startup_m),
             Phase::Recover { since_ms } => w.int(6).int(since_ms),
         };
+        w.int(self.cliff as i64);
     }
 
     pub(super) fn read(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
@@ -1244,6 +1298,12 @@ impl LimiterModel {
             6 => Phase::Recover { since_ms: r.int()? },
             _ => return Err(DecodeError::Malformed { what }),
         };
+        let cliff = match r.int()? {
+            0 => Cliff::Unseen,
+            1 => Cliff::Suspected,
+            2 => Cliff::Seen,
+            _ => return Err(DecodeError::Malformed { what }),
+        };
         Ok(Self {
             rate_m,
             burst_m,
@@ -1257,6 +1317,7 @@ impl LimiterModel {
             w_served,
             w_refused,
             phase,
+            cliff,
             floor_m,
         })
     }

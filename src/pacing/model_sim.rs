@@ -789,8 +789,11 @@ pub(super) fn starved_by_a_probe_from_a_proof() -> (LimiterModel, i64) {
     (model, at)
 }
 
-#[test]
-fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_proof() {
+/// [`starved_by_a_probe_from_a_proof`], then back at the ρ̂ before the
+/// proof: the floor until the limiter serves without refusing, a drain,
+/// and a clean window of cruise. Returns the model, cruising, and the
+/// instant reached.
+fn recovered() -> (LimiterModel, i64) {
     let (mut model, mut at) = starved_by_a_probe_from_a_proof();
     // Not a search from 30/s: ρ̂ is what it was before the proof, the
     // proof's windows over it were the bank, and the fleet sends the
@@ -841,9 +844,95 @@ fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_
     close(&mut model, at);
     assert_eq!(model.phase(), Phase::Cruise { windows: 0 });
     assert_eq!(model.target_m(at), 937_500);
+    (model, at)
+}
+
+#[test]
+fn a_probe_from_a_proof_that_starves_the_limiter_returns_to_the_rate_before_the_proof() {
+    let (mut model, at) = recovered();
     // Had the capacity fallen instead, cruise starves it too; that
     // reading, with no proof standing, starts the search again.
     let at = pressed_for_a_second(&mut model, at, 3, 110);
     assert_eq!(model.rate_m(), None, "{:?}", model.phase());
     assert!(model.target_m(at) < 100 * MILLI, "{:?}", model.phase());
+}
+
+/// Cruises at the target from `at`, each window served whole, until the
+/// probe is due. Returns the instant reached.
+fn cruised_to_a_probe(model: &mut LimiterModel, mut at: i64) -> i64 {
+    for _ in 0..=PROBE_EVERY {
+        at += WINDOW_MS;
+        let served = model.target_m(at) / MILLI;
+        tell(model, at, served, 0);
+        close(model, at);
+        if model.phase() == Phase::Probe {
+            return at;
+        }
+    }
+    panic!("no probe after {PROBE_EVERY} windows: {:?}", model.phase());
+}
+
+#[test]
+fn on_a_limiter_seen_to_starve_a_refused_probe_goes_to_the_floor_without_pressing() {
+    // The limiter starved when pressed, and the ρ̂ before the proof was
+    // then served whole: a cliff, not a fall.
+    let (mut model, at) = recovered();
+    let mut at = cruised_to_a_probe(&mut model, at);
+    // The probe is refused: the debt it ran up is repaid at the floor,
+    // not pressed on to measure an edge that is where it was.
+    at += 100;
+    tell(&mut model, at, 60, 8);
+    assert_eq!(model.phase(), Phase::Recover { since_ms: at });
+    assert_eq!(model.rate_m(), Some(1_000 * MILLI));
+    assert_eq!(model.target_m(at), MILLI);
+    at = straggled(&mut model, at, (0, 20), 0);
+    at += 100;
+    tell(&mut model, at, 1, 0);
+    at = straggled(&mut model, at, (0, 0), 900);
+    assert_eq!(model.phase(), Phase::Cruise { windows: 0 });
+    // A probe the bank serves for three windows proves more than σ̂...
+    let mut at = cruised_to_a_probe(&mut model, at);
+    let bank = model.burst_m();
+    while model.rate_m() == Some(1_000 * MILLI) {
+        at += WINDOW_MS;
+        assert!(at < 40_000, "no proof: {:?}", model.phase());
+        let served = model.target_m(at) / MILLI;
+        tell(&mut model, at, served, 0);
+        close(&mut model, at);
+    }
+    assert_eq!(model.rate_m(), Some(1_062_500));
+    // ...and the probe over it is refused: the proof is undone at once,
+    // its excess the bank, without pressing the limiter to judge it.
+    at += 100;
+    tell(&mut model, at, 60, 8);
+    assert_eq!(model.phase(), Phase::Recover { since_ms: at });
+    assert_eq!(model.rate_m(), Some(1_000 * MILLI));
+    assert!(model.burst_m() > bank, "σ̂ {} ≤ {bank}", model.burst_m());
+}
+
+#[test]
+fn a_fall_found_after_the_collapse_is_no_cliff() {
+    // The limiter starved when pressed over a proof, and the floor repaid
+    // its debt...
+    let (mut model, mut at) = starved_by_a_probe_from_a_proof();
+    at = straggled(&mut model, at, (1, 0), 0);
+    assert!(
+        matches!(model.phase(), Phase::Drain { .. }),
+        "{:?}",
+        model.phase()
+    );
+    // ...but the ρ̂ before the proof is refused too: the capacity fell
+    // (to 500/s, refused less than served), measured as ever.
+    at = pressed_for_a_second(&mut model, at, 50, 10);
+    assert_eq!(model.rate_m(), Some(500 * MILLI), "{:?}", model.phase());
+    let at = straggled(&mut model, at, (50, 0), 468);
+    // A probe refused from there drains as on any limiter.
+    let mut at = cruised_to_a_probe(&mut model, at);
+    at += 100;
+    tell(&mut model, at, 30, 4);
+    assert!(
+        matches!(model.phase(), Phase::Drain { .. }),
+        "{:?}",
+        model.phase()
+    );
 }
