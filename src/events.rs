@@ -164,4 +164,12 @@ pub struct ScopeSnapshot {
     /// Whether first attempts wait out the cooldown (the policy's
     /// `hold_first_attempts`).
     pub hold_first_attempts: bool,
+    /// The route's pacing mode now (`None`: the store holds nothing for
+    /// it). A watcher's first event says whether first attempts are held,
+    /// as a Report answer would, so it needs the mode as much as the
+    /// changes after.
+    pub pacing: Option<crate::pacing::Mode>,
+    /// How distinct workers support the effective cooldown now, and the
+    /// end of the latest closing hint.
+    pub support: CooldownSupport,
 }

@@ -514,3 +514,89 @@ async fn get_scope_shows_the_limiter_model_a_route_learned() {
     );
     coordinator.stop().await;
 }
+
+/// A worker that starts watching a route already saturated (first attempts
+/// alone overflow its upstream) is told to hold first attempts in its first
+/// event, and again with the cooldown that follows: the watch reads the
+/// route's pacing when it opens, not only the changes after it.
+#[tokio::test]
+async fn a_watch_opened_on_a_saturated_route_holds_first_attempts() {
+    let coordinator = Coordinator::start(config("[defaults]\ncorroborate_workers = 1\n")).await;
+    let mut client = coordinator.client().await;
+    let route = || scope("tenant-a", ROUTE, Priority::Normal);
+    let fleet = |first_attempts, successes, rejections| v1::ReportRequest {
+        scope: route(),
+        worker_id: "worker-fleet".into(),
+        first_attempts,
+        successes,
+        rejections,
+        ..v1::ReportRequest::default()
+    };
+    // 100 first attempts a second, all served; then refused, and refused
+    // again 400 ms later with 20 served between: the upstream serves 50/s,
+    // half what first attempts alone ask.
+    client.report(fleet(100, 100, 0)).await.expect("report");
+    coordinator.clock.advance(Duration::from_secs(1));
+    client.report(fleet(50, 50, 10)).await.expect("report");
+    coordinator.clock.advance(Duration::from_millis(400));
+    client.report(fleet(40, 20, 30)).await.expect("report");
+    let pacing = coordinator
+        .scope_state("tenant-a", ROUTE)
+        .await
+        .pacing
+        .expect("pacing");
+    assert_eq!(pacing.state, "saturated", "{pacing:?}");
+
+    let mut events = watch(&mut client, route(), "worker-late").await;
+    let first = opened(&mut events).await;
+    assert!(first.hold_first_attempts, "{first:?}");
+    // Another worker's 429 starts a short cooldown: still saturated, first
+    // attempts still held.
+    let mut hinted = rate_limited(route(), "worker-fleet", "2", ScopeCertainty::Known);
+    hinted.evidence[0].receipt_unix_ms = T0 + 1_400;
+    client.report(hinted).await.expect("report");
+    let started = events.message().await.expect("event").expect("open");
+    assert_eq!(started.kind(), v1::ScopeEventKind::CooldownStarted);
+    assert!(started.hold_first_attempts, "{started:?}");
+    coordinator.stop().await;
+}
+
+/// So is one that starts watching inside a cooldown the fleet corroborated
+/// and that closes the route (an outage): its first event holds first
+/// attempts, as the Report answers of the workers already there do.
+#[tokio::test]
+async fn a_watch_opened_in_a_corroborated_outage_holds_first_attempts() {
+    let coordinator = Coordinator::start(config("[defaults]\ncorroborate_workers = 1\n")).await;
+    let mut client = coordinator.client().await;
+    let route = || scope("tenant-a", ROUTE, Priority::Normal);
+    let refused = rate_limited(route(), "worker-a", "30", ScopeCertainty::Known);
+    client.report(refused).await.expect("report");
+    let mut events = watch(&mut client, route(), "worker-late").await;
+    let first = opened(&mut events).await;
+    assert!(first.cooldown_corroborated, "{first:?}");
+    assert!(first.hold_first_attempts, "{first:?}");
+    coordinator.stop().await;
+}
+
+/// `worker`'s Watch of `scope`.
+async fn watch(
+    client: &mut BudgetClient<Channel>,
+    scope: Option<v1::Scope>,
+    worker: &str,
+) -> tonic::Streaming<v1::ScopeEvent> {
+    client
+        .watch(v1::WatchRequest {
+            scopes: vec![scope.expect("scope")],
+            worker_id: worker.into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
+/// A watch's first event, its snapshot.
+async fn opened(events: &mut tonic::Streaming<v1::ScopeEvent>) -> v1::ScopeEvent {
+    let first = events.message().await.expect("event").expect("open");
+    assert_eq!(first.kind(), v1::ScopeEventKind::Snapshot);
+    first
+}

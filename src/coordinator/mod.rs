@@ -28,7 +28,7 @@ use tollgate_vocab::clock::{Clock, to_unix_ms};
 
 use crate::budget::{BudgetError, GrantAsk, GrantLimit, LeaseEnd};
 use crate::control::Control;
-use crate::events::{EventHub, ScopeSnapshot, StateChange};
+use crate::events::{CooldownSupport, EventHub, ScopeSnapshot, StateChange};
 use crate::pacing::cursor::{JITTER_SCALE, SlotAsk};
 use crate::pacing::{Asker, PacingView};
 use crate::policy::SharedPolicies;
@@ -369,12 +369,31 @@ impl Coordinator {
         for key in scopes {
             let view = self.store.view(&key.route, now_ms).await?;
             let policy = policies.resolve(&key.route);
+            // A route already saturated, or under a corroborated cooldown
+            // that closes it, holds first attempts: a watcher that knew only
+            // the changes after it opened was told at once, and again with
+            // every cooldown, that they need not wait.
+            let detail = self.store.scope_detail(&key.route, &policy, now_ms).await?;
+            let support = detail.as_ref().map_or_else(CooldownSupport::default, |d| {
+                let evidence = if d.route_cooldown_until_ms >= d.caller_cooldown_until_ms {
+                    &d.route_evidence
+                } else {
+                    &d.caller_evidence
+                };
+                CooldownSupport {
+                    corroborated: evidence.corroboration.corroborated,
+                    workers: evidence.corroboration.workers,
+                    closed_until_ms: d.pacing.closed_until_ms,
+                }
+            });
             snapshots.push(ScopeSnapshot {
                 key: key.clone(),
                 cooldown_until_ms: view.cooldown_until_ms,
                 policy_version: policy.policy_version,
                 hold_first_attempts: policy.hold_first_attempts,
                 frozen: view.frozen,
+                pacing: detail.map(|d| d.pacing.mode),
+                support,
             });
         }
         Ok((changes, snapshots))

@@ -44,12 +44,13 @@ pub struct Watched {
     pub policy_version: u64,
     /// The freeze last announced.
     pub frozen: Option<String>,
-    /// The corroboration of the cooldown last announced (unknown, so
-    /// uncorroborated, in a snapshot).
+    /// The corroboration of the cooldown last announced, or read when the
+    /// watch opened.
     pub support: CooldownSupport,
     /// Whether first attempts wait out the cooldown, by the policy.
     pub hold_first_attempts: bool,
-    /// The pacing mode last announced by a PACING_CHANGED event.
+    /// The pacing mode last announced by a PACING_CHANGED event, or read
+    /// when the watch opened.
     pub pacing: Option<Mode>,
 }
 
@@ -64,9 +65,9 @@ impl Watched {
             cooldown_until_ms: snapshot.cooldown_until_ms,
             policy_version: snapshot.policy_version,
             frozen: snapshot.frozen,
-            support: CooldownSupport::default(),
+            support: snapshot.support,
             hold_first_attempts: snapshot.hold_first_attempts,
-            pacing: None,
+            pacing: snapshot.pacing,
         }
     }
 
