@@ -555,12 +555,8 @@ impl LimiterModel {
                     .rate_m
                     .is_some_and(|rate| reading < CRUISE_GAIN.of(rate))
             {
-                match self.unexplained_m.take() {
-                    Some(Unexplained {
-                        windows,
-                        before_m: Some(before_m),
-                    }) => self.collapsed(&windows, before_m, report.now_ms),
-                    _ => self.starved(reading, report.now_ms),
+                if !self.collapsed(report.now_ms) {
+                    self.starved(reading, report.now_ms);
                 }
             } else if pressed(served, refused) {
                 self.measured(reading, drew_m, probe, dry);
@@ -642,17 +638,10 @@ impl LimiterModel {
             // A probe refused on a cliff: the floor until the debt it ran
             // up is repaid, then a drain at ρ̂, which a proof since (the
             // bank served it) no longer raises.
-            match self.unexplained_m.take() {
-                Some(Unexplained {
-                    windows,
-                    before_m: Some(before_m),
-                }) => self.collapsed(&windows, before_m, report.now_ms),
-                unexplained => {
-                    self.unexplained_m = unexplained;
-                    self.phase = Phase::Recover {
-                        since_ms: report.now_ms,
-                    };
-                }
+            if !self.collapsed(report.now_ms) {
+                self.phase = Phase::Recover {
+                    since_ms: report.now_ms,
+                };
             }
             return;
         }
@@ -831,7 +820,8 @@ impl LimiterModel {
         };
     }
 
-    /// A fall measured while the limiter refused more than it served, and
+    /// A fall measured while the limiter refused more than it served (or,
+    /// on a limiter seen to starve, a probe's refusal: [`Cliff::Seen`]),
     /// while ρ̂ stood on a proof no measurement had judged yet (drawn by
     /// the probe after it, mostly: one from a measured ρ̂ just ends at its
     /// first refusal). Both readings of `starved` fit, but the proof is
@@ -845,16 +835,24 @@ impl LimiterModel {
     /// the fleet sends the floor until the limiter serves without
     /// refusing. If the capacity did fall, the drain or the cruise after it
     /// draws a refusal from it, and that one starts the search again.
-    /// `windows`: the proof's, served while ρ̂ was `before_m`.
-    fn collapsed(&mut self, windows: &[i64], before_m: i64, now_ms: i64) {
+    /// Whether ρ̂ stood on such a proof: if not, nothing changes.
+    fn collapsed(&mut self, now_ms: i64) -> bool {
+        let Some(Unexplained {
+            windows,
+            before_m: Some(before_m),
+        }) = self.unexplained_m.take_if(|u| u.before_m.is_some())
+        else {
+            return false;
+        };
         if self.cliff == Cliff::Unseen {
             self.cliff = Cliff::Suspected;
         }
-        self.saw_bank(excess_m(windows, before_m));
+        self.saw_bank(excess_m(&windows, before_m));
         self.rate_m = Some(before_m.max(1));
         self.span.clear();
         self.span_anchored = true;
         self.phase = Phase::Recover { since_ms: now_ms };
+        true
     }
 
     /// The first measurement, unless it reads an echo: a limiter whose
