@@ -476,14 +476,7 @@ async fn a_known_upstream_limit_paces_the_fleet_from_the_start() {
 async fn get_scope_shows_the_limiter_model_a_route_learned() {
     let coordinator = Coordinator::start(config("")).await;
     let mut client = coordinator.client().await;
-    let report = |first_attempts, successes, rejections| v1::ReportRequest {
-        scope: scope("tenant-a", ROUTE, Priority::Normal),
-        worker_id: "worker-a".into(),
-        first_attempts,
-        successes,
-        rejections,
-        ..v1::ReportRequest::default()
-    };
+    let report = |first, ok, rejected| counted("worker-a", (first, ok, rejected));
     let pacing = async || {
         let state = coordinator.scope_state("tenant-a", ROUTE).await;
         state.pacing.expect("pacing")
@@ -524,14 +517,7 @@ async fn a_watch_opened_on_a_saturated_route_holds_first_attempts() {
     let coordinator = Coordinator::start(config("[defaults]\ncorroborate_workers = 1\n")).await;
     let mut client = coordinator.client().await;
     let route = || scope("tenant-a", ROUTE, Priority::Normal);
-    let fleet = |first_attempts, successes, rejections| v1::ReportRequest {
-        scope: route(),
-        worker_id: "worker-fleet".into(),
-        first_attempts,
-        successes,
-        rejections,
-        ..v1::ReportRequest::default()
-    };
+    let fleet = |first, ok, rejected| counted("worker-fleet", (first, ok, rejected));
     // 100 first attempts a second, all served; then refused, and refused
     // again 400 ms later with 20 served between: the upstream serves 50/s,
     // half what first attempts alone ask.
@@ -576,6 +562,22 @@ async fn a_watch_opened_in_a_corroborated_outage_holds_first_attempts() {
     assert!(first.cooldown_corroborated, "{first:?}");
     assert!(first.hold_first_attempts, "{first:?}");
     coordinator.stop().await;
+}
+
+/// `worker`'s report of counts alone on tenant-a's [`ROUTE`]: first
+/// attempts, successes, rejections.
+fn counted(
+    worker: &str,
+    (first_attempts, successes, rejections): (u32, u32, u32),
+) -> v1::ReportRequest {
+    v1::ReportRequest {
+        scope: scope("tenant-a", ROUTE, Priority::Normal),
+        worker_id: worker.into(),
+        first_attempts,
+        successes,
+        rejections,
+        ..v1::ReportRequest::default()
+    }
 }
 
 /// `worker`'s Watch of `scope`.
