@@ -223,4 +223,11 @@ mod tests {
     fn the_command_tree_is_consistent() {
         super::Cli::command().debug_assert();
     }
+
+    /// Every example in every `--help` parses as the command it is shown
+    /// under.
+    #[test]
+    fn every_help_example_runs_the_command_it_is_shown_under() {
+        tollgate_testkit::help::check_examples(super::Cli::command());
+    }
 }

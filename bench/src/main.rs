@@ -49,7 +49,6 @@ enum Command {
     /// or, with `--traffic`, what reaching `max_scopes` does to traffic.
     #[command(after_help = "Examples:
   tollgate-bench memory --scopes 100000
-  tollgate-bench proxy --duration 5s0
   tollgate-bench memory --traffic 60s --scopes 200000 --max-scopes 50000")]
     Memory(tollgate_bench::memory::MemoryArgs),
     /// A long open-loop run with scope churn: RSS, open file descriptors and
@@ -146,6 +145,13 @@ mod tests {
     #[test]
     fn the_command_tree_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    /// Every example in every `--help` parses as the benchmark it is shown
+    /// under.
+    #[test]
+    fn every_help_example_runs_the_command_it_is_shown_under() {
+        tollgate_testkit::help::check_examples(super::Cli::command());
     }
 
     /// Every benchmark a reader runs shows how, in its help.

@@ -1,5 +1,6 @@
 //! Test support shared by the unit tests and the `tests/` binaries: a
-//! private `redis-server` per test. Not part of the API.
+//! private `redis-server` per test, and [`help::check_examples`] for the
+//! binaries' help pages. Not part of the API.
 //!
 //! Each test gets its own server on a free loopback port, with nothing
 //! saved to disk, killed when the handle drops — no test depends on (or
@@ -12,6 +13,8 @@
 //! `PATH` the Redis tests print a notice and skip, unless
 //! `TOLLGATE_REQUIRE_REDIS=1` or CI (see [`missing_tool`]) makes that a
 //! failure.
+
+pub mod help;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
