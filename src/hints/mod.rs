@@ -264,6 +264,17 @@ pub struct Reporter<'a> {
     pub tokens: usize,
 }
 
+/// Of a route's cooldown and its caller scope's, each `(until_ms, what)`
+/// where the level has state, the `what` of the one in force: the
+/// route's, unless the caller scope's ends later. Which level's
+/// corroboration a cooldown rests on is decided here, for every store.
+pub fn in_force<T>(route: Option<(i64, T)>, caller: Option<(i64, T)>) -> Option<T> {
+    match (route, caller) {
+        (Some((own, r)), Some((by_caller, c))) => Some(if by_caller > own { c } else { r }),
+        (route, caller) => route.or(caller).map(|(_, what)| what),
+    }
+}
+
 /// Hint-derived state of one route or of a whole caller scope.
 #[derive(Debug, Clone, Default)]
 pub struct HintState {
@@ -422,6 +433,25 @@ mod tests {
     use crate::policy::PolicySpec;
 
     const NOW: i64 = 1_704_110_400_000; // Mon, 01 Jan 2024 12:00:00 GMT
+
+    #[test]
+    fn the_cooldown_in_force_is_the_routes_unless_the_caller_scopes_ends_later() {
+        assert_eq!(
+            in_force(Some((5, "route")), Some((5, "caller"))),
+            Some("route")
+        );
+        assert_eq!(
+            in_force(Some((5, "route")), Some((6, "caller"))),
+            Some("caller")
+        );
+        assert_eq!(
+            in_force(Some((6, "route")), Some((5, "caller"))),
+            Some("route")
+        );
+        assert_eq!(in_force(None, Some((0, "caller"))), Some("caller"));
+        assert_eq!(in_force(Some((0, "route")), None), Some("route"));
+        assert_eq!(in_force::<&str>(None, None), None);
+    }
     /// A lone worker: its evidence corroborates itself.
     const ME: Reporter<'static> = Reporter {
         worker_id: "w",

@@ -125,12 +125,7 @@ impl MemoryStore {
                 s.hints().corroboration.corroborated,
             )
         });
-        match (own, caller) {
-            (Some((own, corroborated)), Some((by_caller, _))) if own >= by_caller => corroborated,
-            (_, Some((_, corroborated))) => corroborated,
-            (Some((_, corroborated)), None) => corroborated,
-            (None, None) => false,
-        }
+        crate::hints::in_force(own, caller).unwrap_or(false)
     }
 
     /// A route's effective state; an unknown route has its caller scope's.

@@ -342,12 +342,16 @@ impl RedisStore {
         };
         // The level whose cooldown is the effective one says whether it
         // is corroborated (the route's when no earlier than the caller's).
-        let cooldown_corroborated = match &caller_hints {
-            Some(c) if c.cooldown_until_ms > route_hints.cooldown_until_ms => {
-                c.corroboration.corroborated
-            }
-            _ => route_hints.corroboration.corroborated,
-        };
+        let cooldown_corroborated = crate::hints::in_force(
+            Some((
+                route_hints.cooldown_until_ms,
+                route_hints.corroboration.corroborated,
+            )),
+            caller_hints
+                .as_ref()
+                .map(|c| (c.cooldown_until_ms, c.corroboration.corroborated)),
+        )
+        .unwrap_or(false);
         let hint_ends = report.agreed_hint_ends(&merges);
         let observation = report.observation(&hint_ends, cooldown_before, view.cooldown_until_ms);
         let (pacing, pacing_was) = self
