@@ -374,9 +374,14 @@ impl Coordinator {
             // the changes after it opened was told at once, and again with
             // every cooldown, that they need not wait.
             let detail = self.store.scope_detail(&key.route, &policy, now_ms).await?;
-            let support = detail
-                .as_ref()
-                .map_or_else(CooldownSupport::default, ScopeDetail::cooldown_support);
+            let support = detail.as_ref().map_or_else(CooldownSupport::default, |d| {
+                let evidence = d.evidence_in_force();
+                CooldownSupport {
+                    corroborated: evidence.corroboration.corroborated,
+                    workers: evidence.corroboration.workers,
+                    closed_until_ms: d.pacing.closed_until_ms,
+                }
+            });
             snapshots.push(ScopeSnapshot {
                 key: key.clone(),
                 cooldown_until_ms: view.cooldown_until_ms,

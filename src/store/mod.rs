@@ -406,20 +406,14 @@ pub struct ScopeDetail {
 }
 
 impl ScopeDetail {
-    /// How well the cooldown in force is supported: the evidence of the
-    /// level whose cooldown it is ([`crate::hints::in_force`]), and the end
-    /// of the hint that closed the route.
-    pub fn cooldown_support(&self) -> crate::events::CooldownSupport {
-        let evidence = crate::hints::in_force(
+    /// The evidence of the level whose cooldown is in force
+    /// ([`crate::hints::in_force`]): how well that cooldown is supported.
+    pub fn evidence_in_force(&self) -> &EvidenceDetail {
+        crate::hints::in_force(
             Some((self.route_cooldown_until_ms, &self.route_evidence)),
             Some((self.caller_cooldown_until_ms, &self.caller_evidence)),
         )
-        .unwrap_or(&self.route_evidence);
-        crate::events::CooldownSupport {
-            corroborated: evidence.corroboration.corroborated,
-            workers: evidence.corroboration.workers,
-            closed_until_ms: self.pacing.closed_until_ms,
-        }
+        .unwrap_or(&self.route_evidence)
     }
 }
 
