@@ -434,6 +434,22 @@ mod tests {
 
     const NOW: i64 = 1_704_110_400_000; // Mon, 01 Jan 2024 12:00:00 GMT
 
+    /// A lone worker: its evidence corroborates itself.
+    const ME: Reporter<'static> = Reporter {
+        worker_id: "w",
+        active: 1,
+        tokens: 1,
+    };
+
+    fn input(status: u32, retry_after: Option<&str>, receipt_ms: i64) -> EvidenceInput<'_> {
+        EvidenceInput {
+            http_status: status,
+            retry_after,
+            receipt_ms,
+            ..EvidenceInput::default()
+        }
+    }
+
     #[test]
     fn the_cooldown_in_force_is_the_routes_unless_the_caller_scopes_ends_later() {
         assert_eq!(
@@ -451,21 +467,6 @@ mod tests {
         assert_eq!(in_force(None, Some((0, "caller"))), Some("caller"));
         assert_eq!(in_force(Some((0, "route")), None), Some("route"));
         assert_eq!(in_force::<&str>(None, None), None);
-    }
-    /// A lone worker: its evidence corroborates itself.
-    const ME: Reporter<'static> = Reporter {
-        worker_id: "w",
-        active: 1,
-        tokens: 1,
-    };
-
-    fn input(status: u32, retry_after: Option<&str>, receipt_ms: i64) -> EvidenceInput<'_> {
-        EvidenceInput {
-            http_status: status,
-            retry_after,
-            receipt_ms,
-            ..EvidenceInput::default()
-        }
     }
 
     #[test]
