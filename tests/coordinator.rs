@@ -32,6 +32,24 @@ async fn ask(
         .into_inner()
 }
 
+/// A coordinator at [`PINNED_50`], a client, and tenant-a's normal scope
+/// on [`ROUTE`] after worker-a reported a known `Retry-After: hint`.
+async fn pinned_after_hint(hint: &str) -> (Coordinator, BudgetClient<Channel>, Option<v1::Scope>) {
+    let coordinator = Coordinator::start(config(PINNED_50)).await;
+    let mut client = coordinator.client().await;
+    let s = scope("tenant-a", ROUTE, Priority::Normal);
+    client
+        .report(rate_limited(
+            s.clone(),
+            "worker-a",
+            hint,
+            ScopeCertainty::Known,
+        ))
+        .await
+        .expect("report");
+    (coordinator, client, s)
+}
+
 #[tokio::test]
 async fn a_delay_hint_seen_by_one_worker_holds_back_another() {
     let coordinator = Coordinator::open().await;
@@ -169,18 +187,7 @@ async fn uncertain_evidence_holds_back_the_whole_caller_scope() {
 #[tokio::test]
 async fn a_thousand_waiting_intents_wake_at_the_wake_rate() {
     // A pinned rate: every intent gets its slot at once, however far.
-    let coordinator = Coordinator::start(config(PINNED_50)).await;
-    let mut client = coordinator.client().await;
-    let s = scope("tenant-a", ROUTE, Priority::Normal);
-    client
-        .report(rate_limited(
-            s.clone(),
-            "worker-a",
-            "30",
-            ScopeCertainty::Known,
-        ))
-        .await
-        .expect("report");
+    let (coordinator, client, s) = pinned_after_hint("30").await;
 
     let mut tasks = JoinSet::new();
     for i in 0..1000 {
@@ -220,18 +227,7 @@ async fn a_thousand_waiting_intents_wake_at_the_wake_rate() {
 
 #[tokio::test]
 async fn reconsider_is_idempotent_and_refuses_infeasible_deadlines() {
-    let coordinator = Coordinator::start(config(PINNED_50)).await;
-    let mut client = coordinator.client().await;
-    let s = scope("tenant-a", ROUTE, Priority::Normal);
-    client
-        .report(rate_limited(
-            s.clone(),
-            "worker-a",
-            "10",
-            ScopeCertainty::Known,
-        ))
-        .await
-        .expect("report");
+    let (coordinator, mut client, s) = pinned_after_hint("10").await;
     // 12 s left, a 3 s attempt reserve, a 10 s hint: infeasible.
     let mut tight = reconsider(s.clone(), "tight");
     tight.deadline_unix_ms = T0 + 12_000;
