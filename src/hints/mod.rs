@@ -353,7 +353,19 @@ impl HintState {
             self.reassess(rules, reporter.active, now_ms);
         }
         if a.widen_backoff {
-            self.backoff_step = (self.backoff_step + 1).min(MAX_BACKOFF_STEP);
+            // A step per round, not per rejection: one received while the
+            // backoff held was drawn by an attempt sent before the fleet
+            // knew of it (first attempts go straight, and each worker hears
+            // of a backoff one refusal late), so the backoff in force
+            // explains it, as a cooldown explains the refusals under it.
+            // Counted per rejection, ten workers refused at once widened
+            // the scope's backoff ten steps, to `backoff_max` (30 s by
+            // default) after seven, and every retry with a shorter deadline
+            // was refused as infeasible. Such a rejection still moves the
+            // floor to a backoff after it.
+            if a.anchor_ms >= self.backoff_until_ms {
+                self.backoff_step = (self.backoff_step + 1).min(MAX_BACKOFF_STEP);
+            }
             let wait = i64::try_from(self.backoff_ms(policy)).unwrap_or(i64::MAX);
             self.backoff_until_ms = self.backoff_until_ms.max(a.anchor_ms.saturating_add(wait));
         }
@@ -573,9 +585,13 @@ mod tests {
         assert!(!m.raised);
         assert_eq!(m.cooldown_until_ms, NOW + 60_000);
 
-        let bad = assess(&input(429, Some("junk"), NOW), &p, NOW);
-        let steps: Vec<u64> = (0..4)
-            .map(|_| state.merge(&bad, ME, &p, NOW).backoff_ms)
+        // Each refused after the backoff the one before set has passed.
+        let steps: Vec<u64> = [0, 1_000, 3_000, 7_000]
+            .into_iter()
+            .map(|after| {
+                let bad = assess(&input(429, Some("junk"), NOW + after), &p, NOW + after);
+                state.merge(&bad, ME, &p, NOW + after).backoff_ms
+            })
             .collect();
         assert_eq!(steps, [1000, 2000, 4000, 4000]);
         assert_eq!(
@@ -589,6 +605,31 @@ mod tests {
         state.decay();
         assert_eq!(state.backoff_ms(&p), 1000);
         assert_eq!(state.recent.len(), 6);
+    }
+
+    #[test]
+    fn a_fleet_refused_at_once_widens_the_backoff_one_step() {
+        let p = Policy::default();
+        let mut state = HintState::default();
+        // Fifty workers refused without a hint within the same 100 ms.
+        for i in 0..50 {
+            let at = NOW + i * 2;
+            let bad = assess(&input(429, None, at), &p, at);
+            state.merge(&bad, ME, &p, at);
+        }
+        assert_eq!(state.backoff_step, 1);
+        assert_eq!(
+            state.floor_ms(),
+            NOW + 98 + p.backoff_base_ms as i64,
+            "the floor is a step after the latest refusal"
+        );
+        // Refused again once that has passed: the next round, one step more.
+        let at = state.floor_ms();
+        let again = assess(&input(429, None, at), &p, at);
+        assert_eq!(
+            state.merge(&again, ME, &p, at).backoff_ms,
+            2 * p.backoff_base_ms
+        );
     }
 
     #[test]

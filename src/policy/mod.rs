@@ -96,7 +96,9 @@ pub struct Policy {
     /// `clock_skew`, and the worker's timestamps are not trusted for placing
     /// a cooldown.
     pub skew_tolerance_ms: u64,
-    /// The first step of the scope-wide backoff that hintless rejections widen.
+    /// The first step of the scope-wide backoff that hintless rejections
+    /// widen, a step for each rejection received after the backoff before
+    /// it ended (a round), not for each rejection.
     pub backoff_base_ms: u64,
     /// The widest the backoff gets.
     pub backoff_max_ms: u64,

@@ -72,16 +72,22 @@ pub(crate) async fn hintless_rejections_widen_the_backoff_and_successes_narrow_i
     let p = Policy::default();
     let key = scope("c", "r");
     let level = EvidenceLevel::Route(key.route.clone());
-    let input = EvidenceInput {
-        http_status: 503,
-        retry_after: Some("junk"),
-        receipt_ms: T0,
-        ..EvidenceInput::default()
+    let base = i64::try_from(p.backoff_base_ms).expect("base");
+    // A hintless rejection received `after` ms past T0.
+    let refused = |after: i64| {
+        let input = EvidenceInput {
+            http_status: 503,
+            retry_after: Some("junk"),
+            receipt_ms: T0 + after,
+            ..EvidenceInput::default()
+        };
+        assess(&input, &p, T0 + after)
     };
-    let a = assess(&input, &p, T0);
+    // Each refused once the backoff the one before set has passed: a round
+    // each, a step each.
     let mut steps = Vec::new();
-    for _ in 0..3 {
-        let m = merge(s, &level, &a, &p).await;
+    for after in [0, base, 3 * base] {
+        let m = merge(s, &level, &refused(after), &p).await;
         assert!(!m.raised);
         steps.push(m.backoff_ms);
     }
@@ -95,13 +101,16 @@ pub(crate) async fn hintless_rejections_widen_the_backoff_and_successes_narrow_i
     );
     let view = s.view(&key.route, T0).await.expect("view");
     assert_eq!(view.cooldown_until_ms, 0);
-    assert_eq!(view.floor_ms, T0 + 4 * p.backoff_base_ms as i64);
+    assert_eq!(view.floor_ms, T0 + 7 * base);
+    // Refused again while that backoff holds: explained by it, no wider.
+    let m = merge(s, &level, &refused(4 * base), &p).await;
+    assert_eq!(m.backoff_ms, 4 * p.backoff_base_ms);
     deposit(s, &key, "w", 0, 2, &p, T0).await.expect("deposit");
-    let m = merge(s, &level, &a, &p).await;
+    let m = merge(s, &level, &refused(8 * base), &p).await;
     assert_eq!(
         m.backoff_ms,
         4 * p.backoff_base_ms,
-        "a report with successes narrows by one step, then one more rejection"
+        "a report with successes narrows by one step, then the next round widens it again"
     );
 }
 
