@@ -63,8 +63,9 @@ pub enum StateChange {
         /// Its new version.
         policy_version: u64,
     },
-    /// A route's learned pacing entered or left penalty-extending: nothing
-    /// is woken until the latest hint passes.
+    /// A route's learned pacing changed in a way workers act on
+    /// (`Coordinator::announce_pacing` says which): a penalty, saturation,
+    /// a stated pace, or the end of a calm state, when held counts must go.
     Pacing {
         /// The route.
         route: RouteKey,

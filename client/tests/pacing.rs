@@ -444,6 +444,62 @@ async fn counts_alone_go_once_a_window_and_a_rejection_at_the_next_tick() {
     assert_eq!(firsts, 200);
 }
 
+/// Counts a worker holds for a calm route's window go at its next tick once
+/// the route stops being calm: another worker's refusal begins a
+/// measurement a few ticks long, which must count what this worker served
+/// too, not find its counts a window later.
+#[tokio::test(start_paused = true)]
+async fn held_counts_go_at_the_next_tick_when_another_workers_refusal_ends_the_calm() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    let cache = r.gate.cache();
+    // A calm second: one report (the first goes at once), then counts wait,
+    // and the Watch stream opens on the scope.
+    for _ in 0..20 {
+        cache.record_first_attempt(&scope());
+        cache.record_success(&scope());
+        tokio::time::sleep(ms(50)).await;
+    }
+    support::poll("the route is calm", secs(2), || async {
+        !r.gate.cache().view(&scope()).counts_hold.is_zero()
+    })
+    .await;
+    // Into a window, so its last tick is far off, with counts held.
+    let window_ms = 1_000;
+    let into = to_unix_ms(r.h.clock.now()).rem_euclid(window_ms);
+    tokio::time::sleep(ms(u64::try_from(window_ms - into).unwrap() + 100)).await;
+    for _ in 0..3 {
+        cache.record_first_attempt(&scope());
+        cache.record_success(&scope());
+    }
+    let before = r.wire.lock().unwrap().reports.len();
+    // Another worker is refused without a hint: pacing leaves steady.
+    let refused = to_unix_ms(r.h.clock.now());
+    let mut coordinator = r.h.coordinator.client();
+    coordinator
+        .report(ReportRequest {
+            scope: Some(scope().to_wire()),
+            worker_id: "worker-refused".into(),
+            first_attempts: 10,
+            successes: 5,
+            rejections: 5,
+            ..ReportRequest::default()
+        })
+        .await
+        .unwrap();
+    support::poll("the held counts are sent", secs(2), || async {
+        r.wire.lock().unwrap().reports.len() > before
+    })
+    .await;
+    let (at, report) = r.wire.lock().unwrap().reports[before].clone();
+    assert_eq!(report.successes, 3, "{report:?}");
+    assert!(
+        at - refused <= 250,
+        "sent {} ms after the route stopped being calm; its window ends {} ms after it",
+        at - refused,
+        window_ms - (refused.rem_euclid(window_ms))
+    );
+}
+
 /// The fleet's first attempts alone overflow the upstream: the coordinator
 /// paces them with everything else, and a worker told so holds a first
 /// attempt for a slot with no cooldown in force.

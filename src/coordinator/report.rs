@@ -82,9 +82,16 @@ pub struct ReportOut {
 impl Coordinator {
     /// Publishes a change of `route`'s pacing into or out of a mode that
     /// changes what workers do: a penalty holds the route closed,
-    /// saturation holds first attempts for slots. A window closes on
-    /// whichever call comes first after it ends, Report or Reconsider, so
-    /// both announce.
+    /// saturation holds first attempts for slots, and a route that stops
+    /// being calm (`counts_hold_ms`) needs every worker's counts at once.
+    /// Workers hear of that last one otherwise only in the answer to their
+    /// next report, up to a window later: a refusal starts a measurement
+    /// of a few report ticks, and it read what the refusing worker served,
+    /// not the fleet (four `tollgate proxy` processes in front of nginx's
+    /// `limit_req` of 50 requests/s read 3 to 30/s in four of eight starts,
+    /// and 47 to 60/s in eight of eight once told).
+    /// A window closes on whichever call comes first after it ends, Report
+    /// or Reconsider, so both announce.
     pub(super) fn announce_pacing(&self, route: &RouteKey, was: Mode, now: &PacingView) {
         let announced = |mode| {
             matches!(
@@ -92,7 +99,10 @@ impl Coordinator {
                 Mode::PenaltyExtending | Mode::Saturated | Mode::Stated
             )
         };
-        if was == now.mode || !(announced(was) || announced(now.mode)) {
+        let calm = |mode| matches!(mode, Mode::Steady | Mode::Pinned | Mode::Stated);
+        if was == now.mode
+            || !(announced(was) || announced(now.mode) || calm(was) != calm(now.mode))
+        {
             return;
         }
         tracing::info!(route = %route, pacing_state = now.mode.as_str(),

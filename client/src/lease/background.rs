@@ -303,9 +303,12 @@ async fn watch(shared: Arc<Shared>, scopes: Vec<Scope>) {
                 _ => v.cooldown_until = cooldown.max(v.cooldown_until),
             }
             v.frozen = event.frozen;
-            if event.hold_first_attempts && !v.hold_first_attempts {
-                // A hold heard of before any answer says whether counts may
-                // wait under it: they go at once until one does.
+            if kind == ScopeEventKind::PacingChanged
+                || event.hold_first_attempts && !v.hold_first_attempts
+            {
+                // Pacing that changed, or a hold heard of before any answer
+                // says whether counts may wait under it: they go at once
+                // until one does (a measurement that began needs them now).
                 v.counts_hold = Duration::ZERO;
             }
             v.hold_first_attempts = event.hold_first_attempts;
