@@ -228,17 +228,23 @@ pub(crate) async fn watch(
     (stream, snapshot)
 }
 
-/// The next event on a Watch stream, waiting at most [`PUSH_BOUND`]; `what`
-/// names the event in the failure.
+/// The next event on a Watch stream other than PACING_CHANGED (a refusal
+/// that ends a calm route sends one before its cooldown's), waiting at
+/// most [`PUSH_BOUND`]; `what` names the event in the failure.
 pub(crate) async fn next_event(
     stream: &mut tonic::Streaming<v1::ScopeEvent>,
     what: &str,
 ) -> v1::ScopeEvent {
-    tokio::time::timeout(PUSH_BOUND, stream.message())
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no event within {PUSH_BOUND:?}"))
-        .expect("the stream is healthy")
-        .expect("the stream is open")
+    loop {
+        let event = tokio::time::timeout(PUSH_BOUND, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no event within {PUSH_BOUND:?}"))
+            .expect("the stream is healthy")
+            .expect("the stream is open");
+        if event.kind() != v1::ScopeEventKind::PacingChanged {
+            return event;
+        }
+    }
 }
 
 /// Waits at most [`PUSH_BOUND`] for a Watch stream to end, as the drain
