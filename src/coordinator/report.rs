@@ -87,9 +87,10 @@ impl Coordinator {
     /// Workers hear of that last one otherwise only in the answer to their
     /// next report, up to a window later: a refusal starts a measurement
     /// of a few report ticks, and it read what the refusing worker served,
-    /// not the fleet (four `tollgate proxy` processes in front of nginx's
-    /// `limit_req` of 50 requests/s read 3 to 30/s in four of eight starts,
-    /// and 47 to 60/s in eight of eight once told).
+    /// not the fleet (four long-lived `tollgate proxy` processes in front
+    /// of nginx's `limit_req` of 50 requests/s, the coordinator restarted
+    /// under them, read 3 to 33/s in three of seven starts, and 53 to 73/s
+    /// in seven of seven once told).
     /// A window closes on whichever call comes first after it ends, Report
     /// or Reconsider, so both announce.
     pub(super) fn announce_pacing(&self, route: &RouteKey, was: Mode, now: &PacingView) {
