@@ -100,9 +100,8 @@ impl Coordinator {
                 Mode::PenaltyExtending | Mode::Saturated | Mode::Stated
             )
         };
-        let calm = |mode| matches!(mode, Mode::Steady | Mode::Pinned | Mode::Stated);
         if was == now.mode
-            || !(announced(was) || announced(now.mode) || calm(was) != calm(now.mode))
+            || !(announced(was) || announced(now.mode) || was.is_calm() != now.mode.is_calm())
         {
             return;
         }

@@ -128,9 +128,7 @@ pub fn counts_hold_ms(
 ) -> i64 {
     let paced_by_statement =
         mode == Mode::Saturated && stated.in_force == InForce::Corroborated && stated.agreed;
-    let calm = (matches!(mode, Mode::Steady | Mode::Pinned | Mode::Stated) && !held
-        || paced_by_statement)
-        && cooldown_until_ms <= now_ms;
+    let calm = (mode.is_calm() && !held || paced_by_statement) && cooldown_until_ms <= now_ms;
     if calm { WINDOW_MS } else { 0 }
 }
 
@@ -173,6 +171,12 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// A mode in which counts may wait a window (`counts_hold_ms`, given no
+    /// cooldown and first attempts not held): nothing is being learned.
+    pub fn is_calm(self) -> bool {
+        matches!(self, Mode::Steady | Mode::Pinned | Mode::Stated)
+    }
+
     /// The wire/label name.
     pub fn as_str(self) -> &'static str {
         match self {
