@@ -197,7 +197,10 @@ pub(crate) fn reconsider_request(
         intent_id: bounded_to(intent_id, MAX_INTENT_ID_BYTES),
         not_before_unix_ms: to_unix_ms(not_before),
         deadline_unix_ms: to_unix_ms(deadline),
-        attempt_reserve_ms: u64::try_from(attempt_reserve.as_millis()).unwrap_or(u64::MAX),
+        // Rounded up: a reserve rounded down would fit a slot the
+        // attempt cannot take.
+        attempt_reserve_ms: u64::try_from(attempt_reserve.as_micros().div_ceil(1000))
+            .unwrap_or(u64::MAX),
         first_attempt,
         arriving,
     }

@@ -16,6 +16,7 @@ mod support;
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::{Upstream, http, serve_budget};
 use support::pipes::*;
@@ -46,6 +47,8 @@ struct Wire {
     reconsiders: Vec<(i64, ReconsiderResponse)>,
     /// Each `Reconsider`'s kind: `(first_attempt, arriving)`.
     asks: Vec<(bool, bool)>,
+    /// Each `Reconsider`'s `attempt_reserve_ms`.
+    reserves: Vec<u64>,
 }
 
 /// Forwards every `Budget` call to the real coordinator and keeps a copy.
@@ -61,11 +64,14 @@ struct Recorder {
     /// How many more `Reconsider`s for a held first attempt are to fail
     /// (unavailable), each wait then decided alone.
     held_asks_to_fail: Arc<AtomicU32>,
+    /// How long each `Lease` takes: a token's round trip.
+    lease_delay: Duration,
 }
 
 #[tonic::async_trait]
 impl Budget for Recorder {
     async fn lease(&self, r: Request<LeaseRequest>) -> Result<Response<LeaseResponse>, Status> {
+        tokio::time::sleep(self.lease_delay).await;
         self.coordinator
             .clone()
             .lease(Request::new(r.into_inner()))
@@ -102,6 +108,7 @@ impl Budget for Recorder {
         let asked_at = to_unix_ms(self.clock.now());
         let request = r.into_inner();
         let kind = (request.first_attempt, request.arriving);
+        let reserve = request.attempt_reserve_ms;
         let not_before = request.not_before_unix_ms;
         if kind.0
             && self
@@ -126,6 +133,7 @@ impl Budget for Recorder {
         let mut wire = self.wire.lock().unwrap();
         wire.reconsiders.push((asked_at, reply));
         wire.asks.push(kind);
+        wire.reserves.push(reserve);
         Ok(answer)
     }
     type WatchStream = tonic::Streaming<ScopeEvent>;
@@ -146,17 +154,18 @@ struct Recorded {
 }
 
 fn recorded(toml: &str, gate_config: GateConfig) -> Recorded {
-    recorded_with(toml, gate_config, 0, false)
+    recorded_with(toml, gate_config, 0, false, Duration::ZERO)
 }
 
 /// [`recorded`], with the [`Recorder`] failing the first
-/// `held_asks_to_fail` asks for held first attempts, and naming slots
-/// early if `slots_before_asked`.
+/// `held_asks_to_fail` asks for held first attempts, naming slots early if
+/// `slots_before_asked`, and taking `lease_delay` over each `Lease`.
 fn recorded_with(
     toml: &str,
     gate_config: GateConfig,
     held_asks_to_fail: u32,
     slots_before_asked: bool,
+    lease_delay: Duration,
 ) -> Recorded {
     let held_asks_to_fail = Arc::new(AtomicU32::new(held_asks_to_fail));
     let h = harness_on(config(toml), gate_config.clone());
@@ -167,6 +176,7 @@ fn recorded_with(
         wire: wire.clone(),
         slots_before_asked,
         held_asks_to_fail,
+        lease_delay,
     });
     let mut link = LinkConfig::new("http://coordinator.invalid", "worker-paced");
     link.rpc_timeout = RPC_TIMEOUT;
@@ -243,6 +253,37 @@ async fn told_to_ask_again_it_asks_at_that_instant_then_goes_at_its_slot() {
         result.attempts[1].token,
         TokenSource::Leased { .. }
     ));
+}
+
+/// A slot is fitted to the deadline by the reserve the worker asks with;
+/// the worker checks the deadline again when its attempt really starts. A
+/// start that came late (here, by a token's round trip) is asked for from
+/// then on, so the coordinator gives no slot at an edge the worker could
+/// not make.
+#[tokio::test(start_paused = true)]
+async fn a_start_that_came_late_after_its_slot_is_asked_for_with_the_next_slot() {
+    let late = ms(30);
+    let r = recorded_with(ONE_WORKER_COOLDOWNS, gate_config(), 0, false, late);
+    for id in ["i-late-1", "i-late-2"] {
+        let upstream = Upstream::new(vec![http(429, Some("1")), http(200, None)]);
+        let result = r.gate.run(intent(id, roomy()), upstream.attempt()).await;
+        assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+        if id == "i-late-1" {
+            let slot = result.attempts[0].wait.clone().unwrap().slot.unwrap();
+            let start = result.attempts[1].record.start;
+            assert!(start >= slot + late, "{start:?} vs {slot:?}");
+        }
+    }
+    let reserves = r.wire.lock().unwrap().reserves.clone();
+    let cap = 5_000;
+    assert_eq!(reserves.first(), Some(&cap), "nothing came late yet");
+    let last = *reserves.last().unwrap();
+    // The timer wheel's millisecond may add one, and the reserve is
+    // rounded up.
+    assert!(
+        (cap + 30..=cap + 32).contains(&last),
+        "asked with the lateness seen: {reserves:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -353,7 +394,7 @@ async fn a_first_attempt_inside_a_known_cooldown_is_held_until_its_slot() {
 /// paced alone asked again as its coordinator came back).
 #[tokio::test(start_paused = true)]
 async fn a_slot_named_before_the_instant_asked_from_starts_at_that_instant() {
-    let r = recorded_with(ONE_WORKER_COOLDOWNS, gate_config(), 2, true);
+    let r = recorded_with(ONE_WORKER_COOLDOWNS, gate_config(), 2, true, Duration::ZERO);
     let cooldown_ends = cooldown_from_a_429(&r, "10").await;
 
     // Two intents held in the cooldown, their first asks failing: each

@@ -77,6 +77,7 @@ use crate::telemetry;
 
 mod completion;
 mod intent;
+mod lateness;
 mod run;
 mod spans;
 
@@ -126,6 +127,9 @@ struct Inner {
     rng: Mutex<StdRng>,
     completions: DashMap<Arc<str>, Completion>,
     succeeded: Mutex<RecentIds>,
+    /// How late attempts start after their slot: asked for on top of the
+    /// attempt cap, so the slots given are ones an intent can take.
+    lateness: lateness::Lateness,
 }
 
 /// Intent ids that ended `succeeded` lately, to count one that succeeds
@@ -190,6 +194,7 @@ impl Gate {
                 rng: Mutex::new(rng),
                 succeeded: Mutex::default(),
                 completions: DashMap::new(),
+                lateness: lateness::Lateness::default(),
             }),
         }
     }

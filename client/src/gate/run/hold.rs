@@ -160,8 +160,10 @@ impl Run<'_> {
             }
         }
         // At the held start, cancellation and the deadline are checked again
-        // against the current time, as at a retry's wake-up.
+        // against the current time, as at a retry's wake-up, which is how
+        // late this start came after its slot.
         let now = self.now();
+        self.gate.inner.lateness.record(now.saturating_sub(until));
         if self.cancel.is_cancelled() {
             self.cancel_at(now);
             return self.end_hold(evidence);

@@ -342,7 +342,7 @@ impl Run<'_> {
             &self.intent_id,
             self.wall_at(not_before),
             self.wall_at(policy.total_budget()),
-            policy.attempt_cap(),
+            self.gate.inner.lateness.reserve(policy.attempt_cap()),
             asking.is_first_attempt(),
             asking == Asking::FirstAttempt { arriving: true },
         );
@@ -401,8 +401,12 @@ impl Run<'_> {
             }
         };
         // Taking a token may have cost an RPC: the engine re-checks
-        // cancellation and the deadline at the instant of admission.
+        // cancellation and the deadline at the instant of admission, which
+        // is how late this start came after its slot.
         let now = self.now();
+        if let Some(due) = self.next_start() {
+            self.gate.inner.lateness.record(now.saturating_sub(due));
+        }
         let check = WakeCheck {
             cancelled: self.cancel.is_cancelled(),
         };
