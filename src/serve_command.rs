@@ -151,11 +151,13 @@ const CLOCK_SYNC_EVERY: Duration = Duration::from_secs(30);
 
 /// The runtime a long-running subcommand (`serve`, `proxy`) runs on, and
 /// telemetry started inside it (its exporters spawn onto it); `metrics`:
-/// a Prometheus registry is wanted. Bind them in this order, `let
+/// a Prometheus registry is wanted; `service`: the service name unless
+/// `OTEL_SERVICE_NAME` gives one. Bind them in this order, `let
 /// (runtime, telemetry) = …`: the telemetry is then dropped (flushing)
 /// while the runtime still runs.
 pub(crate) fn start_runtime(
     metrics: bool,
+    service: &str,
 ) -> anyhow::Result<(tokio::runtime::Runtime, telemetry::Telemetry)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -163,7 +165,8 @@ pub(crate) fn start_runtime(
         .context("starting the tokio runtime")?;
     let telemetry = {
         let _runtime = runtime.enter();
-        telemetry::init(&TelemetryConfig::from_env(metrics)).context("starting telemetry")?
+        telemetry::init(&TelemetryConfig::from_env(metrics, service))
+            .context("starting telemetry")?
     };
     Ok((runtime, telemetry))
 }
@@ -172,7 +175,10 @@ pub(crate) fn start_runtime(
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Logs, spans and metrics, first so that nothing below logs into the
     // void.
-    let (runtime, telemetry) = start_runtime(args.metrics_listen.is_some())?;
+    let (runtime, telemetry) = start_runtime(
+        args.metrics_listen.is_some(),
+        telemetry::DEFAULT_SERVICE_NAME,
+    )?;
     let (config, file_text) = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

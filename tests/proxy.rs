@@ -460,7 +460,9 @@ caller_scope = "fleet"
         command
             .args(["proxy", "--config"])
             .arg(&config)
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            // The shell's own would name the proxy's telemetry instead.
+            .env_remove("OTEL_SERVICE_NAME");
         let mut run = launch(command, &dir.join(format!("{name}.log")));
         let give_up = Instant::now() + BOUND;
         loop {
@@ -1064,6 +1066,11 @@ async fn the_proxy_serves_health_and_metrics_and_drains_on_sigterm() {
         .expect("curl");
     let metrics = String::from_utf8_lossy(&metrics.stdout);
     assert!(metrics.contains("tollgate_client_attempts"), "{metrics}");
+    // A worker's metrics, not the coordinator's.
+    assert!(
+        metrics.contains("service_name=\"tollgate-proxy\""),
+        "{metrics}"
+    );
 
     // An operator's reload signal, with no token file to read, is logged
     // and changes nothing (its default action would end the process).

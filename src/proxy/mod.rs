@@ -74,7 +74,10 @@ pub fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if args.check {
         return Ok(());
     }
-    let (runtime, telemetry) = crate::serve_command::start_runtime(config.admin_listen.is_some())?;
+    let (runtime, telemetry) = crate::serve_command::start_runtime(
+        config.admin_listen.is_some(),
+        crate::telemetry::PROXY_SERVICE_NAME,
+    )?;
     let registry = telemetry.registry().cloned();
     runtime.block_on(async move {
         let mut bound = Vec::with_capacity(config.listeners.len());

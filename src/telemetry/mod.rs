@@ -63,6 +63,11 @@ pub use self::rpc::RpcMetricsLayer;
 /// The service name used when `OTEL_SERVICE_NAME` is not set.
 pub const DEFAULT_SERVICE_NAME: &str = "tollgate-coordinator";
 
+/// The service name `tollgate proxy` uses when `OTEL_SERVICE_NAME` is not
+/// set: its spans and metrics are a worker's, not the coordinator's, and a
+/// trace joins the two by name.
+pub const PROXY_SERVICE_NAME: &str = "tollgate-proxy";
+
 /// What to export, and where.
 #[derive(Debug, Clone, Default)]
 pub struct TelemetryConfig {
@@ -78,8 +83,9 @@ pub struct TelemetryConfig {
 
 impl TelemetryConfig {
     /// The standard variables: `OTEL_EXPORTER_OTLP_{TRACES_,METRICS_,}ENDPOINT`,
-    /// all off under `OTEL_SDK_DISABLED=true`.
-    pub fn from_env(prometheus: bool) -> Self {
+    /// all off under `OTEL_SDK_DISABLED=true`, and `OTEL_SERVICE_NAME`, else
+    /// `default_service_name`.
+    pub fn from_env(prometheus: bool, default_service_name: &str) -> Self {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let disabled = var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim() == "true");
         let base = var("OTEL_EXPORTER_OTLP_ENDPOINT");
@@ -91,7 +97,10 @@ impl TelemetryConfig {
             }
         };
         TelemetryConfig {
-            service_name: None,
+            // Unset, the resource reads `OTEL_SERVICE_NAME` itself.
+            service_name: var("OTEL_SERVICE_NAME")
+                .is_none()
+                .then(|| default_service_name.to_owned()),
             traces_endpoint: pick("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
             metrics_endpoint: pick("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
             prometheus,
