@@ -451,15 +451,23 @@ fn intents_csv_holds_every_intent_of_every_strategy() {
         let path = out.join(format!("intents-{}.csv", r.strategy.key()));
         let csv = std::fs::read_to_string(&path).expect("the intents were written");
         let mut lines = csv.lines();
-        assert_eq!(lines.next(), Some("arrived_s,ended_s,outcome,cancel_at_s"));
+        assert_eq!(
+            lines.next(),
+            Some("arrived_s,ended_s,outcome,cancel_at_s,worker")
+        );
         // Every finished intent once, its outcome as the table counts it,
-        // in arrival order, never ending before it arrived.
+        // in arrival order, never ending before it arrived, at one of the
+        // 20 workers (and at more than one).
         let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
         let mut last_arrival = 0.0;
         let mut rows = 0;
+        let mut workers = std::collections::BTreeSet::new();
         for line in lines {
             let fields: Vec<&str> = line.split(',').collect();
-            assert_eq!(fields.len(), 4, "{line}");
+            assert_eq!(fields.len(), 5, "{line}");
+            let worker: usize = fields[4].parse().expect("worker");
+            assert!(worker < 20, "{line}");
+            workers.insert(worker);
             let arrived: f64 = fields[0].parse().expect("arrival");
             let ended: f64 = fields[1].parse().expect("end");
             assert!(arrived >= last_arrival && ended >= arrived, "{line}");
@@ -468,6 +476,7 @@ fn intents_csv_holds_every_intent_of_every_strategy() {
             rows += 1;
         }
         assert_eq!(rows, r.intents - r.unfinished, "{:?}", r.strategy);
+        assert!(workers.len() > 1, "{workers:?}");
         let counted: std::collections::BTreeMap<String, u64> = r
             .outcomes
             .iter()

@@ -233,8 +233,8 @@ pub struct StormArgs {
     #[arg(long, default_value_t = 10)]
     pub max_attempts: u32,
     /// Also write every intent of each strategy, one line each (arrival,
-    /// end, outcome, cancellation), to `intents-<strategy>.csv` in `--out`:
-    /// which intents were lost, and when.
+    /// end, outcome, cancellation, worker), to `intents-<strategy>.csv` in
+    /// `--out`: which intents were lost, when, and at which worker.
     #[arg(long)]
     pub intents_csv: bool,
 }
@@ -591,6 +591,8 @@ struct IntentRecord {
     /// When its caller withdrew it, if it did: the report counts an intent
     /// as waiting only until then.
     cancel_at: Option<Duration>,
+    /// The worker it arrived at.
+    worker: usize,
 }
 
 /// One strategy on the shared arrivals, inside the current runtime.
@@ -700,6 +702,7 @@ impl Worker {
             );
             let runner = self.runner.clone();
             let start = self.start;
+            let worker = arrival.worker;
             tasks.spawn(async move {
                 let outcome = runner.run_intent(io).await;
                 Some(IntentRecord {
@@ -707,6 +710,7 @@ impl Worker {
                     ended: Instant::now() - start,
                     outcome,
                     cancel_at: cancel_at.map(|at| at - start),
+                    worker,
                 })
             });
             spawned += 1;

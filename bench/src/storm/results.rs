@@ -390,21 +390,22 @@ impl StrategyResult {
     }
 
     /// One line per intent (`--intents-csv`): when it arrived and ended,
-    /// in seconds of the run, how it ended, and when its caller withdrew
-    /// it (empty if it did not). Which intents a strategy lost, and when,
+    /// in seconds of the run, how it ended, when its caller withdrew it
+    /// (empty if it did not), and the worker it arrived at. Which intents a strategy lost, and when,
     /// is what the per-second series cannot show.
     pub fn intents_csv(&self) -> String {
-        let mut csv = String::from("arrived_s,ended_s,outcome,cancel_at_s\n");
+        let mut csv = String::from("arrived_s,ended_s,outcome,cancel_at_s,worker\n");
         for r in &self.intent_records {
             let cancel = r
                 .cancel_at
                 .map_or(String::new(), |at| format!("{:.3}", at.as_secs_f64()));
             let _ = writeln!(
                 csv,
-                "{:.3},{:.3},{},{cancel}",
+                "{:.3},{:.3},{},{cancel},{}",
                 r.arrived.as_secs_f64(),
                 r.ended.as_secs_f64(),
-                r.outcome.as_str()
+                r.outcome.as_str(),
+                r.worker
             );
         }
         csv
@@ -415,7 +416,15 @@ impl StrategyResult {
 /// runs that finished their workers in another order compare equal).
 fn in_arrival_order(records: &[IntentRecord]) -> Vec<IntentRecord> {
     let mut sorted = records.to_vec();
-    sorted.sort_by_key(|r| (r.arrived, r.ended, r.outcome.as_str(), r.cancel_at));
+    sorted.sort_by_key(|r| {
+        (
+            r.arrived,
+            r.ended,
+            r.outcome.as_str(),
+            r.cancel_at,
+            r.worker,
+        )
+    });
     sorted
 }
 
@@ -848,6 +857,7 @@ mod tests {
             ended: Duration::from_secs_f64(ended),
             outcome: Outcome::Succeeded,
             cancel_at: cancel_at.map(Duration::from_secs_f64),
+            worker: 0,
         }
     }
 

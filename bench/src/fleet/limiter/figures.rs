@@ -73,6 +73,10 @@ pub struct RunFigures {
     pub succeeded: u64,
     /// `intents − succeeded`.
     pub lost: u64,
+    /// Each worker's share of its intents that succeeded, in the order the
+    /// workers were started: the same load through the same coordinator
+    /// should be served alike, whichever process it arrives at.
+    pub succeeded_share_per_worker: Vec<f64>,
     /// Outcome name → intents, the whole fleet.
     pub outcomes: BTreeMap<String, u64>,
     /// Intents that ended with neither a response nor a gate report.
@@ -152,11 +156,19 @@ impl RunFigures {
             .fold((0, 0), |best, s| if s.1 > best.1 { s } else { best });
         let outside: Vec<&Logged> = lines.iter().filter(|l| l.phase == Phase::Limit).collect();
         let refused_outside = outside.iter().filter(|l| l.status == 429).count();
+        let succeeded_share_per_worker = workers
+            .iter()
+            .map(|w| {
+                let ok = w.outcomes.get("succeeded").copied().unwrap_or(0);
+                ok as f64 / w.intents.max(1) as f64
+            })
+            .collect();
         RunFigures {
             decided,
             intents,
             succeeded,
             lost: intents.saturating_sub(succeeded),
+            succeeded_share_per_worker,
             outcomes,
             errors: workers.iter().map(|w| w.errors).sum(),
             unfinished: workers.iter().map(|w| w.unfinished).sum(),
@@ -254,13 +266,19 @@ impl Comparison {
                 .iter()
                 .map(|(by, counts)| format!("{by} {}", counts.iter().sum::<u64>()))
                 .collect();
+            let shares: Vec<String> = run
+                .succeeded_share_per_worker
+                .iter()
+                .map(|share| format!("{share:.2}"))
+                .collect();
             line(format!(
-                "- {} outcomes: {}; errors {}, unfinished {}; attempts by what released them: {}",
+                "- {} outcomes: {}; errors {}, unfinished {}; attempts by what released them: {}; succeeded per worker: {}",
                 run.decided,
                 outcomes.join(", "),
                 run.errors,
                 run.unfinished,
                 released.join(", "),
+                shares.join(", "),
             ));
         }
         line(String::new());
@@ -373,6 +391,7 @@ mod tests {
             &[Duration::from_millis(12)],
         );
         assert_eq!((run.intents, run.succeeded, run.lost), (30, 25, 5));
+        assert_eq!(run.succeeded_share_per_worker, vec![0.75, 1.0]);
         assert_eq!((run.attempts, run.served, run.refused), (47, 15, 32));
         // Seconds 1, 4, 5 serve 10 + 5 + 0 of 3 × 10.
         assert_eq!(run.work_waiting_seconds, 3);
@@ -405,7 +424,10 @@ mod tests {
         assert!(md.contains("| coordinated | 10 | 1 (10.0%) |"), "{md}");
         assert!(md.contains("| alone | 10 | 4 (40.0%) |"), "{md}");
         assert!(md.contains("coordinated lost ÷ alone lost: 0.25"), "{md}");
-        assert!(md.contains("released them: alone 1, first 10"), "{md}");
+        assert!(
+            md.contains("released them: alone 1, first 10; succeeded per worker: 0.90"),
+            "{md}"
+        );
         assert!(md.contains("| 1 | 1 | 1 | 0 | 1 | 1 | 0 |"), "{md}");
         assert!(md.contains("| 2 (outage) |"), "{md}");
         let nothing_lost = Comparison::new(window(), run("coordinated", 0), run("alone", 0));
