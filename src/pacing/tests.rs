@@ -838,3 +838,34 @@ fn a_queue_waiting_out_a_starved_limiters_debt_is_asked_back_at_the_rate_it_retu
         last_chance - at
     );
 }
+
+/// An intent whose turn lies past its last chance is asked back at its
+/// last chance, less a draw over half the horizon: intents arriving at a
+/// fixed rate would otherwise come back at that rate's phase, and a
+/// fleet's workers would be served by their phases, not their deadlines.
+#[test]
+fn intents_asked_back_at_their_last_chance_come_back_spread_over_half_the_horizon() {
+    let p = policy();
+    let mut st = measured(&p, 100, 0);
+    let now = T0 + 20_000;
+    let behind = |jitter_ppm| WakeAsk {
+        // Far back in the queue, a few seconds from its deadline.
+        waiting: 5_000,
+        deadline_ms: now + 3_000,
+        jitter_ppm,
+        ..ask(now, 1000 * (now + 1_000))
+    };
+    let last_chance = now + 3_000 - 100 - p.horizon_ms;
+    let asked_back = |st: &mut PacingState, jitter_ppm| match st.decide(&behind(jitter_ppm), &p) {
+        SlotDecision::AskAgain { at_ms } => at_ms,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(asked_back(&mut st, 0), last_chance);
+    let half = asked_back(&mut st, cursor::JITTER_SCALE / 2);
+    assert_eq!(half, last_chance - p.horizon_ms / 4);
+    let most = asked_back(&mut st, cursor::JITTER_SCALE - 1);
+    assert!(
+        most < half && most > last_chance - p.horizon_ms / 2,
+        "{most}"
+    );
+}
