@@ -190,7 +190,9 @@ impl PacingState {
             .deadline_ms
             .saturating_sub(ask.reserve_ms.saturating_add(horizon))
             .saturating_sub(spread(horizon / 2))
-            .max(now + 1);
+            // Past it, the intent polls for a slot that frees within the
+            // horizon: every eighth of it at most, not at every ask's floor.
+            .max(now + 1 + spread(horizon / 8));
         if booked_us.saturating_add(queued_us).div_euclid(1000) <= now + horizon {
             self.w_short += 1;
             let freed = hot_us.div_euclid(1000) - horizon / 2 + spread(horizon / 2);

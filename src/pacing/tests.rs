@@ -869,3 +869,30 @@ fn intents_asked_back_at_their_last_chance_come_back_spread_over_half_the_horizo
         "{most}"
     );
 }
+
+/// Past its last chance an intent still behind the queue polls for a slot
+/// that frees within the horizon, every eighth of the horizon at most
+/// rather than at every ask's floor.
+#[test]
+fn past_its_last_chance_an_intent_polls_every_eighth_of_the_horizon_at_most() {
+    let p = policy();
+    let mut st = measured(&p, 100, 0);
+    let now = T0 + 20_000;
+    let past = |jitter_ppm| WakeAsk {
+        waiting: 5_000,
+        // A slot at the horizon's end would still fit.
+        deadline_ms: now + 100 + p.horizon_ms,
+        jitter_ppm,
+        ..ask(now, 1000 * (now + 1_000))
+    };
+    let asked_back = |st: &mut PacingState, jitter_ppm| match st.decide(&past(jitter_ppm), &p) {
+        SlotDecision::AskAgain { at_ms } => at_ms - now,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(asked_back(&mut st, 0), 1);
+    assert_eq!(
+        asked_back(&mut st, cursor::JITTER_SCALE / 2),
+        1 + p.horizon_ms / 16
+    );
+    assert!(asked_back(&mut st, cursor::JITTER_SCALE - 1) <= 1 + p.horizon_ms / 8);
+}
