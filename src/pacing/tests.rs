@@ -839,35 +839,40 @@ fn a_queue_waiting_out_a_starved_limiters_debt_is_asked_back_at_the_rate_it_retu
     );
 }
 
+/// How long after `now` an intent far back in the queue (5 000 ahead of
+/// it, the slots booked a second ahead), whose deadline is `deadline_in`
+/// ms away, is asked back, with `jitter_ppm` as the ask's draw.
+fn behind_the_queue_asked_back_in(deadline_in: i64, jitter_ppm: u32) -> i64 {
+    let p = policy();
+    let mut st = measured(&p, 100, 0);
+    let now = T0 + 20_000;
+    let behind = WakeAsk {
+        waiting: 5_000,
+        deadline_ms: now + deadline_in,
+        jitter_ppm,
+        ..ask(now, 1000 * (now + 1_000))
+    };
+    match st.decide(&behind, &p) {
+        SlotDecision::AskAgain { at_ms } => at_ms - now,
+        other => panic!("{other:?}"),
+    }
+}
+
 /// An intent whose turn lies past its last chance is asked back at its
 /// last chance, less a draw over half the horizon: intents arriving at a
 /// fixed rate would otherwise come back at that rate's phase, and a
 /// fleet's workers would be served by their phases, not their deadlines.
 #[test]
 fn intents_asked_back_at_their_last_chance_come_back_spread_over_half_the_horizon() {
-    let p = policy();
-    let mut st = measured(&p, 100, 0);
-    let now = T0 + 20_000;
-    let behind = |jitter_ppm| WakeAsk {
-        // Far back in the queue, a few seconds from its deadline.
-        waiting: 5_000,
-        deadline_ms: now + 3_000,
-        jitter_ppm,
-        ..ask(now, 1000 * (now + 1_000))
-    };
-    let last_chance = now + 3_000 - 100 - p.horizon_ms;
-    let asked_back = |st: &mut PacingState, jitter_ppm| match st.decide(&behind(jitter_ppm), &p) {
-        SlotDecision::AskAgain { at_ms } => at_ms,
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(asked_back(&mut st, 0), last_chance);
-    let half = asked_back(&mut st, cursor::JITTER_SCALE / 2);
-    assert_eq!(half, last_chance - p.horizon_ms / 4);
-    let most = asked_back(&mut st, cursor::JITTER_SCALE - 1);
-    assert!(
-        most < half && most > last_chance - p.horizon_ms / 2,
-        "{most}"
-    );
+    let horizon = policy().horizon_ms;
+    // A few seconds from its deadline; `ask`'s reserve is 100 ms.
+    let asked_back = |jitter_ppm| behind_the_queue_asked_back_in(3_000, jitter_ppm);
+    let last_chance = 3_000 - 100 - horizon;
+    assert_eq!(asked_back(0), last_chance);
+    let half = asked_back(cursor::JITTER_SCALE / 2);
+    assert_eq!(half, last_chance - horizon / 4);
+    let most = asked_back(cursor::JITTER_SCALE - 1);
+    assert!(most < half && most > last_chance - horizon / 2, "{most}");
 }
 
 /// Past its last chance an intent still behind the queue polls for a slot
@@ -875,24 +880,10 @@ fn intents_asked_back_at_their_last_chance_come_back_spread_over_half_the_horizo
 /// rather than at every ask's floor.
 #[test]
 fn past_its_last_chance_an_intent_polls_every_eighth_of_the_horizon_at_most() {
-    let p = policy();
-    let mut st = measured(&p, 100, 0);
-    let now = T0 + 20_000;
-    let past = |jitter_ppm| WakeAsk {
-        waiting: 5_000,
-        // A slot at the horizon's end would still fit.
-        deadline_ms: now + 100 + p.horizon_ms,
-        jitter_ppm,
-        ..ask(now, 1000 * (now + 1_000))
-    };
-    let asked_back = |st: &mut PacingState, jitter_ppm| match st.decide(&past(jitter_ppm), &p) {
-        SlotDecision::AskAgain { at_ms } => at_ms - now,
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(asked_back(&mut st, 0), 1);
-    assert_eq!(
-        asked_back(&mut st, cursor::JITTER_SCALE / 2),
-        1 + p.horizon_ms / 16
-    );
-    assert!(asked_back(&mut st, cursor::JITTER_SCALE - 1) <= 1 + p.horizon_ms / 8);
+    let horizon = policy().horizon_ms;
+    // A slot at the horizon's end would still fit.
+    let asked_back = |jitter_ppm| behind_the_queue_asked_back_in(100 + horizon, jitter_ppm);
+    assert_eq!(asked_back(0), 1);
+    assert_eq!(asked_back(cursor::JITTER_SCALE / 2), 1 + horizon / 16);
+    assert!(asked_back(cursor::JITTER_SCALE - 1) <= 1 + horizon / 8);
 }
