@@ -174,9 +174,6 @@ impl PacingState {
         if floor.saturating_add(ask.reserve_ms) > ask.deadline_ms {
             return SlotDecision::Infeasible { at_ms: floor };
         }
-        // Only first attempts running hot put it past the horizon: demand
-        // the window had (it used its rate); it asks again when the
-        // window's share frees.
         // The last instant to ask again while a slot can still fit, less
         // a draw over half the horizon. Without the draw, an intent sent to
         // its last chance comes back a fixed time after it arrived, and a
@@ -193,6 +190,9 @@ impl PacingState {
             // Past it, the intent polls for a slot that frees within the
             // horizon: every eighth of it at most, not at every ask's floor.
             .max(now + 1 + spread(horizon / 8));
+        // Only first attempts running hot put it past the horizon: demand
+        // the window had (it used its rate); it asks again when the
+        // window's share frees.
         if booked_us.saturating_add(queued_us).div_euclid(1000) <= now + horizon {
             self.w_short += 1;
             let freed = hot_us.div_euclid(1000) - horizon / 2 + spread(horizon / 2);
