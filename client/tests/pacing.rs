@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate_client::clock::{Clock, TokioClock, to_unix_ms};
 use tollgate_client::engine::IntentPolicy;
 use tollgate_client::gate::{Gate, GateConfig, GateIntent, TokenSource};
+use tollgate_client::lease::LeaseCache;
 use tollgate_client::link::{CoordinatorLink, LinkConfig};
 use tollgate_client::outcome::Outcome;
 use tollgate_proto::v1::budget_client::BudgetClient;
@@ -427,6 +428,15 @@ async fn a_slot_named_before_the_instant_asked_from_starts_at_that_instant() {
     assert!(start > slot, "{start:?} at the slot named early, {slot:?}");
 }
 
+/// `n` first attempts served, one every 50 ms: a worker's steady traffic.
+async fn served_steadily(cache: &LeaseCache, n: u32) {
+    for _ in 0..n {
+        cache.record_first_attempt(&scope());
+        cache.record_success(&scope());
+        tokio::time::sleep(ms(50)).await;
+    }
+}
+
 /// Counts alone change nothing before the coordinator's one-second pacing
 /// window closes: a worker with steady traffic sends them about once a
 /// second, each report spanning at most a window (so pacing takes it
@@ -436,11 +446,7 @@ async fn counts_alone_go_once_a_window_and_a_rejection_at_the_next_tick() {
     let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
     let cache = r.gate.cache();
     // Ten seconds of a first attempt and its success every 50 ms.
-    for _ in 0..200 {
-        cache.record_first_attempt(&scope());
-        cache.record_success(&scope());
-        tokio::time::sleep(ms(50)).await;
-    }
+    served_steadily(cache, 200).await;
     let quiet = r.wire.lock().unwrap().reports.clone();
     assert!(
         (9..=11).contains(&quiet.len()),
@@ -495,11 +501,7 @@ async fn held_counts_go_at_the_next_tick_when_another_workers_refusal_ends_the_c
     let cache = r.gate.cache();
     // A calm second: one report (the first goes at once), then counts wait,
     // and the Watch stream opens on the scope.
-    for _ in 0..20 {
-        cache.record_first_attempt(&scope());
-        cache.record_success(&scope());
-        tokio::time::sleep(ms(50)).await;
-    }
+    served_steadily(cache, 20).await;
     support::poll("the route is calm", secs(2), || async {
         !r.gate.cache().view(&scope()).counts_hold.is_zero()
     })
