@@ -85,7 +85,7 @@ pub struct Site {
     pub port: u16,
     /// R, requests/s: `limit_req_zone`'s `rate`, a whole number in nginx.
     pub rate: u32,
-    /// B: `limit_req`'s `burst`.
+    /// B: `limit_req`'s `burst` (0: none, nginx's default).
     pub burst: u32,
     /// The outage's `Retry-After`, whole seconds.
     pub outage_retry_after_s: u64,
@@ -158,10 +158,16 @@ impl Site {
                 // nginx sends no Retry-After of its own, hence the named
                 // location.
                 line("        location / {");
-                line(&format!(
-                    "            limit_req zone=tollgate burst={} nodelay;",
-                    self.burst
-                ));
+                // nginx refuses `burst=0`: no burst is the parameter left
+                // out (its default), and `nodelay` means nothing without one.
+                line(&if self.burst == 0 {
+                    "            limit_req zone=tollgate;".to_owned()
+                } else {
+                    format!(
+                        "            limit_req zone=tollgate burst={} nodelay;",
+                        self.burst
+                    )
+                });
                 line("            limit_req_status 429;");
                 line("            error_page 429 @limited;");
                 line("            try_files /ok.txt =404;");
@@ -248,6 +254,14 @@ mod tests {
         assert!(!text.contains("user "), "not root: no user directive");
         let open = text.matches('{').count();
         assert_eq!(open, text.matches('}').count(), "balanced:\n{text}");
+    }
+
+    #[test]
+    fn no_burst_is_the_parameter_left_out() {
+        let site = Site { burst: 0, ..site() };
+        let text = site.config(Phase::Limit).expect("config");
+        assert!(text.contains("limit_req zone=tollgate;\n"), "{text}");
+        assert!(!text.contains("burst="), "nginx refuses burst=0:\n{text}");
     }
 
     #[test]

@@ -67,7 +67,8 @@ pub struct LimiterArgs {
     /// R: nginx's `limit_req` rate, requests per second.
     #[arg(long, default_value_t = 200)]
     pub limit: u32,
-    /// B: `limit_req`'s burst (served at once: `nodelay`).
+    /// B: `limit_req`'s burst (served at once: `nodelay`); 0 leaves it
+    /// out, nginx's default: requests spaced at least 1/R apart.
     #[arg(long, default_value_t = 20)]
     pub burst: u32,
     /// Worker processes.
