@@ -2,8 +2,11 @@
 //!
 //! After a cooldown ends, every waiting intent wants to go at once. A slot
 //! cursor per route hands out one slot per `1 / wake_rate` interval, each at
-//! a uniformly jittered point inside its interval, so any one-second span
-//! holds at most `wake_rate + 1` slots however large the fleet is. The
+//! a uniformly jittered point in the first sixteenth of its interval, so
+//! any one-second span holds at most `wake_rate + 1` slots however large
+//! the fleet is, and no two slots come much closer than an interval (a
+//! limiter with no burst refuses two requests closer than its own
+//! interval: `slot_jitter_us` in `slot.rs`). The
 //! cursor is kept in microseconds so the bound holds for rates that do not
 //! divide a second evenly. The wake rate and whether a slot is given now or
 //! the intent is told to ask again are pacing's decision ([`SlotDecision`]);
@@ -59,8 +62,9 @@ pub struct SlotAsk<'a> {
     pub reserve_ms: i64,
     /// The coordinator's clock.
     pub now_ms: i64,
-    /// Where inside its interval the slot falls, `0..JITTER_SCALE`; drawn by
-    /// the caller from an injected RNG so runs can be replayed.
+    /// Where inside the jittered part of its interval the slot falls,
+    /// `0..JITTER_SCALE`; drawn by the caller from an injected RNG so runs
+    /// can be replayed.
     pub jitter_ppm: u32,
     /// A retry, or a first attempt held for a slot.
     pub asker: Asker,

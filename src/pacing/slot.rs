@@ -10,7 +10,7 @@
 //! coordinator calls, not one per horizon.
 
 use super::cursor::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
-use super::model::Phase;
+use super::model::{CRUISE_GAIN, Phase};
 use super::stated::InForce;
 use super::{MILLI, Mode, PacingPolicy, PacingState, Rule, WINDOW_MS};
 
@@ -21,6 +21,20 @@ const MAX_WAITING: i64 = MAX_PENDING_PER_ROUTE as i64;
 /// A queue ahead longer than this (about 30 years) puts a slot past any
 /// horizon; the bound keeps the product far from overflow.
 const MAX_QUEUED_US: i64 = 1_000_000_000_000_000;
+
+/// How far into its interval a slot may fall: the part of the interval
+/// that cruise leaves unused ([`CRUISE_GAIN`]), so two slots are never
+/// closer than the cruise gain of an interval. At cruise that is one
+/// interval at ρ̂: a limiter that admits no burst at all (nginx's
+/// `limit_req` without `burst`, requests at least 1/ρ apart) refuses
+/// nothing the slots send while ρ̂ ≤ ρ. Jittered over the whole interval,
+/// two slots came as close as the clock's grain at any rate, such a
+/// limiter refused a few a second however slowly the fleet went, and
+/// every refusal read as the limiter empty: the fleet was held at a fifth
+/// of its rate.
+fn slot_jitter_us(interval_us: i64) -> i64 {
+    interval_us - CRUISE_GAIN.of(interval_us)
+}
 
 /// One waiting intent asking when to go.
 #[derive(Debug, Clone, Copy)]
@@ -138,7 +152,7 @@ impl PacingState {
         let hot_us = self.after_hot_first_attempts_us(now, interval_us);
         let start_us = booked_us.max(hot_us);
         let slot = start_us
-            .saturating_add(spread(interval_us))
+            .saturating_add(spread(slot_jitter_us(interval_us)))
             .div_euclid(1000);
         let horizon = policy.horizon_ms.max(1);
         // Earlier deadlines go first: the slots of the intents ahead of this

@@ -887,3 +887,53 @@ fn past_its_last_chance_an_intent_polls_every_eighth_of_the_horizon_at_most() {
     assert_eq!(asked_back(cursor::JITTER_SCALE / 2), 1 + horizon / 16);
     assert!(asked_back(cursor::JITTER_SCALE - 1) <= 1 + horizon / 8);
 }
+
+/// nginx's `limit_req` without `burst` refuses a request that comes less
+/// than 1/ρ after the last one it admitted. A fleet cruising at ρ̂ = ρ
+/// sends it nothing it refuses, whatever the slots' draws: each slot is
+/// jittered inside the part of its interval that cruise leaves unused.
+/// Jittered over the whole interval, two slots came closer than 1/ρ at any
+/// rate, and each refusal read as the limiter empty.
+#[test]
+fn a_limiter_with_no_burst_refuses_no_slot_of_a_cruise_at_its_rate() {
+    let p = policy();
+    let rate = 100;
+    let mut st = measured(&p, rate, 0);
+    let spacing_ms = 1000 / i64::from(rate);
+    let (mut cursor, mut seed) = (0, 7u64);
+    let (mut last, mut admitted, mut refused) = (None::<i64>, 0, 0);
+    // Two seconds of a backlog asking every 50 ms, as many as get a slot.
+    for now in (T0 + 20_000..T0 + 22_000).step_by(50) {
+        loop {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let jitter_ppm = ((seed >> 33) % u64::from(cursor::JITTER_SCALE)) as u32;
+            let SlotDecision::Slot { at_ms, cursor_us } = st.decide(
+                &WakeAsk {
+                    jitter_ppm,
+                    ..ask(now, cursor)
+                },
+                &p,
+            ) else {
+                break;
+            };
+            cursor = cursor_us;
+            // Slots come in the order given: the cursor only moves on.
+            if last.is_some_and(|last| at_ms - last < spacing_ms) {
+                refused += 1;
+            } else {
+                admitted += 1;
+                last = Some(at_ms);
+            }
+        }
+    }
+    assert_eq!(refused, 0, "{admitted} admitted");
+    // At cruise, fifteen sixteenths of ρ̂, from the first ask to the
+    // horizon of the last: the slots were given, not refused.
+    let cruise = (1_950 + p.horizon_ms) * i64::from(rate) * 15 / 16 / 1000;
+    assert!(
+        (admitted - cruise).abs() <= 2,
+        "{admitted} admitted, {cruise} at cruise"
+    );
+}

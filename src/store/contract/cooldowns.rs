@@ -201,15 +201,16 @@ pub(crate) async fn slots_are_spread_jittered_idempotent_and_deadline_checked(s:
         refused,
         Reconsidered::DeadlineInfeasible(T0 + 1_000 + interval)
     );
-    let half = SlotAsk {
-        jitter_ppm: 500_000,
+    let most = SlotAsk {
+        jitter_ppm: 999_999,
         ..at("b")
     };
-    let b = s.reconsider(&route, half, &p).await.expect("slot").decided;
+    let b = s.reconsider(&route, most, &p).await.expect("slot").decided;
     assert_eq!(
         b,
-        Reconsidered::Slot(T0 + 1_000 + interval + interval / 2),
-        "the refusal took no interval; jitter places the slot inside its own"
+        Reconsidered::Slot(T0 + 1_000 + interval + interval / 16),
+        "the refusal took no interval; jitter places the slot in the first \
+         sixteenth of its own"
     );
 }
 
