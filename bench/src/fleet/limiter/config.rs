@@ -87,6 +87,8 @@ pub struct Site {
     pub rate: u32,
     /// B: `limit_req`'s `burst` (0: none, nginx's default).
     pub burst: u32,
+    /// Requests within the burst are delayed to 1/R apart (no `nodelay`).
+    pub delay: bool,
     /// The outage's `Retry-After`, whole seconds.
     pub outage_retry_after_s: u64,
     /// Answered on the readiness path, so readiness is this run's nginx.
@@ -160,14 +162,18 @@ impl Site {
                 line("        location / {");
                 // nginx refuses `burst=0`: no burst is the parameter left
                 // out (its default), and `nodelay` means nothing without one.
-                line(&if self.burst == 0 {
-                    "            limit_req zone=tollgate;".to_owned()
+                let burst = match self.burst {
+                    0 => String::new(),
+                    b => format!(" burst={b}"),
+                };
+                let nodelay = if self.delay || self.burst == 0 {
+                    ""
                 } else {
-                    format!(
-                        "            limit_req zone=tollgate burst={} nodelay;",
-                        self.burst
-                    )
-                });
+                    " nodelay"
+                };
+                line(&format!(
+                    "            limit_req zone=tollgate{burst}{nodelay};"
+                ));
                 line("            limit_req_status 429;");
                 line("            error_page 429 @limited;");
                 line("            try_files /ok.txt =404;");
@@ -222,6 +228,7 @@ mod tests {
             port: 18080,
             rate: 200,
             burst: 20,
+            delay: false,
             outage_retry_after_s: 3,
             nonce: 42,
             as_root: false,
@@ -262,6 +269,19 @@ mod tests {
         let text = site.config(Phase::Limit).expect("config");
         assert!(text.contains("limit_req zone=tollgate;\n"), "{text}");
         assert!(!text.contains("burst="), "nginx refuses burst=0:\n{text}");
+    }
+
+    #[test]
+    fn a_delayed_burst_leaves_nodelay_out() {
+        let site = Site {
+            delay: true,
+            ..site()
+        };
+        let text = site.config(Phase::Limit).expect("config");
+        assert!(
+            text.contains("limit_req zone=tollgate burst=20;\n"),
+            "{text}"
+        );
     }
 
     #[test]

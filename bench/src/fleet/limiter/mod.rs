@@ -5,8 +5,9 @@
 //!
 //! nginx's `limit_req` is a leaky bucket: requests drain at R per second
 //! (one every 1/R s, tracked to the millisecond), up to B may wait in the
-//! bucket beyond that, and with `nodelay` those B are served at once
-//! rather than spaced out; anything beyond is refused with
+//! bucket beyond that, and with `nodelay` (the default here; `--delay`
+//! leaves it out) those B are served at once rather than spaced out;
+//! anything beyond is refused with
 //! `limit_req_status` (429 here). So nginx serves R/s sustained and at most
 //! B more in any instant; it sends no `Retry-After` of its own, so the
 //! configuration adds `Retry-After: 1` to its 429s.
@@ -71,6 +72,10 @@ pub struct LimiterArgs {
     /// out, nginx's default: requests spaced at least 1/R apart.
     #[arg(long, default_value_t = 20)]
     pub burst: u32,
+    /// Without `nodelay`: nginx holds requests over the rate (up to the
+    /// burst) and lets them through 1/R apart, refusing only past it.
+    #[arg(long)]
+    pub delay: bool,
     /// Worker processes.
     #[arg(long, default_value_t = 8)]
     pub workers: u32,
@@ -364,6 +369,7 @@ async fn start_nginx(
             port: free_port()?,
             rate: plan.args.limit,
             burst: plan.args.burst,
+            delay: plan.args.delay,
             outage_retry_after_s: plan.outage_retry_after_s(),
             nonce: rand::random(),
             as_root,
