@@ -97,10 +97,8 @@ impl TelemetryConfig {
             }
         };
         TelemetryConfig {
-            // Unset, the resource reads `OTEL_SERVICE_NAME` itself.
-            service_name: var("OTEL_SERVICE_NAME")
-                .is_none()
-                .then(|| default_service_name.to_owned()),
+            // Set, the resource reads `OTEL_SERVICE_NAME` itself.
+            service_name: (!service_name_in_env()).then(|| default_service_name.to_owned()),
             traces_endpoint: pick("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
             metrics_endpoint: pick("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
             prometheus,
@@ -253,11 +251,18 @@ pub fn span_filter() -> Targets {
         .with_target("tollgate_client", LevelFilter::INFO)
 }
 
+/// Whether `OTEL_SERVICE_NAME` names a service: set and not blank. Blank
+/// is taken as unset, here and by [`TelemetryConfig::from_env`], so the
+/// default name applies rather than an empty one.
+fn service_name_in_env() -> bool {
+    std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.trim().is_empty())
+}
+
 fn resource(service_name: Option<&str>) -> Resource {
     let builder = Resource::builder();
     match service_name {
         Some(name) => builder.with_service_name(name.to_owned()).build(),
-        None if std::env::var("OTEL_SERVICE_NAME").is_ok() => builder.build(),
+        None if service_name_in_env() => builder.build(),
         None => builder.with_service_name(DEFAULT_SERVICE_NAME).build(),
     }
 }
