@@ -101,6 +101,20 @@ pub struct Site {
     pub temp_paths: Vec<&'static str>,
 }
 
+/// The `limit_req` directive for burst `burst`, without its `;`. nginx
+/// refuses `burst=0`: no burst is the parameter left out (its default), and
+/// `nodelay` means nothing without one.
+pub fn limit_req(burst: u32, delay: bool) -> String {
+    let mut directive = "limit_req zone=tollgate".to_owned();
+    if burst > 0 {
+        directive.push_str(&format!(" burst={burst}"));
+        if !delay {
+            directive.push_str(" nodelay");
+        }
+    }
+    directive
+}
+
 impl Site {
     /// The configuration for `phase`, as nginx reads it.
     pub fn config(&self, phase: Phase) -> Result<String, ConfigError> {
@@ -160,19 +174,9 @@ impl Site {
                 // nginx sends no Retry-After of its own, hence the named
                 // location.
                 line("        location / {");
-                // nginx refuses `burst=0`: no burst is the parameter left
-                // out (its default), and `nodelay` means nothing without one.
-                let burst = match self.burst {
-                    0 => String::new(),
-                    b => format!(" burst={b}"),
-                };
-                let nodelay = if self.delay || self.burst == 0 {
-                    ""
-                } else {
-                    " nodelay"
-                };
                 line(&format!(
-                    "            limit_req zone=tollgate{burst}{nodelay};"
+                    "            {};",
+                    limit_req(self.burst, self.delay)
                 ));
                 line("            limit_req_status 429;");
                 line("            error_page 429 @limited;");

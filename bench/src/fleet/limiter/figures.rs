@@ -193,6 +193,8 @@ impl RunFigures {
 /// Both runs and how their losses compare.
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
+    /// What ran: the limiter's directive and the fleet, in a line.
+    pub setup: String,
     /// The run's shape.
     pub window: Window,
     /// With `tollgate serve`, then deciding alone.
@@ -203,16 +205,22 @@ pub struct Comparison {
 
 impl Comparison {
     /// `runs` in order: coordinated, then alone.
-    pub fn new(window: Window, coordinated: RunFigures, alone: RunFigures) -> Comparison {
+    pub fn new(
+        setup: String,
+        window: Window,
+        coordinated: RunFigures,
+        alone: RunFigures,
+    ) -> Comparison {
         let ratio = (alone.lost > 0).then(|| coordinated.lost as f64 / alone.lost as f64);
         Comparison {
+            setup,
             window,
             runs: vec![coordinated, alone],
             coordinated_lost_per_alone_lost: ratio,
         }
     }
 
-    /// The summary table, the ratio, and the per-second table.
+    /// The setup, the summary table, the ratio, and the per-second table.
     pub fn markdown(&self) -> String {
         let ratio = |r: Option<f64>| r.map_or_else(|| "–".to_owned(), |r| format!("{r:.2}"));
         let mut md = String::new();
@@ -220,6 +228,8 @@ impl Comparison {
         let mut line = |s: String| {
             let _ = writeln!(md, "{s}");
         };
+        line(self.setup.clone());
+        line(String::new());
         line(
             "| decided | intents | lost | served ÷ R while work waits | peak offered ÷ R (second) \
              | 429s ÷ attempts outside the outage | attempts after deadline | attempts | 200s | 429s \
@@ -418,9 +428,15 @@ mod tests {
                 &[],
             )
         };
-        let both = Comparison::new(window(), run("coordinated", 1), run("alone", 4));
+        let both = Comparison::new(
+            "the setup".into(),
+            window(),
+            run("coordinated", 1),
+            run("alone", 4),
+        );
         assert_eq!(both.coordinated_lost_per_alone_lost, Some(0.25));
         let md = both.markdown();
+        assert!(md.starts_with("the setup\n\n| decided |"), "{md}");
         assert!(md.contains("| coordinated | 10 | 1 (10.0%) |"), "{md}");
         assert!(md.contains("| alone | 10 | 4 (40.0%) |"), "{md}");
         assert!(md.contains("coordinated lost ÷ alone lost: 0.25"), "{md}");
@@ -430,10 +446,16 @@ mod tests {
         );
         assert!(md.contains("| 1 | 1 | 1 | 0 | 1 | 1 | 0 |"), "{md}");
         assert!(md.contains("| 2 (outage) |"), "{md}");
-        let nothing_lost = Comparison::new(window(), run("coordinated", 0), run("alone", 0));
+        let nothing_lost = Comparison::new(
+            String::new(),
+            window(),
+            run("coordinated", 0),
+            run("alone", 0),
+        );
         assert_eq!(nothing_lost.coordinated_lost_per_alone_lost, None);
         let json = serde_json::to_value(&both).expect("serializes");
         assert_eq!(json["window"]["outage_start"], 2.5);
+        assert_eq!(json["setup"], "the setup");
         assert_eq!(json["runs"][1]["decided"], "alone");
     }
 }

@@ -163,6 +163,32 @@ impl Plan {
         })
     }
 
+    /// What runs, in a line: the limiter's directive as nginx is given it
+    /// ([`config::limit_req`]) and the fleet.
+    fn setup(&self) -> String {
+        let a = &self.args;
+        let outage = if a.outage.is_zero() {
+            "no outage".to_owned()
+        } else {
+            format!(
+                "outage at {} for {}",
+                humantime::format_duration(a.outage_start),
+                humantime::format_duration(a.outage)
+            )
+        };
+        format!(
+            "nginx `{}` at {} r/s; {} workers; first attempts at {} × R for {}; \
+             deadline {}; {outage}; at most {} attempts an intent",
+            config::limit_req(a.burst, a.delay),
+            a.limit,
+            a.workers,
+            a.demand,
+            humantime::format_duration(a.duration),
+            humantime::format_duration(a.deadline),
+            a.max_attempts,
+        )
+    }
+
     /// The outage's `Retry-After`: its length in whole seconds, rounded up.
     fn outage_retry_after_s(&self) -> u64 {
         self.args.outage.as_millis().div_ceil(1000).max(1) as u64
@@ -226,7 +252,12 @@ pub fn run(
     let comparison = runtime.block_on(async {
         let coordinated = run_once(&plan, &bins, &base, Decided::Coordinated, progress).await?;
         let alone = run_once(&plan, &bins, &base, Decided::Alone, progress).await?;
-        anyhow::Ok(Comparison::new(plan.window, coordinated, alone))
+        anyhow::Ok(Comparison::new(
+            plan.setup(),
+            plan.window,
+            coordinated,
+            alone,
+        ))
     })?;
 
     let table = comparison.markdown();
