@@ -1,5 +1,7 @@
 //! The controller on a virtual clock: one behaviour per test.
 
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
 use super::*;
 
 const T0: i64 = 1_700_000_000_000;
@@ -900,15 +902,12 @@ fn a_limiter_with_no_burst_refuses_no_slot_of_a_cruise_at_its_rate() {
     let rate = 100;
     let mut st = measured(&p, rate, 0);
     let spacing_ms = 1000 / i64::from(rate);
-    let (mut cursor, mut seed) = (0, 7u64);
+    let (mut cursor, mut rng) = (0, StdRng::seed_from_u64(7));
     let (mut last, mut admitted, mut refused) = (None::<i64>, 0, 0);
     // Two seconds of a backlog asking every 50 ms, as many as get a slot.
     for now in (T0 + 20_000..T0 + 22_000).step_by(50) {
         loop {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let jitter_ppm = ((seed >> 33) % u64::from(cursor::JITTER_SCALE)) as u32;
+            let jitter_ppm = rng.random_range(0..cursor::JITTER_SCALE);
             let SlotDecision::Slot { at_ms, cursor_us } = st.decide(
                 &WakeAsk {
                     jitter_ppm,
@@ -929,9 +928,9 @@ fn a_limiter_with_no_burst_refuses_no_slot_of_a_cruise_at_its_rate() {
         }
     }
     assert_eq!(refused, 0, "{admitted} admitted");
-    // At cruise, fifteen sixteenths of ρ̂, from the first ask to the
-    // horizon of the last: the slots were given, not refused.
-    let cruise = (1_950 + p.horizon_ms) * i64::from(rate) * 15 / 16 / 1000;
+    // At cruise, from the first ask to the horizon of the last: the slots
+    // were given, not refused.
+    let cruise = model::CRUISE_GAIN.of((1_950 + p.horizon_ms) * i64::from(rate)) / 1000;
     assert!(
         (admitted - cruise).abs() <= 2,
         "{admitted} admitted, {cruise} at cruise"

@@ -391,8 +391,8 @@ impl StrategyResult {
 
     /// One line per intent (`--intents-csv`): when it arrived and ended,
     /// in seconds of the run, how it ended, when its caller withdrew it
-    /// (empty if it did not), and the worker it arrived at. Which intents a strategy lost, and when,
-    /// is what the per-second series cannot show.
+    /// (empty if it did not), and the worker it arrived at. Which intents a
+    /// strategy lost, and when, is what the per-second series cannot show.
     pub fn intents_csv(&self) -> String {
         let mut csv = String::from("arrived_s,ended_s,outcome,cancel_at_s,worker\n");
         for r in &self.intent_records {
