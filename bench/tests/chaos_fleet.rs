@@ -18,7 +18,12 @@
 //! contact's two (`FIRST_CONTACT_BOUND`, 1.25 × C): a coordinator that has
 //! never met the upstream's limit finds it by startup's climb, and the
 //! bank and the report round trip hide the edge until the climb is past
-//! it (`docs/pacing.md`, bound 3).
+//! it (`docs/pacing.md`, bound 3). The first contact is the first second
+//! with a refusal after the outage, and any second with a refusal in which
+//! the coordinator was still searching (its route's pacing phase, polled
+//! through the Admin API): refusals that did not keep the limiter empty
+//! (a fleet reconnecting at once, a straggler) do not end the search, and
+//! its climb can meet the edge seconds later.
 //!
 //! Three tests. The SIGKILL storm alone and the SIGSTOP storm alone (about
 //! 22 s each, one fleet at a time) run in the default suite. The long
@@ -39,7 +44,10 @@ use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tollgate_proto::v1::{GetScopeRequest, admin_client::AdminClient};
+use tonic::transport::Endpoint;
 
 use process::{Front, Served};
 use tollgate_bench::fleet::upstream;
@@ -78,6 +86,14 @@ const PEAK_BOUND: f64 = 1.1;
 /// paper", bound 3. No search for an unknown edge behind a bank does better
 /// once.
 const FIRST_CONTACT_BOUND: f64 = 1.25;
+
+/// The storm's one scope and route, as the workers name them.
+const CALLER_SCOPE: &str = "fleet";
+const ROUTE: &str = "GET /work/{id}";
+/// How often the coordinator's view of the route is polled, and how long
+/// one poll may take (a stopped coordinator answers none).
+const POLL_EVERY: Duration = Duration::from_millis(50);
+const POLL_TIMEOUT: Duration = Duration::from_millis(200);
 
 fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
@@ -160,12 +176,58 @@ fn read_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// When the coordinator was searching for the limiter's edge on the
+/// storm's route, polled through its Admin API (`GetScope`): its pacing
+/// phase `startup`, or `measure` before anything was measured. Each poll
+/// that answered, as (ms on the upstream's clock, searching).
+struct Phases {
+    poller: JoinHandle<()>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, bool)>>>,
+}
+
+impl Phases {
+    fn poll(coordinator: &str, started: Instant) -> Phases {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let channel = Endpoint::from_shared(coordinator.to_string())
+            .expect("the coordinator's URL")
+            .connect_lazy();
+        let mut admin = AdminClient::new(channel);
+        let record = seen.clone();
+        let poller = tokio::spawn(async move {
+            loop {
+                let request = GetScopeRequest {
+                    caller_scope: CALLER_SCOPE.into(),
+                    route: ROUTE.into(),
+                };
+                // Unknown before the first report; no answer while stopped.
+                if let Ok(Ok(state)) =
+                    tokio::time::timeout(POLL_TIMEOUT, admin.get_scope(request)).await
+                    && let Some(pacing) = state.into_inner().pacing
+                {
+                    let searching = pacing.phase == "startup"
+                        || (pacing.phase == "measure" && !pacing.capacity_measured);
+                    let at = started.elapsed().as_millis() as u64;
+                    record.lock().expect("phases").push((at, searching));
+                }
+                tokio::time::sleep(POLL_EVERY).await;
+            }
+        });
+        Phases { poller, seen }
+    }
+
+    fn stop(self) -> Vec<(u64, bool)> {
+        self.poller.abort();
+        std::mem::take(&mut *self.seen.lock().expect("phases"))
+    }
+}
+
 /// One storm: the upstream and the fleet started; `fault` is run against
 /// the coordinator at `FAULT_AT` and says when it struck (Unix ms).
 struct Storm {
     upstream: Lines,
     workers: Vec<Lines>,
     started: Instant,
+    phases: Phases,
 }
 
 impl Storm {
@@ -220,6 +282,7 @@ impl Storm {
             upstream,
             workers,
             started,
+            phases: Phases::poll(coordinator, started),
         }
     }
 
@@ -233,13 +296,19 @@ impl Storm {
             workers.push(worker.finish(DEADLINE * 4).await);
         }
         let upstream = self.upstream.finish(Duration::from_secs(30)).await;
-        Measured { upstream, workers }
+        let phases = self.phases.stop();
+        Measured {
+            upstream,
+            workers,
+            phases,
+        }
     }
 }
 
 struct Measured {
     upstream: Vec<Value>,
     workers: Vec<Vec<Value>>,
+    phases: Vec<(u64, bool)>,
 }
 
 impl Measured {
@@ -297,6 +366,25 @@ impl Measured {
     fn first_contact(&self, refused: &[u64]) -> Option<usize> {
         let from = (OUTAGE_START + OUTAGE).as_secs() as usize + 1;
         (from..refused.len()).find(|&s| refused[s] > 0)
+    }
+
+    /// The seconds with a refusal in which the coordinator was searching
+    /// for the limiter's edge: its search met the limiter there
+    /// (`docs/pacing.md`, bound 3), wherever that falls after the outage.
+    /// A coordinator with nothing measured searches by startup's climb,
+    /// and refusals that did not keep the limiter empty (a herd woken at
+    /// once, a straggler) do not end it: its climb meets the edge seconds
+    /// after the first refusal, as SIGCONT's did in some runs.
+    fn search_contacts(&self, refused: &[u64]) -> Vec<usize> {
+        let searching: std::collections::BTreeSet<usize> = self
+            .phases
+            .iter()
+            .filter(|(_, searching)| *searching)
+            .map(|(at, _)| (*at / 1000) as usize)
+            .collect();
+        (0..refused.len())
+            .filter(|s| refused[*s] > 0 && searching.contains(s))
+            .collect()
     }
 
     fn per_second(&self, field: &str) -> Vec<u64> {
@@ -429,17 +517,21 @@ impl Measured {
         let refused = self.per_second("refused");
         let contact = self.first_contact(&refused);
         eprintln!("[{name}] first contact after the outage: {contact:?} s");
+        let searched = self.search_contacts(&refused);
+        eprintln!("[{name}] the coordinator's search met the limiter at: {searched:?} s");
+        let contacts: Vec<usize> = contact.into_iter().chain(searched).collect();
         let after = (OUTAGE_START + OUTAGE).as_secs() as usize;
         for (second, &n) in offered.iter().enumerate().skip(after) {
             let load = n as f64 / CAPACITY;
-            let bound = match contact {
-                Some(c) if second == c || second == c + 1 => FIRST_CONTACT_BOUND,
-                _ => PEAK_BOUND,
+            let bound = if contacts.iter().any(|&c| second == c || second == c + 1) {
+                FIRST_CONTACT_BOUND
+            } else {
+                PEAK_BOUND
             };
             if load > bound {
                 failures.push(format!(
                     "[{name}] upstream offered {load:.2} × C at {second} s > {bound} × C \
-                     (first contact: {contact:?} s)"
+                     (first contact: {contact:?} s, the search's: {contacts:?} s)"
                 ));
             }
         }
