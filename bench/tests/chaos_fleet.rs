@@ -517,6 +517,13 @@ impl Measured {
         let refused = self.per_second("refused");
         let contact = self.first_contact(&refused);
         eprintln!("[{name}] first contact after the outage: {contact:?} s");
+        if self.phases.is_empty() {
+            // Then the search's contacts are unknown: the harness, not the
+            // coordinator, failed.
+            failures.push(format!(
+                "[{name}] the coordinator never answered GetScope on {CALLER_SCOPE} {ROUTE}"
+            ));
+        }
         let searched = self.search_contacts(&refused);
         eprintln!("[{name}] the coordinator's search met the limiter at: {searched:?} s");
         let contacts: Vec<usize> = contact.into_iter().chain(searched).collect();
