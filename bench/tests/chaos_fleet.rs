@@ -50,7 +50,7 @@ use tollgate_proto::v1::{GetScopeRequest, admin_client::AdminClient};
 use tonic::transport::Endpoint;
 
 use process::{Front, Served};
-use tollgate_bench::fleet::upstream;
+use tollgate_bench::fleet::{CALLER_SCOPE, ROUTE, upstream};
 
 /// The upstream and worker processes.
 const BENCH: &str = env!("CARGO_BIN_EXE_tollgate-bench");
@@ -87,9 +87,6 @@ const PEAK_BOUND: f64 = 1.1;
 /// once.
 const FIRST_CONTACT_BOUND: f64 = 1.25;
 
-/// The storm's one scope and route, as the workers name them.
-const CALLER_SCOPE: &str = "fleet";
-const ROUTE: &str = "GET /work/{id}";
 /// How often the coordinator's view of the route is polled, and how long
 /// one poll may take (a stopped coordinator answers none).
 const POLL_EVERY: Duration = Duration::from_millis(50);
@@ -538,7 +535,7 @@ impl Measured {
             if load > bound {
                 failures.push(format!(
                     "[{name}] upstream offered {load:.2} × C at {second} s > {bound} × C \
-                     (first contact: {contact:?} s, the search's: {contacts:?} s)"
+                     (first contact: {contact:?} s; with the search's: {contacts:?} s)"
                 ));
             }
         }

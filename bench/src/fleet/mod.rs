@@ -27,3 +27,10 @@ pub mod worker;
 /// the upstream counts attempts that arrive after it, whatever the worker
 /// believed, as the in-process storm's upstream does.
 pub const DEADLINE_HEADER: &str = "x-tollgate-deadline-unix-ms";
+
+/// The one caller scope every fleet worker names, and the one route its
+/// requests fall under (it sends only GETs, to `/work/{n}`): what the
+/// harnesses ask the coordinator about.
+pub const CALLER_SCOPE: &str = "fleet";
+/// See [`CALLER_SCOPE`].
+pub const ROUTE: &str = "GET /work/{id}";

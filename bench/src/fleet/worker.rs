@@ -47,7 +47,7 @@ use tollgate_client::{
 use tonic::transport::{Channel, Endpoint, Uri};
 use tower::{ServiceBuilder, ServiceExt};
 
-use super::DEADLINE_HEADER;
+use super::{CALLER_SCOPE, DEADLINE_HEADER, ROUTE};
 
 /// An intent still running this long after its deadline is counted as
 /// unfinished: the gate must end every intent by its deadline, and the
@@ -203,8 +203,8 @@ async fn work(args: &WorkerArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None,
     )?;
     // One scope for the whole fleet: the storm hits one route.
-    let layer = tollgate.layer(LayerConfig::http(policy, |parts| {
-        Scope::new("fleet", format!("{} /work/{{id}}", parts.method))
+    let layer = tollgate.layer(LayerConfig::http(policy, |_| {
+        Scope::new(CALLER_SCOPE, ROUTE)
     }));
     let client = ServiceBuilder::new()
         .layer(layer)

@@ -16,14 +16,13 @@ use tollgate_testkit::{COORDINATOR_LISTENING, logged_address};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
+use crate::fleet::{CALLER_SCOPE, ROUTE};
+
 /// How long `tollgate serve` may take to report SERVING.
 const SERVING_WITHIN: Duration = Duration::from_secs(30);
 
 /// How often the coordinator's view of the fleet's scope is sampled.
 const SCOPE_SAMPLE: Duration = Duration::from_secs(1);
-
-/// The fleet's one scope, as `fleet::worker` names it.
-const SCOPE: [&str; 2] = ["fleet", "GET /work/{id}"];
 
 /// The `tollgate` binary to start: `explicit` (a `--coordinator-bin`), or
 /// the one beside this binary, as `cargo build` leaves them.
@@ -142,7 +141,13 @@ impl Coordinator {
                 let second = started.elapsed().as_secs_f64();
                 let shown = tokio::process::Command::new(&bin)
                     .args([
-                        "scopes", "show", SCOPE[0], SCOPE[1], "-o", "json", "--server",
+                        "scopes",
+                        "show",
+                        CALLER_SCOPE,
+                        ROUTE,
+                        "-o",
+                        "json",
+                        "--server",
                     ])
                     .arg(&url)
                     .env_remove("TOLLGATE_ADMIN_TOKEN")
