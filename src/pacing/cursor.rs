@@ -171,6 +171,9 @@ pub fn plan(
         .floor_ms
         .max(pacing.floor_for(route_floor_ms, ask.asker.is_first_attempt(), ask.now_ms))
         .max(ask.now_ms);
+    let held_floor_ms = pacing
+        .floor_for(route_floor_ms, true, ask.now_ms)
+        .max(ask.now_ms);
     if let Some(slot) = book.pending_ms {
         // Still pending and still after the floor: the same answer. A
         // floor that moved past it (a newer cooldown) voids it.
@@ -185,6 +188,7 @@ pub fn plan(
     let wake = WakeAsk {
         now_ms: ask.now_ms,
         floor_ms,
+        held_floor_ms,
         deadline_ms: ask.deadline_ms,
         reserve_ms: ask.reserve_ms,
         jitter_ppm: ask.jitter_ppm,

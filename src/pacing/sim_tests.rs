@@ -121,6 +121,8 @@ fn run_stating(shape: Shape, secs: i64, stating_until: i64) -> Run {
                 let ask = WakeAsk {
                     now_ms: now,
                     floor_ms: floor,
+                    // First attempts and retries wait out the same floor.
+                    held_floor_ms: floor,
                     deadline_ms: now + 60_000,
                     reserve_ms: 100,
                     jitter_ppm: ((seed >> 33) % 1_000_000) as u32,

@@ -43,6 +43,11 @@ pub struct WakeAsk {
     pub now_ms: i64,
     /// `max(cooldown, backoff, the worker's not_before)`.
     pub floor_ms: i64,
+    /// The floor a first attempt held for a slot waits for now (the
+    /// cooldown as far as it closes the route). A later `floor_ms`, a
+    /// cooldown held first attempts need not wait out, leaves the intervals
+    /// before it to them.
+    pub held_floor_ms: i64,
     /// The intent's end-to-end deadline.
     pub deadline_ms: i64,
     /// Time the attempt needs after its slot.
@@ -127,6 +132,18 @@ fn drain_ms(waiting: i64, rate_m: i64, ceiling_m: i64, capacity: bool) -> i64 {
     windows * WINDOW_MS
 }
 
+/// Whether a slot at the asker's floor would take the intervals before it
+/// from askers whose floor is `held_floor_ms`: booked there, it moves the
+/// route's one cursor past them. Saturated, a retry waiting out a cooldown
+/// that held first attempts need not, booked at its end, took every
+/// interval before it from the first attempts asking meanwhile: the
+/// upstream went idle for up to a horizon before each such cooldown ended
+/// (the storm's reference run served 0.77-0.79 of its capacity in those
+/// seconds). Asked back at its floor instead, it takes a slot then.
+fn floor_skips(floor_ms: i64, held_floor_ms: i64, cursor_us: i64) -> bool {
+    floor_ms > held_floor_ms && floor_ms.saturating_mul(1000) > cursor_us
+}
+
 impl PacingState {
     /// Decides a Reconsider: a slot within the horizon, ask again, or a
     /// refusal. Brings the state to `ask.now_ms` first.
@@ -176,6 +193,13 @@ impl PacingState {
         if start_us.saturating_add(queued_us).div_euclid(1000) <= now + horizon {
             if slot.saturating_add(ask.reserve_ms) > ask.deadline_ms {
                 return SlotDecision::Infeasible { at_ms: slot };
+            }
+            if self.mode() == Mode::Saturated
+                && floor_skips(floor, ask.held_floor_ms.max(now), ask.cursor_us)
+            {
+                return SlotDecision::AskAgain {
+                    at_ms: floor + spread(horizon / 2),
+                };
             }
             self.w_granted += 1;
             self.w_held += i64::from(ask.asker.is_first_attempt());

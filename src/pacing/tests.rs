@@ -41,6 +41,7 @@ fn ask(now_ms: i64, cursor_us: i64) -> WakeAsk {
         asker: Asker::Retry,
         now_ms,
         floor_ms: now_ms,
+        held_floor_ms: now_ms,
         deadline_ms: now_ms + 60_000,
         reserve_ms: 100,
         jitter_ppm: 0,
@@ -211,6 +212,59 @@ fn first_attempts_that_reach_the_target_are_paced_with_everything_else() {
     }
     assert_eq!(s, 25, "released by the first window that fit");
     assert_eq!(st.wake_rate_m(), 562_500 - st.lam_m);
+}
+
+/// Saturated, a retry waiting out a cooldown that held first attempts need
+/// not wait out is asked back at its end rather than booked there: booked,
+/// it moved the route's one cursor past the intervals before the cooldown's
+/// end, and every first attempt asking meanwhile was put after it.
+#[test]
+fn a_retrys_own_cooldown_leaves_the_intervals_before_it_to_first_attempts() {
+    let p = policy();
+    let mut st = learned();
+    let at = T0 + 20_000;
+    report(&mut st, &p, at + 100, (80, 60, 20), &[], 0);
+    report(&mut st, &p, at + 600, (400, 300, 100), &[], 0);
+    assert_eq!(st.mode(), Mode::Saturated);
+    let now = at + 700;
+    let idle = now * 1000;
+    let cooldown_end = now + 150;
+    let retry = WakeAsk {
+        floor_ms: cooldown_end,
+        ..ask(now, idle)
+    };
+    let SlotDecision::AskAgain { at_ms } = st.decide(&retry, &p) else {
+        panic!("a slot at the cooldown's end would take the intervals before it");
+    };
+    assert!(
+        (cooldown_end..=cooldown_end + p.horizon_ms / 2).contains(&at_ms),
+        "{at_ms}"
+    );
+    // The cursor is untouched: a first attempt asking now goes now.
+    let held = WakeAsk {
+        asker: Asker::FirstAttempt { arriving: true },
+        ..ask(now + 1, idle)
+    };
+    let SlotDecision::Slot { at_ms, .. } = st.decide(&held, &p) else {
+        panic!("the first attempt is given the idle interval");
+    };
+    assert!(at_ms < cooldown_end, "{at_ms}");
+    // A cooldown that closes the route holds first attempts as long: nobody
+    // could use the intervals before its end, and the retry is booked there.
+    let closing = WakeAsk {
+        held_floor_ms: cooldown_end,
+        ..retry
+    };
+    assert!(matches!(
+        st.decide(&closing, &p),
+        SlotDecision::Slot { at_ms, .. } if at_ms >= cooldown_end
+    ));
+    // Not saturated, first attempts do not ask for slots: booked there too.
+    let mut calm = learned();
+    assert!(matches!(
+        calm.decide(&retry, &p),
+        SlotDecision::Slot { at_ms, .. } if at_ms >= cooldown_end
+    ));
 }
 
 /// Saturated, the first-attempt rate is what arrives, not what the slots

@@ -297,6 +297,7 @@ fn a_queue_told_nothing_is_left_is_not_sent_to_its_last_chance() {
         asker: crate::pacing::Asker::Retry,
         now_ms: now,
         floor_ms: now + 10_000,
+        held_floor_ms: now,
         deadline_ms: now + 30_000,
         reserve_ms: 100,
         jitter_ppm: 0,
