@@ -173,10 +173,10 @@ fn a_refusal_holds_the_rate_that_drew_it_until_the_next_measures_the_limiter() {
     assert_eq!(st.wake_rate_m(), 50_000 * 15 / 16 - 20_000);
 }
 
-#[test]
-fn first_attempts_that_reach_the_target_are_paced_with_everything_else() {
+/// [`learned`], whose limiter then drops to 600/s under 800/s of first
+/// attempts, measured by the window starting at `at` (returned): saturated.
+fn saturated_at_600() -> (PacingState, i64) {
     let p = policy();
-    // The limiter drops to 600/s under 800/s of first attempts.
     let mut st = learned();
     let at = T0 + 20_000;
     report(&mut st, &p, at + 100, (80, 60, 20), &[], 0);
@@ -184,6 +184,13 @@ fn first_attempts_that_reach_the_target_are_paced_with_everything_else() {
     report(&mut st, &p, at + 600, (400, 300, 100), &[], 0);
     assert_eq!(st.model().rate_m(), Some(600_000));
     assert_eq!(st.mode(), Mode::Saturated);
+    (st, at)
+}
+
+#[test]
+fn first_attempts_that_reach_the_target_are_paced_with_everything_else() {
+    let p = policy();
+    let (mut st, at) = saturated_at_600();
     assert_eq!(st.wake_rate_m(), 600_000 * 15 / 16, "the whole target");
     assert!(holds_first_attempts(true, st.mode(), false, 0, 0, at + 600));
     // Held, first attempts wait for slots; while they ask for more than
@@ -221,11 +228,7 @@ fn first_attempts_that_reach_the_target_are_paced_with_everything_else() {
 #[test]
 fn a_retrys_own_cooldown_leaves_the_intervals_before_it_to_first_attempts() {
     let p = policy();
-    let mut st = learned();
-    let at = T0 + 20_000;
-    report(&mut st, &p, at + 100, (80, 60, 20), &[], 0);
-    report(&mut st, &p, at + 600, (400, 300, 100), &[], 0);
-    assert_eq!(st.mode(), Mode::Saturated);
+    let (mut st, at) = saturated_at_600();
     let now = at + 700;
     let idle = now * 1000;
     let cooldown_end = now + 150;
@@ -275,11 +278,7 @@ fn a_retrys_own_cooldown_leaves_the_intervals_before_it_to_first_attempts() {
 #[test]
 fn a_backlog_of_held_first_attempts_released_is_not_an_arrival_rate() {
     let p = policy();
-    let mut st = learned();
-    let at = T0 + 20_000;
-    report(&mut st, &p, at + 100, (80, 60, 20), &[], 0);
-    report(&mut st, &p, at + 600, (400, 300, 100), &[], 0);
-    assert_eq!(st.mode(), Mode::Saturated);
+    let (mut st, _) = saturated_at_600();
     // Nothing arrives any more; the slots release the first attempts held
     // before, as fast as they go, then the last few.
     for (s, released) in [(21, 560), (22, 560), (23, 560), (24, 100)] {
