@@ -197,8 +197,10 @@ impl PacingState {
             if self.mode() == Mode::Saturated
                 && floor_skips(floor, ask.held_floor_ms.max(now), ask.cursor_us)
             {
+                // Never past the last instant its slot still fits.
+                let last = ask.deadline_ms.saturating_sub(ask.reserve_ms);
                 return SlotDecision::AskAgain {
-                    at_ms: floor + spread(horizon / 2),
+                    at_ms: (floor + spread(horizon / 2)).min(last),
                 };
             }
             self.w_granted += 1;

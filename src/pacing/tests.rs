@@ -243,6 +243,18 @@ fn a_retrys_own_cooldown_leaves_the_intervals_before_it_to_first_attempts() {
         (cooldown_end..=cooldown_end + p.horizon_ms / 2).contains(&at_ms),
         "{at_ms}"
     );
+    // Never past the last instant a slot still fits its deadline.
+    let tight = WakeAsk {
+        deadline_ms: cooldown_end + 100 + 10,
+        jitter_ppm: cursor::JITTER_SCALE - 1,
+        ..retry
+    };
+    assert_eq!(
+        st.decide(&tight, &p),
+        SlotDecision::AskAgain {
+            at_ms: cooldown_end + 10
+        }
+    );
     // The cursor is untouched: a first attempt asking now goes now.
     let held = WakeAsk {
         asker: Asker::FirstAttempt { arriving: true },
