@@ -72,6 +72,14 @@ pub enum StateChange {
         /// The mode now.
         mode: crate::pacing::Mode,
     },
+    /// A saturated route calls back the intents told to ask again whose
+    /// deadline is at or before `deadline_ms`: its slots go unused.
+    CallBack {
+        /// The route.
+        route: RouteKey,
+        /// The latest deadline called back.
+        deadline_ms: i64,
+    },
     /// An operator reset a route: its own cooldown is gone, so a watcher
     /// must drop the one it holds (a `max` merge would keep it forever).
     Reset {

@@ -33,7 +33,7 @@ use tollgate_proto::v1::budget_server::Budget;
 use tollgate_proto::v1::{
     Evidence, GetScopeRequest, LeaseRequest, LeaseResponse, Priority, ReconsiderDecision,
     ReconsiderRequest, ReconsiderResponse, ReleaseRequest, ReleaseResponse, ReportRequest,
-    ReportResponse, ScopeEvent, WatchRequest,
+    ReportResponse, ScopeEvent, StatedField, StatedLimit, WatchRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -610,6 +610,165 @@ async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
         [(true, true)],
         "a first attempt's first ask, as it arrived"
     );
+}
+
+/// `worker`'s report of one second: `first` first attempts, all served,
+/// each answer stating 100 requests a second, all left.
+fn stating(worker: &str, first: u32, now_ms: i64) -> ReportRequest {
+    let field = |name: &str, value: &str| StatedField {
+        name: name.into(),
+        value: value.into(),
+        truncated: false,
+    };
+    ReportRequest {
+        scope: Some(scope().to_wire()),
+        worker_id: worker.into(),
+        first_attempts: first,
+        successes: first,
+        stated_limit: Some(StatedLimit {
+            fields: vec![
+                field("x-ratelimit-limit", "100, 100;w=1"),
+                field("x-ratelimit-remaining", "100"),
+                field("x-ratelimit-reset", "1"),
+            ],
+            receipt_unix_ms: now_ms,
+            http_status: 200,
+        }),
+        ..ReportRequest::default()
+    }
+}
+
+/// Saturated at a stated pace, an intent far back in the queue is told to
+/// ask again at the instant its turn was estimated at. When the intents
+/// ahead of it go (here, their deadlines pass) the quota's slots go unused:
+/// the next slot given at the idle cursor calls back the earliest deadlines
+/// still waiting, by a Watch event, and the worker's intent asks at once,
+/// not at its instant.
+#[tokio::test(start_paused = true)]
+async fn told_to_ask_again_it_is_called_back_when_a_stated_quota_goes_unused() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    let warm = r
+        .gate
+        .run(
+            intent("i-warm", roomy()),
+            Upstream::new(vec![http(200, None)]).attempt(),
+        )
+        .await;
+    assert_eq!(warm.outcome, Outcome::Succeeded);
+    // Three other workers send 102 first attempts a second to an upstream
+    // that states 100, and keep doing so: every attempt waits for a slot.
+    let coordinator = r.h.coordinator.client();
+    let clock = r.h.clock.clone();
+    let fleet = {
+        let mut coordinator = coordinator.clone();
+        tokio::spawn(async move {
+            loop {
+                let now = to_unix_ms(clock.now());
+                for w in ["worker-1", "worker-2", "worker-3"] {
+                    coordinator.report(stating(w, 34, now)).await.unwrap();
+                }
+                tokio::time::sleep(secs(1)).await;
+            }
+        })
+    };
+    support::poll(
+        "the route is saturated at the stated pace",
+        secs(30),
+        || async { r.gate.cache().view(&scope()).hold_first_attempts },
+    )
+    .await;
+    // On a whole second (the fleet's reports come on them), other intents
+    // book the horizon, then 300 more with deadlines 1.5 s away queue
+    // ahead of this worker's.
+    let whole = 1000 - to_unix_ms(r.h.clock.now()).rem_euclid(1000);
+    tokio::time::sleep(ms(u64::try_from(whole).unwrap() + 10)).await;
+    let start = to_unix_ms(r.h.clock.now());
+    let other = |id: String, deadline_unix_ms| ReconsiderRequest {
+        scope: Some(scope().to_wire()),
+        worker_id: "worker-1".into(),
+        intent_id: id,
+        deadline_unix_ms,
+        attempt_reserve_ms: 100,
+        ..ReconsiderRequest::default()
+    };
+    let mut direct = coordinator.clone();
+    let mut filled = 0;
+    while direct
+        .reconsider(other(format!("fill-{filled}"), start + 60_000))
+        .await
+        .unwrap()
+        .get_ref()
+        .decision()
+        == ReconsiderDecision::Slot
+    {
+        filled += 1;
+    }
+    for i in 0..300 {
+        let told = direct
+            .reconsider(other(format!("ahead-{i}"), start + 1_500))
+            .await;
+        assert_eq!(
+            told.unwrap().get_ref().decision(),
+            ReconsiderDecision::AskAgain
+        );
+    }
+    // A held first attempt with a 200 ms attempt cap: the 300 are ahead.
+    let upstream = Upstream::new(vec![http(200, None)]);
+    let gate = r.gate.clone();
+    let quick = policy(secs(60), 3, ms(200), None);
+    let run = tokio::spawn(async move {
+        gate.run(intent("i-called", quick), upstream.attempt())
+            .await
+    });
+    support::poll("the intent is told to ask again", secs(5), || async {
+        r.wire
+            .lock()
+            .unwrap()
+            .reconsiders
+            .iter()
+            .any(|(_, a)| a.decision() == ReconsiderDecision::AskAgain)
+    })
+    .await;
+    let (told_at, told) = *r
+        .wire
+        .lock()
+        .unwrap()
+        .reconsiders
+        .iter()
+        .find(|(_, a)| a.decision() == ReconsiderDecision::AskAgain)
+        .unwrap();
+    assert!(
+        told.ask_again_unix_ms > start + 2_000,
+        "far back in the queue: {told:?}"
+    );
+    // Their deadlines pass; half a second into the next window another
+    // intent asks at the idle cursor and is given a slot.
+    let called_at = start + 1_500;
+    tokio::time::sleep(ms(
+        u64::try_from(called_at - to_unix_ms(r.h.clock.now())).unwrap()
+    ))
+    .await;
+    let late = direct
+        .reconsider(other("late".into(), start + 60_000))
+        .await;
+    assert_eq!(late.unwrap().get_ref().decision(), ReconsiderDecision::Slot);
+    let result = run.await.unwrap();
+    fleet.abort();
+    assert_eq!(result.outcome, Outcome::Succeeded, "{result:?}");
+    let wire = r.wire.lock().unwrap();
+    let (asked, answer) = *wire
+        .reconsiders
+        .iter()
+        .find(|(at, _)| *at > told_at)
+        .unwrap();
+    assert!(
+        asked >= called_at && asked < called_at + 50,
+        "asked when called back ({called_at}), not at {}: {asked}",
+        told.ask_again_unix_ms
+    );
+    assert_eq!(answer.decision(), ReconsiderDecision::Slot, "{answer:?}");
+    let held = result.held.clone().expect("held");
+    assert_eq!(held.slot.map(|_| ()), Some(()), "it went at its slot");
 }
 
 #[tokio::test(start_paused = true)]

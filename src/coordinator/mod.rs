@@ -17,6 +17,7 @@
 //! [`Coordinator::watch`], which subscribes *before* reading snapshots so no
 //! change falls in between.
 
+mod call_back;
 mod report;
 mod shadow;
 
@@ -73,6 +74,7 @@ pub struct Coordinator {
     /// a whole run replayable; the lock is held for one draw.
     rng: Mutex<StdRng>,
     control: Control,
+    call_backs: call_back::CallBacks,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -147,6 +149,7 @@ impl Coordinator {
             clock: parts.clock,
             rng: Mutex::new(rng),
             control: parts.control,
+            call_backs: call_back::CallBacks::default(),
         }
     }
 
@@ -314,6 +317,9 @@ impl Coordinator {
     ) -> Result<Reconsideration, StoreError> {
         let policy = self.policies.current().resolve(route);
         let now_ms = self.now_ms();
+        // Half a horizon: the time the intents a call-back reaches take to
+        // ask (see `call_back`).
+        let quiet_ms = policy.pacing.horizon_ms / 2;
         let ask = SlotAsk {
             intent_id: request.intent_id,
             floor_ms: request.not_before_ms,
@@ -323,14 +329,23 @@ impl Coordinator {
             jitter_ppm: self.jitter(),
             asker: request.asker,
             tenant: request.tenant,
+            may_call_back: self.call_backs.due(route, now_ms, quiet_ms),
         };
         let Slotted {
             decided,
             view,
             pacing,
             pacing_was,
+            call_back_until_ms,
         } = self.store.reconsider(route, ask, &policy).await?;
         self.announce_pacing(route, pacing_was, &pacing);
+        if let Some(deadline_ms) = call_back_until_ms {
+            self.call_backs.sent_at(route, now_ms, quiet_ms);
+            self.hub.publish(StateChange::CallBack {
+                route: route.clone(),
+                deadline_ms,
+            });
+        }
         // Shadow: the cursor moved as enforcing would move it; the intent
         // goes as soon as it asked to (a freeze still holds it).
         let through = now_ms.max(request.not_before_ms);

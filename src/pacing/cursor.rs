@@ -71,6 +71,10 @@ pub struct SlotAsk<'a> {
     /// The asking token, whose quota a new scope is charged to
     /// ([`Tenant::NONE`] in open dev mode).
     pub tenant: Tenant,
+    /// Whether a call-back this ask finds ([`SlotPlan::call_back`]) would
+    /// be published: false while one published lately still stands, and
+    /// the store need not look for the intents it would reach.
+    pub may_call_back: bool,
 }
 
 /// The answer to a [`SlotAsk`].
@@ -83,6 +87,14 @@ pub enum SlotOutcome {
     /// No slot yet: ask again at this instant (the rate may have risen by
     /// then).
     AskAgain(i64),
+}
+
+/// How long past the instant it was told to ask again at an intent that
+/// has not asked is taken as gone by a call-back
+/// ([`SlotCursor::call_back_until`]): a horizon, the most a live intent's
+/// ask is late by before it is not worth calling.
+pub fn call_back_overdue_ms(policy: &PacingPolicy) -> i64 {
+    policy.horizon_ms
 }
 
 /// The deadline bucket of an instant.
@@ -137,6 +149,10 @@ pub enum SlotChange {
     Ask {
         /// Its deadline, which orders the queue and ends its wait.
         deadline_ms: i64,
+        /// The instant it was told to ask again at: one that has not
+        /// asked a horizon after it is not called back
+        /// ([`SlotCursor::call_back_until`]).
+        again_ms: i64,
     },
     /// The intent stops waiting (no slot can fit its deadline).
     Forget,
@@ -152,6 +168,9 @@ pub struct SlotPlan {
     pub change: SlotChange,
     /// The pacing mode before the decision.
     pub pacing_was: crate::pacing::Mode,
+    /// Intents told to ask again to call back now, earliest deadlines
+    /// first ([`PacingState::call_back`]); 0 for none.
+    pub call_back: u32,
 }
 
 /// Decides `ask` on a route whose own floor (cooldown, backoff, mutes) is
@@ -182,6 +201,7 @@ pub fn plan(
                 outcome: SlotOutcome::Slot(slot),
                 change: SlotChange::Keep,
                 pacing_was,
+                call_back: 0,
             };
         }
     }
@@ -196,11 +216,17 @@ pub fn plan(
         cursor_us: book.cursor_us,
         asker: ask.asker,
     };
+    let mut call_back = 0;
     let (outcome, change) = match pacing.decide(&wake, policy) {
-        SlotDecision::Slot { at_ms, cursor_us } => (
-            SlotOutcome::Slot(at_ms),
-            SlotChange::Book { at_ms, cursor_us },
-        ),
+        SlotDecision::Slot { at_ms, cursor_us } => {
+            if ask.may_call_back {
+                call_back = pacing.call_back(&wake, route_floor_ms, policy);
+            }
+            (
+                SlotOutcome::Slot(at_ms),
+                SlotChange::Book { at_ms, cursor_us },
+            )
+        }
         // Past the bound the intent is still told to ask again, just not
         // recorded: the wait estimate saturates there anyway, and refusing
         // would send it to decide alone, all at once with every other
@@ -209,6 +235,7 @@ pub fn plan(
             SlotOutcome::AskAgain(at_ms),
             SlotChange::Ask {
                 deadline_ms: ask.deadline_ms,
+                again_ms: at_ms,
             },
         ),
         SlotDecision::Infeasible { at_ms } => {
@@ -219,7 +246,15 @@ pub fn plan(
         outcome,
         change,
         pacing_was,
+        call_back,
     }
+}
+
+/// An intent told to ask again, as the memory store keeps it.
+#[derive(Debug, Clone, Copy)]
+struct Asking {
+    deadline_ms: i64,
+    again_ms: i64,
 }
 
 /// The slot cursor of one route and the intents waiting on it, as the
@@ -230,9 +265,10 @@ pub struct SlotCursor {
     next_us: i64,
     /// Pending slots by intent, for idempotent asks.
     pending: HashMap<String, i64>,
-    /// Intents told to ask again, by their deadline: the queue ahead of the
-    /// next one asking, for the estimate of its wait.
-    asking: HashMap<String, i64>,
+    /// Intents told to ask again, by their deadline and the instant they
+    /// were told to ask again at: the queue ahead of the next one asking,
+    /// for the estimate of its wait, and who a call-back reaches.
+    asking: HashMap<String, Asking>,
     /// How many of `asking` have their deadline in each bucket
     /// (`deadline / DEADLINE_BUCKET_MS`): an intent's place in the queue is
     /// the sum of the buckets before its own.
@@ -275,16 +311,44 @@ impl SlotCursor {
                 self.next_us = cursor_us;
                 self.pending.insert(intent.to_owned(), at_ms);
             }
-            SlotChange::Ask { deadline_ms } => {
+            SlotChange::Ask {
+                deadline_ms,
+                again_ms,
+            } => {
                 if self.asking.contains_key(intent) || self.asking.len() < MAX_PENDING_PER_ROUTE {
                     self.forget(intent);
-                    self.asking.insert(intent.to_owned(), deadline_ms);
+                    let entry = Asking {
+                        deadline_ms,
+                        again_ms,
+                    };
+                    self.asking.insert(intent.to_owned(), entry);
                     *self.deadlines.entry(bucket(deadline_ms)).or_default() += 1;
                 }
             }
             SlotChange::Forget => self.forget(intent),
         }
         Ok(decided)
+    }
+
+    /// The latest deadline among the `count` intents told to ask again
+    /// whose deadlines come first (all of them, if fewer wait): a
+    /// call-back reaching it wakes them. Only intents still listening
+    /// count: one that has not asked again `overdue_ms` after the instant
+    /// it was told (its caller cancelled it, say: nobody hears of that)
+    /// would be called for nothing, and the intent behind it not at all.
+    /// `None` when none waits.
+    pub fn call_back_until(&self, count: u32, now_ms: i64, overdue_ms: i64) -> Option<i64> {
+        let mut live: Vec<i64> = self
+            .asking
+            .values()
+            .filter(|a| a.deadline_ms > now_ms && a.again_ms.saturating_add(overdue_ms) >= now_ms)
+            .map(|a| a.deadline_ms)
+            .collect();
+        let last = usize::try_from(count)
+            .unwrap_or(usize::MAX)
+            .min(live.len())
+            .checked_sub(1)?;
+        Some(*live.select_nth_unstable(last).1)
     }
 
     /// Intents told to ask again whose deadline lies in [`ahead_range`].
@@ -299,8 +363,8 @@ impl SlotCursor {
 
     /// Takes `intent` off the intents told to ask again.
     fn forget(&mut self, intent: &str) {
-        if let Some(deadline) = self.asking.remove(intent) {
-            self.uncount(deadline);
+        if let Some(asking) = self.asking.remove(intent) {
+            self.uncount(asking.deadline_ms);
         }
     }
 
@@ -318,10 +382,10 @@ impl SlotCursor {
     /// once a window (it walks the whole map).
     fn prune_asking(&mut self, now_ms: i64) {
         if now_ms - self.pruned_ms >= WINDOW_MS || self.asking.len() >= MAX_PENDING_PER_ROUTE {
-            self.asking.retain(|_, &mut deadline| deadline > now_ms);
+            self.asking.retain(|_, a| a.deadline_ms > now_ms);
             self.deadlines.clear();
-            for &deadline in self.asking.values() {
-                *self.deadlines.entry(bucket(deadline)).or_default() += 1;
+            for a in self.asking.values() {
+                *self.deadlines.entry(bucket(a.deadline_ms)).or_default() += 1;
             }
             self.pruned_ms = now_ms;
         }
@@ -333,7 +397,10 @@ impl SlotCursor {
     /// the deadline is what ends its count: after a storm this falls to 0
     /// whether or not anyone asks again.
     pub fn asking(&self, now_ms: i64) -> usize {
-        self.asking.values().filter(|&&d| d > now_ms).count()
+        self.asking
+            .values()
+            .filter(|a| a.deadline_ms > now_ms)
+            .count()
     }
 
     /// Intents whose slot is still ahead or who will ask again before
@@ -377,6 +444,7 @@ mod tests {
             jitter_ppm,
             asker: Asker::Retry,
             tenant: Tenant::NONE,
+            may_call_back: false,
         }
     }
 
@@ -487,6 +555,52 @@ mod tests {
         // interval behind, whoever asks takes one.
         let later = NOW + 3_500;
         assert_eq!(at("far", later, NOW + 60_000), SlotOutcome::Slot(later));
+    }
+
+    #[test]
+    fn a_call_back_reaches_the_deadline_of_the_last_listening_intent_it_counts() {
+        let mut cursor = SlotCursor::default();
+        // Deadline and the instant each was told to ask again at.
+        for (intent, deadline, again) in [
+            ("d", 40_000, 5_000),
+            ("a", 10_000, 1_000),
+            ("c", 30_100, 2_000),
+            ("b", 20_000, 9_000),
+        ] {
+            let asking = Asking {
+                deadline_ms: NOW + deadline,
+                again_ms: NOW + again,
+            };
+            cursor.asking.insert(intent.into(), asking);
+        }
+        let overdue = 250;
+        assert_eq!(cursor.call_back_until(1, NOW, overdue), Some(NOW + 10_000));
+        assert_eq!(cursor.call_back_until(3, NOW, overdue), Some(NOW + 30_100));
+        assert_eq!(
+            cursor.call_back_until(9, NOW, overdue),
+            Some(NOW + 40_000),
+            "fewer waiting: all of them"
+        );
+        assert_eq!(cursor.call_back_until(0, NOW, overdue), None);
+        // "a" did not ask again by its instant and the overdue time after
+        // it: taken as gone, the call-back reaches the next one instead.
+        assert_eq!(
+            cursor.call_back_until(1, NOW + 1_250, overdue),
+            Some(NOW + 10_000)
+        );
+        assert_eq!(
+            cursor.call_back_until(1, NOW + 1_251, overdue),
+            Some(NOW + 20_000)
+        );
+        assert_eq!(
+            cursor.call_back_until(2, NOW + 2_251, overdue),
+            Some(NOW + 40_000)
+        );
+        assert_eq!(
+            cursor.call_back_until(1, NOW + 9_251, overdue),
+            None,
+            "nobody listens"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! coordinator calls, not one per horizon.
 
 use super::cursor::{JITTER_SCALE, MAX_PENDING_PER_ROUTE};
-use super::model::{CRUISE_GAIN, Phase};
+use super::model::{CRUISE_GAIN, Fraction, Phase};
 use super::stated::InForce;
 use super::{MILLI, Mode, PacingPolicy, PacingState, Rule, WINDOW_MS};
 
@@ -143,6 +143,14 @@ fn drain_ms(waiting: i64, rate_m: i64, ceiling_m: i64, capacity: bool) -> i64 {
 fn floor_skips(floor_ms: i64, held_floor_ms: i64, cursor_us: i64) -> bool {
     floor_ms > held_floor_ms && floor_ms.saturating_mul(1000) > cursor_us
 }
+
+/// What a saturated route's window must have given out by now, as a share
+/// of its rate prorated over the window so far, before its slots count as
+/// taken: below it, with little booked ahead, slots go unused while intents
+/// wait asked back for later instants, and the route calls some back
+/// ([`PacingState::call_back`]). The eighth spared is the slots' own
+/// jitter and the lag of the asks a window's first slots answer.
+const CALL_BACK_BELOW: Fraction = Fraction { num: 7, den: 8 };
 
 impl PacingState {
     /// Decides a Reconsider: a slot within the horizon, ask again, or a
@@ -303,6 +311,38 @@ impl PacingState {
         SlotDecision::AskAgain {
             at_ms: again.min(last_chance),
         }
+    }
+
+    /// How many intents told to ask again to call back now, after `ask`
+    /// was given a slot on a route whose own floor is `route_floor_ms`; 0
+    /// for none. Saturated, every attempt waits for a slot in deadline
+    /// order, and an intent asked back waits for the instant its turn was
+    /// estimated at. When arrivals stop or the rate rises, the turns come
+    /// sooner than estimated: the cursor idles (little booked ahead) and
+    /// the window gives out less than its rate, while the intents that
+    /// could take those slots wait for later instants. Calling back the
+    /// intents that half a horizon's slots would serve (those with the
+    /// earliest deadlines) fills the gap; more would only ask to be told to
+    /// ask again. Not under a cooldown or a penalty, where slots are held on
+    /// purpose, nor on a route that is not saturated, where first attempts
+    /// take what retries leave. Only at a stated pace: a learned rate is an
+    /// estimate, and the slots a call-back fills are its overshoot when it
+    /// is high (docs/pacing.md, "Known limits", the startup item).
+    pub fn call_back(&self, ask: &WakeAsk, route_floor_ms: i64, policy: &PacingPolicy) -> u32 {
+        let now = ask.now_ms;
+        let half = policy.horizon_ms.max(1) / 2;
+        let idle = ask.cursor_us <= now.saturating_add(half).saturating_mul(1000);
+        let stated = self.stated.in_force() == InForce::Corroborated;
+        if self.mode() != Mode::Saturated || !stated || route_floor_ms > now || !idle {
+            return 0;
+        }
+        let into = (now - self.win * WINDOW_MS).clamp(0, WINDOW_MS);
+        let due_m = CALL_BACK_BELOW.of(self.rate_m.saturating_mul(into) / WINDOW_MS);
+        if self.w_granted.saturating_mul(MILLI) >= due_m {
+            return 0;
+        }
+        let count = self.rate_m.saturating_mul(half) / (MILLI * 1000);
+        u32::try_from(count.clamp(1, MAX_WAITING)).unwrap_or(u32::MAX)
     }
 
     /// While first attempts run faster than their average, where the

@@ -221,6 +221,21 @@ fn first_attempts_that_reach_the_target_are_paced_with_everything_else() {
     assert_eq!(st.wake_rate_m(), 562_500 - st.lam_m);
 }
 
+/// On a learned rate, a saturated route whose slots go unused calls nobody
+/// back ([`PacingState::call_back`]): the rate is an estimate, and calling
+/// the queue back to fill it turns a climb that overshoots into refusals
+/// (docs/pacing.md, "Known limits").
+#[test]
+fn a_saturated_route_on_a_learned_rate_calls_nobody_back() {
+    let p = policy();
+    let (mut st, at) = saturated_at_600();
+    let window = at + 1000;
+    use_slots(&mut st, &p, window, 10);
+    assert_eq!(st.mode(), Mode::Saturated);
+    let mid = window + 500;
+    assert_eq!(st.call_back(&ask(mid, mid * 1000), 0, &p), 0);
+}
+
 /// Saturated, a retry waiting out a cooldown that held first attempts need
 /// not wait out is asked back at its end rather than booked there: booked,
 /// it moved the route's one cursor past the intervals before the cooldown's

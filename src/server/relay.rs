@@ -195,6 +195,9 @@ fn encode(origin: u64, change: &StateChange) -> Option<Value> {
         StateChange::Pacing { route, mode } => {
             json!({"o": origin, "k": "pacing", "route": route_json(route), "mode": *mode as u8})
         }
+        StateChange::CallBack { route, deadline_ms } => {
+            json!({"o": origin, "k": "call_back", "route": route_json(route), "until": deadline_ms})
+        }
         StateChange::Policies(_) => return None,
     })
 }
@@ -246,6 +249,10 @@ fn decode(text: &str) -> Option<(u64, StateChange)> {
             route: route()?,
             mode: crate::pacing::Mode::from_code(v.get("mode")?.as_i64()?),
         },
+        "call_back" => StateChange::CallBack {
+            route: route()?,
+            deadline_ms: v.get("until")?.as_i64()?,
+        },
         _ => return None,
     };
     Some((origin, change))
@@ -291,6 +298,10 @@ mod tests {
             StateChange::Pacing {
                 route: route.clone(),
                 mode: crate::pacing::Mode::PenaltyExtending,
+            },
+            StateChange::CallBack {
+                route: route.clone(),
+                deadline_ms: 1_704_110_431_250,
             },
             StateChange::Reset {
                 route,

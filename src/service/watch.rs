@@ -52,6 +52,8 @@ pub struct Watched {
     /// The pacing mode last announced by a PACING_CHANGED event, or read
     /// when the watch opened.
     pub pacing: Option<Mode>,
+    /// The latest deadline of the last CALL_BACK sent; 0 when none.
+    pub call_back_until_ms: i64,
 }
 
 impl Watched {
@@ -68,6 +70,7 @@ impl Watched {
             support: snapshot.support,
             hold_first_attempts: snapshot.hold_first_attempts,
             pacing: snapshot.pacing,
+            call_back_until_ms: 0,
         }
     }
 
@@ -93,6 +96,11 @@ impl Watched {
                 .pacing
                 .map(|m| m.as_str().to_owned())
                 .unwrap_or_default(),
+            call_back_deadline_unix_ms: if kind == ScopeEventKind::CallBack {
+                self.call_back_until_ms
+            } else {
+                0
+            },
         }
     }
 }
@@ -266,6 +274,13 @@ fn events_for(w: &mut Watched, change: &StateChange, now_ms: i64) -> Vec<ScopeEv
             w.pacing = Some(*mode);
             ScopeEventKind::PacingChanged
         }
+        StateChange::CallBack { route, deadline_ms } => {
+            if *route != w.key.route {
+                return Vec::new();
+            }
+            w.call_back_until_ms = *deadline_ms;
+            ScopeEventKind::CallBack
+        }
         StateChange::Reset {
             route,
             cooldown_until_ms,
@@ -311,6 +326,7 @@ mod tests {
             support: CooldownSupport::default(),
             hold_first_attempts: true,
             pacing: None,
+            call_back_until_ms: 0,
         }]
     }
 

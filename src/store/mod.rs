@@ -128,6 +128,9 @@ pub struct Slotted {
     /// The pacing mode before the decision (closing a window there can
     /// change it).
     pub pacing_was: Mode,
+    /// The route calls back the intents told to ask again whose deadline
+    /// is at or before this instant ([`crate::pacing::PacingState::call_back`]).
+    pub call_back_until_ms: Option<i64>,
 }
 
 impl From<SlotOutcome> for Reconsidered {

@@ -319,6 +319,13 @@ async fn watch(shared: Arc<Shared>, scopes: Vec<Scope>) {
                 update(&mut lock(&slot.state).view);
             }
         }
+        if kind == ScopeEventKind::CallBack && event.call_back_deadline_unix_ms > 0 {
+            // Nobody listening is no error: no intent waits to be called.
+            let _ = shared.call_backs.send(super::CallBack {
+                scope,
+                deadline_ms: event.call_back_deadline_unix_ms,
+            });
+        }
     }
 }
 

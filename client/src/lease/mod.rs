@@ -51,7 +51,7 @@ use std::time::{Duration, SystemTime};
 use dashmap::DashMap;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tollgate_proto::v1::{Evidence, RetryClass, StatedLimit};
@@ -69,6 +69,9 @@ use background::{Flush, background, flush_reports, refill};
 /// Scopes with unsent reports, or with cached tokens, kept at once. Beyond
 /// it new scopes are not cached (takes still work through `take`).
 const MAX_SCOPES: usize = 10_000;
+/// Call-backs kept for intents that have not looked yet; one that falls
+/// further behind is called back (it asks early: one RPC, nothing lost).
+const CALL_BACKS_KEPT: usize = 64;
 
 /// Tuning for the cache. The defaults suit a worker making tens of retries a
 /// second per scope.
@@ -135,6 +138,14 @@ impl Take {
     pub fn admitted(&self) -> bool {
         matches!(self, Take::Leased { .. } | Take::Fallback(true))
     }
+}
+
+/// A scope's coordinator calls back its intents told to ask again whose
+/// deadline is at or before `deadline_ms` (Unix ms): its slots go unused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CallBack {
+    pub(crate) scope: Scope,
+    pub(crate) deadline_ms: i64,
 }
 
 /// What the worker knows of a scope from leases and the Watch stream.
@@ -309,6 +320,9 @@ struct Shared {
     /// expiry margin is several ticks wide, so a tick-old clock is safe.
     coarse_now_ms: AtomicI64,
     views: DashMap<Scope, ScopeView>,
+    /// Every CALL_BACK heard on the Watch stream, for the intents told to
+    /// ask again.
+    call_backs: broadcast::Sender<CallBack>,
     reports: Mutex<HashMap<Scope, PendingReport>>,
     fallback: Mutex<Fallback>,
     refill: mpsc::Sender<TokenKey>,
@@ -399,6 +413,7 @@ impl LeaseCache {
             tokens: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             coarse_now_ms: AtomicI64::new(now_ms),
             views: DashMap::new(),
+            call_backs: broadcast::channel(CALL_BACKS_KEPT).0,
             reports: Mutex::new(HashMap::new()),
             fallback: Mutex::new(Fallback {
                 epoch: Instant::now(),
@@ -424,6 +439,11 @@ impl LeaseCache {
     /// The link this cache talks through.
     pub fn link(&self) -> &CoordinatorLink {
         &self.shared.link
+    }
+
+    /// The call-backs heard from now on.
+    pub(crate) fn call_backs(&self) -> broadcast::Receiver<CallBack> {
+        self.shared.call_backs.subscribe()
     }
 
     /// Takes a token without any RPC: from a held lease, or from the local

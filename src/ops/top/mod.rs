@@ -198,7 +198,8 @@ impl Source {
     }
 
     /// Watches `scopes` (1..=64; `top` passes its first rows) and sends `()`
-    /// on `nudge` at every change, so a cooldown or freeze shows before the next poll.
+    /// on `nudge` at every change of state, so a cooldown or freeze shows
+    /// before the next poll.
     /// Ends when the stream or every receiver does; `Err` when the
     /// coordinator refuses the Watch (it takes a caller token, which an
     /// admin token is not, unless the coordinator runs in open dev mode).
@@ -214,7 +215,12 @@ impl Source {
             }))
             .await?
             .into_inner();
-        while stream.message().await?.is_some() {
+        while let Some(event) = stream.message().await? {
+            // A call-back changes no state shown, and comes up to a few
+            // times a second while a stated quota goes unused.
+            if event.kind() == v1::ScopeEventKind::CallBack {
+                continue;
+            }
             if nudge.send(()).await.is_err() {
                 break;
             }

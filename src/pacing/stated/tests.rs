@@ -341,3 +341,65 @@ fn workers_agree_once_all_but_fewer_than_needed_state_the_pace_in_force() {
     // Too few to corroborate: nothing to agree on.
     assert!(!agreed(&[("a", 1000)]));
 }
+
+/// Saturated at a stated pace, every intent waits its turn in deadline
+/// order, asked back at the instant its turn was estimated at. When the
+/// asks thin out (arrivals stop) the window gives out less than the pace
+/// with nothing booked ahead: the quota goes unused, and the route calls
+/// back the intents half a horizon's slots serve. Not while enough is
+/// booked ahead or given out, nor under a cooldown.
+#[test]
+fn a_stated_pace_whose_slots_go_unused_calls_back_half_a_horizon_of_intents() {
+    use crate::pacing::{Asker, SlotDecision, WakeAsk};
+    let p = PacingPolicy::default();
+    let mut st = PacingState::new(T0, &p);
+    for s in 0..16 {
+        stated_second(
+            &mut st,
+            &p,
+            T0 + s * 1000,
+            if s < 2 { 400 } else { 1000 },
+            400,
+        );
+    }
+    let ask = |now_ms: i64, cursor_us: i64| WakeAsk {
+        asker: Asker::Retry,
+        now_ms,
+        floor_ms: now_ms,
+        held_floor_ms: now_ms,
+        deadline_ms: now_ms + 60_000,
+        reserve_ms: 100,
+        jitter_ppm: 0,
+        waiting: 0,
+        cursor_us,
+    };
+    // Slots at the start of the window, a horizon's worth at a time.
+    let window = T0 + 16_000;
+    let grant = |st: &mut PacingState, n: usize| {
+        let mut cursor = 0;
+        for _ in 0..n {
+            let decided = st.decide(&ask(window, cursor), &p);
+            let SlotDecision::Slot { cursor_us, .. } = decided else {
+                panic!("within the horizon: {decided:?}");
+            };
+            cursor = cursor_us;
+        }
+    };
+    grant(&mut st, 10);
+    assert_eq!(st.mode(), Mode::Saturated);
+    let mid = window + 500;
+    let idle = ask(mid, mid * 1000);
+    // 970 slots a second (the stated 1 000 less the margin) for 125 ms.
+    assert_eq!(st.wake_rate_m(), 970_000);
+    assert_eq!(st.call_back(&idle, 0, &p), 121);
+    let booked = ask(mid, (mid + p.horizon_ms / 2 + 1) * 1000);
+    assert_eq!(st.call_back(&booked, 0, &p), 0, "slots booked ahead");
+    assert_eq!(st.call_back(&idle, mid + 1, &p), 0, "a cooldown holds them");
+    // The window's first half gives out its share, 7/8 of 485.
+    for n in [200, 200, 14] {
+        grant(&mut st, n);
+    }
+    assert_eq!(st.call_back(&idle, 0, &p), 121, "one short of the share");
+    grant(&mut st, 1);
+    assert_eq!(st.call_back(&idle, 0, &p), 0, "the share given out");
+}

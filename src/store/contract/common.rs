@@ -117,5 +117,6 @@ pub(super) fn slot_ask(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         jitter_ppm: 0,
         asker: Asker::Retry,
         tenant: Tenant::NONE,
+        may_call_back: false,
     }
 }

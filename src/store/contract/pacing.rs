@@ -72,6 +72,7 @@ fn asking(intent: &str, now_ms: i64) -> SlotAsk<'_> {
         jitter_ppm: 0,
         asker: Asker::Retry,
         tenant: Tenant::NONE,
+        may_call_back: false,
     }
 }
 

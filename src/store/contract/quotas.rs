@@ -151,6 +151,7 @@ pub(crate) async fn a_token_whose_scopes_are_all_busy_is_refused_at_its_quota_al
             &a(QUOTA).route,
             SlotAsk {
                 tenant: tenant(0),
+                may_call_back: false,
                 ..super::common::slot_ask("i", T0 + 2)
             },
             &Policy::default(),

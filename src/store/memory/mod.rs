@@ -511,15 +511,17 @@ impl MemoryStore {
                     view,
                     pacing,
                     pacing_was: pacing.mode,
+                    call_back_until_ms: None,
                 });
             }
-            let (outcome, pacing, pacing_was) =
+            let (outcome, pacing, pacing_was, call_back_until_ms) =
                 state.assign_slot(ask, view.floor_ms, &policy.pacing)?;
             Ok(Slotted {
                 decided: outcome.into(),
                 view,
                 pacing,
                 pacing_was,
+                call_back_until_ms,
             })
         })
         .and_then(|r| r)

@@ -14,7 +14,7 @@
 
 use crate::budget::BudgetLedger;
 use crate::hints::{HintRecord, HintState};
-use crate::pacing::cursor::{SlotAsk, SlotCursor, SlotError, SlotOutcome};
+use crate::pacing::cursor::{SlotAsk, SlotCursor, SlotError, SlotOutcome, call_back_overdue_ms};
 use crate::pacing::{Mode, PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
 use crate::tenancy::Owner;
@@ -299,22 +299,32 @@ impl RouteState {
 
     /// A slot, ask again, or a refusal for `ask` at the route's wake rate,
     /// after the route's floor (`route_floor_ms`: its cooldown, backoff and
-    /// mutes); also the pacing mode before it.
+    /// mutes); also the pacing mode before it, and the latest deadline it
+    /// calls back.
     pub(super) fn assign_slot(
         &mut self,
         ask: SlotAsk<'_>,
         route_floor_ms: i64,
         policy: &PacingPolicy,
-    ) -> Result<(SlotOutcome, PacingView, Mode), SlotError> {
+    ) -> Result<(SlotOutcome, PacingView, Mode, Option<i64>), SlotError> {
         let pacing = self
             .pacing
             .get_or_insert_with(|| Box::new(PacingState::new(ask.now_ms, policy)));
         let extras = self.extras.get_or_insert_with(Box::default);
         let plan = extras.slots.assign(ask, route_floor_ms, pacing, policy)?;
+        let call_back = (plan.call_back > 0)
+            .then(|| {
+                let overdue_ms = call_back_overdue_ms(policy);
+                extras
+                    .slots
+                    .call_back_until(plan.call_back, ask.now_ms, overdue_ms)
+            })
+            .flatten();
         Ok((
             plan.outcome,
             pacing.view(extras.slots.asking(ask.now_ms), ask.now_ms),
             plan.pacing_was,
+            call_back,
         ))
     }
 

@@ -16,7 +16,9 @@
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::hints::HintState;
-use crate::pacing::cursor::{SlotAsk, SlotBook, SlotChange, ahead_range, plan};
+use crate::pacing::cursor::{
+    SlotAsk, SlotBook, SlotChange, ahead_range, call_back_overdue_ms, plan,
+};
 use crate::pacing::stated::{Statement, Weighing};
 use crate::pacing::{PacingPolicy, PacingState, ReportSample};
 use crate::policy::Policy;
@@ -134,25 +136,30 @@ impl RedisStore {
                     view,
                     pacing,
                     pacing_was: pacing.mode,
+                    call_back_until_ms: None,
                 });
             }
             let decided = plan(&book, &ask, view.floor_ms, &mut pacing, &policy.pacing);
             let encoded = pacing.encode();
             let moved_pacing = stored != Some(&encoded[..]);
-            let slotted = |asking| Slotted {
+            let slotted = |asking, call_back_until_ms| Slotted {
                 decided: decided.outcome.into(),
                 view: view.clone(),
                 pacing: pacing.view(asking, now),
                 pacing_was: decided.pacing_was,
+                call_back_until_ms,
             };
             if decided.change == SlotChange::Keep && !moved_pacing {
-                return Ok(slotted(asking));
+                return Ok(slotted(asking, None));
             }
-            let (kind, at, cursor) = match decided.change {
-                SlotChange::Keep => ("keep", 0, book.cursor_us),
-                SlotChange::Book { at_ms, cursor_us } => ("book", at_ms, cursor_us),
-                SlotChange::Ask { deadline_ms } => ("ask", deadline_ms, book.cursor_us),
-                SlotChange::Forget => ("forget", 0, book.cursor_us),
+            let (kind, at, cursor, again) = match decided.change {
+                SlotChange::Keep => ("keep", 0, book.cursor_us, 0),
+                SlotChange::Book { at_ms, cursor_us } => ("book", at_ms, cursor_us, 0),
+                SlotChange::Ask {
+                    deadline_ms,
+                    again_ms,
+                } => ("ask", deadline_ms, book.cursor_us, again_ms),
+                SlotChange::Forget => ("forget", 0, book.cursor_us, 0),
             };
             let mut inv = SCRIPTS.slot_commit.call(&keys[..1]);
             inv.arg(now)
@@ -168,10 +175,16 @@ impl RedisStore {
                 .arg(at)
                 .arg(cursor)
                 .arg(u8::from(must_exist))
-                .arg(owner_name);
+                .arg(owner_name)
+                .arg(again)
+                .arg(decided.call_back)
+                .arg(call_back_overdue_ms(&policy.pacing));
             let r = Reply::ok(self.run(&inv).await?)?;
             match r.text(1).as_deref() {
-                Some("done") => return Ok(slotted(count(r.int(2)?))),
+                Some("done") => {
+                    let until = Some(r.int(3)?).filter(|&at| at > 0);
+                    return Ok(slotted(count(r.int(2)?), until));
+                }
                 Some("absent") if must_exist => {
                     self.charge(owner, &keys[0], now).await?;
                     must_exist = false;

@@ -118,8 +118,12 @@ impl Run<'_> {
                 Some(Slot::AskAgain(at)) => {
                     evidence.asked_again = evidence.asked_again.saturating_add(1);
                     let at = self.ask_again_at(at);
-                    // Nothing starts before the instant to ask again.
-                    until = until.max(at);
+                    // Not held to the instant to ask again (a call-back may
+                    // bring the ask sooner), unless no start could follow
+                    // it: then the hold below ends the intent now.
+                    if !self.engine.fits(at) {
+                        until = until.max(at);
+                    }
                     (at, true)
                 }
                 Some(Slot::Infeasible) => {
@@ -141,10 +145,13 @@ impl Run<'_> {
             if !self.hold_until(self.now(), until) {
                 return self.end_hold(evidence);
             }
-            if !asking {
+            let waited = if asking {
+                self.pause_asking(wake, completion).await
+            } else {
                 evidence.planned_start = wake;
-            }
-            if !self.pause(wake, completion).await {
+                self.pause(wake, completion).await
+            };
+            if !waited {
                 return self.end_hold(evidence);
             }
             evidence.policy_version_at_wake =

@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use rand::RngExt;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tollgate_proto::v1::{ReconsiderDecision, RetryClass};
 
 use super::{Run, engine_bug, lock};
 use crate::classify::ResponseClass;
+use crate::clock::to_unix_ms;
 use crate::engine::{Decision, EngineError, GateRefusal, Phase, WakeCheck, WakeDecision};
 use crate::fallback::Pace;
 use crate::gate::intent::{Shadowed, TokenSource, WaitEvidence};
@@ -98,10 +100,13 @@ impl Run<'_> {
                     None => return self.end_wait(evidence),
                 },
             };
-            if !asking {
+            let waited = if asking {
+                self.pause_asking(until, completion).await
+            } else {
                 evidence.planned_start = until;
-            }
-            if !self.pause(until, completion).await {
+                self.pause(until, completion).await
+            };
+            if !waited {
                 return self.end_wait(evidence);
             }
             let current = self.gate.inner.cache.view(&self.scope);
@@ -159,6 +164,36 @@ impl Run<'_> {
                 false
             }
             () = tokio::time::sleep_until(self.epoch + until) => true,
+        }
+    }
+
+    /// Told to ask again: waits until elapsed `until`, or until the
+    /// coordinator calls the intent back sooner (a CALL_BACK on its scope
+    /// reaching its deadline: slots go unused that it can take).
+    /// Cancellation and completion evidence end the wait as in
+    /// [`Run::pause`]. Returns whether it is to ask again now.
+    pub(super) async fn pause_asking(
+        &mut self,
+        until: Duration,
+        completion: &CancellationToken,
+    ) -> bool {
+        let mut calls = self.gate.inner.cache.call_backs();
+        let scope = self.scope.clone();
+        let deadline_ms = to_unix_ms(self.wall_at(self.engine.policy().total_budget()));
+        let called = async {
+            loop {
+                match calls.recv().await {
+                    Ok(call) if call.scope == scope && call.deadline_ms >= deadline_ms => return,
+                    Ok(_) => {}
+                    // Fell behind: perhaps called; asking early costs a call.
+                    Err(RecvError::Lagged(_)) => return,
+                    Err(RecvError::Closed) => std::future::pending::<()>().await,
+                }
+            }
+        };
+        tokio::select! {
+            waited = self.pause(until, completion) => waited,
+            () = called => true,
         }
     }
 
@@ -224,9 +259,11 @@ impl Run<'_> {
             Some(Slot::AskAgain(at)) => {
                 evidence.asked_again = evidence.asked_again.saturating_add(1);
                 let at = self.ask_again_at(at);
-                // Nothing starts before the instant to ask again: the
-                // deadline gate runs for it now, not after a pointless wait.
-                if at > next_start && !self.defer(at) {
+                // The next start is not moved to the instant to ask again:
+                // a call-back may bring the ask sooner. But an instant no
+                // attempt could follow ends the intent now (the deadline
+                // gate), not after a pointless wait.
+                if !self.engine.fits(at) && !self.defer(at.max(next_start)) {
                     return Planned::Ended;
                 }
                 return Planned::AskAgain(at);

@@ -266,14 +266,17 @@ end
 -- in Rust (slots::plan, with the pacing controller): slot_read.lua reads
 -- what the decision needs, slot_commit.lua applies what it decided if
 -- nothing it read has moved since. No script decides anything here.
+-- Pending slots by intent (score: the slot), intents told to ask again
+-- (score: the deadline) and the instants they were told to ask again at
+-- (score: the instant; only for call-backs, so trimmed once overdue).
 local function slot_keys(route_key)
   local base = string.sub(route_key, 1, -2)
-  return base .. 'p', base .. 'a'
+  return base .. 'p', base .. 'a', base .. 'q'
 end
 
 local function slots_forget(route_key)
-  local sp, sa = slot_keys(route_key)
-  redis.call('DEL', sp, sa)
+  local sp, sa, sq = slot_keys(route_key)
+  redis.call('DEL', sp, sa, sq)
 end
 
 -- Intents told to ask again whose deadline is after `now`, and pending

@@ -7,9 +7,14 @@
 -- unchanged), the change ('keep', 'book', 'ask', 'forget'), intent, the
 -- slot (book) or deadline (ask), the cursor after it (book), 1 if the
 -- route must exist already (its owner's quota is not charged yet), the
--- caller token entry a new route is charged to.
+-- caller token entry a new route is charged to, the instant to ask again
+-- (ask), how many intents told to ask again the route calls back
+-- (slots::SlotPlan::call_back; 0: none), and how long past its instant an
+-- intent that has not asked again is taken as gone.
 -- Reply: 'ok', 'done', 'moved' or 'absent' (the route must exist and
--- does not), then the intents asking.
+-- does not), then the intents asking, then the latest deadline among the
+-- intents called back, earliest deadlines first, of those not gone (0:
+-- none; slots::SlotCursor::call_back_until).
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local st = route_get(KEYS[1], now, { 'pv', 'cu' }, creation(ARGV[13], ARGV[14]))
 if not st then return { 'ok', 'absent', 0 } end
@@ -20,9 +25,12 @@ if pv ~= tonumber(ARGV[3]) or tonumber(st.raw.cu or 0) ~= tonumber(ARGV[4])
   return { 'ok', 'moved', 0 }
 end
 local kind, intent, at = ARGV[9], ARGV[10], tonumber(ARGV[11])
-local sp, sa = slot_keys(KEYS[1])
--- Intents past their deadline stop waiting.
+local sp, sa, sq = slot_keys(KEYS[1])
+local overdue = tonumber(ARGV[17])
+-- Intents past their deadline stop waiting; past their instant by the
+-- overdue time, they are not called back.
 redis.call('ZREMRANGEBYSCORE', sa, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', sq, '-inf', '(' .. (now - overdue))
 if kind ~= 'keep' then redis.call('ZREM', sp, intent) end
 local fields = {}
 if kind == 'book' then
@@ -31,15 +39,18 @@ if kind == 'book' then
     if redis.call('ZCARD', sp) >= MAX_PENDING then return { 'err', 'too_many_waiting' } end
   end
   redis.call('ZREM', sa, intent)
+  redis.call('ZREM', sq, intent)
   redis.call('ZADD', sp, at, intent)
   fields = { 'cu', ARGV[12] }
 elseif kind == 'ask' then
   -- Past the bound the intent is still told to ask again, just not counted.
   if redis.call('ZSCORE', sa, intent) or redis.call('ZCARD', sa) < MAX_PENDING then
     redis.call('ZADD', sa, at, intent)
+    redis.call('ZADD', sq, tonumber(ARGV[15]), intent)
   end
 elseif kind == 'forget' then
   redis.call('ZREM', sa, intent)
+  redis.call('ZREM', sq, intent)
 end
 if ARGV[8] ~= '' then
   fields[#fields + 1] = 'p'
@@ -63,6 +74,23 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then
   redis.call('PEXPIRE', sp, ttl)
   redis.call('PEXPIRE', sa, ttl)
+  redis.call('PEXPIRE', sq, ttl)
 end
 local asking = slots_waiting(KEYS[1], now)
-return { 'ok', 'done', asking }
+-- In deadline order, the `called`-th intent still listening: told to ask
+-- again at an instant not overdue (its sq entry is kept).
+local reach, found, offset = 0, 0, 0
+local called = tonumber(ARGV[16])
+while found < called do
+  local batch = redis.call('ZRANGEBYSCORE', sa, '(' .. now, '+inf', 'WITHSCORES',
+    'LIMIT', offset, 256)
+  if #batch == 0 then break end
+  for i = 1, #batch, 2 do
+    if found < called and redis.call('ZSCORE', sq, batch[i]) then
+      found = found + 1
+      reach = tonumber(batch[i + 1])
+    end
+  end
+  offset = offset + 256
+end
+return { 'ok', 'done', asking, reach }
