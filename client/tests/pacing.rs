@@ -543,12 +543,9 @@ async fn held_counts_go_at_the_next_tick_when_another_workers_refusal_ends_the_c
     );
 }
 
-/// The fleet's first attempts alone overflow the upstream: the coordinator
-/// paces them with everything else, and a worker told so holds a first
-/// attempt for a slot with no cooldown in force.
-#[tokio::test(start_paused = true)]
-async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
-    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+/// One intent served at once: the worker has a view of the scope, and
+/// watches it.
+async fn warmed(r: &Recorded) {
     let warm = r
         .gate
         .run(
@@ -557,6 +554,15 @@ async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
         )
         .await;
     assert_eq!(warm.outcome, Outcome::Succeeded);
+}
+
+/// The fleet's first attempts alone overflow the upstream: the coordinator
+/// paces them with everything else, and a worker told so holds a first
+/// attempt for a slot with no cooldown in force.
+#[tokio::test(start_paused = true)]
+async fn a_first_attempt_is_held_for_a_slot_while_the_route_is_saturated() {
+    let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
+    warmed(&r).await;
     // The rest of the fleet: 100 first attempts a second, all served;
     // then the upstream refuses, and refuses again 400 ms later having
     // served 20 in between: it serves 50/s, half what first attempts ask.
@@ -647,14 +653,7 @@ fn stating(worker: &str, first: u32, now_ms: i64) -> ReportRequest {
 #[tokio::test(start_paused = true)]
 async fn told_to_ask_again_it_is_called_back_when_a_stated_quota_goes_unused() {
     let r = recorded(ONE_WORKER_COOLDOWNS, gate_config());
-    let warm = r
-        .gate
-        .run(
-            intent("i-warm", roomy()),
-            Upstream::new(vec![http(200, None)]).attempt(),
-        )
-        .await;
-    assert_eq!(warm.outcome, Outcome::Succeeded);
+    warmed(&r).await;
     // Three other workers send 102 first attempts a second to an upstream
     // that states 100, and keep doing so: every attempt waits for a slot.
     let coordinator = r.h.coordinator.client();

@@ -36,7 +36,9 @@ fn report(
     );
 }
 
-fn ask(now_ms: i64, cursor_us: i64) -> WakeAsk {
+/// A retry asking at `now_ms` on a cursor at `cursor_us`, a minute to its
+/// deadline.
+pub(super) fn ask(now_ms: i64, cursor_us: i64) -> WakeAsk {
     WakeAsk {
         asker: Asker::Retry,
         now_ms,

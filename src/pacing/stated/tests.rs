@@ -350,7 +350,8 @@ fn workers_agree_once_all_but_fewer_than_needed_state_the_pace_in_force() {
 /// booked ahead or given out, nor under a cooldown.
 #[test]
 fn a_stated_pace_whose_slots_go_unused_calls_back_half_a_horizon_of_intents() {
-    use crate::pacing::{Asker, SlotDecision, WakeAsk};
+    use crate::pacing::SlotDecision;
+    use crate::pacing::tests::ask;
     let p = PacingPolicy::default();
     let mut st = PacingState::new(T0, &p);
     for s in 0..16 {
@@ -362,17 +363,6 @@ fn a_stated_pace_whose_slots_go_unused_calls_back_half_a_horizon_of_intents() {
             400,
         );
     }
-    let ask = |now_ms: i64, cursor_us: i64| WakeAsk {
-        asker: Asker::Retry,
-        now_ms,
-        floor_ms: now_ms,
-        held_floor_ms: now_ms,
-        deadline_ms: now_ms + 60_000,
-        reserve_ms: 100,
-        jitter_ppm: 0,
-        waiting: 0,
-        cursor_us,
-    };
     // Slots at the start of the window, a horizon's worth at a time.
     let window = T0 + 16_000;
     let grant = |st: &mut PacingState, n: usize| {

@@ -34,6 +34,18 @@ fn fields(remaining: &str, reset: &str) -> Vec<StatedField> {
 /// `worker` reports 100 first attempts and the statement `stated` received
 /// at `now_ms`.
 async fn report(s: &dyn Store, worker: &str, stated: &[StatedField], now_ms: i64, p: &Policy) {
+    report_first(s, worker, stated, 100, now_ms, p).await;
+}
+
+/// [`report`] with `first` first attempts, all served.
+async fn report_first(
+    s: &dyn Store,
+    worker: &str,
+    stated: &[StatedField],
+    first: u32,
+    now_ms: i64,
+    p: &Policy,
+) {
     let statement = read_statement(
         &StatedInput {
             fields: stated,
@@ -45,8 +57,8 @@ async fn report(s: &dyn Store, worker: &str, stated: &[StatedField], now_ms: i64
     );
     let batch = ReportBatch {
         worker_id: worker,
-        first_attempts: 100,
-        successes: 100,
+        first_attempts: first,
+        successes: first,
         rejections: 0,
         counts_age_ms: 0,
         hints: &[],
@@ -150,27 +162,7 @@ pub(crate) async fn a_stated_pace_with_slots_unused_calls_back_the_earliest_dead
     for second in 0..17 {
         let now_ms = T0 + second * 1000;
         for w in ["w1", "w2", "w3"] {
-            let statement = read_statement(
-                &StatedInput {
-                    fields: &fields("1000", "1"),
-                    receipt_ms: now_ms,
-                },
-                w,
-                &p,
-                now_ms,
-            );
-            let batch = ReportBatch {
-                worker_id: w,
-                first_attempts: 334,
-                successes: 334,
-                rejections: 0,
-                counts_age_ms: 0,
-                hints: &[],
-                now_ms,
-                tenant: Tenant::NONE,
-                stated: Some(&statement),
-            };
-            s.report(&key(), batch, &p).await.expect("report");
+            report_first(s, w, &fields("1000", "1"), 334, now_ms, &p).await;
         }
     }
     let start = T0 + 16_050;
