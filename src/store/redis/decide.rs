@@ -177,12 +177,13 @@ impl RedisStore {
                 .arg(u8::from(must_exist))
                 .arg(owner_name)
                 .arg(again)
-                .arg(decided.call_back)
                 .arg(call_back_overdue_ms(&policy.pacing));
             let r = Reply::ok(self.run(&inv).await?)?;
             match r.text(1).as_deref() {
                 Some("done") => {
-                    let until = Some(r.int(3)?).filter(|&at| at > 0);
+                    let until = self
+                        .call_back_until(&keys[0], decided.call_back, now, policy)
+                        .await?;
                     return Ok(slotted(count(r.int(2)?), until));
                 }
                 Some("absent") if must_exist => {
@@ -193,6 +194,28 @@ impl RedisStore {
             }
         }
         Err(contended())
+    }
+
+    /// Who a call-back of `count` intents reaches on the route at `now`
+    /// (`slot_call_back`, a second round trip only when the route calls
+    /// back: at most once a half horizon); `None` for no call-back, or
+    /// nobody listening.
+    async fn call_back_until(
+        &self,
+        route_key: &str,
+        count: u32,
+        now: i64,
+        policy: &Policy,
+    ) -> Result<Option<i64>, StoreError> {
+        if count == 0 {
+            return Ok(None);
+        }
+        let mut inv = SCRIPTS.slot_call_back.call(&[route_key]);
+        inv.arg(now)
+            .arg(count)
+            .arg(call_back_overdue_ms(&policy.pacing));
+        let r = Reply::ok(self.run(&inv).await?)?;
+        Ok(Some(r.int(1)?).filter(|&at| at > 0))
     }
 
     /// Takes a report's statement (weighed) and counts into the route's

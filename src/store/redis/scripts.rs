@@ -88,6 +88,7 @@ pub(super) struct Scripts {
     pub(super) hints_commit: Function,
     pub(super) slot_read: Function,
     pub(super) slot_commit: Function,
+    pub(super) slot_call_back: Function,
     pub(super) pace_commit: Function,
     pub(super) view: Function,
     pub(super) caller: Function,
@@ -117,7 +118,7 @@ fn prelude() -> String {
 }
 
 /// Each script's body, by the name its function is registered under.
-const BODIES: [(&str, &str); 20] = [
+const BODIES: [(&str, &str); 21] = [
     ("lease", include_str!("lua/lease.lua")),
     ("lease_batch", include_str!("lua/lease_batch.lua")),
     ("release", include_str!("lua/release.lua")),
@@ -127,6 +128,7 @@ const BODIES: [(&str, &str); 20] = [
     ("hints_commit", include_str!("lua/hints_commit.lua")),
     ("slot_read", include_str!("lua/slot_read.lua")),
     ("slot_commit", include_str!("lua/slot_commit.lua")),
+    ("slot_call_back", include_str!("lua/slot_call_back.lua")),
     ("pace_commit", include_str!("lua/pace_commit.lua")),
     ("view", include_str!("lua/view.lua")),
     ("caller", include_str!("lua/caller.lua")),
@@ -175,6 +177,7 @@ fn library() -> Scripts {
         hints_commit: function("hints_commit"),
         slot_read: function("slot_read"),
         slot_commit: function("slot_commit"),
+        slot_call_back: function("slot_call_back"),
         pace_commit: function("pace_commit"),
         view: function("view"),
         caller: function("caller"),

@@ -8,13 +8,10 @@
 -- slot (book) or deadline (ask), the cursor after it (book), 1 if the
 -- route must exist already (its owner's quota is not charged yet), the
 -- caller token entry a new route is charged to, the instant to ask again
--- (ask), how many intents told to ask again the route calls back
--- (slots::SlotPlan::call_back; 0: none), and how long past its instant an
--- intent that has not asked again is taken as gone.
+-- (ask), and how long past its instant an intent that has not asked again
+-- is taken as gone (its instant is then dropped: slot_call_back.lua).
 -- Reply: 'ok', 'done', 'moved' or 'absent' (the route must exist and
--- does not), then the intents asking, then the latest deadline among the
--- intents called back, earliest deadlines first, of those not gone (0:
--- none; slots::SlotCursor::call_back_until).
+-- does not), then the intents asking.
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local st = route_get(KEYS[1], now, { 'pv', 'cu' }, creation(ARGV[13], ARGV[14]))
 if not st then return { 'ok', 'absent', 0 } end
@@ -26,7 +23,7 @@ if pv ~= tonumber(ARGV[3]) or tonumber(st.raw.cu or 0) ~= tonumber(ARGV[4])
 end
 local kind, intent, at = ARGV[9], ARGV[10], tonumber(ARGV[11])
 local sp, sa, sq = slot_keys(KEYS[1])
-local overdue = tonumber(ARGV[17])
+local overdue = tonumber(ARGV[16])
 -- Intents past their deadline stop waiting; past their instant by the
 -- overdue time, they are not called back.
 redis.call('ZREMRANGEBYSCORE', sa, '-inf', now)
@@ -77,20 +74,4 @@ if ttl > 0 then
   redis.call('PEXPIRE', sq, ttl)
 end
 local asking = slots_waiting(KEYS[1], now)
--- In deadline order, the `called`-th intent still listening: told to ask
--- again at an instant not overdue (its sq entry is kept).
-local reach, found, offset = 0, 0, 0
-local called = tonumber(ARGV[16])
-while found < called do
-  local batch = redis.call('ZRANGEBYSCORE', sa, '(' .. now, '+inf', 'WITHSCORES',
-    'LIMIT', offset, 256)
-  if #batch == 0 then break end
-  for i = 1, #batch, 2 do
-    if found < called and redis.call('ZSCORE', sq, batch[i]) then
-      found = found + 1
-      reach = tonumber(batch[i + 1])
-    end
-  end
-  offset = offset + 256
-end
-return { 'ok', 'done', asking, reach }
+return { 'ok', 'done', asking }
