@@ -72,8 +72,9 @@ pub enum StateChange {
         /// The mode now.
         mode: crate::pacing::Mode,
     },
-    /// A saturated route calls back the intents told to ask again whose
-    /// deadline is at or before `deadline_ms`: its slots go unused.
+    /// A route saturated at a stated pace calls back the intents told to
+    /// ask again whose deadline is at or before `deadline_ms`: its slots
+    /// go unused (`crate::pacing::PacingState::call_back`).
     CallBack {
         /// The route.
         route: RouteKey,

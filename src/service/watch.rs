@@ -386,6 +386,30 @@ mod tests {
         task.await.expect("the task ends with the stream");
     }
 
+    /// A call-back reaches the watchers of its route only, with the
+    /// deadline it names; every other event says 0 there.
+    #[test]
+    fn a_call_back_names_its_deadline_to_its_route_only() {
+        let call = |caller: &str| StateChange::CallBack {
+            route: RouteKey {
+                caller_scope: caller.into(),
+                route: "r".into(),
+            },
+            deadline_ms: T0 + 30_000,
+        };
+        let mut w = watched().remove(0);
+        assert!(events_for(&mut w, &call("other"), T0).is_empty());
+        assert_eq!(
+            events_for(&mut w, &call("c"), T0),
+            [ScopeEventKind::CallBack]
+        );
+        let event = w.event(ScopeEventKind::CallBack, T0);
+        assert_eq!(event.call_back_deadline_unix_ms, T0 + 30_000);
+        assert_eq!(event.cooldown_until_unix_ms, 0, "no state moved");
+        let other = w.event(ScopeEventKind::PolicyChanged, T0);
+        assert_eq!(other.call_back_deadline_unix_ms, 0);
+    }
+
     /// A corroborated cooldown that closes the route holds first attempts
     /// until its end, also in its last two seconds, as the Report answer
     /// says: the event carries the closing hint's end.
