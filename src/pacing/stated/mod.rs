@@ -28,7 +28,11 @@
 //!   statements (`needed` as for hints, from the route's active workers),
 //!   the pace is the `needed`-th lowest of theirs. Fewer than `needed`
 //!   liars can neither slow the fleet (their low claims sort below it) nor
-//!   speed it up (their high claims sort above it).
+//!   speed it up (their high claims sort above it). When at least
+//!   `2 × needed − 1` were received within the last window, those decide
+//!   alone (fewer than `needed` liars are then fewer than the honest among
+//!   them): a quota stated anew binds within a window, not once the
+//!   claims of workers that sent nothing since expire.
 //! - **Uncorroborated**: fewer live statements than `needed` may only lower
 //!   the learned target, never raise it, and each worker's only for the
 //!   policy's `uncorroborated_cap` from the start of its streak of
@@ -403,16 +407,34 @@ impl StatedState {
             .collect();
         let needed = self.weighing.needed.max(1);
         let workers = live.len() as i64;
-        let chosen = match corroborating(&mut live, needed, self.weighing.min_owners) {
-            Some(c) => Some((InForce::Corroborated, c)),
-            // Only the claims still within the cap of their streak's start
-            // may slow the fleet; the lowest of them does.
-            None => live
-                .iter()
-                .filter(|c| c.since_ms.saturating_add(self.weighing.cap_ms) > now_ms)
-                .min_by_key(|c| c.statement.pace_m)
-                .map(|c| (InForce::Uncorroborated, *c)),
+        // The claims of the last window decide alone when there are at
+        // least 2 x needed - 1 of them: then fewer than `needed` liars are
+        // fewer than the honest ones among them, and the `needed`-th
+        // lowest still lies among honest paces. Otherwise a change the
+        // upstream stated (a quota back after a brownout) binds only once
+        // the older claims of workers that sent nothing since expire.
+        let mut recent: Vec<&Claim> = live
+            .iter()
+            .copied()
+            .filter(|c| c.statement.received_ms > now_ms - WINDOW_MS)
+            .collect();
+        let decisive = recent.len() as i64 >= 2 * needed - 1;
+        let fresh = if decisive {
+            corroborating(&mut recent, needed, self.weighing.min_owners)
+        } else {
+            None
         };
+        let chosen =
+            match fresh.or_else(|| corroborating(&mut live, needed, self.weighing.min_owners)) {
+                Some(c) => Some((InForce::Corroborated, c)),
+                // Only the claims still within the cap of their streak's start
+                // may slow the fleet; the lowest of them does.
+                None => live
+                    .iter()
+                    .filter(|c| c.since_ms.saturating_add(self.weighing.cap_ms) > now_ms)
+                    .min_by_key(|c| c.statement.pace_m)
+                    .map(|c| (InForce::Uncorroborated, *c)),
+            };
         let keep = MILLI - margin_permille.clamp(0, MILLI);
         let agreed = match chosen {
             Some((InForce::Corroborated, c)) => agreed(&mut live, needed, c, margin_permille),

@@ -393,3 +393,35 @@ fn a_stated_pace_whose_slots_go_unused_calls_back_half_a_horizon_of_intents() {
     grant(&mut st, 1);
     assert_eq!(st.call_back(&idle, 0, &p), 0, "the share given out");
 }
+
+/// A quota stated anew (back after a brownout) binds within a window once
+/// 2 × needed − 1 workers state it, while the older claims of workers that
+/// sent nothing since still live; fewer recent claims than that, or fewer
+/// than `needed` liars among them, do not move the pace.
+#[test]
+fn a_new_quota_binds_once_enough_workers_state_it_within_a_window() {
+    let pace = |st: &mut StatedState, now: i64| st.target(50_000, 30, now).1.pace_m;
+    let brownout = || {
+        let mut st = StatedState::default();
+        for w in ["a", "b", "c", "d", "e"] {
+            st.record(said(w, T0, 400, 400, 1000), weighing(2), T0);
+        }
+        st
+    };
+    let mut st = brownout();
+    assert_eq!(pace(&mut st, T0 + 10), 388_000, "400/s less the margin");
+    let back = T0 + 1_500;
+    for w in ["a", "b"] {
+        st.record(said(w, back, 1000, 1000, 1000), weighing(2), back);
+    }
+    assert_eq!(pace(&mut st, back + 10), 388_000, "two of three needed");
+    st.record(said("c", back, 1000, 1000, 1000), weighing(2), back);
+    assert_eq!(pace(&mut st, back + 10), 970_000, "three within the window");
+    // One liar among three recent claims cannot raise it.
+    let mut st = brownout();
+    for w in ["a", "b"] {
+        st.record(said(w, back, 400, 400, 1000), weighing(2), back);
+    }
+    st.record(said("liar", back, 5000, 5000, 1000), weighing(2), back);
+    assert_eq!(pace(&mut st, back + 10), 388_000);
+}
