@@ -86,6 +86,10 @@ impl Run<'_> {
         // Only the first ask says the intent arrived, so the coordinator
         // counts each held first attempt once however often it asks.
         let mut arriving = true;
+        // The last instant the coordinator said to ask again at: a hold
+        // decided alone after it starts there, as the intent would have
+        // asked then.
+        let mut asked_back = Duration::ZERO;
         loop {
             if !self.hold_until(self.now(), until) {
                 return self.end_hold(evidence);
@@ -124,6 +128,7 @@ impl Run<'_> {
                     if !self.engine.fits(at) {
                         until = until.max(at);
                     }
+                    asked_back = at;
                     (at, true)
                 }
                 Some(Slot::Infeasible) => {
@@ -138,7 +143,7 @@ impl Run<'_> {
                 None => {
                     // Alone, like a retry: spread, or every intent held in
                     // this cooldown starts at the instant it ends.
-                    until = self.alone(&mut evidence, started, until.max(start));
+                    until = self.alone(&mut evidence, started, until.max(start).max(asked_back));
                     (until, false)
                 }
             };

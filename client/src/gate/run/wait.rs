@@ -91,10 +91,17 @@ impl Run<'_> {
             ..WaitEvidence::default()
         };
         let mut view = view;
+        // The last instant the coordinator said to ask again at: a wait
+        // decided alone after it (the coordinator gone meanwhile) starts
+        // there, as the intent would have asked then.
+        let mut asked_back = Duration::ZERO;
         loop {
-            let (until, asking, alone) = match self.plan(&view, &mut evidence).await {
+            let (until, asking, alone) = match self.plan(&view, &mut evidence, asked_back).await {
                 Planned::Ended => return self.end_wait(evidence),
-                Planned::AskAgain(at) => (at, true, false),
+                Planned::AskAgain(at) => {
+                    asked_back = at;
+                    (at, true, false)
+                }
                 Planned::Wake { alone } => match self.next_start() {
                     Some(next_start) => (next_start, false, alone),
                     None => return self.end_wait(evidence),
@@ -217,8 +224,15 @@ impl Run<'_> {
         }
     }
 
-    /// Before the wait: floor, scope state, coordinator slot or local spread.
-    async fn plan(&mut self, view: &ScopeView, evidence: &mut WaitEvidence) -> Planned {
+    /// Before the wait: floor, scope state, coordinator slot or local spread
+    /// (decided alone, from `asked_back` at the earliest: the last instant
+    /// the coordinator said to ask again at).
+    async fn plan(
+        &mut self,
+        view: &ScopeView,
+        evidence: &mut WaitEvidence,
+        asked_back: Duration,
+    ) -> Planned {
         let Phase::Waiting { since, next_start } = self.engine.phase() else {
             return Planned::Ended;
         };
@@ -282,7 +296,7 @@ impl Run<'_> {
                     Phase::Waiting { since, .. } => since,
                     _ => until,
                 };
-                until = self.alone(evidence, since, until);
+                until = self.alone(evidence, since, until.max(asked_back));
             }
         }
         if until > next_start && !self.defer(until) {
