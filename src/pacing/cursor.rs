@@ -89,12 +89,14 @@ pub enum SlotOutcome {
     AskAgain(i64),
 }
 
-/// How long past the instant it was told to ask again at an intent that
-/// has not asked is taken as gone by a call-back
-/// ([`SlotCursor::call_back_until`]): a horizon, the most a live intent's
-/// ask is late by before it is not worth calling.
-pub fn call_back_overdue_ms(policy: &PacingPolicy) -> i64 {
-    policy.horizon_ms
+/// The earliest instant to ask again of an intent a call-back at `now_ms`
+/// still counts as listening ([`SlotCursor::call_back_until`]): one told
+/// to ask again more than a horizon before now and not back since is
+/// taken as gone (cancelled, say: nobody hears of that). A horizon is the
+/// most a live intent's ask is late by before it is not worth calling.
+/// Both stores take this bound; neither decides it.
+pub fn call_back_listening_since(now_ms: i64, policy: &PacingPolicy) -> i64 {
+    now_ms.saturating_sub(policy.horizon_ms)
 }
 
 /// The deadline bucket of an instant.
@@ -333,15 +335,18 @@ impl SlotCursor {
     /// The latest deadline among the `count` intents told to ask again
     /// whose deadlines come first (all of them, if fewer wait): a
     /// call-back reaching it wakes them. Only intents still listening
-    /// count: one that has not asked again `overdue_ms` after the instant
-    /// it was told (its caller cancelled it, say: nobody hears of that)
-    /// would be called for nothing, and the intent behind it not at all.
-    /// `None` when none waits.
-    pub fn call_back_until(&self, count: u32, now_ms: i64, overdue_ms: i64) -> Option<i64> {
+    /// count, those told to ask again at `since_ms` or later
+    /// ([`call_back_listening_since`]): one gone would be called for
+    /// nothing, and the intent behind it not at all. `None` when none
+    /// waits, or `count` is 0.
+    pub fn call_back_until(&self, count: u32, now_ms: i64, since_ms: i64) -> Option<i64> {
+        if count == 0 {
+            return None;
+        }
         let mut live: Vec<i64> = self
             .asking
             .values()
-            .filter(|a| a.deadline_ms > now_ms && a.again_ms.saturating_add(overdue_ms) >= now_ms)
+            .filter(|a| a.deadline_ms > now_ms && a.again_ms >= since_ms)
             .map(|a| a.deadline_ms)
             .collect();
         let last = usize::try_from(count)
@@ -573,31 +578,38 @@ mod tests {
             };
             cursor.asking.insert(intent.into(), asking);
         }
+        // Listening: told to ask again at most `overdue` before now.
         let overdue = 250;
-        assert_eq!(cursor.call_back_until(1, NOW, overdue), Some(NOW + 10_000));
-        assert_eq!(cursor.call_back_until(3, NOW, overdue), Some(NOW + 30_100));
         assert_eq!(
-            cursor.call_back_until(9, NOW, overdue),
-            Some(NOW + 40_000),
-            "fewer waiting: all of them"
-        );
-        assert_eq!(cursor.call_back_until(0, NOW, overdue), None);
-        // "a" did not ask again by its instant and the overdue time after
-        // it: taken as gone, the call-back reaches the next one instead.
-        assert_eq!(
-            cursor.call_back_until(1, NOW + 1_250, overdue),
+            cursor.call_back_until(1, NOW, NOW - overdue),
             Some(NOW + 10_000)
         );
         assert_eq!(
-            cursor.call_back_until(1, NOW + 1_251, overdue),
+            cursor.call_back_until(3, NOW, NOW - overdue),
+            Some(NOW + 30_100)
+        );
+        assert_eq!(
+            cursor.call_back_until(9, NOW, NOW - overdue),
+            Some(NOW + 40_000),
+            "fewer waiting: all of them"
+        );
+        assert_eq!(cursor.call_back_until(0, NOW, NOW - overdue), None);
+        // "a" did not ask again by its instant and the overdue time after
+        // it: taken as gone, the call-back reaches the next one instead.
+        assert_eq!(
+            cursor.call_back_until(1, NOW + 1_250, NOW + 1_250 - overdue),
+            Some(NOW + 10_000)
+        );
+        assert_eq!(
+            cursor.call_back_until(1, NOW + 1_251, NOW + 1_251 - overdue),
             Some(NOW + 20_000)
         );
         assert_eq!(
-            cursor.call_back_until(2, NOW + 2_251, overdue),
+            cursor.call_back_until(2, NOW + 2_251, NOW + 2_251 - overdue),
             Some(NOW + 40_000)
         );
         assert_eq!(
-            cursor.call_back_until(1, NOW + 9_251, overdue),
+            cursor.call_back_until(1, NOW + 9_251, NOW + 9_251 - overdue),
             None,
             "nobody listens"
         );

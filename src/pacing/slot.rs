@@ -144,6 +144,16 @@ fn floor_skips(floor_ms: i64, held_floor_ms: i64, cursor_us: i64) -> bool {
     floor_ms > held_floor_ms && floor_ms.saturating_mul(1000) > cursor_us
 }
 
+/// Whether little is booked ahead of `ask`: the cursor lies within half
+/// the horizon of now.
+fn cursor_idle(ask: &WakeAsk, horizon_ms: i64) -> bool {
+    ask.cursor_us
+        <= ask
+            .now_ms
+            .saturating_add(horizon_ms.max(1) / 2)
+            .saturating_mul(1000)
+}
+
 /// What a saturated route's window must have given out by now, as a share
 /// of its rate prorated over the window so far, before its slots count as
 /// taken: below it, with little booked ahead, slots go unused while intents
@@ -190,8 +200,7 @@ impl PacingState {
         // order still holds where it matters: an intent far back in the
         // queue is told to ask again when its turn is estimated to come, so
         // the intents asking at any moment are mostly the urgent ones.
-        let idle = ask.cursor_us <= now.saturating_add(horizon / 2).saturating_mul(1000);
-        let queued_us = if idle {
+        let queued_us = if cursor_idle(ask, horizon) {
             0
         } else {
             (ask.waiting.clamp(0, MAX_WAITING) * interval_us).min(MAX_QUEUED_US)
@@ -329,20 +338,27 @@ impl PacingState {
     /// estimate, and the slots a call-back fills are its overshoot when it
     /// is high (docs/pacing.md, "Known limits", the startup item).
     pub fn call_back(&self, ask: &WakeAsk, route_floor_ms: i64, policy: &PacingPolicy) -> u32 {
-        let now = ask.now_ms;
-        let half = policy.horizon_ms.max(1) / 2;
-        let idle = ask.cursor_us <= now.saturating_add(half).saturating_mul(1000);
         let stated = self.stated.in_force() == InForce::Corroborated;
-        if self.mode() != Mode::Saturated || !stated || route_floor_ms > now || !idle {
+        if self.mode() != Mode::Saturated
+            || !stated
+            || route_floor_ms > ask.now_ms
+            || !cursor_idle(ask, policy.horizon_ms)
+        {
             return 0;
         }
-        let into = (now - self.win * WINDOW_MS).clamp(0, WINDOW_MS);
+        let into = self.window_elapsed_ms(ask.now_ms);
         let due_m = CALL_BACK_BELOW.of(self.rate_m.saturating_mul(into) / WINDOW_MS);
         if self.w_granted.saturating_mul(MILLI) >= due_m {
             return 0;
         }
+        let half = policy.horizon_ms.max(1) / 2;
         let count = self.rate_m.saturating_mul(half) / (MILLI * 1000);
         u32::try_from(count.clamp(1, MAX_WAITING)).unwrap_or(u32::MAX)
+    }
+
+    /// How far into the current window `now_ms` is, within the window.
+    fn window_elapsed_ms(&self, now_ms: i64) -> i64 {
+        (now_ms - self.win * WINDOW_MS).clamp(0, WINDOW_MS)
     }
 
     /// While first attempts run faster than their average, where the
@@ -365,7 +381,7 @@ impl PacingState {
             return 0;
         }
         let start_ms = self.win * WINDOW_MS;
-        let into = (now_ms - start_ms).clamp(0, WINDOW_MS);
+        let into = self.window_elapsed_ms(now_ms);
         let expected_m = self.lam_m * into / WINDOW_MS + self.lam_m / 8;
         let straight_m = self.straight_first() * MILLI;
         let excess = (straight_m - expected_m).max(0) / MILLI;

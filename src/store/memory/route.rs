@@ -14,7 +14,9 @@
 
 use crate::budget::BudgetLedger;
 use crate::hints::{HintRecord, HintState};
-use crate::pacing::cursor::{SlotAsk, SlotCursor, SlotError, SlotOutcome, call_back_overdue_ms};
+use crate::pacing::cursor::{
+    SlotAsk, SlotCursor, SlotError, SlotOutcome, call_back_listening_since,
+};
 use crate::pacing::{Mode, PacingPolicy, PacingState, PacingView};
 use crate::scope::RouteKey;
 use crate::tenancy::Owner;
@@ -312,14 +314,10 @@ impl RouteState {
             .get_or_insert_with(|| Box::new(PacingState::new(ask.now_ms, policy)));
         let extras = self.extras.get_or_insert_with(Box::default);
         let plan = extras.slots.assign(ask, route_floor_ms, pacing, policy)?;
-        let call_back = (plan.call_back > 0)
-            .then(|| {
-                let overdue_ms = call_back_overdue_ms(policy);
-                extras
-                    .slots
-                    .call_back_until(plan.call_back, ask.now_ms, overdue_ms)
-            })
-            .flatten();
+        let since_ms = call_back_listening_since(ask.now_ms, policy);
+        let call_back = extras
+            .slots
+            .call_back_until(plan.call_back, ask.now_ms, since_ms);
         Ok((
             plan.outcome,
             pacing.view(extras.slots.asking(ask.now_ms), ask.now_ms),

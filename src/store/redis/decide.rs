@@ -17,7 +17,7 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use crate::hints::HintState;
 use crate::pacing::cursor::{
-    SlotAsk, SlotBook, SlotChange, ahead_range, call_back_overdue_ms, plan,
+    SlotAsk, SlotBook, SlotChange, ahead_range, call_back_listening_since, plan,
 };
 use crate::pacing::stated::{Statement, Weighing};
 use crate::pacing::{PacingPolicy, PacingState, ReportSample};
@@ -177,7 +177,7 @@ impl RedisStore {
                 .arg(u8::from(must_exist))
                 .arg(owner_name)
                 .arg(again)
-                .arg(call_back_overdue_ms(&policy.pacing));
+                .arg(call_back_listening_since(now, &policy.pacing));
             let r = Reply::ok(self.run(&inv).await?)?;
             match r.text(1).as_deref() {
                 Some("done") => {
@@ -213,7 +213,7 @@ impl RedisStore {
         let mut inv = SCRIPTS.slot_call_back.call(&[route_key]);
         inv.arg(now)
             .arg(count)
-            .arg(call_back_overdue_ms(&policy.pacing));
+            .arg(call_back_listening_since(now, &policy.pacing));
         let r = Reply::ok(self.run(&inv).await?)?;
         Ok(Some(r.int(1)?).filter(|&at| at > 0))
     }

@@ -8,8 +8,9 @@
 -- slot (book) or deadline (ask), the cursor after it (book), 1 if the
 -- route must exist already (its owner's quota is not charged yet), the
 -- caller token entry a new route is charged to, the instant to ask again
--- (ask), and how long past its instant an intent that has not asked again
--- is taken as gone (its instant is then dropped: slot_call_back.lua).
+-- (ask), and the earliest instant to ask again of an intent still
+-- listening (slots::call_back_listening_since: earlier ones are dropped,
+-- slot_call_back.lua).
 -- Reply: 'ok', 'done', 'moved' or 'absent' (the route must exist and
 -- does not), then the intents asking.
 local now, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -23,11 +24,10 @@ if pv ~= tonumber(ARGV[3]) or tonumber(st.raw.cu or 0) ~= tonumber(ARGV[4])
 end
 local kind, intent, at = ARGV[9], ARGV[10], tonumber(ARGV[11])
 local sp, sa, sq = slot_keys(KEYS[1])
-local overdue = tonumber(ARGV[16])
--- Intents past their deadline stop waiting; past their instant by the
--- overdue time, they are not called back.
+-- Intents past their deadline stop waiting; those no longer listening
+-- are not called back.
 redis.call('ZREMRANGEBYSCORE', sa, '-inf', now)
-redis.call('ZREMRANGEBYSCORE', sq, '-inf', '(' .. (now - overdue))
+redis.call('ZREMRANGEBYSCORE', sq, '-inf', '(' .. ARGV[16])
 if kind ~= 'keep' then redis.call('ZREM', sp, intent) end
 local fields = {}
 if kind == 'book' then
